@@ -1,0 +1,32 @@
+//! The report sections. Each returns the figures as JSON and a readable table.
+
+pub mod daemon;
+pub mod mglru;
+pub mod shrinker;
+pub mod swap_alloc;
+pub mod zswap;
+
+/// Options shared by every section.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Short runs (seconds, not minutes); figures are noisier.
+    pub quick: bool,
+}
+
+/// What a section measured.
+#[derive(Debug)]
+pub struct Report {
+    /// Machine-readable figures; the keys are documented by each section.
+    pub json: serde_json::Value,
+    /// The same figures as a table for people.
+    pub table: String,
+}
+
+/// The section names the report command accepts, with their runners.
+pub const SECTIONS: &[(&str, fn(&Options) -> anyhow::Result<Report>)] = &[
+    ("swap-alloc", swap_alloc::run),
+    ("zswap", zswap::run),
+    ("shrinker", shrinker::run),
+    ("mglru", mglru::run),
+    ("daemon", daemon::run),
+];

@@ -1,2 +1,93 @@
-//! `zswap`: see README.md. Filled in by its own issue.
+//! `zswap`: a compressed page store after Linux zswap and zsmalloc, with the 2024 large-folio
+//! store.
+//!
+//! # The problem
+//!
+//! Below resident memory, the cheapest place for a cold page is compressed, in memory: a fault
+//! on it costs a decompression (microseconds) instead of a device read. Linux does this with
+//! zswap, a cache in front of swap that compresses pages on their way out and keeps them in a
+//! zsmalloc pool; when the pool is full it writes its coldest entries back to the swap device.
+//! This crate is the same tier for a userspace pager (`crates/uffd-daemon`): the daemon stores an
+//! evicted page under its swap entry and loads it back on the fault.
+//!
+//! # The design it follows
+//!
+//! - **Entries keyed by swap entry, one per page**, in an index split into shards by 64 MiB of
+//!   swap space (`mm/zswap.c` keeps one tree per `SWAP_ADDRESS_SPACE_PAGES`). Each shard is a
+//!   hash map behind its own mutex: the index is *not* lock-free, so it has no lock-free claims;
+//!   the loom model in `tests/loom_store.rs` checks the writeback / load / store protocol instead.
+//! - **Large folios stored whole** (Usama Arif's and Kanchana Sridhar's 2024 series): a folio of
+//!   1 to 512 pages is compressed page by page with reused contexts, optionally on several threads
+//!   ([`Config::batch_threads`]), and then inserted under the shard locks at once. All or nothing:
+//!   if any page is refused, every object already allocated for the folio is freed and the caller
+//!   gets the reason ([`StoreError`]) and writes the folio to its backing device instead.
+//! - **One compressor per pool**: lz4 (lz4_flex's block API), zstd (configurable level, frames
+//!   without checksum, content size or dictionary id, one context per worker), raw deflate in
+//!   software (miniz_oxide) and raw deflate through Intel QPL (`deflate-iaa`, the `qpl-dyn` crate:
+//!   libqpl loaded at run time, IAA hardware when present, QPL's software path otherwise).
+//! - **A zsmalloc-like pool** ([`Pool`]): size classes every 16 bytes from 32 to 4096, objects
+//!   packed into spans of several pages, handles that stay valid across [`Zswap::compact`].
+//! - **Same-filled pages** (one repeated 64-bit word) are stored as that word, with no pool memory;
+//!   pages that do not compress below a page are rejected and counted (`reject_compress_poor`).
+//! - **Limits with hysteresis**: past `max_pool_bytes` every store is refused until the pool has
+//!   shrunk to `accept_threshold_percent` of it (the kernel's `zswap_check_limits`).
+//! - **Writeback**: compressed entries sit on an LRU; [`Zswap::scan_objects`] (a shrinker's
+//!   `scan_objects`, with [`Zswap::count_objects`] its `count_objects`) hands the coldest ones,
+//!   decompressed, to the caller's [`Writeback`]; on success they are freed, on failure they stay.
+//! - **Integrity**: with [`Config::crc`] each page's CRC32C is kept and checked on load and
+//!   writeback. A mismatch, a decompression error or a bad handle is an error, never wrong bytes.
+//!
+//! How it differs from the kernel: there is no swap cache, so a load is always exclusive (it frees
+//! the entry, as zswap does for exclusive loads); an entry under writeback is marked in the index
+//! and any operation on it waits for the writer to finish (the kernel relies on the swap-cache
+//! folio lock); limits are bytes, not a percentage of RAM; same-filled entries are not put on the
+//! LRU since writing them back would free no pool memory.
+//!
+//! # Invariants
+//!
+//! 1. A successful [`Zswap::load`] returns exactly the bytes stored (checked by CRC32C when on).
+//! 2. A store is all or nothing; a failed load or a failed writeback leaves the entries stored.
+//! 3. An entry marked as under writeback is removed or replaced only by that writeback.
+//! 4. Lock order: shard locks (in index order) → LRU lock → pool class lock.
+//!
+//! # Example
+//!
+//! ```
+//! use zswap::{Compressor, Config, Zswap, PAGE_SIZE};
+//!
+//! let zswap = Zswap::new(Config::new(Compressor::Zstd { level: 1 }))?;
+//! let folio: Vec<u8> = (0..16 * PAGE_SIZE).map(|i| (i / 100) as u8).collect(); // 64 KiB
+//! zswap.store(4096, &folio)?;                       // entries 4096..4112
+//! let mut page = vec![0u8; PAGE_SIZE];
+//! zswap.load(4100, &mut page)?;                     // exclusive: entry 4100 is freed
+//! assert_eq!(page, folio[4 * PAGE_SIZE..5 * PAGE_SIZE]);
+//! // The shrinker path: write the coldest entries back to a device.
+//! let mut device = std::collections::HashMap::new();
+//! let done = zswap.scan_objects(4, &mut |entry: u64, page: &[u8]| {
+//!     device.insert(entry, page.to_vec());
+//!     Ok(())
+//! });
+//! assert_eq!(done.written_back, 4);
+//! assert_eq!(zswap.stats().stored_pages, 11);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+
+mod compress;
+#[doc(hidden)]
+pub mod fuzzing;
+mod lru;
+mod pool;
+mod store;
+mod sync;
+
+/// Size of a page, the unit of every entry.
+pub const PAGE_SIZE: usize = 4096;
+
+pub use compress::{CodecError, Compressor, PageCodec};
+pub use pool::{Handle, Pool, PoolError};
+pub use qpl_dyn::ExecutionPath as QplPath;
+pub use store::{
+    Config, ConfigError, LoadError, ScanResult, Stats, StoreError, Writeback, Zswap,
+    ENTRIES_PER_SHARD, MAX_FOLIO_PAGES, MAX_ORDER,
+};

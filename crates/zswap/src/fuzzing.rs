@@ -1,0 +1,103 @@
+//! The fuzz target's logic, as a normal function so that stable-toolchain tests (a proptest in
+//! `tests/corruption.rs`) exercise it too; `fuzz/fuzz_targets/zswap_load.rs` only calls it.
+
+use crate::{Compressor, Config, LoadError, Zswap, PAGE_SIZE};
+
+fn page_from(seed: &[u8], i: usize) -> Vec<u8> {
+    // Pages that compress (runs and repeats drawn from the seed), with some same-filled ones.
+    let mut page = vec![0u8; PAGE_SIZE];
+    let b = |j: usize| {
+        seed.get((i * 7 + j) % seed.len().max(1))
+            .copied()
+            .unwrap_or(0)
+    };
+    match b(0) % 4 {
+        0 => page.fill(b(1)),
+        _ => {
+            let mut pos = 0;
+            let mut j = 0;
+            while pos < PAGE_SIZE {
+                let run = 1 + b(j) as usize % 64;
+                let val = b(j + 1) ^ (i as u8);
+                let end = (pos + run).min(PAGE_SIZE);
+                page[pos..end].fill(val);
+                if b(j + 2) % 3 == 0 {
+                    for (k, x) in page[pos..end].iter_mut().enumerate() {
+                        *x = x.wrapping_add(k as u8);
+                    }
+                }
+                pos = end;
+                j += 3;
+            }
+        }
+    }
+    page
+}
+
+/// Stores a few pages, damages the pool as `data` says (flipped bytes in stored objects, forged
+/// handles), then loads every page. Checks the promise of the load path: no panic, ever; and with
+/// CRC on, a load that succeeds returns exactly the bytes stored. Returns how many loads failed.
+///
+/// Input layout: byte 0 picks the compressor and CRC, byte 1 the number of pages, then
+/// (entry, offset, mask) triples of corruption, the rest seeds the page contents.
+pub fn load_corrupted(data: &[u8]) -> usize {
+    if data.len() < 4 {
+        return 0;
+    }
+    let compressor = match data[0] % 3 {
+        0 => Compressor::Lz4,
+        1 => Compressor::Zstd { level: 1 },
+        _ => Compressor::Deflate { level: 1 },
+    };
+    let crc = data[0] & 0x80 != 0;
+    let mut config = Config::new(compressor);
+    config.crc = crc;
+    config.index_shards = 1;
+    let Ok(zswap) = Zswap::new(config) else {
+        return 0;
+    };
+    let nr = 1 + (data[1] as usize % 8);
+    let (ops, seed) = data[2..].split_at((data.len() - 2).min(3 * 8));
+    let pages: Vec<Vec<u8>> = (0..nr).map(|i| page_from(seed, i)).collect();
+    for (i, p) in pages.iter().enumerate() {
+        // Poorly compressing pages are refused; fine, they are not loaded below.
+        let _ = zswap.store(i as u64, p);
+    }
+    for op in ops.chunks_exact(3) {
+        let entry = u64::from(op[0]) % nr as u64;
+        if op[2] == 0 {
+            // Forge the handle: another entry's, a stale one, or garbage.
+            let raw = match op[1] % 3 {
+                0 => zswap
+                    .debug_handle((entry + 1) % nr as u64)
+                    .map_or(0, |h| h.raw()),
+                1 => zswap.debug_handle(entry).map_or(1, |h| h.raw() ^ (1 << 32)),
+                _ => u64::from(op[1]).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            };
+            zswap.debug_set_handle(entry, raw);
+        } else {
+            zswap.debug_corrupt(entry, op[1] as usize * 13, op[2]);
+        }
+    }
+    let mut failed = 0;
+    let mut out = vec![0u8; PAGE_SIZE];
+    for (i, p) in pages.iter().enumerate() {
+        match zswap.load(i as u64, &mut out) {
+            Ok(()) => {
+                if crc {
+                    assert_eq!(
+                        &out, p,
+                        "a load that succeeds with CRC on returns the stored bytes"
+                    );
+                }
+            }
+            Err(LoadError::NotFound { .. }) => {}
+            Err(_) => {
+                failed += 1;
+                // A failed load leaves the entry in place.
+                assert!(zswap.contains(i as u64), "failed load removed entry {i}");
+            }
+        }
+    }
+    failed
+}

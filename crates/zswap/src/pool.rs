@@ -1,0 +1,693 @@
+//! The compressed-object pool, after zsmalloc.
+//!
+//! Objects are grouped by size class (32 bytes to a page, every 16 bytes: zsmalloc's
+//! `ZS_MIN_ALLOC_SIZE` and `ZS_SIZE_CLASS_DELTA` for 4 KiB pages). A class packs its objects into
+//! *spans* (zsmalloc's zspages) of 1 to `max_span_pages` pages, the span size chosen per class to
+//! waste the least memory, so objects may straddle page boundaries inside a span. Each class has
+//! its own lock, as zsmalloc's `class->lock`.
+//!
+//! A [`Handle`] names an object independently of where it lives: it indexes the class's handle
+//! table (zsmalloc's handle is a pointer to a slot holding the object's location), so compaction
+//! can move objects between spans and only rewrite the table. A handle also carries a generation,
+//! so a stale or forged handle is reported as [`PoolError::BadHandle`], not read.
+
+use crate::sync::Mutex;
+use crate::PAGE_SIZE;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Smallest object slot.
+pub(crate) const MIN_ALLOC: usize = 32;
+/// Distance between size classes.
+pub(crate) const CLASS_DELTA: usize = 16;
+/// Largest object the pool stores (zswap rejects anything that does not compress below a page).
+pub(crate) const MAX_OBJECT: usize = PAGE_SIZE - 1;
+
+const NR_CLASSES: usize = (PAGE_SIZE - MIN_ALLOC) / CLASS_DELTA + 1;
+const GEN_BITS: u32 = 20;
+const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+const FREE_OWNER: u32 = u32::MAX;
+
+/// The name of a stored object; valid until the object is freed, across compactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Handle(pub(crate) u64);
+
+impl Handle {
+    fn new(class: usize, gen: u32, idx: u32) -> Handle {
+        Handle(((class as u64) << 52) | (u64::from(gen & GEN_MASK) << 32) | u64::from(idx))
+    }
+    fn class(self) -> usize {
+        (self.0 >> 52) as usize
+    }
+    fn gen(self) -> u32 {
+        ((self.0 >> 32) as u32) & GEN_MASK
+    }
+    fn idx(self) -> u32 {
+        self.0 as u32
+    }
+    /// The raw value (for diagnostics and fuzzing).
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+    /// A handle from a raw value; the pool checks it on use.
+    pub fn from_raw(raw: u64) -> Handle {
+        Handle(raw)
+    }
+}
+
+/// A pool failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// The handle does not name a live object of this pool.
+    #[error("bad pool handle {0:#x}: no live object has it")]
+    BadHandle(u64),
+    /// The object is larger than the pool stores.
+    #[error("object of {len} bytes is larger than the {max}-byte maximum")]
+    TooLarge {
+        /// Requested size.
+        len: usize,
+        /// Largest allowed.
+        max: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    Free {
+        next_free: u32,
+        gen: u32,
+    },
+    Used {
+        span: u32,
+        obj: u16,
+        len: u16,
+        gen: u32,
+    },
+}
+
+#[derive(Debug)]
+struct Span {
+    mem: Box<[u8]>,
+    /// Handle-table index owning each object slot, or `FREE_OWNER`.
+    owner: Box<[u32]>,
+    free_objs: Vec<u16>,
+    inuse: u32,
+    /// Position in `Class::partial` when the span has both used and free slots... or is empty
+    /// and about to be released; `None` when full.
+    partial_pos: Option<u32>,
+}
+
+#[derive(Debug)]
+struct Class {
+    size: usize,
+    objs_per_span: usize,
+    span_bytes: usize,
+    spans: Vec<Option<Span>>,
+    free_span_ids: Vec<u32>,
+    /// Spans with at least one free object slot.
+    partial: Vec<u32>,
+    table: Vec<Slot>,
+    table_free: u32,
+    objects: u64,
+    object_bytes: u64,
+}
+
+impl Class {
+    fn new(size: usize, max_span_pages: usize) -> Class {
+        // zsmalloc's get_pages_per_zspage: the span size with the smallest wasted fraction,
+        // comparing waste_a / bytes_a < waste_b / bytes_b as waste_a * bytes_b < waste_b * bytes_a.
+        let mut best = (1usize, PAGE_SIZE % size);
+        for pages in 2..=max_span_pages {
+            let bytes = pages * PAGE_SIZE;
+            let waste = bytes % size;
+            if waste * (best.0 * PAGE_SIZE) < best.1 * bytes {
+                best = (pages, waste);
+            }
+        }
+        let span_bytes = best.0 * PAGE_SIZE;
+        Class {
+            size,
+            objs_per_span: span_bytes / size,
+            span_bytes,
+            spans: Vec::new(),
+            free_span_ids: Vec::new(),
+            partial: Vec::new(),
+            table: Vec::new(),
+            table_free: FREE_OWNER,
+            objects: 0,
+            object_bytes: 0,
+        }
+    }
+
+    fn partial_remove(&mut self, span_id: u32) {
+        let Some(span) = self
+            .spans
+            .get_mut(span_id as usize)
+            .and_then(Option::as_mut)
+        else {
+            return;
+        };
+        let Some(pos) = span.partial_pos.take() else {
+            return;
+        };
+        self.partial.swap_remove(pos as usize);
+        if let Some(&moved) = self.partial.get(pos as usize) {
+            if let Some(Some(s)) = self.spans.get_mut(moved as usize) {
+                s.partial_pos = Some(pos);
+            }
+        }
+    }
+
+    fn partial_add(&mut self, span_id: u32) {
+        let pos = self.partial.len() as u32;
+        if let Some(Some(span)) = self.spans.get_mut(span_id as usize) {
+            if span.partial_pos.is_none() {
+                span.partial_pos = Some(pos);
+                self.partial.push(span_id);
+            }
+        }
+    }
+
+    /// Allocates an object slot; returns (span id, object index, new span bytes).
+    fn alloc_obj(&mut self) -> (u32, u16, usize) {
+        let mut grown = 0;
+        let span_id = match self.partial.last() {
+            Some(&id) => id,
+            None => {
+                let span = Span {
+                    mem: vec![0u8; self.span_bytes].into_boxed_slice(),
+                    owner: vec![FREE_OWNER; self.objs_per_span].into_boxed_slice(),
+                    free_objs: (0..self.objs_per_span as u16).rev().collect(),
+                    inuse: 0,
+                    partial_pos: None,
+                };
+                grown = self.span_bytes;
+                let id = match self.free_span_ids.pop() {
+                    Some(id) => {
+                        self.spans[id as usize] = Some(span);
+                        id
+                    }
+                    None => {
+                        self.spans.push(Some(span));
+                        (self.spans.len() - 1) as u32
+                    }
+                };
+                self.partial_add(id);
+                id
+            }
+        };
+        let (obj, full) = {
+            let Some(Some(span)) = self.spans.get_mut(span_id as usize) else {
+                unreachable!("partial list names a live span");
+            };
+            let Some(obj) = span.free_objs.pop() else {
+                unreachable!("a span on the partial list has a free slot");
+            };
+            span.inuse += 1;
+            (obj, span.free_objs.is_empty())
+        };
+        if full {
+            self.partial_remove(span_id);
+        }
+        (span_id, obj, grown)
+    }
+
+    /// Frees an object slot; returns span bytes released.
+    fn free_obj(&mut self, span_id: u32, obj: u16) -> usize {
+        let (now_empty, was_full) = {
+            let Some(Some(span)) = self.spans.get_mut(span_id as usize) else {
+                return 0;
+            };
+            let was_full = span.free_objs.is_empty();
+            span.owner[obj as usize] = FREE_OWNER;
+            span.free_objs.push(obj);
+            span.inuse -= 1;
+            (span.inuse == 0, was_full)
+        };
+        if was_full {
+            self.partial_add(span_id);
+        }
+        if now_empty {
+            // zsmalloc frees an empty zspage at once.
+            self.partial_remove(span_id);
+            self.spans[span_id as usize] = None;
+            self.free_span_ids.push(span_id);
+            return self.span_bytes;
+        }
+        0
+    }
+
+    fn obj_range(&self, obj: u16) -> std::ops::Range<usize> {
+        let start = obj as usize * self.size;
+        start..start + self.size
+    }
+
+    fn lookup(&self, h: Handle) -> Result<(u32, u16, u16), PoolError> {
+        match self.table.get(h.idx() as usize) {
+            Some(&Slot::Used {
+                span,
+                obj,
+                len,
+                gen,
+            }) if gen == h.gen() => Ok((span, obj, len)),
+            _ => Err(PoolError::BadHandle(h.0)),
+        }
+    }
+}
+
+/// The pool: size classes, each behind its own lock.
+#[derive(Debug)]
+pub struct Pool {
+    classes: Box<[Mutex<Class>]>,
+    total_bytes: AtomicU64,
+    compacted_pages: AtomicU64,
+}
+
+fn class_index(len: usize) -> usize {
+    if len <= MIN_ALLOC {
+        0
+    } else {
+        (len - MIN_ALLOC).div_ceil(CLASS_DELTA)
+    }
+}
+
+impl Pool {
+    /// A pool whose spans have at most `max_span_pages` pages (zsmalloc's chain size, 1..=16).
+    pub fn new(max_span_pages: usize) -> Pool {
+        let max_span_pages = max_span_pages.clamp(1, 16);
+        let classes = (0..NR_CLASSES)
+            .map(|i| Mutex::new(Class::new(MIN_ALLOC + i * CLASS_DELTA, max_span_pages)))
+            .collect();
+        Pool {
+            classes,
+            total_bytes: AtomicU64::new(0),
+            compacted_pages: AtomicU64::new(0),
+        }
+    }
+
+    /// Stores `data` and returns its handle.
+    pub fn alloc(&self, data: &[u8]) -> Result<Handle, PoolError> {
+        if data.len() > MAX_OBJECT {
+            return Err(PoolError::TooLarge {
+                len: data.len(),
+                max: MAX_OBJECT,
+            });
+        }
+        let ci = class_index(data.len());
+        let mut class = self.classes[ci].lock();
+        let (span_id, obj, grown) = class.alloc_obj();
+        let range = class.obj_range(obj);
+        // Handle table slot.
+        let (idx, gen) = if class.table_free != FREE_OWNER {
+            let idx = class.table_free;
+            let Slot::Free { next_free, gen } = class.table[idx as usize] else {
+                unreachable!("the handle free list only links free slots");
+            };
+            class.table_free = next_free;
+            (idx, gen.wrapping_add(1) & GEN_MASK)
+        } else {
+            class.table.push(Slot::Free {
+                next_free: FREE_OWNER,
+                gen: 0,
+            });
+            ((class.table.len() - 1) as u32, 0)
+        };
+        class.table[idx as usize] = Slot::Used {
+            span: span_id,
+            obj,
+            len: data.len() as u16,
+            gen,
+        };
+        {
+            let Some(Some(span)) = class.spans.get_mut(span_id as usize) else {
+                unreachable!("alloc_obj returned a live span");
+            };
+            span.owner[obj as usize] = idx;
+            span.mem[range.start..range.start + data.len()].copy_from_slice(data);
+        }
+        class.objects += 1;
+        class.object_bytes += data.len() as u64;
+        drop(class);
+        if grown > 0 {
+            self.total_bytes.fetch_add(grown as u64, Ordering::Relaxed);
+        }
+        Ok(Handle::new(ci, gen, idx))
+    }
+
+    /// Copies the object named by `h` into `out` (cleared first).
+    pub fn read(&self, h: Handle, out: &mut Vec<u8>) -> Result<(), PoolError> {
+        let class = self
+            .classes
+            .get(h.class())
+            .ok_or(PoolError::BadHandle(h.0))?
+            .lock();
+        let (span_id, obj, len) = class.lookup(h)?;
+        let Some(Some(span)) = class.spans.get(span_id as usize) else {
+            return Err(PoolError::BadHandle(h.0));
+        };
+        let start = class.obj_range(obj).start;
+        out.clear();
+        out.extend_from_slice(&span.mem[start..start + len as usize]);
+        Ok(())
+    }
+
+    /// Length of the object named by `h`.
+    pub fn object_len(&self, h: Handle) -> Result<usize, PoolError> {
+        let class = self
+            .classes
+            .get(h.class())
+            .ok_or(PoolError::BadHandle(h.0))?
+            .lock();
+        Ok(class.lookup(h)?.2 as usize)
+    }
+
+    /// Frees the object named by `h`.
+    pub fn free(&self, h: Handle) -> Result<(), PoolError> {
+        let mut class = self
+            .classes
+            .get(h.class())
+            .ok_or(PoolError::BadHandle(h.0))?
+            .lock();
+        let (span_id, obj, len) = class.lookup(h)?;
+        let gen = h.gen();
+        let free_head = class.table_free;
+        class.table[h.idx() as usize] = Slot::Free {
+            next_free: free_head,
+            gen,
+        };
+        class.table_free = h.idx();
+        class.objects -= 1;
+        class.object_bytes -= u64::from(len);
+        let released = class.free_obj(span_id, obj);
+        drop(class);
+        if released > 0 {
+            self.total_bytes
+                .fetch_sub(released as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Bytes of span memory the pool holds (the kernel's `pool_total_size`).
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Sum of the stored objects' lengths.
+    pub fn object_bytes(&self) -> u64 {
+        self.classes.iter().map(|c| c.lock().object_bytes).sum()
+    }
+
+    /// Number of stored objects.
+    pub fn objects(&self) -> u64 {
+        self.classes.iter().map(|c| c.lock().objects).sum()
+    }
+
+    /// Pages released by compaction so far (zsmalloc's `pages_compacted`).
+    pub fn compacted_pages(&self) -> u64 {
+        self.compacted_pages.load(Ordering::Relaxed)
+    }
+
+    /// Moves objects out of the emptiest spans into the fullest ones, class by class, and frees
+    /// the spans that empties (zsmalloc's `zs_compact`). Handles stay valid. Returns the bytes
+    /// released.
+    pub fn compact(&self) -> u64 {
+        let mut released = 0u64;
+        for lock in self.classes.iter() {
+            let mut class = lock.lock();
+            released += compact_class(&mut class) as u64;
+        }
+        if released > 0 {
+            self.total_bytes.fetch_sub(released, Ordering::Relaxed);
+            self.compacted_pages
+                .fetch_add(released / PAGE_SIZE as u64, Ordering::Relaxed);
+        }
+        released
+    }
+
+    /// XORs `mask` into byte `offset` (modulo the object length) of the object named by `h`:
+    /// corrupts stored data on purpose, for the fuzz target and the corruption tests.
+    #[doc(hidden)]
+    pub fn corrupt(&self, h: Handle, offset: usize, mask: u8) -> Result<(), PoolError> {
+        let mut class = self
+            .classes
+            .get(h.class())
+            .ok_or(PoolError::BadHandle(h.0))?
+            .lock();
+        let (span_id, obj, len) = class.lookup(h)?;
+        let start = class.obj_range(obj).start;
+        if len == 0 {
+            return Ok(());
+        }
+        let Some(Some(span)) = class.spans.get_mut(span_id as usize) else {
+            return Err(PoolError::BadHandle(h.0));
+        };
+        span.mem[start + offset % len as usize] ^= mask;
+        Ok(())
+    }
+
+    /// Full consistency walk (redb's `check_integrity`): every used slot is owned by exactly one
+    /// handle, counts and partial lists agree, accounted bytes match the spans held.
+    #[doc(hidden)]
+    pub fn check_integrity(&self) -> Result<(), String> {
+        let mut total = 0u64;
+        for (ci, lock) in self.classes.iter().enumerate() {
+            let class = lock.lock();
+            let mut objects = 0u64;
+            let mut bytes = 0u64;
+            for (idx, slot) in class.table.iter().enumerate() {
+                if let Slot::Used { span, obj, len, .. } = *slot {
+                    let s = class.spans.get(span as usize).and_then(Option::as_ref);
+                    let s = s.ok_or(format!("class {ci}: handle {idx} names dead span {span}"))?;
+                    if s.owner.get(obj as usize) != Some(&(idx as u32)) {
+                        return Err(format!("class {ci}: slot {span}/{obj} not owned by {idx}"));
+                    }
+                    if len as usize > class.size {
+                        return Err(format!(
+                            "class {ci}: object of {len} in class {}",
+                            class.size
+                        ));
+                    }
+                    objects += 1;
+                    bytes += u64::from(len);
+                }
+            }
+            if objects != class.objects || bytes != class.object_bytes {
+                return Err(format!(
+                    "class {ci}: counters disagree with the handle table"
+                ));
+            }
+            let mut used = 0u64;
+            for (id, s) in class.spans.iter().enumerate() {
+                let Some(s) = s else { continue };
+                total += class.span_bytes as u64;
+                let owned = s.owner.iter().filter(|&&o| o != FREE_OWNER).count();
+                if owned as u32 != s.inuse || s.inuse == 0 {
+                    return Err(format!(
+                        "class {ci}: span {id} inuse {} owned {owned}",
+                        s.inuse
+                    ));
+                }
+                if s.inuse as usize + s.free_objs.len() != class.objs_per_span {
+                    return Err(format!("class {ci}: span {id} free list size wrong"));
+                }
+                let partial = s.inuse as usize != class.objs_per_span;
+                match s.partial_pos {
+                    Some(p) if partial && class.partial.get(p as usize) == Some(&(id as u32)) => {}
+                    None if !partial => {}
+                    _ => return Err(format!("class {ci}: span {id} partial list wrong")),
+                }
+                used += u64::from(s.inuse);
+            }
+            if used != class.objects {
+                return Err(format!(
+                    "class {ci}: spans hold {used} objects, counted {}",
+                    class.objects
+                ));
+            }
+        }
+        if total != self.total_bytes() {
+            return Err(format!(
+                "spans hold {total} bytes, accounted {}",
+                self.total_bytes()
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn compact_class(class: &mut Class) -> usize {
+    let mut released = 0;
+    loop {
+        if class.partial.len() < 2 {
+            return released;
+        }
+        // Source: the emptiest partial span; destination: the fullest other one.
+        let mut src = class.partial[0];
+        let mut dst = class.partial[0];
+        let inuse = |c: &Class, id: u32| c.spans[id as usize].as_ref().map_or(0, |s| s.inuse);
+        for &id in &class.partial {
+            if inuse(class, id) < inuse(class, src) {
+                src = id;
+            }
+            if inuse(class, id) > inuse(class, dst) {
+                dst = id;
+            }
+        }
+        if src == dst {
+            // All partial spans equally full: pick any other as destination.
+            dst = match class.partial.iter().find(|&&id| id != src) {
+                Some(&id) => id,
+                None => return released,
+            };
+        }
+        // Would moving all of src into the other partial spans free it? Only compact when the
+        // free slots elsewhere can take everything in src, otherwise stop (nothing to gain).
+        let src_inuse = inuse(class, src) as usize;
+        let free_elsewhere: usize = class
+            .partial
+            .iter()
+            .filter(|&&id| id != src)
+            .map(|&id| class.objs_per_span - inuse(class, id) as usize)
+            .sum();
+        if free_elsewhere < src_inuse {
+            return released;
+        }
+        // Move objects from src to dst until src is empty or dst is full.
+        loop {
+            let dst_full = class.spans[dst as usize]
+                .as_ref()
+                .is_none_or(|s| s.free_objs.is_empty());
+            let src_obj = class.spans[src as usize]
+                .as_ref()
+                .and_then(|s| s.owner.iter().position(|&o| o != FREE_OWNER));
+            let Some(src_obj) = src_obj else { break };
+            if dst_full {
+                break;
+            }
+            let src_obj = src_obj as u16;
+            let owner = class.spans[src as usize]
+                .as_ref()
+                .map_or(FREE_OWNER, |s| s.owner[src_obj as usize]);
+            let Some(Slot::Used { len, gen, .. }) = class.table.get(owner as usize).copied() else {
+                unreachable!("an owned slot has a used handle");
+            };
+            // Take a slot in dst.
+            let Some(dst_obj) = class.spans[dst as usize]
+                .as_mut()
+                .and_then(|s| s.free_objs.pop())
+            else {
+                break;
+            };
+            let from = class.obj_range(src_obj);
+            let to = class.obj_range(dst_obj);
+            let mut tmp = [0u8; PAGE_SIZE];
+            if let Some(s) = class.spans[src as usize].as_ref() {
+                tmp[..len as usize].copy_from_slice(&s.mem[from.start..from.start + len as usize]);
+            }
+            if let Some(d) = class.spans[dst as usize].as_mut() {
+                d.mem[to.start..to.start + len as usize].copy_from_slice(&tmp[..len as usize]);
+                d.owner[dst_obj as usize] = owner;
+                d.inuse += 1;
+            }
+            let dst_now_full = class.spans[dst as usize]
+                .as_ref()
+                .is_some_and(|s| s.free_objs.is_empty());
+            if dst_now_full {
+                class.partial_remove(dst);
+            }
+            class.table[owner as usize] = Slot::Used {
+                span: dst,
+                obj: dst_obj,
+                len,
+                gen,
+            };
+            released += class.free_obj(src, src_obj);
+        }
+        if class.spans[src as usize].is_some()
+            && class.spans[dst as usize]
+                .as_ref()
+                .is_some_and(|s| !s.free_objs.is_empty())
+        {
+            // dst not full yet src not empty cannot happen; guard against looping forever.
+            return released;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_survive_compaction_and_memory_shrinks() {
+        let pool = Pool::new(4);
+        let mut handles = Vec::new();
+        for i in 0..2000u32 {
+            let len = 100 + (i as usize % 7) * 3;
+            let data: Vec<u8> = (0..len).map(|j| (i as usize * 31 + j) as u8).collect();
+            handles.push((pool.alloc(&data).expect("alloc"), data));
+        }
+        pool.check_integrity().expect("consistent");
+        // Free three of every four: spans left sparse.
+        let mut kept = Vec::new();
+        for (i, (h, d)) in handles.into_iter().enumerate() {
+            if i % 4 == 0 {
+                kept.push((h, d));
+            } else {
+                pool.free(h).expect("free");
+                assert_eq!(
+                    pool.free(h),
+                    Err(PoolError::BadHandle(h.0)),
+                    "double free detected"
+                );
+            }
+        }
+        let before = pool.total_bytes();
+        let released = pool.compact();
+        pool.check_integrity().expect("consistent after compaction");
+        assert!(released > 0 && pool.total_bytes() < before);
+        assert!(pool.total_bytes() as f64 <= pool.object_bytes() as f64 * 1.5);
+        let mut out = Vec::new();
+        for (h, d) in &kept {
+            pool.read(*h, &mut out).expect("read after compaction");
+            assert_eq!(&out, d);
+        }
+        for (h, _) in kept {
+            pool.free(h).expect("free");
+        }
+        assert_eq!(pool.total_bytes(), 0);
+        pool.check_integrity().expect("empty pool consistent");
+    }
+
+    #[test]
+    fn bad_handles_are_errors() {
+        let pool = Pool::new(4);
+        let h = pool.alloc(&[1, 2, 3]).expect("alloc");
+        let mut out = Vec::new();
+        assert!(pool.read(Handle(u64::MAX), &mut out).is_err());
+        assert!(
+            pool.read(Handle(h.0 ^ (1 << 32)), &mut out).is_err(),
+            "wrong generation"
+        );
+        assert!(
+            pool.read(Handle(h.0 + 1), &mut out).is_err(),
+            "never allocated"
+        );
+        assert!(pool.alloc(&[0u8; PAGE_SIZE]).is_err());
+        pool.read(h, &mut out).expect("good handle");
+        assert_eq!(out, [1, 2, 3]);
+    }
+
+    #[test]
+    fn span_size_minimises_waste() {
+        let c = Class::new(2064, 16);
+        assert!(
+            c.span_bytes % 2064 < c.span_bytes / 20,
+            "waste {} of {}",
+            c.span_bytes % 2064,
+            c.span_bytes
+        );
+        let c = Class::new(4096, 16);
+        assert_eq!(c.span_bytes, PAGE_SIZE);
+    }
+}

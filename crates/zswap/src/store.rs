@@ -1,0 +1,1018 @@
+//! The store itself: the sharded index of entries, the LRU, limits, counters, writeback.
+
+use crate::compress::{CodecError, Compressor, PageCodec, SCRATCH_SIZE};
+use crate::lru::Lru;
+use crate::pool::{Handle, Pool, PoolError, MAX_OBJECT};
+use crate::sync::{current_cpu, nr_cpus, Condvar, Mutex, MutexGuard, PlainMutex};
+use crate::PAGE_SIZE;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Largest folio stored whole: 512 pages (2 MiB, PMD order 9).
+pub const MAX_FOLIO_PAGES: usize = 512;
+/// Highest folio order (`log2(MAX_FOLIO_PAGES)`).
+pub const MAX_ORDER: usize = 9;
+/// Swap entries per index shard: 64 MiB of swap space, the kernel's `SWAP_ADDRESS_SPACE_PAGES`.
+pub const ENTRIES_PER_SHARD: u64 = 1 << 14;
+const NIL: u32 = u32::MAX;
+
+/// How a pool is built. `Config::default()` is lz4, a 256 MiB pool limit, accept
+/// threshold 90%, CRC on, spans of up to 8 pages, one thread per store, 64 index shards.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The pool's compression algorithm.
+    pub compressor: Compressor,
+    /// Largest pool size in bytes (the kernel's `max_pool_percent`, as bytes).
+    pub max_pool_bytes: u64,
+    /// Once the pool is full, stores are rejected until it shrinks below this percentage of
+    /// `max_pool_bytes` (`accept_threshold_percent`), 0..=100.
+    pub accept_threshold_percent: u8,
+    /// Keep a CRC32C of each page and check it on load and writeback.
+    pub crc: bool,
+    /// Largest span (zspage) in pages, 1..=16 (zsmalloc's chain size).
+    pub max_span_pages: usize,
+    /// Threads that compress the pages of one large folio (1: the calling thread only).
+    pub batch_threads: usize,
+    /// Folios of at least this many pages are compressed on `batch_threads` threads.
+    pub batch_min_pages: usize,
+    /// Number of index shards (a power of two); a key's shard is `(key >> 14) % index_shards`.
+    pub index_shards: usize,
+    /// Store pages filled with one repeated 64-bit word as that word, without pool memory.
+    pub same_filled: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            compressor: Compressor::Lz4,
+            max_pool_bytes: 256 << 20,
+            accept_threshold_percent: 90,
+            crc: true,
+            max_span_pages: 8,
+            batch_threads: 1,
+            batch_min_pages: 64,
+            index_shards: 64,
+            same_filled: true,
+        }
+    }
+}
+
+impl Config {
+    /// The defaults with `compressor`.
+    pub fn new(compressor: Compressor) -> Config {
+        Config {
+            compressor,
+            ..Config::default()
+        }
+    }
+}
+
+/// A rejected configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The compressor cannot be used here (for deflate-iaa: libqpl absent).
+    #[error(transparent)]
+    Compressor(#[from] CodecError),
+    /// A numeric setting is out of range.
+    #[error("invalid {field} = {value}: {allowed}")]
+    Invalid {
+        /// The setting.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// What is allowed.
+        allowed: &'static str,
+    },
+}
+
+/// Why a store was refused. Nothing of the folio is stored after any of these.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The folio is not 1..=512 pages, a power of two, or its entries overflow.
+    #[error("invalid folio of {len} bytes at entry {entry:#x}: {reason}")]
+    InvalidFolio {
+        /// First swap entry.
+        entry: u64,
+        /// Byte length given.
+        len: usize,
+        /// What is allowed.
+        reason: &'static str,
+    },
+    /// The pool is at its limit (or has not yet shrunk below the accept threshold): write the
+    /// folio to the backing device instead.
+    #[error("pool limit: pool holds {pool_bytes} bytes, limit {max_pool_bytes}")]
+    PoolLimit {
+        /// Pool size when refused.
+        pool_bytes: u64,
+        /// The configured limit.
+        max_pool_bytes: u64,
+    },
+    /// A page does not compress below a page: write the folio to the backing device instead.
+    #[error("page {page} of the folio compresses poorly ({compressed_len} bytes)")]
+    CompressPoor {
+        /// Index of the page within the folio.
+        page: usize,
+        /// Its compressed length.
+        compressed_len: usize,
+    },
+    /// The compressor failed.
+    #[error(transparent)]
+    Compress(#[from] CodecError),
+    /// The pool refused an object.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}
+
+/// Why a load failed. The entries are left as they were after any of these.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// `out` is not 1..=512 whole pages, or the entries overflow.
+    #[error("invalid load of {len} bytes at entry {entry:#x}: whole pages, 1 to 512, expected")]
+    InvalidLength {
+        /// First swap entry.
+        entry: u64,
+        /// Byte length given.
+        len: usize,
+    },
+    /// No page is stored at `entry`.
+    #[error("swap entry {entry:#x} is not in the store")]
+    NotFound {
+        /// The missing entry.
+        entry: u64,
+    },
+    /// The stored data of `entry` does not decompress to a page.
+    #[error("stored data of swap entry {entry:#x} is corrupt: {source}")]
+    Corrupt {
+        /// The entry.
+        entry: u64,
+        /// What the decompressor said.
+        source: CodecError,
+    },
+    /// The page decompressed but its CRC32C differs from the one taken at store time.
+    #[error("swap entry {entry:#x}: crc32c {computed:#010x} != stored {stored:#010x}")]
+    CrcMismatch {
+        /// The entry.
+        entry: u64,
+        /// CRC at store time.
+        stored: u32,
+        /// CRC of the decompressed bytes.
+        computed: u32,
+    },
+    /// The entry's pool handle is not valid.
+    #[error("swap entry {entry:#x}: {source}")]
+    Pool {
+        /// The entry.
+        entry: u64,
+        /// The pool's error.
+        source: PoolError,
+    },
+    /// No decompression context could be made.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+}
+
+/// The caller's backing device, written by [`Zswap::scan_objects`].
+pub trait Writeback {
+    /// Writes the decompressed `page` of swap entry `entry` to the backing device. On error the
+    /// entry stays in the store. Must not call into the same [`Zswap`] for `entry`.
+    fn write_page(&mut self, entry: u64, page: &[u8]) -> std::io::Result<()>;
+}
+
+impl<F: FnMut(u64, &[u8]) -> std::io::Result<()>> Writeback for F {
+    fn write_page(&mut self, entry: u64, page: &[u8]) -> std::io::Result<()> {
+        self(entry, page)
+    }
+}
+
+/// What one `scan_objects` call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanResult {
+    /// LRU entries looked at.
+    pub scanned: usize,
+    /// Entries written back and freed.
+    pub written_back: usize,
+    /// Entries whose write (or decompression) failed; they stay stored.
+    pub failed: usize,
+}
+
+/// The counters, named after the kernel's (debugfs `zswap/` and vmstat `zswpout`/`zswpin`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Pages currently stored (same-filled included).
+    pub stored_pages: u64,
+    /// Bytes of pool memory (spans) held.
+    pub pool_total_size: u64,
+    /// Sum of the compressed objects' lengths.
+    pub compressed_bytes: u64,
+    /// Stored pages that are one repeated word and use no pool memory.
+    pub same_filled_pages: u64,
+    /// Pages refused because they compressed to a page or more.
+    pub reject_compress_poor: u64,
+    /// Folios refused because the compressor failed.
+    pub reject_compress_fail: u64,
+    /// Folios refused because of the pool limit.
+    pub reject_pool_limit: u64,
+    /// Times the pool reached its limit.
+    pub pool_limit_hit: u64,
+    /// Entries whose writeback failed (writer error or corrupt data); they stayed stored.
+    pub reject_reclaim_fail: u64,
+    /// Pages written back to the backing device.
+    pub written_back_pages: u64,
+    /// Loads that failed on corrupt data (decompression error or CRC mismatch).
+    pub decompress_fail: u64,
+    /// Pages stored (all orders).
+    pub zswpout: u64,
+    /// Folios stored, by order 0..=9 (the mTHP `zswpout` counters).
+    pub zswpout_by_order: [u64; MAX_ORDER + 1],
+    /// Pages loaded.
+    pub zswpin: u64,
+    /// Pages released by compaction.
+    pub pages_compacted: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    stored_pages: AtomicU64,
+    same_filled_pages: AtomicU64,
+    reject_compress_poor: AtomicU64,
+    reject_compress_fail: AtomicU64,
+    reject_pool_limit: AtomicU64,
+    pool_limit_hit: AtomicU64,
+    reject_reclaim_fail: AtomicU64,
+    written_back_pages: AtomicU64,
+    decompress_fail: AtomicU64,
+    zswpout: AtomicU64,
+    zswpout_by_order: [AtomicU64; MAX_ORDER + 1],
+    zswpin: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+fn drop_count(c: &AtomicU64, n: u64) {
+    c.fetch_sub(n, Ordering::Relaxed);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Payload {
+    /// A page that is this word repeated.
+    Same(u64),
+    /// A compressed page in the pool.
+    Compressed(Handle),
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// Unique over the store's life; never `u64::MAX`.
+    id: u64,
+    payload: Payload,
+    crc: u32,
+    /// LRU node, or `NIL` when not on the LRU (same-filled, or taken by writeback).
+    lru: u32,
+    /// Set while `scan_objects` writes this entry back: nobody else removes or replaces it.
+    writeback: bool,
+}
+
+#[derive(Debug)]
+struct Shard {
+    map: Mutex<HashMap<u64, Entry>>,
+    /// Signalled when an entry's writeback ends.
+    done: Condvar,
+}
+
+type ShardGuard<'a> = MutexGuard<'a, HashMap<u64, Entry>>;
+
+/// A compressed page store. See the crate documentation.
+#[derive(Debug)]
+pub struct Zswap {
+    config: Config,
+    pool: Pool,
+    shards: Box<[Shard]>,
+    /// Lock order: a shard lock (or two, in index order), then this, then a pool class lock.
+    lru: Mutex<Lru>,
+    next_id: AtomicU64,
+    pool_reached_full: AtomicBool,
+    counters: Counters,
+    /// Reused compression contexts, per CPU slot.
+    contexts: Box<[PlainMutex<Vec<PageCodec>>]>,
+}
+
+/// A page prepared for insertion.
+#[derive(Debug, Clone, Copy)]
+struct Prepared {
+    payload: Payload,
+    crc: u32,
+}
+
+fn same_filled_word(page: &[u8]) -> Option<u64> {
+    let mut words = page.chunks_exact(8).map(|c| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        u64::from_ne_bytes(w)
+    });
+    let first = words.next()?;
+    words.all(|w| w == first).then_some(first)
+}
+
+fn fill_word(out: &mut [u8], word: u64) {
+    let bytes = word.to_ne_bytes();
+    for c in out.chunks_exact_mut(8) {
+        c.copy_from_slice(&bytes);
+    }
+}
+
+impl Zswap {
+    /// Builds a store. Fails if the compressor cannot be used (deflate-iaa without libqpl) or a
+    /// setting is out of range.
+    pub fn new(config: Config) -> Result<Zswap, ConfigError> {
+        let invalid = |field, value: u64, allowed| {
+            Err(ConfigError::Invalid {
+                field,
+                value,
+                allowed,
+            })
+        };
+        if config.accept_threshold_percent > 100 {
+            return invalid(
+                "accept_threshold_percent",
+                config.accept_threshold_percent.into(),
+                "0..=100",
+            );
+        }
+        if !(1..=16).contains(&config.max_span_pages) {
+            return invalid("max_span_pages", config.max_span_pages as u64, "1..=16");
+        }
+        if config.batch_threads == 0 || config.batch_threads > 64 {
+            return invalid("batch_threads", config.batch_threads as u64, "1..=64");
+        }
+        if !config.index_shards.is_power_of_two() || config.index_shards > 1 << 16 {
+            return invalid(
+                "index_shards",
+                config.index_shards as u64,
+                "a power of two up to 65536",
+            );
+        }
+        // Build one context now so a missing compressor fails here, not on the first store.
+        let first = PageCodec::new(config.compressor)?;
+        let slots = nr_cpus().max(1);
+        let contexts: Box<[PlainMutex<Vec<PageCodec>>]> =
+            (0..slots).map(|_| PlainMutex::new(Vec::new())).collect();
+        contexts[0].lock().push(first);
+        let shards = (0..config.index_shards)
+            .map(|_| Shard {
+                map: Mutex::new(HashMap::new()),
+                done: Condvar::new(),
+            })
+            .collect();
+        Ok(Zswap {
+            pool: Pool::new(config.max_span_pages),
+            config,
+            shards,
+            lru: Mutex::new(Lru::new()),
+            next_id: AtomicU64::new(1),
+            pool_reached_full: AtomicBool::new(false),
+            counters: Counters::default(),
+            contexts,
+        })
+    }
+
+    /// The configuration the store was built with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn shard_of(&self, key: u64) -> usize {
+        ((key / ENTRIES_PER_SHARD) as usize) & (self.shards.len() - 1)
+    }
+
+    /// Locks the shards covering `start..start + nr` (at most two: nr <= 512 < 16384) in index
+    /// order.
+    fn lock_range(&self, start: u64, nr: usize) -> Vec<(usize, ShardGuard<'_>)> {
+        let a = self.shard_of(start);
+        let b = self.shard_of(start + nr as u64 - 1);
+        let mut idx = [a.min(b), a.max(b)];
+        let n = if idx[0] == idx[1] { 1 } else { 2 };
+        idx[..n].sort_unstable();
+        idx[..n]
+            .iter()
+            .map(|&i| (i, self.shards[i].map.lock()))
+            .collect()
+    }
+
+    fn guard_for<'g, 'a>(
+        &self,
+        guards: &'g mut [(usize, ShardGuard<'a>)],
+        key: u64,
+    ) -> &'g mut HashMap<u64, Entry> {
+        let s = self.shard_of(key);
+        let pos = guards.iter().position(|(i, _)| *i == s).unwrap_or(0);
+        &mut guards[pos].1
+    }
+
+    /// Drops `guards`, waits until the writeback of entry `id` at `key` is over.
+    fn wait_writeback(&self, guards: Vec<(usize, ShardGuard<'_>)>, key: u64, id: u64) {
+        drop(guards);
+        let shard = &self.shards[self.shard_of(key)];
+        let mut map = shard.map.lock();
+        while map.get(&key).is_some_and(|e| e.id == id && e.writeback) {
+            map = shard.done.wait(map);
+        }
+    }
+
+    /// First entry in `start..start+nr` under writeback, as (key, id).
+    fn find_writeback(
+        &self,
+        guards: &mut [(usize, ShardGuard<'_>)],
+        start: u64,
+        nr: usize,
+    ) -> Option<(u64, u64)> {
+        (start..start + nr as u64).find_map(|k| {
+            let map = self.guard_for(guards, k);
+            map.get(&k).filter(|e| e.writeback).map(|e| (k, e.id))
+        })
+    }
+
+    fn take_codec(&self) -> Result<(usize, PageCodec), CodecError> {
+        let slot = current_cpu() % self.contexts.len();
+        if let Some(c) = self.contexts[slot].lock().pop() {
+            return Ok((slot, c));
+        }
+        for (i, other) in self.contexts.iter().enumerate() {
+            if let Some(c) = other.lock().pop() {
+                return Ok((i, c));
+            }
+        }
+        Ok((slot, PageCodec::new(self.config.compressor)?))
+    }
+
+    fn put_codec(&self, slot: usize, codec: PageCodec) {
+        let mut v = self.contexts[slot].lock();
+        // Keep a few per slot: enough for the batch threads, bounded memory.
+        if v.len() < self.config.batch_threads + 1 {
+            v.push(codec);
+        }
+    }
+
+    /// The kernel's `zswap_check_limits`: true when a store must be refused.
+    fn over_limit(&self) -> bool {
+        let cur = self.pool.total_bytes();
+        let max = self.config.max_pool_bytes;
+        if cur >= max {
+            bump(&self.counters.pool_limit_hit, 1);
+            self.pool_reached_full.store(true, Ordering::Relaxed);
+        } else if self.pool_reached_full.load(Ordering::Relaxed) {
+            let accept = max / 100 * u64::from(self.config.accept_threshold_percent)
+                + max % 100 * u64::from(self.config.accept_threshold_percent) / 100;
+            if cur <= accept {
+                self.pool_reached_full.store(false, Ordering::Relaxed);
+            }
+        }
+        self.pool_reached_full.load(Ordering::Relaxed)
+    }
+
+    /// Compresses and allocates one page. Err(Some(len)) = compresses poorly.
+    fn prepare_page(
+        &self,
+        codec: &mut PageCodec,
+        scratch: &mut [u8],
+        page: &[u8],
+    ) -> Result<Prepared, PrepareError> {
+        let crc = if self.config.crc {
+            crc32c::crc32c(page)
+        } else {
+            0
+        };
+        if self.config.same_filled {
+            if let Some(w) = same_filled_word(page) {
+                return Ok(Prepared {
+                    payload: Payload::Same(w),
+                    crc,
+                });
+            }
+        }
+        let n = codec.compress(page, scratch).map_err(PrepareError::Codec)?;
+        if n > MAX_OBJECT {
+            return Err(PrepareError::Poor(n));
+        }
+        let h = self.pool.alloc(&scratch[..n]).map_err(PrepareError::Pool)?;
+        Ok(Prepared {
+            payload: Payload::Compressed(h),
+            crc,
+        })
+    }
+
+    fn prepare_range(
+        &self,
+        pages: &[u8],
+        first_page: usize,
+        out: &mut Vec<Prepared>,
+    ) -> Result<(), (usize, PrepareError)> {
+        let (slot, mut codec) = self
+            .take_codec()
+            .map_err(|e| (first_page, PrepareError::Codec(e)))?;
+        let mut scratch = vec![0u8; SCRATCH_SIZE];
+        let mut result = Ok(());
+        for (i, page) in pages.chunks_exact(PAGE_SIZE).enumerate() {
+            match self.prepare_page(&mut codec, &mut scratch, page) {
+                Ok(p) => out.push(p),
+                Err(e) => {
+                    result = Err((first_page + i, e));
+                    break;
+                }
+            }
+        }
+        self.put_codec(slot, codec);
+        result
+    }
+
+    fn release_prepared(&self, prepared: &[Prepared]) {
+        for p in prepared {
+            if let Payload::Compressed(h) = p.payload {
+                let _ = self.pool.free(h);
+            }
+        }
+    }
+
+    /// Stores a folio of `folio.len() / 4096` pages (1..=512, a power of two) under the swap
+    /// entries `entry..entry + n`, all or nothing. An entry already present is replaced.
+    pub fn store(&self, entry: u64, folio: &[u8]) -> Result<(), StoreError> {
+        let len = folio.len();
+        let invalid = |reason| Err(StoreError::InvalidFolio { entry, len, reason });
+        if len == 0 || len % PAGE_SIZE != 0 {
+            return invalid("the length must be a whole number of 4 KiB pages");
+        }
+        let nr = len / PAGE_SIZE;
+        if nr > MAX_FOLIO_PAGES || !nr.is_power_of_two() {
+            return invalid("a folio has 1 to 512 pages, a power of two");
+        }
+        if entry.checked_add(nr as u64).is_none() {
+            return invalid("the entries overflow u64");
+        }
+        if self.over_limit() {
+            bump(&self.counters.reject_pool_limit, 1);
+            return Err(StoreError::PoolLimit {
+                pool_bytes: self.pool.total_bytes(),
+                max_pool_bytes: self.config.max_pool_bytes,
+            });
+        }
+        let prepared = self.prepare_folio(folio)?;
+        self.insert(entry, &prepared);
+        let order = nr.trailing_zeros() as usize;
+        bump(&self.counters.zswpout, nr as u64);
+        bump(&self.counters.zswpout_by_order[order], 1);
+        Ok(())
+    }
+
+    fn prepare_folio(&self, folio: &[u8]) -> Result<Vec<Prepared>, StoreError> {
+        let nr = folio.len() / PAGE_SIZE;
+        let threads = self.config.batch_threads.min(nr);
+        let mut prepared = Vec::with_capacity(nr);
+        let result = if threads > 1 && nr >= self.config.batch_min_pages {
+            let per = nr.div_ceil(threads);
+            let chunks: Vec<_> = folio.chunks(per * PAGE_SIZE).collect();
+            let results: Vec<PartResult> = std::thread::scope(|s| {
+                let handles: Vec<_> = chunks
+                    .iter()
+                    .enumerate()
+                    .skip(1)
+                    .map(|(i, chunk)| {
+                        s.spawn(move || {
+                            let mut out = Vec::with_capacity(per);
+                            let r = self.prepare_range(chunk, i * per, &mut out);
+                            (out, r)
+                        })
+                    })
+                    .collect();
+                let mut first = Vec::with_capacity(per);
+                let r0 = self.prepare_range(chunks[0], 0, &mut first);
+                let mut all = vec![(first, r0)];
+                for h in handles {
+                    match h.join() {
+                        Ok(x) => all.push(x),
+                        Err(p) => std::panic::resume_unwind(p),
+                    }
+                }
+                all
+            });
+            let mut err = None;
+            for (part, r) in results {
+                prepared.extend(part);
+                if let (Err(e), None) = (r, &err) {
+                    err = Some(e);
+                }
+            }
+            err.map_or(Ok(()), Err)
+        } else {
+            self.prepare_range(folio, 0, &mut prepared)
+        };
+        match result {
+            Ok(()) => Ok(prepared),
+            Err((page, e)) => {
+                self.release_prepared(&prepared);
+                Err(match e {
+                    PrepareError::Poor(compressed_len) => {
+                        bump(&self.counters.reject_compress_poor, 1);
+                        StoreError::CompressPoor {
+                            page,
+                            compressed_len,
+                        }
+                    }
+                    PrepareError::Codec(c) => {
+                        bump(&self.counters.reject_compress_fail, 1);
+                        StoreError::Compress(c)
+                    }
+                    PrepareError::Pool(p) => StoreError::Pool(p),
+                })
+            }
+        }
+    }
+
+    fn insert(&self, entry: u64, prepared: &[Prepared]) {
+        let nr = prepared.len();
+        let mut guards = loop {
+            let mut guards = self.lock_range(entry, nr);
+            match self.find_writeback(&mut guards, entry, nr) {
+                Some((k, id)) => self.wait_writeback(guards, k, id),
+                None => break guards,
+            }
+        };
+        let mut lru = self.lru.lock();
+        let mut same = 0u64;
+        for (i, p) in prepared.iter().enumerate() {
+            let key = entry + i as u64;
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let node = match p.payload {
+                Payload::Compressed(_) => lru.push_head(key, id),
+                Payload::Same(_) => {
+                    same += 1;
+                    NIL
+                }
+            };
+            let new = Entry {
+                id,
+                payload: p.payload,
+                crc: p.crc,
+                lru: node,
+                writeback: false,
+            };
+            let map = self.guard_for(&mut guards, key);
+            if let Some(old) = map.insert(key, new) {
+                self.release_entry(&mut lru, &old);
+            }
+        }
+        bump(&self.counters.stored_pages, nr as u64);
+        bump(&self.counters.same_filled_pages, same);
+    }
+
+    /// Frees what `e` holds and drops it from the counters (the entry is already out of the map).
+    fn release_entry(&self, lru: &mut Lru, e: &Entry) {
+        if e.lru != NIL {
+            lru.remove(e.lru, e.id);
+        }
+        match e.payload {
+            Payload::Compressed(h) => {
+                let _ = self.pool.free(h);
+            }
+            Payload::Same(_) => drop_count(&self.counters.same_filled_pages, 1),
+        }
+        drop_count(&self.counters.stored_pages, 1);
+    }
+
+    /// Decompresses entry `e` of swap entry `key` into `out` (one page) and checks its CRC.
+    fn decode(
+        &self,
+        codec: &mut PageCodec,
+        scratch: &mut Vec<u8>,
+        key: u64,
+        e: &Entry,
+        out: &mut [u8],
+    ) -> Result<(), LoadError> {
+        match e.payload {
+            Payload::Same(w) => fill_word(out, w),
+            Payload::Compressed(h) => {
+                self.pool
+                    .read(h, scratch)
+                    .map_err(|source| LoadError::Pool { entry: key, source })?;
+                if let Err(source) = codec.decompress(scratch, out) {
+                    bump(&self.counters.decompress_fail, 1);
+                    return Err(LoadError::Corrupt { entry: key, source });
+                }
+            }
+        }
+        if self.config.crc {
+            let computed = crc32c::crc32c(out);
+            if computed != e.crc {
+                bump(&self.counters.decompress_fail, 1);
+                return Err(LoadError::CrcMismatch {
+                    entry: key,
+                    stored: e.crc,
+                    computed,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads and frees the pages at `entry..entry + out.len() / 4096` (an exclusive load, the
+    /// kernel's behaviour with a swap cache it does not keep). All or nothing: on any error the
+    /// entries stay as they were and `out` holds unspecified bytes.
+    pub fn load(&self, entry: u64, out: &mut [u8]) -> Result<(), LoadError> {
+        let len = out.len();
+        if len == 0 || len % PAGE_SIZE != 0 || len / PAGE_SIZE > MAX_FOLIO_PAGES {
+            return Err(LoadError::InvalidLength { entry, len });
+        }
+        let nr = len / PAGE_SIZE;
+        if entry.checked_add(nr as u64).is_none() {
+            return Err(LoadError::InvalidLength { entry, len });
+        }
+        let (slot, mut codec) = self.take_codec()?;
+        let mut scratch = Vec::with_capacity(PAGE_SIZE);
+        let result = self.load_locked(entry, out, &mut codec, &mut scratch);
+        self.put_codec(slot, codec);
+        result
+    }
+
+    fn load_locked(
+        &self,
+        entry: u64,
+        out: &mut [u8],
+        codec: &mut PageCodec,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), LoadError> {
+        let nr = out.len() / PAGE_SIZE;
+        let mut guards = loop {
+            let mut guards = self.lock_range(entry, nr);
+            match self.find_writeback(&mut guards, entry, nr) {
+                Some((k, id)) => self.wait_writeback(guards, k, id),
+                None => break guards,
+            }
+        };
+        for (i, page) in out.chunks_exact_mut(PAGE_SIZE).enumerate() {
+            let key = entry + i as u64;
+            let map = self.guard_for(&mut guards, key);
+            let e = map.get(&key).ok_or(LoadError::NotFound { entry: key })?;
+            self.decode(codec, scratch, key, e, page)?;
+        }
+        let mut lru = self.lru.lock();
+        for i in 0..nr as u64 {
+            let map = self.guard_for(&mut guards, entry + i);
+            if let Some(e) = map.remove(&(entry + i)) {
+                self.release_entry(&mut lru, &e);
+            }
+        }
+        bump(&self.counters.zswpin, nr as u64);
+        Ok(())
+    }
+
+    /// Drops the pages at `entry..entry + nr` (the swap entries were freed); returns how many
+    /// were stored. Waits for a writeback in progress on any of them.
+    pub fn invalidate(&self, entry: u64, nr: usize) -> usize {
+        let mut removed = 0;
+        let mut start = entry;
+        let end = entry.saturating_add(nr as u64);
+        while start < end {
+            // At most one shard-sized stretch at a time.
+            let step = (end - start).min(MAX_FOLIO_PAGES as u64) as usize;
+            let mut guards = loop {
+                let mut guards = self.lock_range(start, step);
+                match self.find_writeback(&mut guards, start, step) {
+                    Some((k, id)) => self.wait_writeback(guards, k, id),
+                    None => break guards,
+                }
+            };
+            let mut lru = self.lru.lock();
+            for key in start..start + step as u64 {
+                let map = self.guard_for(&mut guards, key);
+                if let Some(e) = map.remove(&key) {
+                    self.release_entry(&mut lru, &e);
+                    removed += 1;
+                }
+            }
+            start += step as u64;
+        }
+        removed
+    }
+
+    /// Whether a page is stored at `entry`.
+    pub fn contains(&self, entry: u64) -> bool {
+        self.shards[self.shard_of(entry)]
+            .map
+            .lock()
+            .contains_key(&entry)
+    }
+
+    /// Shrinker `count_objects`: entries that writeback could free now (on the LRU).
+    pub fn count_objects(&self) -> usize {
+        self.lru.lock().len()
+    }
+
+    /// Shrinker `scan_objects`: writes back up to `nr_to_scan` of the coldest entries through
+    /// `writer`, decompressed, and frees those written. An entry whose write fails stays stored
+    /// and goes back to the head of the LRU.
+    pub fn scan_objects(&self, nr_to_scan: usize, writer: &mut dyn Writeback) -> ScanResult {
+        let mut result = ScanResult::default();
+        let mut page = vec![0u8; PAGE_SIZE];
+        let mut scratch = Vec::with_capacity(PAGE_SIZE);
+        let mut codec = None;
+        for _ in 0..nr_to_scan {
+            let Some((key, id)) = self.lru.lock().pop_tail() else {
+                break;
+            };
+            result.scanned += 1;
+            let shard = &self.shards[self.shard_of(key)];
+            let mut map = shard.map.lock();
+            let e = match map.get_mut(&key) {
+                Some(e) if e.id == id && !e.writeback => e,
+                // Loaded, invalidated or replaced since it was popped.
+                _ => continue,
+            };
+            e.lru = NIL;
+            e.writeback = true;
+            if codec.is_none() {
+                match self.take_codec() {
+                    Ok(c) => codec = Some(c),
+                    Err(_) => {
+                        self.end_writeback(map, &shard.done, key, id, false);
+                        result.failed += 1;
+                        break;
+                    }
+                }
+            }
+            let Some((_, c)) = codec.as_mut() else { break };
+            let decoded = self.decode(c, &mut scratch, key, e, &mut page);
+            drop(map);
+            let ok = decoded.is_ok() && writer.write_page(key, &page).is_ok();
+            let map = shard.map.lock();
+            self.end_writeback(map, &shard.done, key, id, ok);
+            if ok {
+                result.written_back += 1;
+            } else {
+                result.failed += 1;
+            }
+        }
+        if let Some((slot, c)) = codec {
+            self.put_codec(slot, c);
+        }
+        result
+    }
+
+    fn end_writeback(
+        &self,
+        mut map: ShardGuard<'_>,
+        done: &Condvar,
+        key: u64,
+        id: u64,
+        written: bool,
+    ) {
+        if written {
+            if let Some(e) = map.remove(&key) {
+                debug_assert_eq!(e.id, id, "an entry under writeback is never replaced");
+                let mut lru = self.lru.lock();
+                self.release_entry(&mut lru, &e);
+                bump(&self.counters.written_back_pages, 1);
+            }
+        } else {
+            bump(&self.counters.reject_reclaim_fail, 1);
+            if let Some(e) = map.get_mut(&key) {
+                e.writeback = false;
+                e.lru = self.lru.lock().push_head(key, id);
+            }
+        }
+        drop(map);
+        done.notify_all();
+    }
+
+    /// Compacts the pool (zsmalloc's `zs_compact`); returns the bytes released.
+    pub fn compact(&self) -> u64 {
+        self.pool.compact()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut by_order = [0u64; MAX_ORDER + 1];
+        for (o, a) in by_order.iter_mut().zip(c.zswpout_by_order.iter()) {
+            *o = get(a);
+        }
+        Stats {
+            stored_pages: get(&c.stored_pages),
+            pool_total_size: self.pool.total_bytes(),
+            compressed_bytes: self.pool.object_bytes(),
+            same_filled_pages: get(&c.same_filled_pages),
+            reject_compress_poor: get(&c.reject_compress_poor),
+            reject_compress_fail: get(&c.reject_compress_fail),
+            reject_pool_limit: get(&c.reject_pool_limit),
+            pool_limit_hit: get(&c.pool_limit_hit),
+            reject_reclaim_fail: get(&c.reject_reclaim_fail),
+            written_back_pages: get(&c.written_back_pages),
+            decompress_fail: get(&c.decompress_fail),
+            zswpout: get(&c.zswpout),
+            zswpout_by_order: by_order,
+            zswpin: get(&c.zswpin),
+            pages_compacted: self.pool.compacted_pages(),
+        }
+    }
+
+    /// Full consistency check of index, LRU and pool (for tests; takes every lock in turn).
+    #[doc(hidden)]
+    pub fn check_integrity(&self) -> Result<(), String> {
+        let mut stored = 0u64;
+        let mut on_lru = 0usize;
+        let mut same = 0u64;
+        for shard in self.shards.iter() {
+            let map = shard.map.lock();
+            for (k, e) in map.iter() {
+                stored += 1;
+                if e.writeback {
+                    return Err(format!("entry {k:#x} left under writeback"));
+                }
+                match e.payload {
+                    Payload::Compressed(h) => {
+                        self.pool
+                            .object_len(h)
+                            .map_err(|err| format!("entry {k:#x}: {err}"))?;
+                        if e.lru == NIL {
+                            return Err(format!("entry {k:#x} is off the LRU"));
+                        }
+                        on_lru += 1;
+                    }
+                    Payload::Same(_) => same += 1,
+                }
+            }
+        }
+        if on_lru != self.lru.lock().len() {
+            return Err(format!(
+                "{on_lru} entries on the LRU, list holds {}",
+                self.lru.lock().len()
+            ));
+        }
+        let s = self.stats();
+        if s.stored_pages != stored || s.same_filled_pages != same {
+            return Err(format!(
+                "counters {} / {} != index {stored} / {same}",
+                s.stored_pages, s.same_filled_pages
+            ));
+        }
+        if self.pool.objects() != stored - same {
+            return Err(format!(
+                "pool holds {} objects for {} entries",
+                self.pool.objects(),
+                stored - same
+            ));
+        }
+        self.pool.check_integrity()
+    }
+
+    /// The pool handle of `entry`'s compressed data (None if absent or same-filled). For the
+    /// fuzz target and corruption tests.
+    #[doc(hidden)]
+    pub fn debug_handle(&self, entry: u64) -> Option<Handle> {
+        match self.shards[self.shard_of(entry)]
+            .map
+            .lock()
+            .get(&entry)?
+            .payload
+        {
+            Payload::Compressed(h) => Some(h),
+            Payload::Same(_) => None,
+        }
+    }
+
+    /// Corrupts a stored byte of `entry` (see [`Pool::corrupt`]). For fuzzing and tests only.
+    #[doc(hidden)]
+    pub fn debug_corrupt(&self, entry: u64, offset: usize, mask: u8) -> bool {
+        self.debug_handle(entry)
+            .is_some_and(|h| self.pool.corrupt(h, offset, mask).is_ok())
+    }
+
+    /// Points `entry` at an arbitrary pool handle (a forged or stale handle). For fuzzing and
+    /// tests only. The object it named before is leaked from the index's point of view, so only
+    /// use this on a store that is about to be dropped.
+    #[doc(hidden)]
+    pub fn debug_set_handle(&self, entry: u64, raw: u64) -> bool {
+        let mut map = self.shards[self.shard_of(entry)].map.lock();
+        match map.get_mut(&entry) {
+            Some(e) => {
+                e.payload = Payload::Compressed(Handle::from_raw(raw));
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The pages one batch worker prepared, and how it stopped.
+type PartResult = (Vec<Prepared>, Result<(), (usize, PrepareError)>);
+
+#[derive(Debug)]
+enum PrepareError {
+    Poor(usize),
+    Codec(CodecError),
+    Pool(PoolError),
+}

@@ -1,0 +1,78 @@
+//! Baseline (a): one device-wide lock and a linear scan (before v4.11).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::baseline::SlotAllocator;
+use crate::sync::Mutex;
+
+#[derive(Debug)]
+struct State {
+    map: Vec<u8>,
+    /// Where the next scan starts (the old `cluster_next`).
+    cursor: usize,
+}
+
+/// One lock for the whole device; allocation scans the slot map from where the last one
+/// stopped, for a free aligned run, wrapping around once.
+#[derive(Debug)]
+pub struct GlobalLockDevice {
+    state: Mutex<State>,
+    locks: AtomicU64,
+}
+
+impl GlobalLockDevice {
+    /// A device of `nslots` slots.
+    pub fn new(nslots: usize) -> Self {
+        Self {
+            state: Mutex::new(State {
+                map: vec![0; nslots],
+                cursor: 0,
+            }),
+            locks: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> crate::sync::MutexGuard<'_, State> {
+        self.locks.fetch_add(1, Ordering::Relaxed);
+        self.state.lock()
+    }
+}
+
+impl SlotAllocator for GlobalLockDevice {
+    fn design(&self) -> &'static str {
+        "global_lock"
+    }
+
+    fn alloc_slots(&self, order: u32) -> Option<u64> {
+        let nr = 1usize << order;
+        let mut st = self.lock();
+        let n = st.map.len();
+        if nr > n {
+            return None;
+        }
+        let start = st.cursor & !(nr - 1);
+        let positions = (start..n).step_by(nr).chain((0..start).step_by(nr));
+        for off in positions {
+            if off + nr <= n && st.map[off..off + nr].iter().all(|&v| v == 0) {
+                st.map[off..off + nr].fill(1);
+                st.cursor = if off + nr >= n { 0 } else { off + nr };
+                return Some(off as u64);
+            }
+        }
+        None
+    }
+
+    fn free_slots(&self, offset: u64, order: u32) {
+        let nr = 1usize << order;
+        let mut st = self.lock();
+        let off = offset as usize;
+        if let Some(run) = st.map.get_mut(off..off + nr) {
+            debug_assert!(run.iter().all(|&v| v == 1));
+            run.fill(0);
+        }
+    }
+
+    fn device_lock_acquisitions(&self) -> u64 {
+        self.locks.load(Ordering::Relaxed)
+    }
+}

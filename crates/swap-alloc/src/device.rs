@@ -1,0 +1,1115 @@
+//! One swap device: the cluster allocator of `mm/swapfile.c` (v6.14 design).
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64 as StatU64, AtomicUsize, Ordering};
+
+use crossbeam_utils::CachePadded;
+
+use crate::cluster::{
+    ClusterInner, ClusterState, ListId, Lists, MAX_SLOT_COUNT, NR_ORDERS, SLOT_BAD,
+    SLOT_COUNT_MASK, SLOT_FREE, SLOT_HAS_CACHE,
+};
+use crate::entry::{DeviceId, SwapEntry};
+use crate::error::SwapError;
+use crate::stats::{ClusterLists, DeviceStats, Fragmentation};
+use crate::sync::{self, Arc, AtomicU64, Mutex, MutexGuard};
+
+/// The default cluster size in slots (the kernel's `SWAPFILE_CLUSTER`: 2 MiB of 4 KiB pages).
+pub const DEFAULT_CLUSTER_SLOTS: usize = 512;
+
+/// The largest cluster size accepted.
+pub const MAX_CLUSTER_SLOTS: usize = 1 << 15;
+
+/// A "no hint" value for the per-CPU next offsets (the kernel's `SWAP_NEXT_INVALID`).
+const NO_HINT: u64 = u64::MAX;
+
+/// Discards free clusters for the backend (a file punches a hole, a block device issues
+/// `BLKDISCARD`, pmem may zero or ignore). Called with no lock held, from
+/// [`SwapDevice::run_discards`] or from an allocation that ran out of free clusters.
+pub trait DiscardHook: Send + Sync {
+    /// Slots `first .. first + nr` of `device` are free and may be discarded. They are not
+    /// allocated again before this returns.
+    fn discard(&self, device: DeviceId, first: u64, nr: u64);
+}
+
+/// How an allocation marks its slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SlotUsage {
+    /// One reference (count 1): what a backend that stores the page at once wants.
+    #[default]
+    Referenced,
+    /// Only the has-cache flag, count 0 (the kernel's `folio_alloc_swap`: the page is in the
+    /// swap cache until [`SwapDevice::swapcache_clear`], references come from
+    /// [`SwapDevice::dup`]).
+    Cached,
+}
+
+impl SlotUsage {
+    fn map_value(self) -> u16 {
+        match self {
+            SlotUsage::Referenced => 1,
+            SlotUsage::Cached => SLOT_HAS_CACHE,
+        }
+    }
+}
+
+/// A slot's state as seen by [`SwapDevice::slot`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotState {
+    /// References (`dup` adds one, `put` drops one).
+    pub count: u16,
+    /// The has-cache flag.
+    pub has_cache: bool,
+}
+
+impl SlotState {
+    /// Whether the slot is free (no reference and no cache flag).
+    pub fn is_free(self) -> bool {
+        self.count == 0 && !self.has_cache
+    }
+}
+
+/// The shape of a device.
+#[derive(Clone)]
+pub struct DeviceConfig {
+    /// Slots on the device.
+    pub nslots: u64,
+    /// Slots per cluster: a power of two from 2 to 32768 (default 512).
+    pub cluster_slots: usize,
+    /// A rotational device (spinning disk): one current cluster shared by all CPUs, under a
+    /// lock, so that its layout stays sequential (the kernel's `global_cluster`).
+    pub rotational: bool,
+    /// Discard hook; with one, emptied clusters go to the discard list first.
+    pub discard: Option<Arc<dyn DiscardHook>>,
+    /// Size of the per-CPU arrays (default: the number of online CPUs).
+    pub nr_cpus: Option<usize>,
+    /// `false` only for the order-unaware baseline.
+    pub(crate) order_aware: bool,
+}
+
+impl fmt::Debug for DeviceConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceConfig")
+            .field("nslots", &self.nslots)
+            .field("cluster_slots", &self.cluster_slots)
+            .field("rotational", &self.rotational)
+            .field("discard", &self.discard.is_some())
+            .field("nr_cpus", &self.nr_cpus)
+            .field("order_aware", &self.order_aware)
+            .finish()
+    }
+}
+
+impl DeviceConfig {
+    /// A non-rotational device of `nslots` slots, clusters of 512, no discard.
+    pub fn new(nslots: u64) -> Self {
+        Self {
+            nslots,
+            cluster_slots: DEFAULT_CLUSTER_SLOTS,
+            rotational: false,
+            discard: None,
+            nr_cpus: None,
+            order_aware: true,
+        }
+    }
+
+    /// Sets the cluster size.
+    pub fn cluster_slots(mut self, slots: usize) -> Self {
+        self.cluster_slots = slots;
+        self
+    }
+
+    /// Marks the device rotational.
+    pub fn rotational(mut self, yes: bool) -> Self {
+        self.rotational = yes;
+        self
+    }
+
+    /// Sets the discard hook.
+    pub fn discard(mut self, hook: Arc<dyn DiscardHook>) -> Self {
+        self.discard = Some(hook);
+        self
+    }
+
+    /// Sets the size of the per-CPU arrays.
+    pub fn nr_cpus(mut self, n: usize) -> Self {
+        self.nr_cpus = Some(n);
+        self
+    }
+}
+
+/// Per-CPU statistics; plain std atomics, bumped with `Relaxed` by the CPU's own threads.
+#[derive(Debug, Default)]
+struct CpuStats {
+    device_lock: StatU64,
+    cluster_lock: StatU64,
+    global_cluster_lock: StatU64,
+    swpout: [StatU64; NR_ORDERS],
+    swpout_fallback: [StatU64; NR_ORDERS],
+    discards: StatU64,
+    /// Slots allocated minus slots freed by this CPU (may go negative).
+    inuse: AtomicI64,
+}
+
+fn bump(c: &StatU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// What each CPU owns: its current cluster per order (as the next offset to try) and its
+/// statistics.
+#[derive(Debug)]
+struct PerCpu {
+    next: [AtomicU64; NR_ORDERS],
+    stats: CpuStats,
+}
+
+/// Where the "next offset" hints live for this allocation: per CPU, or the device-wide
+/// current cluster of a rotational device under its lock.
+enum Hints<'a> {
+    PerCpu(&'a [AtomicU64; NR_ORDERS]),
+    Global(MutexGuard<'a, [u64; NR_ORDERS]>),
+}
+
+impl Hints<'_> {
+    fn get(&self, class: usize) -> u64 {
+        match self {
+            Hints::PerCpu(h) => h[class].load(Ordering::Relaxed),
+            Hints::Global(g) => g[class],
+        }
+    }
+    fn set(&mut self, class: usize, v: u64) {
+        match self {
+            Hints::PerCpu(h) => h[class].store(v, Ordering::Relaxed),
+            Hints::Global(g) => g[class] = v,
+        }
+    }
+}
+
+/// A swap device: `nslots` slots in clusters, with per-slot reference counts.
+///
+/// All methods take `&self` and may be called from any number of threads.
+pub struct SwapDevice {
+    id: DeviceId,
+    nslots: u64,
+    cluster_shift: u32,
+    cluster_slots: usize,
+    max_order: u32,
+    rotational: bool,
+    order_aware: bool,
+    discard: Option<Arc<dyn DiscardHook>>,
+    /// Slots of the last cluster beyond `nslots` (marked `SLOT_BAD`).
+    bad_slots: u64,
+    // INVARIANT: a cluster's `state` changes only with its own lock and `lists` both held;
+    // lock order is cluster lock, then device lock; the device-lock holder only `try_lock`s
+    // cluster locks.
+    clusters: Box<[CachePadded<Mutex<ClusterInner>>]>,
+    /// The device lock (`si->lock`), guarding only the lists.
+    lists: CachePadded<Mutex<Lists>>,
+    /// Lengths of the frag lists, kept under the device lock, read without it as a loop bound
+    /// (the kernel's `frag_cluster_nr`).
+    frag_nr: [AtomicUsize; NR_ORDERS],
+    percpu: Box<[CachePadded<PerCpu>]>,
+    /// The shared current cluster of a rotational device (`global_cluster` and its lock).
+    global: Mutex<[u64; NR_ORDERS]>,
+    /// Cleared by [`SwapInfo`](crate::SwapInfo) while a device is being drained for swapoff.
+    pub(crate) allocatable: AtomicBool,
+}
+
+impl fmt::Debug for SwapDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SwapDevice")
+            .field("id", &self.id)
+            .field("nslots", &self.nslots)
+            .field("cluster_slots", &self.cluster_slots)
+            .field("rotational", &self.rotational)
+            .field("order_aware", &self.order_aware)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SwapDevice {
+    /// A device with id 0 (entries it hands out name device 0).
+    pub fn new(config: DeviceConfig) -> Result<Self, SwapError> {
+        Self::with_id(DeviceId::default(), config)
+    }
+
+    /// A device whose entries name `id`.
+    pub fn with_id(id: DeviceId, config: DeviceConfig) -> Result<Self, SwapError> {
+        let cs = config.cluster_slots;
+        if !cs.is_power_of_two() || !(2..=MAX_CLUSTER_SLOTS).contains(&cs) {
+            return Err(SwapError::InvalidConfig {
+                reason: format!(
+                    "cluster_slots is {cs}; it must be a power of two from 2 to {MAX_CLUSTER_SLOTS}"
+                ),
+            });
+        }
+        if config.nslots == 0 || config.nslots > SwapEntry::MAX_OFFSET {
+            return Err(SwapError::InvalidConfig {
+                reason: format!(
+                    "nslots is {}; it must be from 1 to {}",
+                    config.nslots,
+                    SwapEntry::MAX_OFFSET
+                ),
+            });
+        }
+        let cluster_shift = cs.trailing_zeros();
+        let nclusters_u64 = config.nslots.div_ceil(cs as u64);
+        let nclusters = usize::try_from(nclusters_u64)
+            .ok()
+            .filter(|&n| n < u32::MAX as usize)
+            .ok_or_else(|| SwapError::InvalidConfig {
+                reason: format!("{nclusters_u64} clusters is too many for this machine"),
+            })?;
+        let max_order = cluster_shift.min(NR_ORDERS as u32 - 1);
+        let bad_slots = nclusters_u64 * cs as u64 - config.nslots;
+
+        let mut lists = Lists::new(nclusters);
+        let mut clusters = Vec::with_capacity(nclusters);
+        for idx in 0..nclusters {
+            let mut map = vec![SLOT_FREE; cs].into_boxed_slice();
+            let mut count = 0u32;
+            if idx == nclusters - 1 && bad_slots > 0 {
+                let valid = cs - bad_slots as usize;
+                map[valid..].fill(SLOT_BAD);
+                count = bad_slots as u32;
+            }
+            let state = if count == 0 {
+                lists.push_back(ListId::Free, idx);
+                ClusterState::Free
+            } else {
+                // The kernel also puts partly used clusters on nonfull[0] at swapon.
+                lists.push_back(ListId::Nonfull(0), idx);
+                ClusterState::Nonfull
+            };
+            clusters.push(CachePadded::new(Mutex::new(ClusterInner {
+                count,
+                order: 0,
+                state,
+                map,
+            })));
+        }
+        let ncpu = config.nr_cpus.unwrap_or_else(sync::nr_cpus).max(1);
+        let percpu = (0..ncpu)
+            .map(|_| {
+                CachePadded::new(PerCpu {
+                    next: std::array::from_fn(|_| AtomicU64::new(NO_HINT)),
+                    stats: CpuStats::default(),
+                })
+            })
+            .collect();
+        Ok(Self {
+            id,
+            nslots: config.nslots,
+            cluster_shift,
+            cluster_slots: cs,
+            max_order,
+            rotational: config.rotational,
+            order_aware: config.order_aware,
+            discard: config.discard,
+            bad_slots,
+            clusters: clusters.into_boxed_slice(),
+            lists: CachePadded::new(Mutex::new(lists)),
+            frag_nr: std::array::from_fn(|_| AtomicUsize::new(0)),
+            percpu,
+            global: Mutex::new([NO_HINT; NR_ORDERS]),
+            allocatable: AtomicBool::new(true),
+        })
+    }
+
+    /// The device's id (the device part of its entries).
+    pub fn id(&self) -> DeviceId {
+        self.id
+    }
+
+    /// Slots on the device.
+    pub fn nslots(&self) -> u64 {
+        self.nslots
+    }
+
+    /// Slots per cluster.
+    pub fn cluster_slots(&self) -> usize {
+        self.cluster_slots
+    }
+
+    /// The number of clusters.
+    pub fn nclusters(&self) -> usize {
+        self.clusters.len()
+    }
+
+    /// The largest order [`alloc`](Self::alloc) accepts: log2 of the cluster size, at most 9.
+    pub fn max_order(&self) -> u32 {
+        self.max_order
+    }
+
+    /// Whether the device keeps one shared current cluster (rotational).
+    pub fn is_rotational(&self) -> bool {
+        self.rotational
+    }
+
+    // ---------------------------------------------------------------- helpers
+
+    fn cpu(&self) -> &PerCpu {
+        &self.percpu[sync::current_cpu() % self.percpu.len()]
+    }
+
+    /// The list class of an order: the order itself, or 0 for the order-unaware baseline.
+    fn class(&self, order: usize) -> usize {
+        if self.order_aware {
+            order
+        } else {
+            0
+        }
+    }
+
+    fn check_order(&self, order: u32) -> Result<(), SwapError> {
+        if order > self.max_order {
+            return Err(SwapError::OrderTooLarge {
+                order,
+                max: self.max_order,
+            });
+        }
+        Ok(())
+    }
+
+    /// The cluster index and slot-in-cluster of `entry`, after checking it names this device
+    /// and a real slot.
+    fn locate(&self, entry: SwapEntry) -> Result<(usize, usize), SwapError> {
+        if entry.device() != self.id {
+            return Err(SwapError::WrongDevice {
+                entry,
+                expected: "this device",
+            });
+        }
+        if entry.offset() >= self.nslots {
+            return Err(SwapError::OutOfRange {
+                entry,
+                nslots: self.nslots,
+            });
+        }
+        let off = entry.offset();
+        Ok((
+            (off >> self.cluster_shift) as usize,
+            (off as usize) & (self.cluster_slots - 1),
+        ))
+    }
+
+    fn lock_cluster(&self, idx: usize, st: &CpuStats) -> MutexGuard<'_, ClusterInner> {
+        bump(&st.cluster_lock, 1);
+        self.clusters[idx].lock()
+    }
+
+    fn lock_lists(&self, st: &CpuStats) -> MutexGuard<'_, Lists> {
+        bump(&st.device_lock, 1);
+        self.lists.lock()
+    }
+
+    fn sync_frag_nr(&self, lists: &Lists, class: usize) {
+        self.frag_nr[class].store(lists.len(ListId::Frag(class)), Ordering::Relaxed);
+    }
+
+    /// Moves a locked cluster to the list of `state` (the kernel's `move_cluster`).
+    fn move_cluster(&self, idx: usize, ci: &mut ClusterInner, state: ClusterState, st: &CpuStats) {
+        let class = self.class(usize::from(ci.order));
+        let mut lists = self.lock_lists(st);
+        let old = lists.list_of(idx);
+        lists.move_to(ListId::for_state(state, class), idx);
+        ci.state = state;
+        if let Some(old) = old {
+            if old >= ListId::Frag(0).index() {
+                self.sync_frag_nr(&lists, old - ListId::Frag(0).index());
+            }
+        }
+        if state == ClusterState::Frag {
+            self.sync_frag_nr(&lists, class);
+        }
+    }
+
+    /// An emptied cluster goes to the discard list (with a hook) or the free list.
+    fn free_cluster(&self, idx: usize, ci: &mut ClusterInner, st: &CpuStats) {
+        debug_assert_eq!(ci.count, 0);
+        let to = if self.discard.is_some() {
+            ClusterState::Discard
+        } else {
+            ClusterState::Free
+        };
+        self.move_cluster(idx, ci, to, st);
+    }
+
+    /// After an allocation attempt: put the cluster on the list its new count calls for (the
+    /// kernel's `relocate_cluster`). Differs in one point: a cluster on `nonfull` that just
+    /// served an allocation stays there (the kernel moves it to `frag`), which saves a device
+    /// lock round trip whenever a free lands in a CPU's current cluster.
+    fn relocate(&self, idx: usize, ci: &mut ClusterInner, found: bool, st: &CpuStats) {
+        if ci.state == ClusterState::Discard {
+            return;
+        }
+        let count = ci.count as usize;
+        if count == 0 {
+            if ci.state != ClusterState::Free {
+                self.free_cluster(idx, ci, st);
+            }
+        } else if count < self.cluster_slots {
+            let keep =
+                ci.state == ClusterState::Frag || (found && ci.state == ClusterState::Nonfull);
+            if !keep {
+                self.move_cluster(idx, ci, ClusterState::Frag, st);
+            }
+        } else if ci.state != ClusterState::Full {
+            self.move_cluster(idx, ci, ClusterState::Full, st);
+        }
+    }
+
+    /// Whether an allocation of `order` may use this cluster (the kernel's
+    /// `cluster_is_usable`): not full or being discarded, and empty or of the same order.
+    fn usable(&self, ci: &ClusterInner, order: u32) -> bool {
+        match ci.state {
+            ClusterState::Full | ClusterState::Discard => false,
+            _ => !self.order_aware || order == 0 || ci.count == 0 || u32::from(ci.order) == order,
+        }
+    }
+
+    /// Takes the first cluster of `list` that is not locked by someone else, locked, and moves
+    /// it to the tail of its frag list, where [`relocate`](Self::relocate) would leave it if
+    /// the allocation fails or leaves it partly used (the kernel's `isolate_lock_cluster`,
+    /// which takes it off every list and puts it back afterwards: one device-lock round trip
+    /// fewer per cluster here). The cluster lock is held until the allocation is done, so no
+    /// one sees the intermediate list.
+    fn isolate(
+        &self,
+        list: ListId,
+        order: u32,
+        st: &CpuStats,
+    ) -> Option<(usize, MutexGuard<'_, ClusterInner>)> {
+        let mut lists = self.lock_lists(st);
+        let mut cur = lists.first(list);
+        while let Some(idx) = cur {
+            if let Some(mut ci) = self.clusters[idx].try_lock() {
+                bump(&st.cluster_lock, 1);
+                let order_after = if ci.count == 0 { order as u8 } else { ci.order };
+                let class = self.class(usize::from(order_after));
+                let old = lists.list_of(idx);
+                lists.move_to(ListId::Frag(class), idx);
+                if ci.count == 0 {
+                    ci.order = order_after;
+                }
+                ci.state = ClusterState::Frag;
+                if let Some(old) = old {
+                    if old >= ListId::Frag(0).index() {
+                        self.sync_frag_nr(&lists, old - ListId::Frag(0).index());
+                    }
+                }
+                self.sync_frag_nr(&lists, class);
+                return Some((idx, ci));
+            }
+            cur = lists.next(idx);
+        }
+        None
+    }
+
+    /// Scans a locked cluster from slot `start` for a free, naturally aligned run of
+    /// `2^order` slots, allocates the first one found, relocates the cluster, and returns the
+    /// offset found and the next offset to try (the kernel's `alloc_swap_scan_cluster`).
+    fn scan_cluster(
+        &self,
+        idx: usize,
+        ci: &mut ClusterInner,
+        start: usize,
+        order: u32,
+        usage: u16,
+        st: &CpuStats,
+    ) -> (Option<u64>, u64) {
+        let nr = 1usize << order;
+        let cs = self.cluster_slots;
+        let base = (idx as u64) << self.cluster_shift;
+        let mut found = None;
+        let mut next = NO_HINT;
+        if ci.count as usize + nr <= cs {
+            let mut off = (start + nr - 1) & !(nr - 1);
+            while off + nr <= cs {
+                let run = &mut ci.map[off..off + nr];
+                if run.iter().all(|&s| s == SLOT_FREE) {
+                    run.fill(usage);
+                    if ci.count == 0 {
+                        ci.order = order as u8;
+                    }
+                    ci.count += nr as u32;
+                    st.inuse.fetch_add(nr as i64, Ordering::Relaxed);
+                    found = Some(base + off as u64);
+                    let after = off + nr;
+                    if (ci.count as usize) < cs && after + nr <= cs {
+                        next = base + after as u64;
+                    }
+                    break;
+                }
+                off += nr;
+            }
+        }
+        self.relocate(idx, ci, found.is_some(), st);
+        (found, next)
+    }
+
+    /// Isolates a cluster from `list`, scans it from its start, records the next hint.
+    /// `None` if the list had no cluster to take; `Some(found)` otherwise.
+    fn try_list(
+        &self,
+        list: ListId,
+        order: u32,
+        usage: u16,
+        class: usize,
+        hints: &mut Hints<'_>,
+        st: &CpuStats,
+    ) -> Option<Option<u64>> {
+        let (idx, mut ci) = self.isolate(list, order, st)?;
+        let (found, next) = self.scan_cluster(idx, &mut ci, 0, order, usage, st);
+        drop(ci);
+        hints.set(class, next);
+        Some(found)
+    }
+
+    /// The allocator proper (the kernel's `cluster_alloc_swap_entry`).
+    fn alloc_slots(&self, order: u32, usage: u16, pc: &PerCpu) -> Option<u64> {
+        let st = &pc.stats;
+        let class = self.class(order as usize);
+        let mut hints = if self.rotational {
+            bump(&st.global_cluster_lock, 1);
+            Hints::Global(self.global.lock())
+        } else {
+            Hints::PerCpu(&pc.next)
+        };
+
+        // Fast path: this CPU's current cluster for this order.
+        let hint = hints.get(class);
+        if hint != NO_HINT {
+            let idx = (hint >> self.cluster_shift) as usize;
+            if idx < self.clusters.len() {
+                let mut ci = self.lock_cluster(idx, st);
+                if self.usable(&ci, order) {
+                    let start = if ci.count == 0 {
+                        0
+                    } else {
+                        (hint as usize) & (self.cluster_slots - 1)
+                    };
+                    let (found, next) = self.scan_cluster(idx, &mut ci, start, order, usage, st);
+                    drop(ci);
+                    hints.set(class, next);
+                    if found.is_some() {
+                        return found;
+                    }
+                }
+            }
+        }
+
+        let nclusters = self.clusters.len();
+        loop {
+            // A free cluster: never fails for a cluster-sized or smaller order.
+            if let Some(found) = self.try_list(ListId::Free, order, usage, class, &mut hints, st) {
+                if found.is_some() {
+                    return found;
+                }
+            }
+            if (1usize << order) < self.cluster_slots {
+                // Clusters of this order that had slots freed.
+                let mut frags = 0usize;
+                for _ in 0..nclusters {
+                    match self.try_list(ListId::Nonfull(class), order, usage, class, &mut hints, st)
+                    {
+                        Some(Some(found)) => return Some(found),
+                        Some(None) => frags += 1,
+                        None => break,
+                    }
+                }
+                // Then rotate through the frag list once.
+                let existing = self.frag_nr[class].load(Ordering::Relaxed);
+                while frags < existing {
+                    match self.try_list(ListId::Frag(class), order, usage, class, &mut hints, st) {
+                        Some(Some(found)) => return Some(found),
+                        Some(None) => frags += 1,
+                        None => break,
+                    }
+                }
+            }
+            // Clusters waiting for discard: discard them now and retry.
+            if self.discard.is_some() && self.discard_clusters(st) > 0 {
+                continue;
+            }
+            break;
+        }
+        if order > 0 || !self.order_aware {
+            return None;
+        }
+        // Order 0 steals from the clusters of higher orders: any slot will do.
+        for o in 1..NR_ORDERS {
+            for list in [ListId::Frag(o), ListId::Nonfull(o)] {
+                for _ in 0..nclusters {
+                    match self.try_list(list, 0, usage, class, &mut hints, st) {
+                        Some(Some(found)) => return Some(found),
+                        Some(None) => {}
+                        None => break,
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Runs the discard hook on every cluster on the discard list and returns them to the free
+    /// list (the kernel's `swap_do_scheduled_discard`).
+    fn discard_clusters(&self, st: &CpuStats) -> usize {
+        let Some(hook) = self.discard.as_ref() else {
+            return 0;
+        };
+        let mut n = 0;
+        loop {
+            let idx = {
+                let mut lists = self.lock_lists(st);
+                match lists.pop_front(ListId::Discard) {
+                    Some(idx) => {
+                        // Stays in Discard state off-list: not usable, not isolatable.
+                        lists.discarding += 1;
+                        idx
+                    }
+                    None => break,
+                }
+            };
+            let first = (idx as u64) << self.cluster_shift;
+            hook.discard(self.id, first, self.cluster_slots as u64);
+            let mut ci = self.lock_cluster(idx, st);
+            {
+                let mut lists = self.lock_lists(st);
+                lists.discarding -= 1;
+                lists.push_back(ListId::Free, idx);
+                ci.state = ClusterState::Free;
+            }
+            drop(ci);
+            bump(&st.discards, 1);
+            n += 1;
+        }
+        n
+    }
+
+    /// After `nr` slots of a locked cluster became free (the kernel's `swap_entries_free`).
+    fn slots_freed(&self, idx: usize, ci: &mut ClusterInner, nr: u32, st: &CpuStats) {
+        if nr == 0 {
+            return;
+        }
+        ci.count -= nr;
+        st.inuse.fetch_sub(i64::from(nr), Ordering::Relaxed);
+        if ci.count == 0 {
+            self.free_cluster(idx, ci, st);
+        } else if ci.state != ClusterState::Nonfull {
+            // The kernel's partial_free_cluster.
+            self.move_cluster(idx, ci, ClusterState::Nonfull, st);
+        }
+    }
+
+    // ---------------------------------------------------------------- public API
+
+    /// Allocates `2^order` contiguous, naturally aligned slots, each with one reference.
+    /// Returns the first; the others follow it. [`SwapError::NoSpace`] when no such run is
+    /// free (counted as a fallback of that order).
+    pub fn alloc(&self, order: u32) -> Result<SwapEntry, SwapError> {
+        self.alloc_with(order, SlotUsage::Referenced)
+    }
+
+    /// [`alloc`](Self::alloc) with the slots marked as `usage` says.
+    pub fn alloc_with(&self, order: u32, usage: SlotUsage) -> Result<SwapEntry, SwapError> {
+        self.check_order(order)?;
+        let pc = self.cpu();
+        match self.alloc_slots(order, usage.map_value(), pc) {
+            Some(off) => {
+                bump(&pc.stats.swpout[order as usize], 1);
+                Ok(SwapEntry::from_parts(self.id, off))
+            }
+            None => {
+                bump(&pc.stats.swpout_fallback[order as usize], 1);
+                Err(SwapError::NoSpace { order })
+            }
+        }
+    }
+
+    /// Allocation without counting a fallback (for [`SwapInfo`](crate::SwapInfo), which
+    /// counts one fallback per request, not per device tried).
+    pub(crate) fn try_alloc(&self, order: u32, usage: SlotUsage) -> Option<SwapEntry> {
+        let pc = self.cpu();
+        let off = self.alloc_slots(order, usage.map_value(), pc)?;
+        bump(&pc.stats.swpout[order as usize], 1);
+        Some(SwapEntry::from_parts(self.id, off))
+    }
+
+    /// Allocates up to `n` runs of `2^order` slots into `out` (the kernel's
+    /// `get_swap_pages`); returns how many it got, fewer than `n` when the device fills up.
+    pub fn alloc_batch(
+        &self,
+        order: u32,
+        n: usize,
+        usage: SlotUsage,
+        out: &mut Vec<SwapEntry>,
+    ) -> Result<usize, SwapError> {
+        self.check_order(order)?;
+        let pc = self.cpu();
+        for got in 0..n {
+            match self.alloc_slots(order, usage.map_value(), pc) {
+                Some(off) => {
+                    bump(&pc.stats.swpout[order as usize], 1);
+                    out.push(SwapEntry::from_parts(self.id, off));
+                }
+                None => {
+                    bump(&pc.stats.swpout_fallback[order as usize], 1);
+                    return Ok(got);
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Adds a reference to an allocated slot (the kernel's `swap_duplicate`, for a page that
+    /// becomes shared, e.g. after fork). Returns the new count.
+    pub fn dup(&self, entry: SwapEntry) -> Result<u16, SwapError> {
+        let (idx, s) = self.locate(entry)?;
+        let st = &self.cpu().stats;
+        let mut ci = self.lock_cluster(idx, st);
+        let v = ci.map[s];
+        if v == SLOT_FREE {
+            return Err(SwapError::SlotFree { entry });
+        }
+        let count = v & SLOT_COUNT_MASK;
+        if count >= MAX_SLOT_COUNT {
+            return Err(SwapError::CountOverflow {
+                entry,
+                max: MAX_SLOT_COUNT,
+            });
+        }
+        ci.map[s] = v + 1;
+        Ok(count + 1)
+    }
+
+    fn put_locked(
+        &self,
+        idx: usize,
+        ci: &mut ClusterInner,
+        s: usize,
+        entry: SwapEntry,
+        st: &CpuStats,
+    ) -> Result<bool, SwapError> {
+        let v = ci.map[s];
+        if v == SLOT_FREE {
+            return Err(SwapError::SlotFree { entry });
+        }
+        if v & SLOT_COUNT_MASK == 0 {
+            return Err(SwapError::NoReference { entry });
+        }
+        ci.map[s] = v - 1;
+        if v - 1 == SLOT_FREE {
+            self.slots_freed(idx, ci, 1, st);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Drops a reference (the kernel's `swap_free`). Returns whether the slot became free
+    /// (no reference and no has-cache flag left).
+    pub fn put(&self, entry: SwapEntry) -> Result<bool, SwapError> {
+        let (idx, s) = self.locate(entry)?;
+        let st = &self.cpu().stats;
+        let mut ci = self.lock_cluster(idx, st);
+        self.put_locked(idx, &mut ci, s, entry, st)
+    }
+
+    /// Drops one reference from each of the `2^order` slots from `entry` (the kernel's
+    /// `swap_free_nr`), under one cluster lock. The range must lie in one cluster (an
+    /// allocation of `order` always does). Checks every slot before changing any: on error
+    /// nothing changed. Returns how many slots became free.
+    pub fn put_range(&self, entry: SwapEntry, order: u32) -> Result<usize, SwapError> {
+        self.check_order(order)?;
+        let nr = 1usize << order;
+        let (idx, s) = self.locate(entry)?;
+        if s + nr > self.cluster_slots {
+            return Err(SwapError::CrossesCluster {
+                entry,
+                order,
+                cluster_slots: self.cluster_slots,
+            });
+        }
+        let last = entry.plus(nr as u64 - 1);
+        if last.offset() >= self.nslots {
+            return Err(SwapError::OutOfRange {
+                entry: last,
+                nslots: self.nslots,
+            });
+        }
+        let st = &self.cpu().stats;
+        let mut ci = self.lock_cluster(idx, st);
+        for (i, &v) in ci.map[s..s + nr].iter().enumerate() {
+            let e = entry.plus(i as u64);
+            if v == SLOT_FREE {
+                return Err(SwapError::SlotFree { entry: e });
+            }
+            if v & SLOT_COUNT_MASK == 0 {
+                return Err(SwapError::NoReference { entry: e });
+            }
+        }
+        let mut freed = 0u32;
+        for v in &mut ci.map[s..s + nr] {
+            *v -= 1;
+            if *v == SLOT_FREE {
+                freed += 1;
+            }
+        }
+        self.slots_freed(idx, &mut ci, freed, st);
+        Ok(freed as usize)
+    }
+
+    /// Drops one reference from each entry, in order, taking each cluster lock once per run
+    /// of entries in the same cluster (the kernel's `swapcache_free_entries`). On a bad entry
+    /// returns [`SwapError::InBatch`] with its index: the entries before it were processed,
+    /// it and those after were not. Returns how many slots became free.
+    pub fn put_batch(&self, entries: &[SwapEntry]) -> Result<usize, SwapError> {
+        let st = &self.cpu().stats;
+        let mut held: Option<(usize, MutexGuard<'_, ClusterInner>)> = None;
+        let mut freed = 0;
+        for (index, &entry) in entries.iter().enumerate() {
+            let fail = |e: SwapError| SwapError::InBatch {
+                index,
+                source: Box::new(e),
+            };
+            let (idx, s) = self.locate(entry).map_err(fail)?;
+            let ci = match held {
+                Some((h, ref mut g)) if h == idx => g,
+                _ => {
+                    held = None;
+                    &mut held.insert((idx, self.lock_cluster(idx, st))).1
+                }
+            };
+            if self.put_locked(idx, ci, s, entry, st).map_err(fail)? {
+                freed += 1;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Sets the has-cache flag of an allocated slot (the kernel's `swapcache_prepare`):
+    /// [`SwapError::CacheExists`] if it is set already, which is how two threads racing to
+    /// read the same slot in learn that one of them lost.
+    pub fn swapcache_prepare(&self, entry: SwapEntry) -> Result<(), SwapError> {
+        let (idx, s) = self.locate(entry)?;
+        let st = &self.cpu().stats;
+        let mut ci = self.lock_cluster(idx, st);
+        let v = ci.map[s];
+        if v == SLOT_FREE {
+            return Err(SwapError::SlotFree { entry });
+        }
+        if v & SLOT_HAS_CACHE != 0 {
+            return Err(SwapError::CacheExists { entry });
+        }
+        ci.map[s] = v | SLOT_HAS_CACHE;
+        Ok(())
+    }
+
+    /// Clears the has-cache flag (the kernel's `swapcache_clear` / `put_swap_folio`).
+    /// Returns whether the slot became free.
+    pub fn swapcache_clear(&self, entry: SwapEntry) -> Result<bool, SwapError> {
+        let (idx, s) = self.locate(entry)?;
+        let st = &self.cpu().stats;
+        let mut ci = self.lock_cluster(idx, st);
+        let v = ci.map[s];
+        if v == SLOT_FREE {
+            return Err(SwapError::SlotFree { entry });
+        }
+        if v & SLOT_HAS_CACHE == 0 {
+            return Err(SwapError::NotCached { entry });
+        }
+        ci.map[s] = v & !SLOT_HAS_CACHE;
+        if ci.map[s] == SLOT_FREE {
+            self.slots_freed(idx, &mut ci, 1, st);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// The reference count and has-cache flag of a slot.
+    pub fn slot(&self, entry: SwapEntry) -> Result<SlotState, SwapError> {
+        let (idx, s) = self.locate(entry)?;
+        let v = self.clusters[idx].lock().map[s];
+        Ok(SlotState {
+            count: v & SLOT_COUNT_MASK,
+            has_cache: v & SLOT_HAS_CACHE != 0,
+        })
+    }
+
+    /// Runs the discard hook on the clusters waiting for it and frees them; returns how many.
+    /// A backend calls this from a background thread (the kernel's discard work); allocation
+    /// also calls it when it finds no free cluster.
+    pub fn run_discards(&self) -> usize {
+        self.discard_clusters(&self.cpu().stats)
+    }
+
+    /// Slots in use, exact: sums the cluster counts under their locks. (Not counted in the
+    /// lock statistics.)
+    pub fn in_use(&self) -> u64 {
+        let total: u64 = self
+            .clusters
+            .iter()
+            .map(|c| u64::from(c.lock().count))
+            .sum();
+        total - self.bad_slots
+    }
+
+    /// Counters, summed over CPUs. `in_use` here is the sum of per-CPU deltas: exact when no
+    /// call is in flight, a close estimate otherwise; [`in_use`](Self::in_use) is exact.
+    pub fn stats(&self) -> DeviceStats {
+        let mut s = DeviceStats {
+            nslots: self.nslots,
+            ..DeviceStats::default()
+        };
+        let mut inuse = 0i64;
+        for pc in self.percpu.iter() {
+            let c = &pc.stats;
+            let r = |a: &StatU64| a.load(Ordering::Relaxed);
+            s.device_lock += r(&c.device_lock);
+            s.cluster_lock += r(&c.cluster_lock);
+            s.global_cluster_lock += r(&c.global_cluster_lock);
+            s.discarded_clusters += r(&c.discards);
+            for o in 0..NR_ORDERS {
+                s.swpout[o] += r(&c.swpout[o]);
+                s.swpout_fallback[o] += r(&c.swpout_fallback[o]);
+            }
+            inuse += c.inuse.load(Ordering::Relaxed);
+        }
+        s.in_use = u64::try_from(inuse.max(0)).unwrap_or(0);
+        s
+    }
+
+    /// How many clusters each list holds (takes the device lock, not counted).
+    pub fn cluster_lists(&self) -> ClusterLists {
+        let lists = self.lists.lock();
+        ClusterLists {
+            free: lists.len(ListId::Free),
+            full: lists.len(ListId::Full),
+            discard: lists.len(ListId::Discard) + lists.discarding,
+            nonfull: std::array::from_fn(|o| lists.len(ListId::Nonfull(o))),
+            frag: std::array::from_fn(|o| lists.len(ListId::Frag(o))),
+        }
+    }
+
+    /// Fragmentation for `order`: free slots on the device, and how many of them sit in
+    /// clusters that cannot serve an allocation of `order` (no free aligned run of `2^order`,
+    /// or, order-aware, the cluster serves another order). Locks each cluster in turn.
+    pub fn fragmentation(&self, order: u32) -> Result<Fragmentation, SwapError> {
+        self.check_order(order)?;
+        let nr = 1usize << order;
+        let mut f = Fragmentation {
+            order,
+            free_slots: 0,
+            stranded_slots: 0,
+        };
+        for c in self.clusters.iter() {
+            let ci = c.lock();
+            let free = ci.map.iter().filter(|&&v| v == SLOT_FREE).count() as u64;
+            f.free_slots += free;
+            if free == 0 {
+                continue;
+            }
+            let usable = match ci.state {
+                ClusterState::Full => false,
+                // Discard clusters become free clusters.
+                ClusterState::Discard => true,
+                _ => {
+                    !self.order_aware || order == 0 || ci.count == 0 || u32::from(ci.order) == order
+                }
+            };
+            let has_run = ci
+                .map
+                .chunks_exact(nr)
+                .any(|run| run.iter().all(|&v| v == SLOT_FREE));
+            if !(usable && has_run) {
+                f.stranded_slots += free;
+            }
+        }
+        Ok(f)
+    }
+
+    /// Checks every invariant: slot counts match the maps, each cluster's state matches the
+    /// list it is on and its count, the lists are well linked, the frag counts and the in-use
+    /// counters agree. Locks all clusters, then the device lock, so it sees one consistent
+    /// state even while other threads run. For tests; cost is linear in the device size.
+    pub fn check_integrity(&self) -> Result<(), SwapError> {
+        let corrupt = |detail: String| SwapError::Corrupt { detail };
+        let guards: Vec<_> = self.clusters.iter().map(|c| c.lock()).collect();
+        let lists = self.lists.lock();
+        let seen = lists.verify().map_err(corrupt)?;
+        let cs = self.cluster_slots as u32;
+        let mut discard_off_list = 0;
+        let mut total = 0u64;
+        for (idx, ci) in guards.iter().enumerate() {
+            let used = ci.map.iter().filter(|&&v| v != SLOT_FREE).count() as u32;
+            if used != ci.count {
+                return Err(corrupt(format!(
+                    "cluster {idx}: count {} but {used} slots in use",
+                    ci.count
+                )));
+            }
+            total += u64::from(used);
+            let class = self.class(usize::from(ci.order));
+            let want = ListId::for_state(ci.state, class).index();
+            let ok_count = match ci.state {
+                ClusterState::Free | ClusterState::Discard => ci.count == 0,
+                ClusterState::Full => ci.count == cs,
+                ClusterState::Nonfull | ClusterState::Frag => ci.count > 0 && ci.count < cs,
+            };
+            if !ok_count {
+                return Err(corrupt(format!(
+                    "cluster {idx}: state {:?} with count {}",
+                    ci.state, ci.count
+                )));
+            }
+            match seen[idx] {
+                Some(l) if l == want => {}
+                None if ci.state == ClusterState::Discard => discard_off_list += 1,
+                other => {
+                    return Err(corrupt(format!(
+                        "cluster {idx}: state {:?} order {} but on list {other:?} (want {want})",
+                        ci.state, ci.order
+                    )))
+                }
+            }
+            let base = (idx as u64) << self.cluster_shift;
+            for (s, &v) in ci.map.iter().enumerate() {
+                let off = base + s as u64;
+                let bad = v == SLOT_BAD;
+                if bad != (off >= self.nslots) {
+                    return Err(corrupt(format!("slot {off:#x}: bad-slot marking {v:#x}")));
+                }
+                if !bad && v & !(SLOT_COUNT_MASK | SLOT_HAS_CACHE) != 0 {
+                    return Err(corrupt(format!("slot {off:#x}: invalid map value {v:#x}")));
+                }
+            }
+        }
+        if discard_off_list != lists.discarding {
+            return Err(corrupt(format!(
+                "{discard_off_list} discard clusters off-list but {} being discarded",
+                lists.discarding
+            )));
+        }
+        for o in 0..NR_ORDERS {
+            let n = self.frag_nr[o].load(Ordering::Relaxed);
+            if n != lists.len(ListId::Frag(o)) {
+                return Err(corrupt(format!(
+                    "frag count {n} for order {o} but {} on the list",
+                    lists.len(ListId::Frag(o))
+                )));
+            }
+        }
+        let inuse: i64 = self
+            .percpu
+            .iter()
+            .map(|p| p.stats.inuse.load(Ordering::Relaxed))
+            .sum();
+        if inuse != (total - self.bad_slots) as i64 {
+            return Err(corrupt(format!(
+                "in-use counters say {inuse} but the maps hold {}",
+                total - self.bad_slots
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,167 @@
+//! The crate's one synchronisation shim.
+//!
+//! Under `--cfg swap_alloc_loom` the locks and the atomics that carry the allocator's protocol
+//! (cluster locks, the device lock, the per-CPU cluster hints) are loom's, so that the models in
+//! `tests/loom_*.rs` explore their interleavings; otherwise they are `parking_lot` and `std`.
+//! Statistics counters are plain `std` atomics in both builds: they are never read to make a
+//! decision, so modelling them would only grow loom's state space.
+//!
+//! The CPU number is a hint (`sched_getcpu()`), never a correctness assumption: two threads may
+//! see the same CPU and share a per-CPU hint, and the allocator stays correct because every
+//! hint is re-checked under the cluster lock. Tests and loom models fix the hint per thread with
+//! [`set_cpu_hint`].
+
+#[cfg(not(swap_alloc_loom))]
+mod imp {
+    pub(crate) use std::sync::atomic::AtomicU64;
+    pub(crate) use std::sync::Arc;
+
+    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+    pub(crate) type RwLockReadGuard<'a, T> = parking_lot::RwLockReadGuard<'a, T>;
+    pub(crate) type RwLockWriteGuard<'a, T> = parking_lot::RwLockWriteGuard<'a, T>;
+
+    /// A mutex (`parking_lot`).
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(parking_lot::Mutex::new(value))
+        }
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock()
+        }
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            self.0.try_lock()
+        }
+    }
+
+    /// A reader-writer lock (`parking_lot`).
+    #[derive(Debug, Default)]
+    pub(crate) struct RwLock<T>(parking_lot::RwLock<T>);
+
+    impl<T> RwLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(parking_lot::RwLock::new(value))
+        }
+        pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read()
+        }
+        pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write()
+        }
+    }
+
+    std::thread_local! {
+        static CPU_HINT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    }
+
+    pub(crate) fn cpu_override() -> Option<usize> {
+        CPU_HINT.with(|c| c.get())
+    }
+
+    pub(crate) fn set_cpu_override(cpu: Option<usize>) {
+        CPU_HINT.with(|c| c.set(cpu));
+    }
+
+    pub(crate) fn getcpu() -> usize {
+        // SAFETY: sched_getcpu takes no arguments and only reads the calling thread's CPU
+        // (glibc serves it from rseq or the vDSO); it cannot touch our memory.
+        let cpu = unsafe { libc::sched_getcpu() };
+        usize::try_from(cpu).unwrap_or(0)
+    }
+
+    pub(crate) fn online_cpus() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+}
+
+#[cfg(swap_alloc_loom)]
+mod imp {
+    pub(crate) use loom::sync::atomic::AtomicU64;
+    pub(crate) use loom::sync::Arc;
+
+    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+    pub(crate) type RwLockReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
+    pub(crate) type RwLockWriteGuard<'a, T> = loom::sync::RwLockWriteGuard<'a, T>;
+
+    /// A mutex (loom's). Poisoning is ignored: a panic in a model fails the model anyway.
+    #[derive(Debug)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(loom::sync::Mutex::new(value))
+        }
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            match self.0.try_lock() {
+                Ok(g) => Some(g),
+                Err(loom::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(loom::sync::TryLockError::WouldBlock) => None,
+            }
+        }
+    }
+
+    /// A reader-writer lock (loom's).
+    #[derive(Debug)]
+    pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
+
+    impl<T> RwLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(loom::sync::RwLock::new(value))
+        }
+        pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read().unwrap_or_else(|e| e.into_inner())
+        }
+        pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+
+    loom::thread_local! {
+        static CPU_HINT: std::cell::Cell<Option<usize>> = std::cell::Cell::new(None);
+    }
+
+    pub(crate) fn cpu_override() -> Option<usize> {
+        CPU_HINT.with(|c| c.get())
+    }
+
+    pub(crate) fn set_cpu_override(cpu: Option<usize>) {
+        CPU_HINT.with(|c| c.set(cpu));
+    }
+
+    /// Under loom every thread runs on "CPU 0" unless the model says otherwise.
+    pub(crate) fn getcpu() -> usize {
+        0
+    }
+
+    /// Loom models use two CPUs.
+    pub(crate) fn online_cpus() -> usize {
+        2
+    }
+}
+
+pub(crate) use imp::*;
+
+/// The number of CPUs per-CPU structures are sized for (at least 1).
+pub(crate) fn nr_cpus() -> usize {
+    online_cpus().max(1)
+}
+
+/// The CPU the calling thread runs on, as a hint: the thread's fixed hint if it set one with
+/// [`set_cpu_hint`], else `sched_getcpu()`. Callers reduce it modulo their per-CPU array size.
+#[inline]
+pub(crate) fn current_cpu() -> usize {
+    cpu_override().unwrap_or_else(getcpu)
+}
+
+/// Fixes the CPU hint of the calling thread (`Some(cpu)`), or returns it to `sched_getcpu()`
+/// (`None`). The allocator is correct whatever the hint; this only decides which per-CPU
+/// cluster and counters the thread uses. Tests and loom models use it to pin threads to
+/// "CPUs"; a daemon whose worker threads are pinned may use it to skip the system call.
+pub fn set_cpu_hint(cpu: Option<usize>) {
+    set_cpu_override(cpu);
+}

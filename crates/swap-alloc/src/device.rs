@@ -12,7 +12,9 @@ use crate::cluster::{
 use crate::entry::{DeviceId, SwapEntry};
 use crate::error::SwapError;
 use crate::stats::{ClusterLists, DeviceStats, Fragmentation};
-use crate::sync::{self, Arc, AtomicU64, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use crate::sync::{self, AtomicU64, Mutex, MutexGuard};
 
 /// The default cluster size in slots (the kernel's `SWAPFILE_CLUSTER`: 2 MiB of 4 KiB pages).
 pub const DEFAULT_CLUSTER_SLOTS: usize = 512;

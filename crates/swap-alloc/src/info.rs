@@ -7,7 +7,9 @@ use crate::device::{DeviceConfig, SlotState, SlotUsage, SwapDevice};
 use crate::entry::{DeviceId, SwapEntry};
 use crate::error::SwapError;
 use crate::stats::DeviceStats;
-use crate::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use crate::sync::RwLock;
 
 #[derive(Debug)]
 struct Slot {

@@ -14,7 +14,6 @@
 #[cfg(not(swap_alloc_loom))]
 mod imp {
     pub(crate) use std::sync::atomic::AtomicU64;
-    pub(crate) use std::sync::Arc;
 
     pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
     pub(crate) type RwLockReadGuard<'a, T> = parking_lot::RwLockReadGuard<'a, T>;
@@ -79,7 +78,6 @@ mod imp {
 #[cfg(swap_alloc_loom)]
 mod imp {
     pub(crate) use loom::sync::atomic::AtomicU64;
-    pub(crate) use loom::sync::Arc;
 
     pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
     pub(crate) type RwLockReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
@@ -99,8 +97,8 @@ mod imp {
         pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
             match self.0.try_lock() {
                 Ok(g) => Some(g),
-                Err(loom::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-                Err(loom::sync::TryLockError::WouldBlock) => None,
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
             }
         }
     }

@@ -76,7 +76,9 @@ impl SlotCacheDevice {
                 current: vec![None; ncpu],
                 scan_cursor: 0,
             }),
-            caches: (0..ncpu).map(|_| CachePadded::default()).collect(),
+            caches: (0..ncpu)
+                .map(|_| CachePadded::new(Mutex::new(SlotCache::default())))
+                .collect(),
             locks: AtomicU64::new(0),
         }
     }

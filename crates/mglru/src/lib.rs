@@ -1,2 +1,118 @@
-//! `mglru`: see README.md. Filled in by its own issue.
+//! # mglru: the multi-generational LRU as a page-replacement policy library
+//!
+//! ## The problem
+//!
+//! A pager must choose which resident pages to evict. Exact LRU needs to see every access,
+//! which nobody sees for mapped memory; the accessed bit tells only *whether* a page was used
+//! since the bit was last cleared. Linux's two-list scheme (active/inactive) scans for those
+//! bits page by page through reverse maps and keeps only two ages. The multi-generational LRU
+//! (Yu Zhao, merged in v6.1) keeps up to four generations, makes a new one by walking the access
+//! information by address (cheap, sequential, and skipping sparse regions), evicts from the
+//! oldest, and uses refault feedback to protect pages accessed often through file descriptors.
+//!
+//! ## The kernel design this follows (`mm/vmscan.c`, `mm/workingset.c`, v6.1)
+//!
+//! - **Generations.** `max_seq` (shared) and `min_seq[type]` for anon and file pages; between
+//!   `MIN_NR_GENS = 2` and `max_nr_gens` (3 or 4, [`Config::max_nr_gens`]) generations alive.
+//!   Each page has a flags word holding its generation index (`seq % max_nr_gens`), a reference
+//!   count and the `referenced`/`workingset` bits, updated by compare-and-swap. Pages promoted
+//!   by the aging only change their flags; the lists are sorted lazily at eviction
+//!   (`sort_folio`), and the per-generation counts are updated in batches ([`Mglru::nr_pages`]
+//!   is exact after every call returns). [`Mglru::is_active`] is true for the two youngest.
+//! - **Aging** (`inc_max_seq` after a walk): the walk asks the embedder's [`AccessSource`] to
+//!   test and clear the accessed bits of each region (`2^region_shift` consecutive page ids, a
+//!   PMD by default) holding resident pages and moves the young pages to the youngest
+//!   generation. Regions where at least one page in eight was young go into a bloom filter, and
+//!   the next walk skips the regions not in it. If all generations are in use, the oldest is
+//!   drained into the next (`inc_min_seq`).
+//! - **Eviction** from the oldest generation of a type chosen by swappiness and the controller
+//!   (`get_type_to_scan`): a page of a tier above the controller's `tier_idx` is protected (moved
+//!   to the next generation); every other page gets the per-page check (`folio_referenced` with
+//!   `lru_gen_look_around`: the accessed bits of it and its neighbours are tested, the young ones
+//!   promoted, the region marked dense) and is evicted if it was not young. `min_seq` moves up
+//!   when the oldest generation is empty (`try_to_inc_min_seq`). Aging runs when only two
+//!   generations are left, or three with a badly skewed spread (`should_run_aging`).
+//! - **Tiers** by accesses through the descriptor path ([`Mglru::mark_accessed`],
+//!   `folio_inc_refs`): tier = `order_base_2(refs + 1)`, four tiers. **PID controller**
+//!   (`get_tier_idx`, `positive_ctrl_err`): refaults / (evictions + protections) per tier, tier 0
+//!   as the set point with gain 1 against gain 2 for the others, averaged across generations.
+//! - **Workingset detection**: an evicted page leaves a shadow entry (`min_seq` and references
+//!   at eviction); a page added again with a shadow is a refault ([`Mglru::refault`] tells it
+//!   without consuming it, `lru_gen_test_recent`), counted for its tier if it was evicted from
+//!   the generation that is still the oldest; a faulted refault comes back with `workingset`
+//!   set, one tier up (`lru_gen_refault`).
+//! - **Hints**: [`Arrival::Sequential`] and [`Arrival::Cold`] pages start in the oldest
+//!   generation; faulted pages start in the youngest or second-oldest generation
+//!   ([`Config::fault_placement`], as debated in the seed review).
+//!
+//! ## How it differs from the kernel
+//!
+//! - Page ids, not folios; there are no zones, memcgs or NUMA nodes (one `lruvec`), no
+//!   mm_struct list (the walk covers the regions of resident pages, in id order), and no large
+//!   folios. The embedder packs its own ids; neighbours by id are neighbours for regions.
+//! - Eviction runs page by page until it has the requested number of victims, reconsidering
+//!   type and tier every 64 pages; there is no writeback, so a victim is gone at once.
+//! - Shadow entries are bounded by [`Config::max_shadows`] (oldest dropped first) instead of by
+//!   the shadow-node shrinker.
+//! - `NR_HIST_GENS = 1`, as in v6.1.
+//! - With swappiness 0, anon pages are still drained into the next generation when the oldest
+//!   retires (the kernel leaves them and accepts a cold/hot inversion).
+//!
+//! ## Invariants
+//!
+//! Every resident page is on exactly one generation list and indexed once; its flags generation
+//! is never older than its list's; per-generation counts equal the pages whose flags name the
+//! generation; 2 to `max_nr_gens` generations per type; with swappiness > 0,
+//! `min_seq[file] >= min_seq[anon]`. [`Mglru::check_integrity`] walks all of it (the tests call
+//! it after every step).
+//!
+//! ## Example
+//!
+//! ```
+//! use mglru::{AccessBits, Config, Hint, Mglru, PageType};
+//!
+//! let mut lru = Mglru::new(Config::default()).unwrap();
+//! let mut bits = AccessBits::new(); // the embedder's accessed bits
+//! for page in 0..100 {
+//!     lru.add(page, Hint::fault(PageType::Anon)).unwrap();
+//! }
+//! lru.age(&mut bits); // pages 0..100 are now one generation older
+//! lru.age(&mut bits);
+//! for page in 0..10 {
+//!     bits.set(page); // the hot pages are touched again
+//! }
+//! let victims = lru.evict(20, &mut bits);
+//! assert_eq!(victims.len(), 20);
+//! assert!(victims.iter().all(|&p| p >= 10), "hot pages are kept");
+//! assert!(lru.refault(victims[0]).is_some(), "a shadow entry remains");
+//! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+
+mod baseline;
+mod bloom;
+mod error;
+mod flags;
+mod list;
+mod lrugen;
+mod policy;
+pub mod replay;
+mod shared;
+mod sync;
+
+/// Generations always alive (`MIN_NR_GENS`).
+pub const MIN_NR_GENS: usize = 2;
+/// Most generations alive (`MAX_NR_GENS`); [`Config::max_nr_gens`] may lower it to 3.
+pub const MAX_NR_GENS: usize = 4;
+/// Tiers (`MAX_NR_TIERS`).
+pub const MAX_NR_TIERS: usize = 4;
+/// The controller's noise floor and the eviction batch (`MIN_LRU_BATCH`, `BITS_PER_LONG`).
+pub const MIN_LRU_BATCH: usize = 64;
+
+pub use baseline::{ActiveInactive, Clock, Lru};
+pub use error::{Error, ReplayError};
+pub use lrugen::{
+    Config, FaultPlacement, GenerationStats, Mglru, Refault, Stats, TierStats, WalkStats,
+};
+pub use policy::{AccessKind, AccessSource, Arrival, Hint, NoAccess, PageId, PageType, Policy};
+pub use replay::{AccessBits, ReplayResult};
+pub use shared::SharedMglru;

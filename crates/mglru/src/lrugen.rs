@@ -1,0 +1,1136 @@
+//! The multi-generational LRU itself: generations, tiers, the aging walk, eviction with the PID
+//! controller, and workingset (shadow entry) detection. Names follow `mm/vmscan.c` (v6.1).
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use crate::bloom::{BloomFilter, DENSE_FRACTION};
+use crate::flags::{tier_from_refs, GenBatch, PageFlags, REFS_WIDTH};
+use crate::list::{IdMap, Linked, Links, ListHead, Slab};
+use crate::policy::{AccessKind, AccessSource, Arrival, Hint, PageId, PageType, Policy};
+use crate::{Error, MAX_NR_GENS, MAX_NR_TIERS, MIN_LRU_BATCH, MIN_NR_GENS};
+
+/// Pages scanned from the oldest generation in one batch before the type and tier are chosen
+/// again (the kernel's `MAX_LRU_BATCH` is 4096 but it reconsiders once per `evict_folios`).
+const SCAN_BATCH: usize = MIN_LRU_BATCH;
+
+/// Where a freshly faulted page starts (the question debated in the seed review).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPlacement {
+    /// The youngest generation, `max_seq` (what v6.1 does: faulted pages are `PG_active`).
+    Youngest,
+    /// The second-oldest generation, `min_seq + 1` (what the groundwork patch did for anon
+    /// pages not yet in the swap cache): a faulted page must be found accessed by the aging to
+    /// be kept longer.
+    SecondOldest,
+}
+
+/// The knobs of [`Mglru`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Most generations alive at once, 3 or 4 (the kernel's `MAX_NR_GENS` is 4; at least
+    /// `MIN_NR_GENS = 2` are always alive, and a third is needed to hold the pages the aging
+    /// finds young while the two oldest are evicted).
+    pub max_nr_gens: usize,
+    /// 0..=200: the weight of anon against file pages (`vm.swappiness`); 0 evicts no anon page.
+    pub swappiness: u32,
+    /// Where faulted pages start.
+    pub fault_placement: FaultPlacement,
+    /// log2 of the pages in one region of the aging walk (9: 512 pages, a PMD of 4 KiB pages).
+    pub region_shift: u32,
+    /// Whether the aging walk skips regions that were not dense in the previous walk.
+    pub bloom_filter: bool,
+    /// Whether the eviction-time check of a page also tests and promotes its neighbours
+    /// (`lru_gen_look_around`), or only the page itself.
+    pub look_around: bool,
+    /// Most shadow entries kept; the oldest are dropped first.
+    pub max_shadows: usize,
+    /// Whether the first accessed bit seen on a faulted page is taken as the fault's own access
+    /// rather than a reuse: the page is not promoted for it (the walk clears it and leaves the
+    /// page where it is; the eviction-time check gives it one more generation). This is the
+    /// "look twice" rule of `folio_check_references` ("all mapped folios start out with page
+    /// table references from the instantiating fault"), which v6.1's MGLRU bypasses. Off by
+    /// default (v6.1 behaviour).
+    pub look_twice: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            max_nr_gens: MAX_NR_GENS,
+            swappiness: 60,
+            fault_placement: FaultPlacement::Youngest,
+            region_shift: 9,
+            bloom_filter: true,
+            look_around: true,
+            max_shadows: 1 << 20,
+            look_twice: false,
+        }
+    }
+}
+
+impl Config {
+    fn validate(&self) -> Result<(), Error> {
+        let bad = |field, value: u64, allowed| {
+            Err(Error::InvalidConfig {
+                field,
+                value,
+                allowed,
+            })
+        };
+        if !(MIN_NR_GENS + 1..=MAX_NR_GENS).contains(&self.max_nr_gens) {
+            return bad("max_nr_gens", self.max_nr_gens as u64, "3..=4");
+        }
+        if self.swappiness > 200 {
+            return bad("swappiness", u64::from(self.swappiness), "0..=200");
+        }
+        if self.region_shift > 30 {
+            return bad("region_shift", u64::from(self.region_shift), "0..=30");
+        }
+        Ok(())
+    }
+}
+
+/// What the embedder learns about a page coming back (`lru_gen_test_recent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refault {
+    /// The page's type at eviction.
+    pub page_type: PageType,
+    /// The tier the page was evicted from.
+    pub tier: usize,
+    /// Generations between its eviction and now: `min_seq` now minus `min_seq` at eviction.
+    pub distance: u64,
+    /// Whether it counts for the controller: evicted from the generation that is still the
+    /// oldest (distance 0), as in the kernel.
+    pub recent: bool,
+}
+
+/// Counters of one type and tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Pages evicted from this tier.
+    pub evicted: u64,
+    /// Recent refaults of pages evicted from this tier.
+    pub refaulted: u64,
+    /// Pages of this tier moved to the next generation at eviction (tier protection).
+    pub protected: u64,
+    /// Pages of this tier promoted to the youngest generation by the aging walk or a
+    /// look-around.
+    pub promoted: u64,
+}
+
+/// Pages of one generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenerationStats {
+    /// The generation's sequence number.
+    pub seq: u64,
+    /// Pages by type (`[anon, file]`); exact once batches are applied (after every call).
+    pub pages: [u64; 2],
+}
+
+/// One aging walk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalkStats {
+    /// `max_seq` the walk aged (the new generation is `seq + 1`).
+    pub seq: u64,
+    /// Regions tested through the access source.
+    pub regions_scanned: u64,
+    /// Regions skipped because the bloom filter did not hold them.
+    pub regions_skipped: u64,
+    /// Resident pages in the scanned regions (the cost of the walk).
+    pub pages_scanned: u64,
+    /// Pages found young and promoted.
+    pub young: u64,
+}
+
+/// A snapshot of the counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    /// The youngest generation.
+    pub max_seq: u64,
+    /// The oldest generation per type.
+    pub min_seq: [u64; 2],
+    /// Live generations, oldest first.
+    pub generations: Vec<GenerationStats>,
+    /// Per type and tier.
+    pub tiers: [[TierStats; MAX_NR_TIERS]; 2],
+    /// Aging walks done.
+    pub walks: u64,
+    /// Sums over all walks.
+    pub walk_totals: WalkStats,
+    /// The last walk.
+    pub last_walk: WalkStats,
+    /// Pages found young by the eviction-time check and moved to the youngest generation.
+    pub activated: u64,
+    /// Neighbours promoted by look-arounds (not counting the checked page).
+    pub look_around_promoted: u64,
+    /// Pages evicted.
+    pub evicted: u64,
+    /// Pages added that had a shadow entry (recent or not).
+    pub refaults: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Shadow {
+    seq: u64,
+    page_type: PageType,
+    refs: u8,
+    stamp: u64,
+}
+
+#[derive(Debug)]
+struct Node {
+    page: PageId,
+    flags: PageFlags,
+    links: Links,
+    /// The generation whose list the node is on (flags may already say a younger one).
+    list_gen: u8,
+    page_type: PageType,
+}
+
+impl Linked for Node {
+    fn links(&self) -> &Links {
+        &self.links
+    }
+    fn links_mut(&mut self) -> &mut Links {
+        &mut self.links
+    }
+}
+
+/// The refault and eviction history the PID controller reads (`NR_HIST_GENS = 1`: the current
+/// window plus an exponential moving average carried over when `min_seq` moves).
+#[derive(Debug, Default, Clone)]
+struct Ctrl {
+    avg_refaulted: [[u64; MAX_NR_TIERS]; 2],
+    avg_total: [[u64; MAX_NR_TIERS]; 2],
+    refaulted: [[u64; MAX_NR_TIERS]; 2],
+    evicted: [[u64; MAX_NR_TIERS]; 2],
+    /// Indexed by `tier - 1`.
+    protected: [[u64; MAX_NR_TIERS]; 2],
+}
+
+/// A set point or process variable of the controller (`struct ctrl_pos`).
+#[derive(Debug, Clone, Copy)]
+struct CtrlPos {
+    refaulted: u64,
+    total: u64,
+    gain: u64,
+}
+
+impl Ctrl {
+    fn read_pos(&self, ty: usize, tier: usize, gain: u64) -> CtrlPos {
+        let mut total = self.avg_total[ty][tier] + self.evicted[ty][tier];
+        if tier > 0 {
+            total += self.protected[ty][tier - 1];
+        }
+        CtrlPos {
+            refaulted: self.avg_refaulted[ty][tier] + self.refaulted[ty][tier],
+            total,
+            gain,
+        }
+    }
+
+    /// Carries the window into the averages and clears it (`reset_ctrl_pos(.., true)`).
+    fn carry_over(&mut self, ty: usize) {
+        for tier in 0..MAX_NR_TIERS {
+            self.avg_refaulted[ty][tier] =
+                (self.avg_refaulted[ty][tier] + self.refaulted[ty][tier]) / 2;
+            let mut sum = self.avg_total[ty][tier] + self.evicted[ty][tier];
+            if tier > 0 {
+                sum += self.protected[ty][tier - 1];
+            }
+            self.avg_total[ty][tier] = sum / 2;
+            self.refaulted[ty][tier] = 0;
+            self.evicted[ty][tier] = 0;
+            if tier > 0 {
+                self.protected[ty][tier - 1] = 0;
+            }
+        }
+    }
+}
+
+/// True if the process variable has few refaults or a refault rate not above the set point's
+/// (`positive_ctrl_err`): its pages may be evicted.
+fn positive_ctrl_err(sp: CtrlPos, pv: CtrlPos) -> bool {
+    let b = MIN_LRU_BATCH as u128;
+    (pv.refaulted as u128) < b
+        || pv.refaulted as u128 * (sp.total as u128 + b) * sp.gain as u128
+            <= (sp.refaulted as u128 + 1) * pv.total as u128 * pv.gain as u128
+}
+
+/// The outcome of the eviction-time check of one page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// Not accessed: evict.
+    Cold,
+    /// Accessed: promoted to the youngest generation.
+    Young,
+    /// The first accessed bit of a fresh page, with `look_twice`: one more generation.
+    FirstReference,
+}
+
+/// The multi-generational LRU over page ids. See the crate documentation.
+#[derive(Debug)]
+pub struct Mglru {
+    cfg: Config,
+    slab: Slab<Node>,
+    lists: [[ListHead; 2]; MAX_NR_GENS],
+    /// Pages per generation index and type by the generation in their flags.
+    nr_pages: [[i64; 2]; MAX_NR_GENS],
+    max_seq: u64,
+    min_seq: [u64; 2],
+    ctrl: Ctrl,
+    filters: [BloomFilter; 2],
+    /// Which `seq` each filter was reset for (`None`: never; the walk then scans everything).
+    filter_seq: [Option<u64>; 2],
+    /// Resident pages per region.
+    regions: IdMap<u32>,
+    shadows: IdMap<Shadow>,
+    shadow_fifo: VecDeque<(PageId, u64)>,
+    next_stamp: u64,
+    tiers: [[TierStats; MAX_NR_TIERS]; 2],
+    walks: u64,
+    walk_totals: WalkStats,
+    last_walk: WalkStats,
+    activated: u64,
+    look_around_promoted: u64,
+    evicted: u64,
+    refaults: u64,
+}
+
+impl Mglru {
+    /// A new, empty LRU.
+    pub fn new(cfg: Config) -> Result<Self, Error> {
+        cfg.validate()?;
+        Ok(Self {
+            // As lru_gen_init_lruvec: max_seq starts so that every generation index is live.
+            max_seq: (cfg.max_nr_gens - 1) as u64,
+            min_seq: [0; 2],
+            cfg,
+            slab: Slab::default(),
+            lists: Default::default(),
+            nr_pages: [[0; 2]; MAX_NR_GENS],
+            ctrl: Ctrl::default(),
+            filters: [BloomFilter::new(), BloomFilter::new()],
+            filter_seq: [None; 2],
+            regions: IdMap::default(),
+            shadows: IdMap::default(),
+            shadow_fifo: VecDeque::new(),
+            next_stamp: 0,
+            tiers: Default::default(),
+            walks: 0,
+            walk_totals: WalkStats::default(),
+            last_walk: WalkStats::default(),
+            activated: 0,
+            look_around_promoted: 0,
+            evicted: 0,
+            refaults: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn gen(&self, seq: u64) -> usize {
+        (seq % self.cfg.max_nr_gens as u64) as usize
+    }
+
+    /// The sequence number of generation index `gen` for type `ty` (within the live window).
+    fn seq_of_gen(&self, ty: usize, gen: usize) -> u64 {
+        let n = self.cfg.max_nr_gens as u64;
+        let lo = self.min_seq[ty];
+        let off = (gen as u64 + n - lo % n) % n;
+        lo + off
+    }
+
+    fn can_swap(&self) -> bool {
+        self.cfg.swappiness != 0
+    }
+
+    /// The youngest generation.
+    pub fn max_seq(&self) -> u64 {
+        self.max_seq
+    }
+
+    /// The oldest generation of a type.
+    pub fn min_seq(&self, page_type: PageType) -> u64 {
+        self.min_seq[page_type.idx()]
+    }
+
+    /// Resident pages.
+    pub fn len(&self) -> usize {
+        self.slab.len()
+    }
+
+    /// Whether no page is resident.
+    pub fn is_empty(&self) -> bool {
+        self.slab.len() == 0
+    }
+
+    /// Whether `page` is resident.
+    pub fn contains(&self, page: PageId) -> bool {
+        self.slab.get(page).is_some()
+    }
+
+    fn node(&self, page: PageId) -> Option<&Node> {
+        self.slab.get(page).map(|i| &self.slab.nodes[i as usize])
+    }
+
+    /// The generation (sequence number) a resident page belongs to.
+    pub fn generation(&self, page: PageId) -> Option<u64> {
+        let n = self.node(page)?;
+        let g = n.flags.gen()?;
+        Some(self.seq_of_gen(n.page_type.idx(), g))
+    }
+
+    /// The tier of a resident page (by its accesses through the descriptor path).
+    pub fn tier(&self, page: PageId) -> Option<usize> {
+        Some(self.node(page)?.flags.tier())
+    }
+
+    /// Whether a resident page is in one of the two youngest generations (`lru_gen_is_active`).
+    pub fn is_active(&self, page: PageId) -> Option<bool> {
+        self.generation(page).map(|s| s + 1 >= self.max_seq)
+    }
+
+    /// Pages in generation `seq` of a type (0 outside the live window).
+    pub fn nr_pages(&self, seq: u64, page_type: PageType) -> u64 {
+        let ty = page_type.idx();
+        if seq < self.min_seq[ty] || seq > self.max_seq {
+            return 0;
+        }
+        self.nr_pages[self.gen(seq)][ty].max(0) as u64
+    }
+
+    /// Pages in the two youngest generations (the `Active(anon)`/`Active(file)` counters).
+    pub fn nr_active(&self, page_type: PageType) -> u64 {
+        self.nr_pages(self.max_seq, page_type)
+            + self.nr_pages(self.max_seq.saturating_sub(1), page_type)
+    }
+
+    fn region_of(&self, page: PageId) -> u64 {
+        page >> self.cfg.region_shift
+    }
+
+    fn region_range(&self, region: u64) -> Range<PageId> {
+        let start = region << self.cfg.region_shift;
+        let end = start.saturating_add(1 << self.cfg.region_shift);
+        start..end
+    }
+
+    /// Adds a page. A page with a shadow entry is a refault: a recent one feeds the controller,
+    /// and a faulted one (or one evicted at the top tier) comes back with `workingset` set,
+    /// which puts it one tier up (`lru_gen_refault`).
+    pub fn add(&mut self, page: PageId, hint: Hint) -> Result<Option<Refault>, Error> {
+        if self.contains(page) {
+            return Err(Error::AlreadyResident(page));
+        }
+        let ty = hint.page_type.idx();
+        let mut workingset = false;
+        let refault = self.shadows.remove(&page).map(|shadow| {
+            let rf = self.refault_of(&shadow);
+            self.refaults += 1;
+            if rf.recent {
+                let sty = shadow.page_type.idx();
+                self.ctrl.refaulted[sty][rf.tier] += 1;
+                self.tiers[sty][rf.tier].refaulted += 1;
+                let in_fault = hint.arrival == Arrival::Fault;
+                workingset = in_fault || usize::from(shadow.refs) == 1 << REFS_WIDTH;
+            }
+            rf
+        });
+        let seq = match hint.arrival {
+            Arrival::Active => self.max_seq,
+            Arrival::Fault => match self.cfg.fault_placement {
+                FaultPlacement::Youngest => self.max_seq,
+                FaultPlacement::SecondOldest => (self.min_seq[ty] + 1).min(self.max_seq),
+            },
+            Arrival::Sequential | Arrival::Cold => self.min_seq[ty],
+        };
+        let gen = self.gen(seq);
+        let flags = PageFlags::new(gen);
+        if workingset {
+            flags.set_workingset();
+        }
+        if hint.arrival == Arrival::Fault {
+            flags.set_fresh();
+        }
+        let i = self.slab.insert(
+            page,
+            Node {
+                page,
+                flags,
+                links: Links::default(),
+                list_gen: gen as u8,
+                page_type: hint.page_type,
+            },
+        );
+        self.lists[gen][ty].push_head(&mut self.slab.nodes, i);
+        self.nr_pages[gen][ty] += 1;
+        *self.regions.entry(self.region_of(page)).or_insert(0) += 1;
+        Ok(refault)
+    }
+
+    fn refault_of(&self, shadow: &Shadow) -> Refault {
+        let min_seq = self.min_seq[shadow.page_type.idx()];
+        Refault {
+            page_type: shadow.page_type,
+            tier: tier_from_refs(usize::from(shadow.refs)),
+            distance: min_seq.saturating_sub(shadow.seq),
+            recent: shadow.seq == min_seq,
+        }
+    }
+
+    /// Whether a non-resident page was evicted and still has a shadow entry, and how far back
+    /// (`lru_gen_test_recent`). Does not consume the entry: [`Mglru::add`] does.
+    pub fn refault(&self, page: PageId) -> Option<Refault> {
+        if self.contains(page) {
+            return None;
+        }
+        self.shadows.get(&page).map(|s| self.refault_of(s))
+    }
+
+    /// Counts an access through the descriptor path (`folio_mark_accessed`): raises the page's
+    /// tier. Lock-free on the page's flags word: callers may share `&self` across threads (see
+    /// [`crate::SharedMglru`]). False if the page is not resident.
+    pub fn mark_accessed(&self, page: PageId) -> bool {
+        match self.node(page) {
+            Some(n) => {
+                n.flags.inc_refs();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes a resident page without a shadow entry (unmapped or freed). False if absent.
+    pub fn remove(&mut self, page: PageId) -> bool {
+        let Some(i) = self.slab.get(page) else {
+            return false;
+        };
+        let n = &self.slab.nodes[i as usize];
+        let ty = n.page_type.idx();
+        let list_gen = usize::from(n.list_gen);
+        if let Some(g) = n.flags.isolate() {
+            self.nr_pages[g][ty] -= 1;
+        }
+        self.lists[list_gen][ty].unlink(&mut self.slab.nodes, i);
+        self.slab.remove(page);
+        self.dec_region(page);
+        true
+    }
+
+    fn dec_region(&mut self, page: PageId) {
+        let r = self.region_of(page);
+        if let Some(c) = self.regions.get_mut(&r) {
+            *c -= 1;
+            if *c == 0 {
+                self.regions.remove(&r);
+            }
+        }
+    }
+
+    fn nr_evictable(&self) -> usize {
+        if self.can_swap() {
+            self.len()
+        } else {
+            (0..MAX_NR_GENS)
+                .map(|g| self.lists[g][PageType::File.idx()].len())
+                .sum()
+        }
+    }
+
+    /// Makes a new generation now: walks the access source (skipping sparse regions if the
+    /// bloom filter is on), promotes young pages to the current youngest generation, then
+    /// increments `max_seq` (draining the oldest generation if all of them are in use).
+    pub fn age(&mut self, source: &mut dyn AccessSource) -> WalkStats {
+        self.try_to_inc_min_seq();
+        self.walk(source);
+        self.inc_max_seq();
+        self.last_walk
+    }
+
+    /// The aging walk for `max_seq` (`walk_mm` over the regions of resident pages).
+    fn walk(&mut self, source: &mut dyn AccessSource) {
+        let max_seq = self.max_seq;
+        let new_gen = self.gen(max_seq);
+        let next = ((max_seq + 1) % 2) as usize;
+        let cur = (max_seq % 2) as usize;
+        self.filters[next].clear();
+        self.filter_seq[next] = Some(max_seq + 1);
+        let use_filter = self.cfg.bloom_filter && self.filter_seq[cur] == Some(max_seq);
+
+        let mut regions: Vec<(u64, u32)> = self.regions.iter().map(|(&r, &c)| (r, c)).collect();
+        regions.sort_unstable();
+        let mut stats = WalkStats {
+            seq: max_seq,
+            ..WalkStats::default()
+        };
+        let mut batch = GenBatch::default();
+        for (region, resident) in regions {
+            if use_filter && !self.filters[cur].contains(region) {
+                stats.regions_skipped += 1;
+                continue;
+            }
+            stats.regions_scanned += 1;
+            stats.pages_scanned += u64::from(resident);
+            let range = self.region_range(region);
+            let mut young = 0usize;
+            {
+                let slab = &self.slab;
+                let tiers = &mut self.tiers;
+                let look_twice = self.cfg.look_twice;
+                source.test_and_clear_young(range, &mut |p| {
+                    if let Some(i) = slab.get(p) {
+                        let n = &slab.nodes[i as usize];
+                        let tier = n.flags.tier();
+                        if let Some((old, moved)) = n.flags.update_gen(new_gen, look_twice) {
+                            young += 1;
+                            if moved {
+                                batch.record(n.page_type.idx(), old, new_gen);
+                                tiers[n.page_type.idx()][tier].promoted += 1;
+                            }
+                        }
+                    }
+                });
+            }
+            stats.young += young as u64;
+            if self.cfg.bloom_filter && young * DENSE_FRACTION >= resident as usize {
+                self.filters[next].insert(region);
+            }
+        }
+        batch.apply(&mut self.nr_pages);
+        self.walks += 1;
+        self.walk_totals.seq = max_seq;
+        self.walk_totals.regions_scanned += stats.regions_scanned;
+        self.walk_totals.regions_skipped += stats.regions_skipped;
+        self.walk_totals.pages_scanned += stats.pages_scanned;
+        self.walk_totals.young += stats.young;
+        self.last_walk = stats;
+    }
+
+    /// `inc_max_seq`: opens a new youngest generation.
+    fn inc_max_seq(&mut self) {
+        for ty in [PageType::File.idx(), PageType::Anon.idx()] {
+            if self.max_seq - self.min_seq[ty] + 1 == self.cfg.max_nr_gens as u64 {
+                self.inc_min_seq(ty);
+            }
+        }
+        self.max_seq += 1;
+    }
+
+    /// `inc_min_seq`: moves every page of the oldest generation to the next one (pages promoted
+    /// meanwhile go to their own generation), then retires the oldest.
+    fn inc_min_seq(&mut self, ty: usize) {
+        let old_gen = self.gen(self.min_seq[ty]);
+        // The kernel skips the drain of anon pages when they cannot be evicted and accepts the
+        // cold/hot inversion; here they are always drained, so a list never holds pages whose
+        // generation is older than the list's.
+        {
+            let next_gen = self.gen(self.min_seq[ty] + 1);
+            // Youngest first onto the old end of `next_gen`, so the moved pages keep their
+            // order and stay older than the pages already there.
+            while let Some(i) = self.lists[old_gen][ty].head() {
+                let n = &self.slab.nodes[i as usize];
+                let (old, new) = n.flags.inc_gen(old_gen, next_gen);
+                if let Some(old) = old {
+                    if old != new {
+                        self.nr_pages[old][ty] -= 1;
+                        self.nr_pages[new][ty] += 1;
+                    }
+                }
+                self.lists[old_gen][ty].unlink(&mut self.slab.nodes, i);
+                if new == next_gen {
+                    self.lists[new][ty].push_tail(&mut self.slab.nodes, i);
+                } else {
+                    // Promoted meanwhile: to the young end of its own generation.
+                    self.lists[new][ty].push_head(&mut self.slab.nodes, i);
+                }
+                self.slab.nodes[i as usize].list_gen = new as u8;
+            }
+        }
+        self.ctrl.carry_over(ty);
+        self.min_seq[ty] += 1;
+    }
+
+    /// `try_to_inc_min_seq`: retires empty oldest generations. Keeps `min_seq[file] >=
+    /// min_seq[anon]` when anon pages can be evicted.
+    #[allow(clippy::needless_range_loop)] // several arrays indexed by type
+    fn try_to_inc_min_seq(&mut self) -> bool {
+        let can_swap = self.can_swap();
+        let mut min_seq = self.min_seq;
+        let first = usize::from(!can_swap);
+        for (ty, seq) in min_seq.iter_mut().enumerate().skip(first) {
+            while *seq + MIN_NR_GENS as u64 <= self.max_seq {
+                if !self.lists[self.gen(*seq)][ty].is_empty() {
+                    break;
+                }
+                *seq += 1;
+            }
+        }
+        if can_swap {
+            min_seq[0] = min_seq[0].min(min_seq[1]);
+            min_seq[1] = min_seq[0].max(self.min_seq[1]);
+        }
+        let mut success = false;
+        for ty in first..2 {
+            if min_seq[ty] != self.min_seq[ty] {
+                self.ctrl.carry_over(ty);
+                self.min_seq[ty] = min_seq[ty];
+                success = true;
+            }
+        }
+        if success {
+            self.prune_shadows();
+        }
+        success
+    }
+
+    /// `should_run_aging`: age when only `MIN_NR_GENS` generations are left, or when three are
+    /// left but the youngest holds too many pages or the oldest too few.
+    fn should_run_aging(&self) -> bool {
+        let can_swap = self.can_swap();
+        let min_seq = self.min_seq[usize::from(!can_swap)];
+        let n = MIN_NR_GENS as u64;
+        if min_seq + n > self.max_seq {
+            return true;
+        }
+        if min_seq + n < self.max_seq {
+            return false;
+        }
+        let (mut young, mut old, mut total) = (0u64, 0u64, 0u64);
+        for ty in usize::from(!can_swap)..2 {
+            for seq in self.min_seq[ty]..=self.max_seq {
+                let size = self.nr_pages[self.gen(seq)][ty].max(0) as u64;
+                total += size;
+                if seq == self.max_seq {
+                    young += size;
+                } else if seq + n == self.max_seq {
+                    old += size;
+                }
+            }
+        }
+        young * n > total || old * (n + 2) < total
+    }
+
+    /// `get_tier_idx`: the highest tier whose refault rate does not exceed twice tier 0's; the
+    /// tiers above it are protected.
+    fn get_tier_idx(&self, ty: usize) -> usize {
+        let sp = self.ctrl.read_pos(ty, 0, 1);
+        let mut tier = 1;
+        while tier < MAX_NR_TIERS {
+            let pv = self.ctrl.read_pos(ty, tier, 2);
+            if !positive_ctrl_err(sp, pv) {
+                break;
+            }
+            tier += 1;
+        }
+        tier - 1
+    }
+
+    /// `get_type_to_scan`: compares tier 0 of anon and file weighted by swappiness, then the
+    /// tiers of the chosen type against tier 0 of the other.
+    fn get_type_to_scan(&self) -> (usize, usize) {
+        let s = u64::from(self.cfg.swappiness);
+        let gain = [s, 200 - s];
+        let sp = self.ctrl.read_pos(0, 0, gain[0]);
+        let pv = self.ctrl.read_pos(1, 0, gain[1]);
+        let ty = usize::from(positive_ctrl_err(sp, pv));
+        let sp = self.ctrl.read_pos(1 - ty, 0, gain[1 - ty]);
+        let mut tier = 1;
+        while tier < MAX_NR_TIERS {
+            let pv = self.ctrl.read_pos(ty, tier, gain[ty]);
+            if !positive_ctrl_err(sp, pv) {
+                break;
+            }
+            tier += 1;
+        }
+        (ty, tier - 1)
+    }
+
+    /// Chooses up to `n` victims from the oldest generations (`lru_gen_shrink_lruvec`), aging
+    /// when generations run low. Victims leave shadow entries. Returns fewer than `n` only when
+    /// fewer pages are evictable (anon pages are not evictable with swappiness 0).
+    pub fn evict(&mut self, n: usize, source: &mut dyn AccessSource) -> Vec<PageId> {
+        let mut victims = Vec::with_capacity(n.min(self.len()));
+        // Each page can be moved up at most a bounded number of times before it is evicted,
+        // since nothing sets accessed bits or references meanwhile; the bound guards bugs.
+        let mut budget = (self.len() as u64 + 1) * (MAX_NR_GENS + MAX_NR_TIERS + 4) as u64 * 4;
+        let mut idle = 0;
+        while victims.len() < n && self.nr_evictable() > 0 {
+            self.try_to_inc_min_seq();
+            if self.should_run_aging() {
+                self.walk(source);
+                self.inc_max_seq();
+            }
+            let scanned = self.evict_batch(n, &mut victims, source);
+            if scanned == 0 {
+                idle += 1;
+                if !self.try_to_inc_min_seq() {
+                    self.walk(source);
+                    self.inc_max_seq();
+                }
+                if idle > 4 * MAX_NR_GENS {
+                    debug_assert!(false, "eviction made no progress");
+                    break;
+                }
+            } else {
+                idle = 0;
+            }
+            budget = budget.saturating_sub(scanned as u64 + 1);
+            if budget == 0 {
+                debug_assert!(false, "eviction scan budget exhausted");
+                break;
+            }
+        }
+        self.prune_shadows();
+        victims
+    }
+
+    /// `isolate_folios` + `evict_folios`: one batch from the oldest generation of the chosen
+    /// type, the other type if that one has nothing, until `victims` holds `want` pages.
+    /// Returns the pages scanned.
+    fn evict_batch(
+        &mut self,
+        want: usize,
+        victims: &mut Vec<PageId>,
+        source: &mut dyn AccessSource,
+    ) -> usize {
+        let s = self.cfg.swappiness;
+        let (anon, file) = (PageType::Anon.idx(), PageType::File.idx());
+        let (mut ty, mut tier) = if s == 0 {
+            (file, None)
+        } else if self.min_seq[anon] < self.min_seq[file] {
+            (anon, None)
+        } else if s == 1 {
+            (file, None)
+        } else if s == 200 {
+            (anon, None)
+        } else {
+            let (t, tier) = self.get_type_to_scan();
+            (t, Some(tier))
+        };
+        for _ in usize::from(s == 0)..2 {
+            let tier_idx = tier.unwrap_or_else(|| self.get_tier_idx(ty));
+            let scanned = self.scan_oldest(ty, tier_idx, want, victims, source);
+            if scanned > 0 {
+                return scanned;
+            }
+            ty = 1 - ty;
+            tier = None;
+        }
+        0
+    }
+
+    /// Scans the old end of the oldest generation of `ty`: sorts promoted pages to their
+    /// generation, protects tiers above `tier_idx`, checks the rest for a young accessed bit and
+    /// evicts the cold ones (`scan_folios` + `sort_folio` + `shrink_folio_list`).
+    fn scan_oldest(
+        &mut self,
+        ty: usize,
+        tier_idx: usize,
+        want: usize,
+        victims: &mut Vec<PageId>,
+        source: &mut dyn AccessSource,
+    ) -> usize {
+        let gen = self.gen(self.min_seq[ty]);
+        let next_gen = self.gen(self.min_seq[ty] + 1);
+        let max_gen = self.gen(self.max_seq);
+        let mut scanned = 0;
+        let mut batch = GenBatch::default();
+        while scanned < SCAN_BATCH && victims.len() < want {
+            let Some(i) = self.lists[gen][ty].tail() else {
+                break;
+            };
+            scanned += 1;
+            let n = &self.slab.nodes[i as usize];
+            let page = n.page;
+            let fg = n.flags.gen().unwrap_or(gen);
+            // Promoted by the aging walk or a look-around: sort it to its generation.
+            if fg != gen {
+                self.move_node(i, ty, gen, fg, true);
+                continue;
+            }
+            // Protected by its tier: one more generation, references cleared.
+            let tier = n.flags.tier();
+            if tier > tier_idx {
+                let (old, new) = n.flags.inc_gen(gen, next_gen);
+                if let Some(old) = old {
+                    batch.record(ty, old, new);
+                }
+                self.ctrl.protected[ty][tier - 1] += 1;
+                self.tiers[ty][tier].protected += 1;
+                self.move_node(i, ty, gen, new, false);
+                continue;
+            }
+            // The per-page check (with look-around): a young page goes to the youngest.
+            self.slab.nodes[i as usize].flags.clear_refs_for_check();
+            match self.check_young(page, max_gen, &mut batch, source) {
+                Check::Young => {
+                    self.activated += 1;
+                    self.move_node(i, ty, gen, max_gen, true);
+                    continue;
+                }
+                Check::FirstReference => {
+                    // Look twice: one more generation, at its old end.
+                    let (old, new) = self.slab.nodes[i as usize].flags.inc_gen(gen, next_gen);
+                    if let Some(old) = old {
+                        batch.record(ty, old, new);
+                    }
+                    self.move_node(i, ty, gen, new, false);
+                    continue;
+                }
+                Check::Cold => {}
+            }
+            self.evict_node(i, ty, gen);
+            victims.push(page);
+        }
+        batch.apply(&mut self.nr_pages);
+        scanned
+    }
+
+    fn move_node(&mut self, i: u32, ty: usize, from: usize, to: usize, young_end: bool) {
+        self.lists[from][ty].unlink(&mut self.slab.nodes, i);
+        if young_end {
+            self.lists[to][ty].push_head(&mut self.slab.nodes, i);
+        } else {
+            self.lists[to][ty].push_tail(&mut self.slab.nodes, i);
+        }
+        self.slab.nodes[i as usize].list_gen = to as u8;
+    }
+
+    /// The eviction-time check of one page: tests its accessed bit and, with look-around, those
+    /// of its neighbours in the same region, promoting the young ones; marks the region dense in
+    /// the current bloom filter if enough of them were young (`lru_gen_look_around`).
+    fn check_young(
+        &mut self,
+        page: PageId,
+        max_gen: usize,
+        batch: &mut GenBatch,
+        source: &mut dyn AccessSource,
+    ) -> Check {
+        let range = if self.cfg.look_around {
+            let r = self.region_range(self.region_of(page));
+            let half = MIN_LRU_BATCH as u64;
+            page.saturating_sub(half).max(r.start)..page.saturating_add(half).min(r.end)
+        } else {
+            page..page.saturating_add(1)
+        };
+        let window = range.end - range.start;
+        let mut young = 0usize;
+        let mut check = Check::Cold;
+        {
+            let slab = &self.slab;
+            let tiers = &mut self.tiers;
+            let promoted = &mut self.look_around_promoted;
+            let look_twice = self.cfg.look_twice;
+            source.test_and_clear_young(range, &mut |p| {
+                if let Some(i) = slab.get(p) {
+                    let n = &slab.nodes[i as usize];
+                    let tier = n.flags.tier();
+                    if let Some((old, moved)) = n.flags.update_gen(max_gen, look_twice) {
+                        young += 1;
+                        if moved {
+                            batch.record(n.page_type.idx(), old, max_gen);
+                        }
+                        if p == page {
+                            check = if moved {
+                                Check::Young
+                            } else {
+                                Check::FirstReference
+                            };
+                        } else if moved {
+                            *promoted += 1;
+                            tiers[n.page_type.idx()][tier].promoted += 1;
+                        }
+                    }
+                }
+            });
+        }
+        if self.cfg.look_around && self.cfg.bloom_filter {
+            let region = self.region_of(page);
+            let resident = u64::from(self.regions.get(&region).copied().unwrap_or(0));
+            let cur = (self.max_seq % 2) as usize;
+            if self.filter_seq[cur] == Some(self.max_seq)
+                && (young * DENSE_FRACTION) as u64 >= resident.min(window)
+            {
+                self.filters[cur].insert(region);
+            }
+        }
+        check
+    }
+
+    fn evict_node(&mut self, i: u32, ty: usize, gen: usize) {
+        let n = &self.slab.nodes[i as usize];
+        let page = n.page;
+        let refs = n.flags.refs();
+        let tier = tier_from_refs(refs);
+        if let Some(g) = n.flags.isolate() {
+            self.nr_pages[g][ty] -= 1;
+        }
+        self.lists[gen][ty].unlink(&mut self.slab.nodes, i);
+        self.slab.remove(page);
+        self.dec_region(page);
+        self.ctrl.evicted[ty][tier] += 1;
+        self.tiers[ty][tier].evicted += 1;
+        self.evicted += 1;
+        // lru_gen_eviction: the token holds min_seq and the references.
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        self.shadows.insert(
+            page,
+            Shadow {
+                seq: self.min_seq[ty],
+                page_type: PageType::from_idx(ty),
+                refs: refs as u8,
+                stamp,
+            },
+        );
+        self.shadow_fifo.push_back((page, stamp));
+    }
+
+    /// Drops shadow entries beyond `max_shadows`, oldest first, and stale FIFO slots.
+    fn prune_shadows(&mut self) {
+        while self.shadows.len() > self.cfg.max_shadows
+            || self.shadow_fifo.len() > 2 * self.cfg.max_shadows.max(self.shadows.len())
+        {
+            let Some((page, stamp)) = self.shadow_fifo.pop_front() else {
+                break;
+            };
+            if self.shadows.get(&page).is_some_and(|s| s.stamp == stamp) {
+                self.shadows.remove(&page);
+            }
+        }
+        if self.shadow_fifo.len() > 4 * self.shadows.len() + 1024 {
+            let shadows = &self.shadows;
+            self.shadow_fifo
+                .retain(|(p, st)| shadows.get(p).is_some_and(|s| s.stamp == *st));
+        }
+    }
+
+    /// Shadow entries held.
+    pub fn nr_shadows(&self) -> usize {
+        self.shadows.len()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        let lo = self.min_seq[0].min(self.min_seq[1]);
+        let generations = (lo..=self.max_seq)
+            .map(|seq| GenerationStats {
+                seq,
+                pages: [
+                    self.nr_pages(seq, PageType::Anon),
+                    self.nr_pages(seq, PageType::File),
+                ],
+            })
+            .collect();
+        Stats {
+            max_seq: self.max_seq,
+            min_seq: self.min_seq,
+            generations,
+            tiers: self.tiers,
+            walks: self.walks,
+            walk_totals: self.walk_totals,
+            last_walk: self.last_walk,
+            activated: self.activated,
+            look_around_promoted: self.look_around_promoted,
+            evicted: self.evicted,
+            refaults: self.refaults,
+        }
+    }
+
+    /// Walks every structure and checks the invariants: each resident page on exactly one list,
+    /// list generations never younger than flag generations, per-generation counts equal to the
+    /// pages whose flags name that generation, region counts exact, 2..=max_nr_gens generations.
+    /// For tests (`O(pages)`).
+    #[allow(clippy::needless_range_loop)] // several arrays indexed by type
+    pub fn check_integrity(&self) -> Result<(), String> {
+        let n = self.cfg.max_nr_gens as u64;
+        for ty in 0..2 {
+            let gens = self.max_seq + 1 - self.min_seq[ty];
+            if gens < MIN_NR_GENS as u64 || gens > n {
+                return Err(format!("type {ty}: {gens} generations"));
+            }
+        }
+        if self.can_swap() && self.min_seq[1] < self.min_seq[0] {
+            return Err("min_seq[file] < min_seq[anon]".into());
+        }
+        let mut seen = IdMap::<()>::default();
+        let mut counts = [[0i64; 2]; MAX_NR_GENS];
+        let mut regions = IdMap::<u32>::default();
+        for ty in 0..2 {
+            for g in 0..self.cfg.max_nr_gens {
+                let list = &self.lists[g][ty];
+                let mut len = 0;
+                for i in list.iter(&self.slab.nodes) {
+                    len += 1;
+                    let node = &self.slab.nodes[i as usize];
+                    if self.slab.get(node.page) != Some(i) {
+                        return Err(format!("page {} on a list but not indexed", node.page));
+                    }
+                    if seen.insert(node.page, ()).is_some() {
+                        return Err(format!("page {} on two lists", node.page));
+                    }
+                    if usize::from(node.list_gen) != g || node.page_type.idx() != ty {
+                        return Err(format!("page {} list_gen/type mismatch", node.page));
+                    }
+                    let Some(fg) = node.flags.gen() else {
+                        return Err(format!("page {} isolated but listed", node.page));
+                    };
+                    if self.seq_of_gen(ty, fg) < self.seq_of_gen(ty, g) {
+                        return Err(format!("page {} flags older than its list", node.page));
+                    }
+                    counts[fg][ty] += 1;
+                    *regions.entry(self.region_of(node.page)).or_insert(0) += 1;
+                }
+                if len != list.len() {
+                    return Err(format!("list {g}/{ty} length {} != {len}", list.len()));
+                }
+            }
+        }
+        if seen.len() != self.slab.len() {
+            return Err(format!(
+                "{} listed, {} indexed",
+                seen.len(),
+                self.slab.len()
+            ));
+        }
+        if counts != self.nr_pages {
+            return Err(format!("counts {counts:?} != nr_pages {:?}", self.nr_pages));
+        }
+        if regions != self.regions {
+            return Err("region counts differ".into());
+        }
+        Ok(())
+    }
+}
+
+impl Policy for Mglru {
+    fn name(&self) -> &'static str {
+        "mglru"
+    }
+    fn len(&self) -> usize {
+        Mglru::len(self)
+    }
+    fn contains(&self, page: PageId) -> bool {
+        Mglru::contains(self, page)
+    }
+    fn add(&mut self, page: PageId, hint: Hint) -> Result<(), Error> {
+        Mglru::add(self, page, hint).map(|_| ())
+    }
+    fn access(&mut self, page: PageId, kind: AccessKind) -> bool {
+        match kind {
+            AccessKind::Mapped => self.contains(page),
+            AccessKind::Descriptor => self.mark_accessed(page),
+        }
+    }
+    fn remove(&mut self, page: PageId) -> bool {
+        Mglru::remove(self, page)
+    }
+    fn evict(&mut self, n: usize, source: &mut dyn AccessSource) -> Vec<PageId> {
+        Mglru::evict(self, n, source)
+    }
+}

@@ -1,0 +1,162 @@
+//! Proptest state machine: `Mglru` against a naive model (a `BTreeMap` of resident pages).
+//! After every step: the same pages resident, none lost or held twice, counts consistent
+//! (`check_integrity`), victims distinct and previously resident, evicted pages refaultable.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mglru::{
+    AccessBits, Arrival, Config, FaultPlacement, Hint, Mglru, PageId, PageType, MIN_NR_GENS,
+};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Add(PageId, PageType, Arrival),
+    Touch(PageId),
+    Fd(PageId),
+    Remove(PageId),
+    Evict(usize),
+    Age,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    // Pages from a few regions (region_shift is 4 below) so walks, filters and look-around
+    // all see dense and sparse regions.
+    let page = prop_oneof![0u64..48, 1000u64..1010, 5000u64..5004];
+    let ty = prop_oneof![Just(PageType::Anon), Just(PageType::File)];
+    let arrival = prop_oneof![
+        Just(Arrival::Fault),
+        Just(Arrival::Sequential),
+        Just(Arrival::Active),
+        Just(Arrival::Cold)
+    ];
+    prop_oneof![
+        4 => (page.clone(), ty, arrival).prop_map(|(p, t, a)| Op::Add(p, t, a)),
+        3 => page.clone().prop_map(Op::Touch),
+        2 => page.clone().prop_map(Op::Fd),
+        1 => page.prop_map(Op::Remove),
+        2 => (0usize..12).prop_map(Op::Evict),
+        1 => Just(Op::Age),
+    ]
+}
+
+fn config() -> impl Strategy<Value = Config> {
+    (
+        3usize..=4,
+        prop_oneof![Just(0u32), Just(1), Just(60), Just(100), Just(200)],
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(gens, swappiness, second, bloom, look, look_twice)| Config {
+                max_nr_gens: gens,
+                swappiness,
+                fault_placement: if second {
+                    FaultPlacement::SecondOldest
+                } else {
+                    FaultPlacement::Youngest
+                },
+                region_shift: 4,
+                bloom_filter: bloom,
+                look_around: look,
+                max_shadows: 1 << 16,
+                look_twice,
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+
+    #[test]
+    fn mglru_matches_model(cfg in config(), ops in proptest::collection::vec(op(), 1..160)) {
+        let mut lru = Mglru::new(cfg.clone()).unwrap();
+        let mut bits = AccessBits::new();
+        let mut model: BTreeMap<PageId, PageType> = BTreeMap::new();
+        let mut evicted_ever: BTreeSet<PageId> = BTreeSet::new();
+        for op in ops {
+            match op {
+                #[allow(clippy::map_entry)] // the model is checked against the LRU in between
+                Op::Add(p, ty, arrival) => {
+                    let r = lru.add(p, Hint::new(ty, arrival));
+                    if model.contains_key(&p) {
+                        prop_assert!(r.is_err());
+                    } else {
+                        let refault = r.unwrap();
+                        prop_assert_eq!(refault.is_some(), evicted_ever.remove(&p));
+                        model.insert(p, ty);
+                        let seq = lru.generation(p).unwrap();
+                        match arrival {
+                            Arrival::Active => prop_assert_eq!(seq, lru.max_seq()),
+                            Arrival::Sequential | Arrival::Cold => prop_assert_eq!(seq, lru.min_seq(ty)),
+                            Arrival::Fault => match cfg.fault_placement {
+                                FaultPlacement::Youngest => prop_assert_eq!(seq, lru.max_seq()),
+                                FaultPlacement::SecondOldest => prop_assert_eq!(seq, lru.min_seq(ty) + 1),
+                            },
+                        }
+                        prop_assert_eq!(lru.is_active(p), Some(seq + 1 >= lru.max_seq()));
+                    }
+                }
+                Op::Touch(p) => {
+                    if model.contains_key(&p) {
+                        bits.set(p);
+                    }
+                }
+                Op::Fd(p) => {
+                    let before = lru.tier(p);
+                    prop_assert_eq!(lru.mark_accessed(p), model.contains_key(&p));
+                    if let (Some(b), Some(a)) = (before, lru.tier(p)) {
+                        prop_assert!(a >= b, "a descriptor access never lowers the tier");
+                    }
+                }
+                Op::Remove(p) => {
+                    prop_assert_eq!(lru.remove(p), model.remove(&p).is_some());
+                    bits.clear(p);
+                    prop_assert!(lru.refault(p).is_none() || evicted_ever.contains(&p));
+                }
+                Op::Evict(n) => {
+                    let evictable = model
+                        .values()
+                        .filter(|&&t| cfg.swappiness != 0 || t == PageType::File)
+                        .count();
+                    let victims = lru.evict(n, &mut bits);
+                    prop_assert_eq!(victims.len(), n.min(evictable));
+                    let distinct: BTreeSet<_> = victims.iter().copied().collect();
+                    prop_assert_eq!(distinct.len(), victims.len(), "a victim twice");
+                    for v in victims {
+                        let ty = model.remove(&v);
+                        prop_assert!(ty.is_some(), "victim {} was not resident", v);
+                        if cfg.swappiness == 0 {
+                            prop_assert_eq!(ty, Some(PageType::File));
+                        }
+                        bits.clear(v);
+                        prop_assert!(lru.refault(v).is_some(), "no shadow for {}", v);
+                        evicted_ever.insert(v);
+                    }
+                }
+                Op::Age => {
+                    let before = lru.max_seq();
+                    lru.age(&mut bits);
+                    prop_assert_eq!(lru.max_seq(), before + 1);
+                }
+            }
+            if let Err(e) = lru.check_integrity() {
+                prop_assert!(false, "integrity: {}", e);
+            }
+            prop_assert_eq!(lru.len(), model.len());
+            for (&p, &ty) in &model {
+                prop_assert!(lru.contains(p));
+                let seq = lru.generation(p).unwrap();
+                prop_assert!(seq >= lru.min_seq(ty) && seq <= lru.max_seq());
+            }
+            for ty in PageType::ALL {
+                let gens = lru.max_seq() + 1 - lru.min_seq(ty);
+                prop_assert!(gens >= MIN_NR_GENS as u64 && gens <= cfg.max_nr_gens as u64);
+                let total: u64 = (lru.min_seq(ty)..=lru.max_seq()).map(|s| lru.nr_pages(s, ty)).sum();
+                prop_assert_eq!(total as usize, model.values().filter(|&&t| t == ty).count());
+            }
+        }
+    }
+}

@@ -813,12 +813,15 @@ impl Zswap {
 
     /// Shrinker `scan_objects`: writes back up to `nr_to_scan` of the coldest entries through
     /// `writer`, decompressed, and frees those written. An entry whose write fails stays stored
-    /// and goes back to the head of the LRU.
+    /// and goes back to the head of the LRU when the scan ends.
     pub fn scan_objects(&self, nr_to_scan: usize, writer: &mut dyn Writeback) -> ScanResult {
         let mut result = ScanResult::default();
         let mut page = vec![0u8; PAGE_SIZE];
         let mut scratch = Vec::with_capacity(PAGE_SIZE);
         let mut codec = None;
+        // Entries whose write failed: back on the LRU only after the scan, so one scan never
+        // retries them.
+        let mut failed = Vec::new();
         for _ in 0..nr_to_scan {
             let Some((key, id)) = self.lru.lock().pop_tail() else {
                 break;
@@ -838,6 +841,7 @@ impl Zswap {
                     Ok(c) => codec = Some(c),
                     Err(_) => {
                         self.end_writeback(map, &shard.done, key, id, false);
+                        failed.push((key, id));
                         result.failed += 1;
                         break;
                     }
@@ -852,7 +856,16 @@ impl Zswap {
             if ok {
                 result.written_back += 1;
             } else {
+                failed.push((key, id));
                 result.failed += 1;
+            }
+        }
+        for (key, id) in failed {
+            let mut map = self.shards[self.shard_of(key)].map.lock();
+            if let Some(e) = map.get_mut(&key) {
+                if e.id == id && e.lru == NIL && !e.writeback {
+                    e.lru = self.lru.lock().push_head(key, id);
+                }
             }
         }
         if let Some((slot, c)) = codec {
@@ -880,7 +893,6 @@ impl Zswap {
             bump(&self.counters.reject_reclaim_fail, 1);
             if let Some(e) = map.get_mut(&key) {
                 e.writeback = false;
-                e.lru = self.lru.lock().push_head(key, id);
             }
         }
         drop(map);

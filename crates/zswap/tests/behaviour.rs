@@ -1,0 +1,242 @@
+//! Limits with hysteresis, poor-compression rejection of whole folios, same-filled pages,
+//! counters per folio order, batched compression, writeback failure.
+
+mod common;
+
+use common::{folio, page, Kind};
+use zswap::{Compressor, Config, StoreError, Zswap, PAGE_SIZE};
+
+#[test]
+fn pool_limit_with_accept_threshold() {
+    let mut c = Config::new(Compressor::Lz4);
+    c.max_pool_bytes = 256 << 10;
+    c.accept_threshold_percent = 50;
+    c.max_span_pages = 1;
+    let zswap = Zswap::new(c).expect("store");
+    let mut stored = Vec::new();
+    let mut refused = None;
+    for k in 0..10_000u64 {
+        match zswap.store(k, &page(Kind::Compressible, k)) {
+            Ok(()) => stored.push(k),
+            Err(StoreError::PoolLimit {
+                pool_bytes,
+                max_pool_bytes,
+            }) => {
+                assert!(pool_bytes >= max_pool_bytes);
+                refused = Some(k);
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let k = refused.expect("the limit is reached");
+    assert_eq!(zswap.stats().reject_pool_limit, 1);
+    assert!(!zswap.contains(k));
+    // Free a quarter: above the 50% accept threshold, still refused (hysteresis).
+    let mut out = vec![0u8; PAGE_SIZE];
+    let quarter = stored.len() / 4;
+    for k in stored.drain(..quarter) {
+        zswap.load(k, &mut out).expect("load");
+    }
+    assert!(matches!(
+        zswap.store(k, &page(Kind::Compressible, k)),
+        Err(StoreError::PoolLimit { .. })
+    ));
+    // Free down below half: accepted again.
+    let more = stored.len() / 2 + 1;
+    for k in stored.drain(..more) {
+        zswap.load(k, &mut out).expect("load");
+    }
+    zswap.compact();
+    assert!(
+        zswap.stats().pool_total_size <= (256 << 10) / 2,
+        "{:?}",
+        zswap.stats()
+    );
+    zswap
+        .store(k, &page(Kind::Compressible, k))
+        .expect("accepted below the threshold");
+    assert_eq!(zswap.stats().reject_pool_limit, 2);
+    zswap.check_integrity().expect("consistent");
+}
+
+#[test]
+fn a_poor_page_refuses_the_whole_folio_and_keeps_old_entries() {
+    for compressor in [
+        Compressor::Lz4,
+        Compressor::Zstd { level: 3 },
+        Compressor::Deflate { level: 6 },
+    ] {
+        let zswap = Zswap::new(Config::new(compressor)).expect("store");
+        let old = folio(&[Kind::Compressible; 16], 5);
+        zswap.store(0, &old).expect("store");
+        let before = zswap.stats();
+        let mut kinds = [Kind::Compressible; 16];
+        kinds[11] = Kind::Random;
+        match zswap.store(0, &folio(&kinds, 77)) {
+            Err(StoreError::CompressPoor {
+                page: 11,
+                compressed_len,
+            }) => assert!(compressed_len >= PAGE_SIZE),
+            other => panic!("{compressor:?}: {other:?}"),
+        }
+        let after = zswap.stats();
+        assert_eq!(after.reject_compress_poor, before.reject_compress_poor + 1);
+        assert_eq!(
+            after.compressed_bytes, before.compressed_bytes,
+            "objects of the refused folio freed"
+        );
+        assert_eq!(after.stored_pages, 16);
+        let mut out = vec![0u8; 16 * PAGE_SIZE];
+        zswap.load(0, &mut out).expect("old folio intact");
+        assert_eq!(out, old);
+        zswap.check_integrity().expect("consistent");
+    }
+}
+
+#[test]
+fn same_filled_pages_use_no_pool_memory() {
+    let zswap = Zswap::new(Config::new(Compressor::Lz4)).expect("store");
+    let zero = vec![0u8; 4 * PAGE_SIZE];
+    let word: Vec<u8> = 0xdead_beef_0bad_f00du64
+        .to_ne_bytes()
+        .iter()
+        .copied()
+        .cycle()
+        .take(PAGE_SIZE)
+        .collect();
+    zswap.store(100, &zero).expect("store");
+    zswap.store(200, &word).expect("store");
+    let s = zswap.stats();
+    assert_eq!(
+        (s.same_filled_pages, s.stored_pages, s.pool_total_size),
+        (5, 5, 0)
+    );
+    assert_eq!(
+        zswap.count_objects(),
+        0,
+        "same-filled entries are not written back"
+    );
+    let mut out = vec![1u8; PAGE_SIZE];
+    zswap.load(200, &mut out).expect("load");
+    assert_eq!(out, word);
+    zswap.load(102, &mut out).expect("load");
+    assert!(out.iter().all(|&b| b == 0));
+    assert_eq!(zswap.stats().same_filled_pages, 3);
+}
+
+#[test]
+fn counters_by_order_and_invalid_folios() {
+    let zswap = Zswap::new(Config::new(Compressor::Lz4)).expect("store");
+    for (i, order) in [0u32, 2, 4, 9, 4].iter().enumerate() {
+        let nr = 1usize << order;
+        zswap
+            .store(
+                i as u64 * 1024,
+                &folio(&vec![Kind::Compressible; nr], i as u64),
+            )
+            .expect("store");
+    }
+    let s = zswap.stats();
+    assert_eq!(s.zswpout_by_order[0], 1);
+    assert_eq!(s.zswpout_by_order[2], 1);
+    assert_eq!(s.zswpout_by_order[4], 2);
+    assert_eq!(s.zswpout_by_order[9], 1);
+    assert_eq!(s.zswpout, 1 + 4 + 16 + 512 + 16);
+    for bad in [0, 100, 3 * PAGE_SIZE, 1024 * PAGE_SIZE] {
+        assert!(
+            matches!(
+                zswap.store(0, &vec![1u8; bad]),
+                Err(StoreError::InvalidFolio { .. })
+            ),
+            "{bad}"
+        );
+    }
+    assert!(matches!(
+        zswap.store(u64::MAX, &vec![1u8; PAGE_SIZE]),
+        Err(StoreError::InvalidFolio { .. })
+    ));
+    let mut out = vec![0u8; 16 * PAGE_SIZE];
+    zswap
+        .load(1024 * 3 + 100, &mut out)
+        .expect("load 16 pages from inside the 2 MiB folio");
+    assert_eq!(zswap.stats().zswpin, 16);
+}
+
+#[test]
+fn batched_store_equals_serial_store() {
+    let data = folio(&[Kind::Compressible; 512], 1234);
+    let mut stores = Vec::new();
+    for threads in [1, 2, 3] {
+        let mut c = Config::new(Compressor::Zstd { level: 1 });
+        c.batch_threads = threads;
+        c.batch_min_pages = 2;
+        let zswap = Zswap::new(c).expect("store");
+        zswap
+            .store(16_384 - 100, &data)
+            .expect("store across two shards");
+        stores.push(zswap);
+    }
+    let sizes: Vec<_> = stores.iter().map(|z| z.stats().compressed_bytes).collect();
+    assert!(sizes.windows(2).all(|w| w[0] == w[1]), "{sizes:?}");
+    for zswap in stores {
+        let mut out = vec![0u8; 512 * PAGE_SIZE];
+        zswap.load(16_384 - 100, &mut out).expect("load");
+        assert!(out == data);
+        zswap.check_integrity().expect("consistent");
+    }
+}
+
+#[test]
+fn batched_store_refuses_whole_folio_on_a_poor_page() {
+    let mut c = Config::new(Compressor::Lz4);
+    c.batch_threads = 2;
+    c.batch_min_pages = 2;
+    let zswap = Zswap::new(c).expect("store");
+    let mut kinds = vec![Kind::Compressible; 64];
+    kinds[50] = Kind::Random;
+    assert!(matches!(
+        zswap.store(0, &folio(&kinds, 3)),
+        Err(StoreError::CompressPoor { page: 50, .. })
+    ));
+    assert_eq!(zswap.stats().stored_pages, 0);
+    assert_eq!(zswap.stats().pool_total_size, 0);
+}
+
+#[test]
+fn failed_writeback_keeps_the_entry() {
+    let zswap = Zswap::new(Config::new(Compressor::Lz4)).expect("store");
+    let p = page(Kind::Compressible, 8);
+    zswap.store(5, &p).expect("store");
+    assert_eq!(zswap.count_objects(), 1);
+    let r = zswap.scan_objects(10, &mut |_: u64, _: &[u8]| {
+        Err(std::io::Error::other("ENOSPC"))
+    });
+    assert_eq!((r.scanned, r.written_back, r.failed), (1, 0, 1));
+    assert_eq!(zswap.stats().reject_reclaim_fail, 1);
+    let mut written = None;
+    let r = zswap.scan_objects(10, &mut |k: u64, pg: &[u8]| {
+        written = Some((k, pg.to_vec()));
+        Ok(())
+    });
+    assert_eq!(r.written_back, 1);
+    assert_eq!(written, Some((5, p)));
+    assert!(!zswap.contains(5));
+    assert_eq!(zswap.stats().written_back_pages, 1);
+    assert_eq!(zswap.stats().pool_total_size, 0);
+}
+
+#[test]
+fn bad_configs_are_refused() {
+    for f in [
+        |c: &mut Config| c.accept_threshold_percent = 101,
+        |c: &mut Config| c.max_span_pages = 0,
+        |c: &mut Config| c.index_shards = 3,
+        |c: &mut Config| c.batch_threads = 0,
+        |c: &mut Config| c.compressor = Compressor::Zstd { level: 99 },
+    ] {
+        let mut c = Config::default();
+        f(&mut c);
+        assert!(Zswap::new(c).is_err());
+    }
+}

@@ -1,0 +1,113 @@
+//! Corrupt stored data and bad handles give errors, never a panic or, with CRC on, wrong bytes.
+//! The proptest drives the same function as the cargo-fuzz target `zswap_load`.
+
+mod common;
+
+use common::{page, Kind};
+use proptest::prelude::*;
+use zswap::{Compressor, Config, LoadError, Zswap, PAGE_SIZE};
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fuzz_logic_on_random_inputs(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+        zswap::fuzzing::load_corrupted(&data);
+    }
+}
+
+#[test]
+fn fuzz_logic_detects_damage() {
+    // Deterministic inputs with CRC on and corruption triples: some loads must fail.
+    let mut x = 7u64;
+    let mut failed = 0;
+    for _ in 0..300 {
+        let data: Vec<u8> = (0..64)
+            .map(|_| (common::next(&mut x) >> 24) as u8)
+            .collect();
+        let mut data = data;
+        data[0] |= 0x80;
+        failed += zswap::fuzzing::load_corrupted(&data);
+    }
+    assert!(failed > 0);
+}
+
+#[test]
+fn every_single_byte_flip_is_caught_with_crc() {
+    for compressor in [
+        Compressor::Lz4,
+        Compressor::Zstd { level: 1 },
+        Compressor::Deflate { level: 6 },
+    ] {
+        let p = page(Kind::Compressible, 42);
+        let mut caught = 0;
+        for offset in (0..PAGE_SIZE).step_by(97) {
+            let zswap = Zswap::new(Config::new(compressor)).expect("store");
+            zswap.store(7, &p).expect("store");
+            assert!(zswap.debug_corrupt(7, offset, 0x5a));
+            let mut out = vec![0u8; PAGE_SIZE];
+            match zswap.load(7, &mut out) {
+                Ok(()) => assert_eq!(
+                    out, p,
+                    "{compressor:?}: wrong bytes after a flip at {offset}"
+                ),
+                Err(LoadError::Corrupt { entry, .. } | LoadError::CrcMismatch { entry, .. }) => {
+                    assert_eq!(entry, 7);
+                    caught += 1;
+                    assert!(zswap.contains(7), "a failed load keeps the entry");
+                    assert_eq!(zswap.stats().decompress_fail, 1);
+                    assert_eq!(zswap.invalidate(7, 1), 1);
+                    zswap.check_integrity().expect("consistent");
+                }
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        assert!(caught > 0, "{compressor:?}: no corruption detected at all");
+    }
+}
+
+#[test]
+fn forged_and_stale_handles_are_errors() {
+    let zswap = Zswap::new(Config::new(Compressor::Lz4)).expect("store");
+    let a = page(Kind::Compressible, 1);
+    let b = page(Kind::Compressible, 2);
+    zswap.store(1, &a).expect("store");
+    zswap.store(2, &b).expect("store");
+    let hb = zswap.debug_handle(2).expect("compressed");
+    // Entry 1 now names entry 2's object: CRC catches the swap.
+    zswap.debug_set_handle(1, hb.raw());
+    let mut out = vec![0u8; PAGE_SIZE];
+    assert!(matches!(
+        zswap.load(1, &mut out),
+        Err(LoadError::CrcMismatch { entry: 1, .. })
+    ));
+    // A stale generation, and garbage.
+    zswap.debug_set_handle(1, hb.raw() ^ (1 << 32));
+    assert!(matches!(
+        zswap.load(1, &mut out),
+        Err(LoadError::Pool { entry: 1, .. })
+    ));
+    zswap.debug_set_handle(1, u64::MAX);
+    assert!(matches!(
+        zswap.load(1, &mut out),
+        Err(LoadError::Pool { entry: 1, .. })
+    ));
+    // Entry 2 is untouched.
+    zswap.load(2, &mut out).expect("load");
+    assert_eq!(out, b);
+}
+
+#[test]
+fn crc_off_still_never_panics() {
+    let mut c = Config::new(Compressor::Zstd { level: 1 });
+    c.crc = false;
+    let zswap = Zswap::new(c).expect("store");
+    let p = page(Kind::Compressible, 9);
+    let mut out = vec![0u8; PAGE_SIZE];
+    for offset in 0..64 {
+        zswap.store(3, &p).expect("store");
+        zswap.debug_corrupt(3, offset * 31, 0xff);
+        let _ = zswap.load(3, &mut out);
+        zswap.invalidate(3, 1);
+    }
+}

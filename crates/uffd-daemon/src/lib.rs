@@ -1,1 +1,114 @@
-//! placeholder
+//! `uffd-daemon`: pages the anonymous memory of unmodified programs from userspace.
+//!
+//! `uffd-daemon run --limit 256M -- program args` starts the program with a small agent inside
+//! it (an `LD_PRELOAD` library, `agent/agent.c`) and keeps the resident anonymous memory of its
+//! whole process tree under the limit, like a cgroup with swap, by evicting cold pages to a
+//! swap file and serving them back on fault through userfaultfd.
+//!
+//! # Design (the kernel's reclaim path, split across two processes)
+//!
+//! ```text
+//! program ──page fault──▶ userfaultfd ──▶ fault.rs handler ──▶ store.read | zero
+//!    ▲                                         │  UFFDIO_COPY / UFFDIO_ZEROPAGE (wakes)
+//!    └─────────────────────────────────────────┘
+//! reclaim.rs (over the limit): clock picks victims ─▶ UFFDIO_WRITEPROTECT ─▶ process_vm_readv
+//!    ─▶ store.store ─▶ agent: UFFDIO_MOVE into its scratch + MADV_DONTNEED ─▶ Evicted
+//! ```
+//!
+//! * The **agent** creates the uffd inside the client and hands it over (SCM_RIGHTS); only it
+//!   can drop pages (no remote `MADV_DONTNEED` exists) and only it can `UFFDIO_MOVE`.
+//!   Dropping by moving into a scratch area makes every `UFFD_EVENT_REMOVE` on program memory
+//!   the program's own, so a program's `MADV_DONTNEED` is never confused with an eviction.
+//! * **Memory is found from outside** (`maps.rs`): `/proc/PID/maps` for private anonymous
+//!   ranges, registered as they appear; `/proc/PID/pagemap` for pages already present.
+//! * **One handler thread per address space** reads its uffd, so faults and events are applied
+//!   in the kernel's order (`fault.rs`). It never waits on the client or on reclaim.
+//! * **Fork** (`UFFD_EVENT_FORK`): the child gets a copy of the page table; stored pages are
+//!   shared with a slot reference count of two. The child names itself by touching the agent's
+//!   probe page (the fault carries its tid), then greets the daemon and gets its uffd back.
+//!
+//! # Invariants
+//!
+//! 1. A page is dropped from the client only after its contents are stored, and only while it
+//!    is write-protected; a write that races with the eviction waits in a write-protect fault
+//!    and is replayed on the page that comes back (`reclaim.rs`). Nothing is ever lost.
+//! 2. The daemon serves only processes it started (peer credentials, process-tree check) and
+//!    its swap file is mode 0600 (or unnamed) and removed at exit.
+//! 3. A malformed agent message is refused with an error that names the problem
+//!    (`protocol.rs`, fuzzed); if the daemon dies the agent stops its process at once
+//!    (exit status 86) instead of letting it read evicted pages as zeros.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use uffd_daemon::{run, Config};
+//! let config = Config {
+//!     limit_bytes: 64 << 20,
+//!     swap_file: None,
+//!     swap_max_bytes: 8 << 30,
+//!     stats_json: None,
+//!     verbose: false,
+//! };
+//! let status = run(&config, "python3", &["-c".into(), "x = bytearray(256 << 20)".into()]).unwrap();
+//! assert_eq!(status, 0);
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod agent_conn;
+mod daemon;
+pub mod demo;
+mod fault;
+pub mod maps;
+mod mm;
+pub mod protocol;
+mod reclaim;
+pub mod stats;
+pub mod store;
+pub mod sys;
+
+pub use daemon::{default_run_base, run, Config, EXIT_DAEMON_LOST};
+pub use stats::Stats;
+
+/// Parses a size such as `256M`, `1G`, `4096`, `64k` (binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = s[i..].to_ascii_lowercase();
+            let mul = match unit.as_str() {
+                "k" | "kb" | "kib" => 1u64 << 10,
+                "m" | "mb" | "mib" => 1 << 20,
+                "g" | "gb" | "gib" => 1 << 30,
+                "t" | "tb" | "tib" => 1 << 40,
+                "b" => 1,
+                _ => return Err(format!("unknown size unit {unit:?} in {s:?} (use K, M, G or T)")),
+            };
+            (&s[..i], mul)
+        }
+        None => (s, 1),
+    };
+    let n: u64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size such as 256M"))?;
+    n.checked_mul(mul).ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+/// Fuzzing entry point for the agent message decoder.
+pub fn fuzz_protocol_decode(data: &[u8]) {
+    if let Ok((msg, seq)) = protocol::decode(data) {
+        // Whatever decodes re-encodes to a packet that decodes to the same message.
+        assert_eq!(protocol::decode(&protocol::encode(&msg, seq)), Ok((msg, seq)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("12Q").unwrap_err().contains("unknown size unit"));
+        assert!(parse_size("lots").is_err());
+    }
+}

@@ -1,0 +1,449 @@
+/*
+ * uffd-agent: the small part of uffd-daemon that runs inside each managed process.
+ *
+ * Loaded with LD_PRELOAD by `uffd-daemon run`. Its constructor creates the process's
+ * userfaultfd, hands it to the daemon over a Unix socket (SCM_RIGHTS) and starts one thread
+ * that carries out the daemon's batched page drops. It is C rather than Rust because it lives
+ * inside arbitrary programs: no second runtime or allocator, nothing but a few syscalls.
+ *
+ * Why the agent exists (DESIGN.md): no other process can drop a page of the client, and
+ * UFFDIO_MOVE only works from inside the client's address space. A drop moves each victim page
+ * with UFFDIO_MOVE into the agent's own registered scratch area and then frees the scratch with
+ * MADV_DONTNEED. Moving produces no UFFD_EVENT_REMOVE for the victim, so every REMOVE event the
+ * daemon sees on program memory is the program's own (an unambiguous attribution), and the
+ * scratch area's REMOVE events are recognised by their address.
+ *
+ * The agent thread touches only memory the daemon never manages: its stack and state live in
+ * the agent region it reports in its greeting. So it keeps running when the program's pages are
+ * evicted, and if the daemon dies (its socket closes and its pid is gone) it stops the whole
+ * process at once with a clear message instead of letting it read evicted pages as zeros.
+ *
+ * Fork: the kernel hands the child's new uffd to the daemon (UFFD_EVENT_FORK). In the child an
+ * atfork handler touches the probe page, so that the daemon learns the child's pid from the
+ * fault's thread id, then greets the daemon, receives its own uffd back and starts a new agent
+ * thread. Every other thread of the parent is gone in the child, as POSIX says.
+ *
+ * Protocol: see crates/uffd-daemon/src/protocol.rs; the constants below mirror it.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define PAGE 4096UL
+#define MAGIC 0x41444655u /* "UFDA" little-endian */
+#define VERSION 1
+#define HEADER_LEN 16
+#define MAX_PACKET (64 * 1024)
+#define KIND_HELLO 1
+#define KIND_HELLO_ACK 2
+#define KIND_DROP 3
+#define KIND_DROP_DONE 4
+#define KIND_ERROR 5
+#define HELLO_FORK_CHILD 1u
+
+#define SCRATCH_PAGES 512UL
+#define STACK_BYTES (256UL * 1024)
+/* Exit status of a process whose daemon died. */
+#define EXIT_DAEMON_LOST 86
+
+/* uapi bits the Debian 12 headers lack. */
+struct uffdio_api_ { uint64_t api, features, ioctls; };
+struct uffdio_range_ { uint64_t start, len; };
+struct uffdio_register_ { struct uffdio_range_ range; uint64_t mode, ioctls; };
+struct uffdio_move_ { uint64_t dst, src, len, mode; int64_t move; };
+#define UFFDIO_API_ _IOWR(0xAA, 0x3F, struct uffdio_api_)
+#define UFFDIO_REGISTER_ _IOWR(0xAA, 0x00, struct uffdio_register_)
+#define UFFDIO_MOVE_ _IOWR(0xAA, 0x05, struct uffdio_move_)
+#define UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES (1ULL << 1)
+#define FEATURES ((1ULL << 0) | (1ULL << 1) | (1ULL << 2) | (1ULL << 3) | (1ULL << 6) | (1ULL << 8) | (1ULL << 16))
+
+struct agent {
+	int sock;            /* connection to the daemon */
+	int uffd;            /* this process's userfaultfd (kept open: see header comment) */
+	pid_t daemon_pid;
+	dev_t sock_dev;
+	ino_t sock_ino;
+	uint64_t features;
+	char *region;
+	char *probe;
+	char *scratch;
+	char *stack;
+	uint8_t buf[MAX_PACKET];
+	uint8_t out[MAX_PACKET];
+};
+
+/* Region layout: [probe page][scratch pages][agent state][agent thread stack] */
+#define STATE_BYTES ((sizeof(struct agent) + PAGE - 1) & ~(PAGE - 1))
+#define REGION_BYTES (PAGE + SCRATCH_PAGES * PAGE + STATE_BYTES + STACK_BYTES)
+
+/* Set once by the constructor, read by the atfork handlers (program threads only). */
+static struct agent *g_agent;
+static char g_sock_path[108];
+
+static void say(const char *msg)
+{
+	/* write(2) only: safe in any context, no allocation. */
+	size_t n = strlen(msg);
+	while (n > 0) {
+		ssize_t w = write(2, msg, n);
+		if (w <= 0)
+			break;
+		msg += w;
+		n -= (size_t)w;
+	}
+}
+
+static void fatal(const char *what, int err)
+{
+	char line[256];
+	snprintf(line, sizeof line, "uffd-agent[%d]: %s: %s; stopping this process\n", (int)getpid(), what,
+		 err ? strerror(err) : "failed");
+	say(line);
+	_exit(EXIT_DAEMON_LOST);
+}
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static size_t header(uint8_t *out, uint16_t kind, uint32_t len)
+{
+	put32(out, MAGIC);
+	uint16_t v = VERSION;
+	memcpy(out + 4, &v, 2);
+	memcpy(out + 6, &kind, 2);
+	put32(out + 8, len);
+	put32(out + 12, 0);
+	return HEADER_LEN;
+}
+
+static int send_packet(int sock, const uint8_t *data, size_t len, int fd)
+{
+	struct iovec iov = { (void *)data, len };
+	union { struct cmsghdr h; char b[CMSG_SPACE(sizeof(int))]; } c;
+	struct msghdr m = { 0 };
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	if (fd >= 0) {
+		memset(&c, 0, sizeof c);
+		m.msg_control = c.b;
+		m.msg_controllen = sizeof c.b;
+		struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+		h->cmsg_level = SOL_SOCKET;
+		h->cmsg_type = SCM_RIGHTS;
+		h->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(h), &fd, sizeof(int));
+	}
+	for (;;) {
+		ssize_t n = sendmsg(sock, &m, MSG_NOSIGNAL);
+		if (n >= 0)
+			return 0;
+		if (errno != EINTR)
+			return -1;
+	}
+}
+
+static ssize_t recv_packet(int sock, uint8_t *buf, size_t cap, int *fd_out)
+{
+	struct iovec iov = { buf, cap };
+	union { struct cmsghdr h; char b[CMSG_SPACE(sizeof(int) * 4)]; } c;
+	struct msghdr m = { 0 };
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	m.msg_control = c.b;
+	m.msg_controllen = sizeof c.b;
+	ssize_t n;
+	do {
+		n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+	} while (n < 0 && errno == EINTR);
+	if (fd_out)
+		*fd_out = -1;
+	if (n > 0) {
+		for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
+			if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
+				int fd;
+				memcpy(&fd, CMSG_DATA(h), sizeof(int));
+				if (fd_out && *fd_out < 0)
+					*fd_out = fd;
+				else
+					close(fd);
+			}
+		}
+	}
+	return n;
+}
+
+/* Returns the payload of a valid packet of `kind`, or NULL. */
+static const uint8_t *check_packet(const uint8_t *buf, ssize_t n, uint16_t kind, uint32_t *len)
+{
+	if (n < HEADER_LEN || get32(buf) != MAGIC)
+		return NULL;
+	uint16_t v, k;
+	memcpy(&v, buf + 4, 2);
+	memcpy(&k, buf + 6, 2);
+	uint32_t l = get32(buf + 8);
+	if (v != VERSION || (ssize_t)l != n - HEADER_LEN)
+		return NULL;
+	if (k == KIND_ERROR && l >= 4) {
+		char msg[512];
+		size_t ml = l - 4 < sizeof msg - 1 ? l - 4 : sizeof msg - 1;
+		memcpy(msg, buf + HEADER_LEN + 4, ml);
+		msg[ml] = 0;
+		say("uffd-agent: the daemon refused this process: ");
+		say(msg);
+		say("\n");
+		return NULL;
+	}
+	if (k != kind)
+		return NULL;
+	*len = l;
+	return buf + HEADER_LEN;
+}
+
+static int connect_daemon(void)
+{
+	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return -1;
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	memcpy(a.sun_path, g_sock_path, sizeof a.sun_path);
+	if (connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
+		int e = errno;
+		close(s);
+		errno = e;
+		return -1;
+	}
+	return s;
+}
+
+static int hello(struct agent *ag, uint32_t flags, int send_fd, int *recv_fd)
+{
+	uint8_t pkt[HEADER_LEN + 64];
+	memset(pkt, 0, sizeof pkt);
+	header(pkt, KIND_HELLO, 64);
+	uint8_t *p = pkt + HEADER_LEN;
+	put32(p + 0, (uint32_t)getpid());
+	put32(p + 4, (uint32_t)getppid());
+	put32(p + 8, flags);
+	put64(p + 16, ag->features);
+	put64(p + 24, (uint64_t)ag->region);
+	put64(p + 32, REGION_BYTES);
+	put64(p + 40, (uint64_t)ag->probe);
+	put64(p + 48, (uint64_t)ag->scratch);
+	put32(p + 56, SCRATCH_PAGES);
+	if (send_packet(ag->sock, pkt, sizeof pkt, send_fd) < 0)
+		return -1;
+	ssize_t n = recv_packet(ag->sock, ag->buf, sizeof ag->buf, recv_fd);
+	uint32_t len;
+	const uint8_t *ack = check_packet(ag->buf, n, KIND_HELLO_ACK, &len);
+	if (!ack || len != 8) {
+		errno = EPROTO;
+		return -1;
+	}
+	int32_t status = (int32_t)get32(ack);
+	if (status != 0) {
+		errno = status > 0 ? status : EPROTO;
+		return -1;
+	}
+	struct stat st;
+	if (fstat(ag->sock, &st) == 0) {
+		ag->sock_dev = st.st_dev;
+		ag->sock_ino = st.st_ino;
+	}
+	return 0;
+}
+
+/* Moves the daemon's victims into scratch, frees the scratch, reports per-page status. */
+static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len)
+{
+	uint32_t nruns = get32(p);
+	if (len != 8 + 16 * (uint64_t)nruns)
+		fatal("malformed DROP from the daemon", EPROTO);
+	uint8_t *status = ag->out + HEADER_LEN + 8;
+	uint64_t k = 0; /* pages so far; also the next scratch slot */
+	for (uint32_t r = 0; r < nruns; r++) {
+		uint64_t addr = get64(p + 8 + 16 * r);
+		uint32_t pages = get32(p + 16 + 16 * r);
+		if (k + pages > SCRATCH_PAGES || pages == 0)
+			fatal("DROP larger than the scratch area", EPROTO);
+		uint64_t done = 0;
+		while (done < pages) {
+			struct uffdio_move_ mv = {
+				.dst = (uint64_t)ag->scratch + (k + done) * PAGE,
+				.src = addr + done * PAGE,
+				.len = (pages - done) * PAGE,
+				.mode = UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES,
+			};
+			int tries = 0;
+			int rc;
+			for (;;) {
+				rc = ioctl(ag->uffd, UFFDIO_MOVE_, &mv);
+				/* EAGAIN: a non-cooperative event is pending; the daemon reads it soon. */
+				if (rc == 0 || errno != EAGAIN || mv.move > 0 || ++tries > 2000)
+					break;
+				usleep(50);
+			}
+			uint64_t moved = mv.move > 0 ? (uint64_t)mv.move / PAGE : 0;
+			if (rc == 0)
+				moved = pages - done;
+			for (uint64_t i = 0; i < moved; i++)
+				status[k + done + i] = 0;
+			done += moved;
+			if (rc != 0 && done < pages) {
+				/* This page failed (EBUSY: shared after fork or pinned): report, go on. */
+				int e = errno ? errno : EIO;
+				if (e == EAGAIN && mv.move > 0)
+					continue;
+				status[k + done] = (uint8_t)(e > 255 ? 255 : e);
+				done++;
+			}
+		}
+		k += pages;
+	}
+	/* Free what was moved. The scratch's REMOVE event is recognised by its address. */
+	if (k > 0)
+		madvise(ag->scratch, k * PAGE, MADV_DONTNEED);
+	header(ag->out, KIND_DROP_DONE, (uint32_t)(8 + k));
+	put32(ag->out + HEADER_LEN, (uint32_t)k);
+	put32(ag->out + HEADER_LEN + 4, 0);
+	if (send_packet(ag->sock, ag->out, HEADER_LEN + 8 + k, -1) < 0 && errno != EINTR)
+		return;
+}
+
+static void *agent_thread(void *arg)
+{
+	struct agent *ag = arg;
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	for (;;) {
+		/* The program may close our descriptor (closefrom) and the number may be reused. */
+		struct stat st;
+		if (fstat(ag->sock, &st) != 0 || st.st_dev != ag->sock_dev || st.st_ino != ag->sock_ino)
+			break;
+		ssize_t n = recv_packet(ag->sock, ag->buf, sizeof ag->buf, NULL);
+		if (n <= 0) {
+			if (n < 0 && (errno == EINTR || errno == EAGAIN))
+				continue;
+			break;
+		}
+		uint32_t len;
+		const uint8_t *p = check_packet(ag->buf, n, KIND_DROP, &len);
+		if (!p || len < 8)
+			fatal("malformed message from the daemon", EPROTO);
+		do_drop(ag, p, len);
+	}
+	/* The connection is gone. If the daemon is gone too, evicted pages can never come back:
+	 * stop now rather than run on with pages that would read as zeros or never arrive. */
+	if (kill(ag->daemon_pid, 0) != 0 && errno == ESRCH)
+		fatal("the uffd-daemon serving this process died", 0);
+	say("uffd-agent: lost the connection to uffd-daemon (closed by the program?); pages are still "
+	    "served but no longer evicted from this process\n");
+	return NULL;
+}
+
+static void start_thread(struct agent *ag)
+{
+	pthread_attr_t at;
+	pthread_t th;
+	pthread_attr_init(&at);
+	pthread_attr_setstack(&at, ag->stack, STACK_BYTES);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	int rc = pthread_create(&th, &at, agent_thread, ag);
+	pthread_attr_destroy(&at);
+	if (rc != 0)
+		fatal("cannot start the agent thread", rc);
+}
+
+static void atfork_child(void)
+{
+	struct agent *ag = g_agent;
+	if (!ag)
+		return;
+	/* Name ourselves to the daemon: this fault arrives on our new uffd with our tid. */
+	volatile char c = *(volatile char *)ag->probe;
+	(void)c;
+	madvise(ag->probe, PAGE, MADV_DONTNEED);
+	/* The inherited socket and uffd belong to the parent. */
+	close(ag->sock);
+	int parent_uffd = ag->uffd;
+	ag->sock = connect_daemon();
+	if (ag->sock < 0)
+		fatal("cannot connect to uffd-daemon from a forked child", errno);
+	int fd = -1;
+	if (hello(ag, HELLO_FORK_CHILD, -1, &fd) < 0 || fd < 0)
+		fatal("uffd-daemon did not accept this forked child", errno);
+	/* Keep our own uffd at the old number so the program sees no change in its fds. */
+	if (dup3(fd, parent_uffd, O_CLOEXEC) < 0)
+		fatal("dup3 of the child's uffd", errno);
+	close(fd);
+	ag->uffd = parent_uffd;
+	start_thread(ag);
+}
+
+__attribute__((constructor)) static void uffd_agent_init(void)
+{
+	const char *path = getenv("UFFD_DAEMON_SOCK");
+	const char *dpid = getenv("UFFD_DAEMON_PID");
+	if (!path || !*path || !dpid)
+		return; /* not started by uffd-daemon */
+	if (strlen(path) >= sizeof g_sock_path)
+		fatal("UFFD_DAEMON_SOCK is too long", ENAMETOOLONG);
+	strcpy(g_sock_path, path);
+
+	char *region = mmap(NULL, REGION_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (region == MAP_FAILED)
+		fatal("cannot map the agent region", errno);
+	struct agent *ag = (struct agent *)(region + PAGE + SCRATCH_PAGES * PAGE);
+	memset(ag, 0, sizeof *ag);
+	ag->region = region;
+	ag->probe = region;
+	ag->scratch = region + PAGE;
+	ag->stack = region + PAGE + SCRATCH_PAGES * PAGE + STATE_BYTES;
+	ag->daemon_pid = (pid_t)atoi(dpid);
+
+	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	if (uffd < 0) {
+		int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+		if (dev < 0)
+			fatal("userfaultfd(2) refused and /dev/userfaultfd cannot be opened (needs root or "
+			      "access to /dev/userfaultfd)", errno);
+		uffd = ioctl(dev, _IO(0xAA, 0x00), O_CLOEXEC | O_NONBLOCK);
+		close(dev);
+		if (uffd < 0)
+			fatal("USERFAULTFD_IOC_NEW", errno);
+	}
+	struct uffdio_api_ api = { .api = 0xAA, .features = FEATURES };
+	if (ioctl(uffd, UFFDIO_API_, &api) < 0)
+		fatal("UFFDIO_API refused the features the daemon needs (EVENT_FORK needs "
+		      "CAP_SYS_PTRACE; MOVE needs Linux 6.8)", errno);
+	ag->uffd = uffd;
+	ag->features = api.features;
+	/* Probe and scratch are registered by the agent itself; the daemon never manages them. */
+	struct uffdio_register_ reg = { .range = { (uint64_t)ag->probe, PAGE + SCRATCH_PAGES * PAGE }, .mode = 1 };
+	if (ioctl(uffd, UFFDIO_REGISTER_, &reg) < 0)
+		fatal("registering the agent's scratch area", errno);
+
+	ag->sock = connect_daemon();
+	if (ag->sock < 0)
+		fatal("cannot connect to uffd-daemon", errno);
+	if (hello(ag, 0, uffd, NULL) < 0)
+		fatal("uffd-daemon did not accept this process", errno);
+	g_agent = ag;
+	pthread_atfork(NULL, NULL, atfork_child);
+	start_thread(ag);
+}

@@ -1,0 +1,663 @@
+//! The daemon: starts the program with the agent, accepts agents, and runs the monitor that
+//! registers new memory, retires dead address spaces and drives reclaim.
+
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use parking_lot::{Condvar, Mutex};
+
+use crate::agent_conn::AgentConn;
+use crate::fault;
+use crate::maps;
+use crate::mm::{Mm, MmState};
+use crate::protocol::{self, Message, HELLO_FORK_CHILD, MAX_PACKET};
+use crate::reclaim;
+use crate::stats::Stats;
+use crate::store::SwapFile;
+use crate::sys::{self, PidFd, Uffd, PAGE_SIZE_U64};
+
+/// The agent shared object, built from `agent/agent.c` by build.rs.
+pub static AGENT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libuffd_agent.so"));
+
+/// Exit status of a client whose daemon died (the agent's `EXIT_DAEMON_LOST`).
+pub const EXIT_DAEMON_LOST: i32 = 86;
+
+/// How the daemon runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Resident limit for the managed memory of the whole process tree, in bytes.
+    pub limit_bytes: u64,
+    /// Swap file path (created 0600, must not exist, removed at exit); a hidden temporary
+    /// file when `None`.
+    pub swap_file: Option<PathBuf>,
+    /// Largest size of the swap file.
+    pub swap_max_bytes: u64,
+    /// Where to write the final counters as JSON.
+    pub stats_json: Option<PathBuf>,
+    /// Log decisions to stderr.
+    pub verbose: bool,
+}
+
+/// State shared by the handler threads, the connection threads and the monitor.
+#[derive(Debug)]
+pub struct Shared {
+    /// Counters.
+    pub stats: Stats,
+    /// Where evicted pages go.
+    pub store: SwapFile,
+    /// The limit in pages.
+    pub limit_pages: usize,
+    /// Reclaim starts above this many resident pages ...
+    pub high_pages: usize,
+    /// ... and stops at this many.
+    pub low_pages: usize,
+    resident: AtomicUsize,
+    /// Every live address space.
+    pub mms: Mutex<Vec<Arc<Mm>>>,
+    next_id: AtomicU64,
+    kick: Mutex<bool>,
+    kick_cv: Condvar,
+    bind_lock: Mutex<()>,
+    bind_cv: Condvar,
+    backend_error_logged: AtomicBool,
+    /// Log decisions.
+    pub verbose: bool,
+}
+
+impl Shared {
+    /// Shared state for a limit of `limit_pages`.
+    pub fn new(store: SwapFile, limit_pages: usize, verbose: bool) -> Self {
+        // Reclaim in batches ahead of the limit so that the limit itself is rarely crossed.
+        let margin = (limit_pages / 32).clamp(64, 2048);
+        let high = limit_pages.saturating_sub(margin).max(1);
+        let low = limit_pages.saturating_sub(2 * margin).max(1);
+        Shared {
+            stats: Stats::default(),
+            store,
+            limit_pages,
+            high_pages: high,
+            low_pages: low,
+            resident: AtomicUsize::new(0),
+            mms: Mutex::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+            kick: Mutex::new(false),
+            kick_cv: Condvar::new(),
+            bind_lock: Mutex::new(()),
+            bind_cv: Condvar::new(),
+            backend_error_logged: AtomicBool::new(false),
+            verbose,
+        }
+    }
+
+    /// Resident managed pages now.
+    pub fn resident(&self) -> usize {
+        self.resident.load(Ordering::Relaxed)
+    }
+
+    /// Adds resident pages.
+    pub fn resident_add(&self, n: usize) {
+        let now = self.resident.fetch_add(n, Ordering::Relaxed) + n;
+        self.stats.set_resident(now as u64);
+    }
+
+    /// Removes resident pages.
+    pub fn resident_sub(&self, n: usize) {
+        let now = self.resident.fetch_sub(n, Ordering::Relaxed) - n;
+        self.stats.set_resident(now as u64);
+    }
+
+    /// Drops a reference to a store slot.
+    pub fn put_slot(&self, slot: u32) {
+        if let Err(e) = self.store.put(slot) {
+            eprintln!("uffd-daemon: BUG: {e}");
+            debug_assert!(false, "{e}");
+        }
+    }
+
+    /// Adds a reference to a store slot.
+    pub fn dup_slot(&self, slot: u32) {
+        if let Err(e) = self.store.dup(slot) {
+            eprintln!("uffd-daemon: BUG: {e}");
+            debug_assert!(false, "{e}");
+        }
+    }
+
+    /// Wakes the monitor when resident memory passed the high watermark.
+    pub fn maybe_kick_reclaim(&self) {
+        if self.resident() > self.high_pages {
+            let mut k = self.kick.lock();
+            if !*k {
+                *k = true;
+                self.kick_cv.notify_one();
+            }
+        }
+    }
+
+    /// Wakes the monitor to reclaim now.
+    pub fn kick_reclaim(&self) {
+        let mut k = self.kick.lock();
+        if !*k {
+            *k = true;
+            self.kick_cv.notify_one();
+        }
+    }
+
+    /// Logs the first store failure (each is counted).
+    pub fn log_backend_error(&self, e: &std::io::Error) {
+        if !self.backend_error_logged.swap(true, Ordering::Relaxed) {
+            eprintln!("uffd-daemon: writing to the swap file failed: {e}; pages stay resident");
+        }
+    }
+
+    fn new_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Starts the handler thread of `mm` and adds it to the live list.
+pub fn start_mm(shared: &Arc<Shared>, mm: &Arc<Mm>) -> std::io::Result<()> {
+    let (s, m) = (Arc::clone(shared), Arc::clone(mm));
+    let h = std::thread::Builder::new()
+        .name(format!("uffd-fault-{}", mm.id))
+        .spawn(move || fault::handler_thread(s, m))?;
+    *mm.handler.lock() = Some(h);
+    shared.mms.lock().push(Arc::clone(mm));
+    Stats::add(&shared.stats.processes, 1);
+    Stats::add(&shared.stats.processes_live, 1);
+    Ok(())
+}
+
+/// Called by the handler of a fork event: the child shares every stored page.
+pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
+    if let Err(e) = uffd.set_nonblocking() {
+        eprintln!("uffd-daemon: child uffd: {e}");
+    }
+    let state: MmState = parent.state.lock().fork_copy(shared);
+    let mm = match Mm::new(shared.new_id(), uffd, 0, parent.region, parent.probe) {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            eprintln!("uffd-daemon: cannot track a forked child: {e}");
+            return;
+        }
+    };
+    *mm.state.lock() = state;
+    if shared.verbose {
+        eprintln!("uffd-daemon: fork of pid {:?}: child mm {}", parent.pid(), mm.id);
+    }
+    if let Err(e) = start_mm(shared, &mm) {
+        eprintln!("uffd-daemon: cannot start the handler of a forked child: {e}");
+    }
+}
+
+/// Called by the handler when a forked child touches its probe page: now we know its pid.
+pub fn bind_forked_child(shared: &Shared, mm: &Mm, tid: i32) {
+    let pid = maps::tgid_of(tid).unwrap_or(tid);
+    match PidFd::open(pid) {
+        Ok(fd) => *mm.pidfd.lock() = Some(fd),
+        Err(e) => eprintln!("uffd-daemon: pidfd of forked child {pid}: {e}"),
+    }
+    mm.pid.store(pid, Ordering::Release);
+    let _g = shared.bind_lock.lock();
+    shared.bind_cv.notify_all();
+}
+
+/// Releases everything an address space held: its handler, its stored pages, its counts.
+pub fn retire(shared: &Shared, mm: &Arc<Mm>) {
+    if mm.retired.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    mm.stop.signal();
+    if let Some(h) = mm.handler.lock().take() {
+        let _ = h.join();
+    }
+    *mm.agent.lock() = None;
+    {
+        let mut st = mm.state.lock();
+        #[cfg(debug_assertions)]
+        st.check_integrity();
+        let pages = std::mem::take(&mut st.pages);
+        for (_, p) in pages {
+            st.release(shared, p);
+        }
+        st.clock.clear();
+    }
+    shared.mms.lock().retain(|m| !Arc::ptr_eq(m, mm));
+    shared.stats.processes_live.fetch_sub(1, Ordering::Relaxed);
+    if shared.verbose {
+        eprintln!("uffd-daemon: retired mm {} (pid {:?})", mm.id, mm.pid());
+    }
+}
+
+/// Registers the managed memory of `mm` that is not registered yet, and records the pages
+/// already present in it.
+pub fn scan_and_register(shared: &Shared, mm: &Mm) {
+    let Some(pid) = mm.pid() else { return };
+    let Ok(vmas) = maps::read_maps(pid) else { return };
+    for v in vmas.iter().filter(|v| v.is_managed()) {
+        // Never the agent's own region.
+        let parts: Vec<(u64, u64)> = [(v.start, v.end.min(mm.region.0)), (v.start.max(mm.region.1), v.end)]
+            .into_iter()
+            .filter(|(s, e)| s < e)
+            .collect();
+        for (s, e) in parts {
+            let gaps = mm.state.lock().uncovered(s, e);
+            for (gs, ge) in gaps {
+                match mm.uffd.register(gs, ge - gs, true) {
+                    Ok(()) => {
+                        Stats::add(&shared.stats.ranges_registered, 1);
+                        let present = maps::present_pages(pid, gs, ge).unwrap_or_default();
+                        let mut st = mm.state.lock();
+                        st.add_range(gs, ge);
+                        for a in present {
+                            if !st.pages.contains_key(&a) {
+                                st.make_resident(shared, a);
+                                if let Some(crate::mm::Page::Resident { referenced }) = st.pages.get_mut(&a) {
+                                    *referenced = false;
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        if shared.verbose {
+                            eprintln!("uffd-daemon: pid {pid}: cannot register {gs:#x}-{ge:#x}: {e}");
+                        }
+                        mm.state.lock().refused.push((gs, ge));
+                    }
+                }
+            }
+        }
+    }
+    shared.maybe_kick_reclaim();
+}
+
+fn refuse(sock: &OwnedFd, why: &str) {
+    let msg = protocol::encode(&Message::Error { code: libc::EPERM, message: why.to_string() }, 0);
+    let _ = sys::send_with_fd(sock.as_raw_fd(), &msg, None);
+}
+
+/// Whether `pid` descends from `root` (the daemon is a child subreaper, so orphans of the tree
+/// are re-parented to it and stay in it).
+fn in_tree(pid: i32, root: i32) -> bool {
+    let mut p = pid;
+    for _ in 0..128 {
+        if p == root {
+            return true;
+        }
+        match maps::parent_of(p) {
+            Some(pp) if pp > 0 => p = pp,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// Serves one new agent connection: checks who it is, reads its greeting, sets it up.
+fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
+    let stats = &shared.stats;
+    let cred = match sys::peer_cred(sock.as_raw_fd()) {
+        Ok(c) => c,
+        Err(_) => return,
+    };
+    // SAFETY: getuid/getpid cannot fail.
+    let (uid, me) = unsafe { (libc::getuid(), libc::getpid()) };
+    if cred.uid != uid || !in_tree(cred.pid, me) {
+        Stats::add(&stats.protocol_errors, 1);
+        eprintln!("uffd-daemon: refusing a connection from pid {} uid {}: not a process this daemon started", cred.pid, cred.uid);
+        refuse(&sock, "this daemon serves only the processes it started");
+        return;
+    }
+    let _ = sys::set_recv_timeout(sock.as_raw_fd(), 10_000);
+    let mut buf = vec![0u8; MAX_PACKET];
+    let (n, fd) = match sys::recv_with_fd(sock.as_raw_fd(), &mut buf) {
+        Ok(x) => x,
+        Err(_) => return,
+    };
+    let hello = match protocol::decode(&buf[..n]) {
+        Ok((Message::Hello(h), _)) => h,
+        Ok((other, _)) => {
+            Stats::add(&stats.protocol_errors, 1);
+            refuse(&sock, &format!("expected HELLO, got {other:?}"));
+            return;
+        }
+        Err(e) => {
+            Stats::add(&stats.protocol_errors, 1);
+            eprintln!("uffd-daemon: bad greeting from pid {}: {e}", cred.pid);
+            refuse(&sock, &e.to_string());
+            return;
+        }
+    };
+    if hello.pid as i32 != cred.pid {
+        Stats::add(&stats.protocol_errors, 1);
+        refuse(&sock, &format!("HELLO names pid {} but the peer is pid {}", hello.pid, cred.pid));
+        return;
+    }
+    let pid = cred.pid;
+    let region = (hello.region_start, hello.region_start + hello.region_len);
+    let max_drop = (hello.scratch_pages as usize).min(protocol::MAX_DROP_PAGES);
+
+    if hello.flags & HELLO_FORK_CHILD != 0 {
+        // The child named itself through its probe fault before connecting; find its mm.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mm = loop {
+            let found = shared.mms.lock().iter().find(|m| m.pid() == Some(pid) && !m.retired.load(Ordering::Acquire)).cloned();
+            if let Some(m) = found {
+                break m;
+            }
+            if Instant::now() > deadline {
+                refuse(&sock, "no forked address space is known for this pid");
+                return;
+            }
+            let mut g = shared.bind_lock.lock();
+            shared.bind_cv.wait_for(&mut g, Duration::from_millis(20));
+        };
+        let mut conn = match AgentConn::new(sock, max_drop) {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        let ack = Message::HelloAck { status: 0, max_drop_pages: max_drop as u32 };
+        if conn.send(&ack, Some(mm.uffd.raw())).is_err() {
+            return;
+        }
+        *mm.agent.lock() = Some(conn);
+        // Registrations were inherited; pick up anything new.
+        scan_and_register(&shared, &mm);
+        return;
+    }
+
+    // A process that started (or exec'd) with the agent: it brings its uffd.
+    let Some(fd) = fd else {
+        refuse(&sock, "HELLO without a userfaultfd attached");
+        return;
+    };
+    if hello.features & sys::REQUIRED_FEATURES != sys::REQUIRED_FEATURES {
+        refuse(&sock, &format!("uffd features {:#x} lack required {:#x}", hello.features, sys::REQUIRED_FEATURES));
+        return;
+    }
+    // An exec replaces the address space: the old one (same pid) is gone.
+    let old: Vec<Arc<Mm>> = shared.mms.lock().iter().filter(|m| m.pid() == Some(pid)).cloned().collect();
+    for m in old {
+        retire(&shared, &m);
+    }
+    let uffd = Uffd::from_owned(fd);
+    let mm = match Mm::new(shared.new_id(), uffd, pid, region, hello.probe) {
+        Ok(m) => Arc::new(m),
+        Err(_) => return,
+    };
+    if let Ok(p) = PidFd::open(pid) {
+        *mm.pidfd.lock() = Some(p);
+    }
+    if start_mm(&shared, &mm).is_err() {
+        return;
+    }
+    scan_and_register(&shared, &mm);
+    let mut conn = match AgentConn::new(sock, max_drop) {
+        Ok(c) => c,
+        Err(_) => return,
+    };
+    if conn.send(&Message::HelloAck { status: 0, max_drop_pages: max_drop as u32 }, None).is_err() {
+        return;
+    }
+    *mm.agent.lock() = Some(conn);
+    if shared.verbose {
+        eprintln!("uffd-daemon: managing pid {pid} (mm {})", mm.id);
+    }
+}
+
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNAL.store(sig, Ordering::Relaxed);
+}
+
+/// A private directory for this daemon's sockets and agent: `<base>/<pid>`, mode 0700.
+fn make_run_dir() -> anyhow::Result<PathBuf> {
+    let base = std::env::var_os("UFFD_DAEMON_RUN_DIR").map(PathBuf::from).unwrap_or_else(default_run_base);
+    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o700))?;
+    let dir = base.join(std::process::id().to_string());
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    Ok(dir)
+}
+
+/// Where daemons put their run directories.
+pub fn default_run_base() -> PathBuf {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if uid == 0 {
+        PathBuf::from("/run/uffd-daemon")
+    } else if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
+        PathBuf::from(x).join("uffd-daemon")
+    } else {
+        PathBuf::from(format!("/tmp/uffd-daemon-{uid}"))
+    }
+}
+
+fn serve_control(listener: UnixListener, shared: Arc<Shared>, started: Instant) {
+    for s in listener.incoming() {
+        let Ok(mut s) = s else { continue };
+        let mut v = shared.stats.to_json();
+        v["limit_pages"] = (shared.limit_pages as u64).into();
+        v["elapsed_s"] = started.elapsed().as_secs_f64().into();
+        v["pids"] = shared.mms.lock().iter().filter_map(|m| m.pid()).collect::<Vec<_>>().into();
+        let _ = writeln!(s, "{v}");
+    }
+}
+
+/// `uffd-daemon run`: runs `program` under the daemon; returns the program's exit status.
+pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i32> {
+    if config.limit_bytes < 16 * PAGE_SIZE_U64 {
+        bail!("--limit {} is too small: at least 64 KiB", config.limit_bytes);
+    }
+    let started = Instant::now();
+    let dir = make_run_dir()?;
+    let cleanup = RunDirGuard(dir.clone());
+    let so = dir.join("libuffd_agent.so");
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o500).open(&so)?;
+        f.write_all(AGENT_SO)?;
+    }
+    let agent_sock = dir.join("agent.sock");
+    // SAFETY: socket(2) with constant arguments.
+    let lfd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if lfd < 0 {
+        bail!("socket: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: `lfd` is a fresh descriptor we own.
+    let listen_fd = unsafe { OwnedFd::from_raw_fd(lfd) };
+    bind_listen(&listen_fd, &agent_sock)?;
+    let ctl = UnixListener::bind(dir.join("ctl.sock")).context("binding the control socket")?;
+
+    let store = SwapFile::create(config.swap_file.as_deref(), Path::new("/var/tmp"), config.swap_max_bytes)
+        .or_else(|e| if config.swap_file.is_none() { SwapFile::create(None, &std::env::temp_dir(), config.swap_max_bytes) } else { Err(e) })
+        .context("creating the swap file")?;
+    let shared = Arc::new(Shared::new(store, (config.limit_bytes / PAGE_SIZE_U64) as usize, config.verbose));
+
+    // SAFETY: prctl and signal with constant arguments; the handler only stores an atomic.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+
+    {
+        let shared = Arc::clone(&shared);
+        std::thread::Builder::new().name("uffd-ctl".into()).spawn(move || serve_control(ctl, shared, started))?;
+    }
+    {
+        let shared = Arc::clone(&shared);
+        let lfd = listen_fd.as_raw_fd();
+        std::thread::Builder::new().name("uffd-accept".into()).spawn(move || loop {
+            // SAFETY: accept4 on our listening socket; null address arguments are allowed.
+            let fd = unsafe { libc::accept4(lfd, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+            if fd < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return;
+            }
+            // SAFETY: `fd` is a fresh descriptor we own.
+            let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+            let shared = Arc::clone(&shared);
+            let _ = std::thread::Builder::new().name("uffd-conn".into()).spawn(move || handle_connection(shared, sock));
+        })?;
+    }
+
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(p) if !p.is_empty() => format!("{}:{p}", so.display()),
+        _ => so.display().to_string(),
+    };
+    let child = Command::new(program)
+        .args(args)
+        .env("LD_PRELOAD", preload)
+        .env("UFFD_DAEMON_SOCK", &agent_sock)
+        .env("UFFD_DAEMON_PID", std::process::id().to_string())
+        .spawn()
+        .with_context(|| format!("starting {program}"))?;
+    let root = child.id() as i32;
+    std::mem::forget(child); // reaped by the monitor's waitpid(-1)
+
+    let status = monitor(&shared, root)?;
+    if let Some(p) = &config.stats_json {
+        let mut v = shared.stats.to_json();
+        v["limit_pages"] = (shared.limit_pages as u64).into();
+        v["elapsed_s"] = started.elapsed().as_secs_f64().into();
+        v["exit_status"] = status.into();
+        std::fs::write(p, serde_json::to_string_pretty(&v)? + "\n").with_context(|| format!("writing {}", p.display()))?;
+    }
+    if config.verbose {
+        eprintln!("uffd-daemon: {}", shared.stats.to_json());
+    }
+    drop(cleanup);
+    Ok(status)
+}
+
+struct RunDirGuard(PathBuf);
+impl Drop for RunDirGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn bind_listen(fd: &OwnedFd, path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: sockaddr_un is plain data.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        bail!("socket path {} is too long", path.display());
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: `addr` is a valid sockaddr_un; the length is its size.
+    let rc = unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), std::mem::size_of::<libc::sockaddr_un>() as u32) };
+    if rc < 0 {
+        bail!("binding {}: {}", path.display(), std::io::Error::last_os_error());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    // SAFETY: listen on our bound socket.
+    if unsafe { libc::listen(fd.as_raw_fd(), 128) } < 0 {
+        bail!("listen: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The monitor loop: reaps, retires, registers, reclaims. Returns the root's exit status.
+fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
+    let mut root_status: Option<i32> = None;
+    let mut tick: u64 = 0;
+    loop {
+        tick += 1;
+        // Signals: forward termination requests to the program; it decides.
+        let sig = SIGNAL.swap(0, Ordering::Relaxed);
+        if sig != 0 && root_status.is_none() && sig != libc::SIGINT && sig != libc::SIGQUIT {
+            // SAFETY: kill(2) with integer arguments.
+            unsafe { libc::kill(root, sig) };
+        }
+        // Reap every child (we are a subreaper); remember the root's status.
+        loop {
+            let mut st: libc::c_int = 0;
+            // SAFETY: waitpid with a valid status pointer.
+            let pid = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
+            if pid <= 0 {
+                break;
+            }
+            if pid == root {
+                root_status = Some(if libc::WIFEXITED(st) {
+                    libc::WEXITSTATUS(st)
+                } else if libc::WIFSIGNALED(st) {
+                    128 + libc::WTERMSIG(st)
+                } else {
+                    1
+                });
+            }
+        }
+        // Retire address spaces whose process exited.
+        let mms: Vec<Arc<Mm>> = shared.mms.lock().clone();
+        for m in &mms {
+            let exited = m.pidfd.lock().as_ref().is_some_and(|p| p.exited());
+            if exited {
+                retire(shared, m);
+            }
+        }
+        if root_status.is_some() && shared.mms.lock().is_empty() {
+            return Ok(root_status.unwrap_or(1));
+        }
+        // Register new memory: periodically, and at once when a process grew behind our back.
+        let mut rss_total = 0u64;
+        for m in shared.mms.lock().clone() {
+            let Some(pid) = m.pid() else { continue };
+            if m.agent.lock().is_none() {
+                continue;
+            }
+            let rss = maps::rss_anon_bytes(pid).unwrap_or(0);
+            rss_total += rss;
+            let tracked = m.state.lock().resident as u64 * PAGE_SIZE_U64;
+            let last = m.last_scan_tick.load(Ordering::Relaxed);
+            if tick.saturating_sub(last) >= 20 || rss > tracked + (1 << 20) {
+                m.last_scan_tick.store(tick, Ordering::Relaxed);
+                scan_and_register(shared, &m);
+            }
+        }
+        shared.stats.rss_anon_max_bytes.fetch_max(rss_total, Ordering::Relaxed);
+        // Reclaim down to the low watermark, biggest address space first.
+        if shared.resident() > shared.high_pages {
+            let deadline = Instant::now() + Duration::from_millis(50);
+            while shared.resident() > shared.low_pages && Instant::now() < deadline {
+                let mut cands: Vec<Arc<Mm>> = shared.mms.lock().clone();
+                cands.sort_by_key(|m| std::cmp::Reverse(m.state.lock().resident));
+                let mut progress = 0;
+                for m in cands.iter().take(3) {
+                    let want = shared.resident().saturating_sub(shared.low_pages);
+                    if want == 0 {
+                        break;
+                    }
+                    progress += reclaim::evict_batch(shared, m, want);
+                }
+                if progress == 0 {
+                    break;
+                }
+            }
+        }
+        // Sleep until kicked or 5 ms pass.
+        let mut k = shared.kick.lock();
+        if !*k {
+            shared.kick_cv.wait_for(&mut k, Duration::from_millis(5));
+        }
+        *k = false;
+    }
+}

@@ -1,0 +1,243 @@
+//! The fault path: one handler thread per address space reads its uffd and serves every fault
+//! and event in the kernel's order.
+//!
+//! ```text
+//! missing fault ─▶ page table ─▶ Evicted/Dropping(slot) ─▶ read slot ─▶ UFFDIO_COPY (wakes)
+//!                              └▶ unknown ───────────────▶ UFFDIO_ZEROPAGE (read fault)
+//!                                                          UFFDIO_COPY of zeros (write fault)
+//! write-protect fault ─▶ page mid-eviction? leave the writer asleep; reclaim wakes it when the
+//!                        page is either dropped (it then faults as missing and gets the stored
+//!                        copy) or kept (protection lifted): a racing write is never lost
+//! REMOVE / UNMAP ─▶ forget the pages (they read as zeros or are gone); scratch: ignore
+//! REMAP ─▶ move the states; FORK ─▶ a child address space sharing the stored pages
+//! ```
+//!
+//! Why one reader per uffd: events and faults must be applied in the order the kernel queued
+//! them (a fault after a REMOVE must see the removal). A single reader gets that for free; the
+//! handler never waits on the client or on reclaim, only on its own uffd.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::daemon::{self, Shared};
+use crate::mm::{Mm, Page, ZERO_SLOT};
+use crate::stats::Stats;
+use crate::sys::{self, Fill, RawUffdMsg, Uffd, UffdEvent, PAGE_SIZE, PAGE_SIZE_U64};
+
+/// Longest time a fault waits for reclaim when the limit is reached.
+const THROTTLE_MAX: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A fault that could not be served yet (`EAGAIN`: an event is pending).
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    address: u64,
+    flags: u64,
+    ptid: u32,
+    read_at: Instant,
+}
+
+/// Runs the handler of `mm` until it is told to stop.
+pub fn handler_thread(shared: Arc<Shared>, mm: Arc<Mm>) {
+    let mut msgs = [RawUffdMsg::default(); 64];
+    let mut deferred: Vec<Pending> = Vec::new();
+    let mut page = vec![0u8; PAGE_SIZE];
+    let zeros = vec![0u8; PAGE_SIZE];
+    let mut served: u64 = 0;
+    loop {
+        let timeout = if deferred.is_empty() { -1 } else { 1 };
+        let ready = match sys::poll_read(&[mm.uffd.raw(), mm.stop.raw()], timeout) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("uffd-daemon: poll on the uffd of mm {} failed: {e}", mm.id);
+                return;
+            }
+        };
+        if ready[1] {
+            return;
+        }
+        if ready[0] {
+            let n = match mm.uffd.read_msgs(&mut msgs) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+                Err(e) => {
+                    eprintln!("uffd-daemon: reading the uffd of mm {} failed: {e}", mm.id);
+                    return;
+                }
+            };
+            let now = Instant::now();
+            for m in &msgs[..n] {
+                match m.decode() {
+                    UffdEvent::PageFault { address, flags, ptid } => {
+                        let p = Pending { address, flags, ptid, read_at: now };
+                        if !serve_fault(&shared, &mm, p, &mut page, &zeros, &mut served) {
+                            deferred.push(p);
+                        }
+                    }
+                    event => handle_event(&shared, &mm, event),
+                }
+            }
+        }
+        // Retry what an event blocked, now that the event has been read.
+        if !deferred.is_empty() {
+            let again = std::mem::take(&mut deferred);
+            for p in again {
+                if !serve_fault(&shared, &mm, p, &mut page, &zeros, &mut served) {
+                    deferred.push(p);
+                }
+            }
+        }
+    }
+}
+
+/// Serves one fault. Returns false when it must be retried (`EAGAIN`).
+fn serve_fault(shared: &Shared, mm: &Mm, p: Pending, page: &mut [u8], zeros: &[u8], served: &mut u64) -> bool {
+    let stats = &shared.stats;
+    let addr = p.address;
+    if mm.in_agent_region(addr) {
+        // The probe page: a forked child naming itself. Its fault carries the child's tid.
+        if addr == mm.probe && mm.pid().is_none() {
+            daemon::bind_forked_child(shared, mm, p.ptid as i32);
+        }
+        return !matches!(mm.uffd.zeropage(addr), Ok(Fill::Again));
+    }
+    if p.flags & sys::UFFD_PAGEFAULT_FLAG_WP != 0 {
+        Stats::add(&stats.wp_faults, 1);
+        let st = mm.state.lock();
+        if matches!(st.pages.get(&addr), Some(Page::Evicting { .. })) {
+            // The eviction in flight wakes this writer when it is done (see module docs).
+            return true;
+        }
+        drop(st);
+        return !matches!(mm.uffd.writeprotect(addr, PAGE_SIZE_U64, false), Ok(Fill::Again));
+    }
+
+    let mut st = mm.state.lock();
+    let prior = st.pages.get(&addr).copied();
+    // Throttle like the kernel's direct reclaim: at the limit, a fault that would add a
+    // resident page waits (its thread is blocked in the kernel anyway) while reclaim makes
+    // room. The handler keeps reading events meanwhile, and the wait is bounded, so a fault
+    // that reclaim itself depends on can never deadlock it.
+    if !prior.is_some_and(|p| p.is_resident())
+        && shared.resident() >= shared.limit_pages
+        && p.read_at.elapsed() < THROTTLE_MAX
+    {
+        drop(st);
+        Stats::add(&stats.throttled_faults, 1);
+        shared.kick_reclaim();
+        return false;
+    }
+    let write = p.flags & sys::UFFD_PAGEFAULT_FLAG_WRITE != 0;
+    let (fill, restored_slot) = match prior {
+        Some(Page::Evicted { slot }) | Some(Page::Dropping { slot }) if slot != ZERO_SLOT => {
+            if let Err(e) = shared.store.read(slot, page) {
+                // The stored copy cannot be read: never hand the program wrong bytes.
+                eprintln!(
+                    "uffd-daemon: cannot read back page {addr:#x} of pid {:?} from slot {slot}: {e}; \
+                     stopping the process",
+                    mm.pid()
+                );
+                if let Some(pid) = mm.pid() {
+                    // SAFETY: kill(2) with integer arguments.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                return true;
+            }
+            (mm.uffd.copy(addr, page), Some(slot))
+        }
+        Some(Page::Evicted { .. }) | Some(Page::Dropping { .. }) | None => {
+            if write {
+                (mm.uffd.copy(addr, zeros), None)
+            } else {
+                (mm.uffd.zeropage(addr), None)
+            }
+        }
+        Some(Page::Resident { .. }) | Some(Page::Evicting { .. }) => {
+            // Tracked as present but missing: the kernel dropped it behind our back (for
+            // example a MADV_FREE page it reclaimed after the REMOVE we already applied).
+            // Its contents are zeros by the kernel's own rules.
+            if write {
+                (mm.uffd.copy(addr, zeros), None)
+            } else {
+                (mm.uffd.zeropage(addr), None)
+            }
+        }
+    };
+    match fill {
+        Ok(Fill::Again) => return false,
+        Ok(Fill::Gone) => return true, // the mapping went away; the UNMAP event cleans up
+        // A second message for a page already filled (two threads faulted on it).
+        Ok(Fill::Exists) if matches!(prior, Some(Page::Resident { .. }) | Some(Page::Evicting { .. })) => return true,
+        Ok(Fill::Filled) | Ok(Fill::Exists) => {}
+        Err(e) => {
+            eprintln!("uffd-daemon: filling page {addr:#x} of mm {} failed: {e}", mm.id);
+            return true;
+        }
+    }
+    if let Some(old) = prior {
+        st.pages.remove(&addr);
+        st.release(shared, old);
+    }
+    st.make_resident(shared, addr);
+    drop(st);
+
+    Stats::add(&stats.faults, 1);
+    if let Some(_slot) = restored_slot {
+        Stats::add(&stats.swapins, 1);
+        Stats::add(&stats.bytes_read, PAGE_SIZE_U64);
+    } else {
+        Stats::add(&stats.zero_fills, 1);
+    }
+    Stats::add(&stats.fault_service_ns, p.read_at.elapsed().as_nanos() as u64);
+    *served += 1;
+    // Sample where the faulting thread ran, against where we run (cheap enough 1 in 16).
+    if *served % 16 == 0 {
+        if let Some(pid) = mm.pid() {
+            if let Some(cpu) = sys::thread_last_cpu(pid, p.ptid) {
+                Stats::add(&stats.faults_cpu_known, 1);
+                if cpu == sys::current_cpu() {
+                    Stats::add(&stats.faults_local_cpu, 1);
+                }
+            }
+        }
+    }
+    shared.maybe_kick_reclaim();
+    true
+}
+
+fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent) {
+    let stats = &shared.stats;
+    match event {
+        UffdEvent::Remove { start, end } => {
+            if mm.in_agent_region(start) {
+                return; // the agent freeing its scratch after a drop
+            }
+            Stats::add(&stats.remove_events, 1);
+            mm.state.lock().forget_range(shared, start, end);
+        }
+        UffdEvent::Unmap { start, end } => {
+            Stats::add(&stats.unmap_events, 1);
+            let mut st = mm.state.lock();
+            st.forget_range(shared, start, end);
+            st.remove_range(start, end);
+        }
+        UffdEvent::Remap { from, to, len } => {
+            Stats::add(&stats.remap_events, 1);
+            let had_wp = mm.state.lock().remap(shared, from, to, len);
+            if had_wp {
+                // Pages moved mid-eviction keep their write protection at the new address;
+                // lift it so that writers there are not left waiting.
+                let _ = mm.uffd.writeprotect(to, len, false);
+            }
+        }
+        UffdEvent::Fork { ufd } => {
+            Stats::add(&stats.fork_events, 1);
+            // SAFETY: the kernel installed `ufd` in our table for this event; nothing else owns it.
+            let child_uffd = unsafe { Uffd::from_raw(ufd) };
+            daemon::adopt_forked_child(shared, mm, child_uffd);
+        }
+        UffdEvent::PageFault { .. } => unreachable!("faults are served by serve_fault"),
+        UffdEvent::Unknown(kind) => {
+            eprintln!("uffd-daemon: ignoring unknown uffd message {kind:#x} on mm {}", mm.id);
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Finding a client's private anonymous memory from outside: `/proc/PID/maps` for the ranges,
+//! `/proc/PID/pagemap` for the pages already present.
+//!
+//! glibc's malloc calls mmap and brk internally, so interposing `mmap` in the agent would miss
+//! most of the heap (DESIGN.md); reading the maps sees every mapping, whoever made it.
+
+use std::io::{self, Read, Seek, SeekFrom};
+
+use crate::sys::PAGE_SIZE_U64;
+
+/// One line of `/proc/PID/maps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vma {
+    /// Start address.
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// `rwxp` permissions.
+    pub perms: String,
+    /// Inode (0 for anonymous memory).
+    pub inode: u64,
+    /// Path or pseudo-path (`[heap]`, `[stack]`, `[anon:name]`), empty for plain anonymous.
+    pub path: String,
+}
+
+impl Vma {
+    /// Private, writable, anonymous memory that the daemon can register and page: the heap,
+    /// anonymous mmaps (malloc arenas, thread stacks). Not the main stack (it grows down), not
+    /// the kernel's special mappings, not files.
+    pub fn is_managed(&self) -> bool {
+        let p = self.perms.as_bytes();
+        p.len() == 4
+            && p[0] == b'r'
+            && p[1] == b'w'
+            && p[3] == b'p'
+            && self.inode == 0
+            && (self.path.is_empty() || self.path == "[heap]" || self.path.starts_with("[anon:"))
+    }
+}
+
+/// Parses `/proc/PID/maps` text; malformed lines are skipped.
+pub fn parse_maps(text: &str) -> Vec<Vma> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<Vma> {
+    let mut it = line.split_ascii_whitespace();
+    let range = it.next()?;
+    let perms = it.next()?.to_string();
+    let _offset = it.next()?;
+    let _dev = it.next()?;
+    let inode = it.next()?.parse().ok()?;
+    let path = it.collect::<Vec<_>>().join(" ");
+    let (s, e) = range.split_once('-')?;
+    let start = u64::from_str_radix(s, 16).ok()?;
+    let end = u64::from_str_radix(e, 16).ok()?;
+    (start < end).then_some(Vma { start, end, perms, inode, path })
+}
+
+/// Reads the maps of `pid`.
+pub fn read_maps(pid: i32) -> io::Result<Vec<Vma>> {
+    Ok(parse_maps(&std::fs::read_to_string(format!("/proc/{pid}/maps"))?))
+}
+
+/// Addresses of the pages present in `[start, end)` of `pid`.
+pub fn present_pages(pid: i32, start: u64, end: u64) -> io::Result<Vec<u64>> {
+    let mut f = std::fs::File::open(format!("/proc/{pid}/pagemap"))?;
+    let first = start / PAGE_SIZE_U64;
+    let n = ((end - start) / PAGE_SIZE_U64) as usize;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 8 * 4096];
+    let mut done = 0usize;
+    f.seek(SeekFrom::Start(first * 8))?;
+    while done < n {
+        let want = ((n - done) * 8).min(buf.len());
+        let got = f.read(&mut buf[..want])?;
+        if got == 0 {
+            break;
+        }
+        for (i, e) in buf[..got].chunks_exact(8).enumerate() {
+            let v = u64::from_le_bytes(e.try_into().unwrap_or([0; 8]));
+            if v & (1 << 63) != 0 {
+                out.push(start + (done + i) as u64 * PAGE_SIZE_U64);
+            }
+        }
+        done += got / 8;
+    }
+    Ok(out)
+}
+
+/// Anonymous resident bytes of `pid` (`RssAnon` of `/proc/PID/status`).
+pub fn rss_anon_bytes(pid: i32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("RssAnon:"))?;
+    let kb: u64 = line.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The parent pid of `pid`.
+pub fn parent_of(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    rest.split(' ').nth(1)?.parse().ok()
+}
+
+/// The thread-group id of a thread.
+pub fn tgid_of(tid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("Tgid:"))?;
+    line.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_classifies() {
+        let text = "\
+55d0c0a00000-55d0c0a21000 rw-p 00000000 00:00 0                          [heap]
+7f1c2a000000-7f1c2a021000 rw-p 00000000 00:00 0 
+7f1c2c000000-7f1c2c001000 ---p 00000000 00:00 0 
+7f1c2d000000-7f1c2d010000 rw-p 0001c000 fe:01 1234                       /usr/lib/libc.so.6
+7ffd1a000000-7ffd1a021000 rw-p 00000000 00:00 0                          [stack]
+7ffd1b000000-7ffd1b002000 r--p 00000000 00:00 0                          [vvar]
+7f1c2e000000-7f1c2e001000 rw-p 00000000 00:00 0                          [anon:arena]
+garbage line
+";
+        let v = parse_maps(text);
+        assert_eq!(v.len(), 7);
+        let managed: Vec<bool> = v.iter().map(Vma::is_managed).collect();
+        assert_eq!(managed, vec![true, true, false, false, false, false, true]);
+        assert_eq!(v[0].start, 0x55d0c0a00000);
+        assert_eq!(v[0].path, "[heap]");
+    }
+
+    #[test]
+    fn finds_own_present_pages() {
+        let mut v = vec![0u8; 64 * 4096];
+        let base = (v.as_ptr() as u64).div_ceil(4096) * 4096;
+        for i in (0..v.len()).step_by(4096) {
+            v[i] = 1;
+        }
+        let present = present_pages(std::process::id() as i32, base, base + 16 * 4096).unwrap();
+        assert_eq!(present.len(), 16, "every touched page is present");
+        std::hint::black_box(&v);
+    }
+}

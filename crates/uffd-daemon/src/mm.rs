@@ -1,0 +1,351 @@
+//! What the daemon knows of one client address space: the state of every managed page.
+//!
+//! ```text
+//!            fault (zero fill)             reclaim picks it           contents stored
+//!   (none) ──────────────────▶ Resident ─────────────────▶ Evicting ─────────────────▶ Dropping
+//!     ▲                          ▲  ▲       (write-protected)   │                          │
+//!     │ REMOVE/UNMAP             │  └──── write raced, page ────┘          agent moved it   │
+//!     │ (any state)              │        removed, I/O error                     out        ▼
+//!     └──────────────────────────┴───────────── fault (restore from slot) ◀──────── Evicted
+//! ```
+//!
+//! Every transition happens under the [`Mm`]'s state lock, so the fault handler (the only
+//! reader of the uffd, which sees faults and events in the kernel's order) and the reclaim
+//! thread never disagree. A page is counted resident in every state but `Evicted`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::agent_conn::AgentConn;
+use crate::daemon::Shared;
+use crate::sys::{EventFd, PidFd, Uffd, PAGE_SIZE_U64};
+
+/// Slot value meaning "the page was all zeros; nothing is stored".
+pub const ZERO_SLOT: u32 = u32::MAX;
+
+/// The state of one managed page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Page {
+    /// Present in the client. `referenced`: faulted in since the clock hand last passed.
+    Resident {
+        /// Second-chance bit.
+        referenced: bool,
+    },
+    /// Chosen for eviction by batch `batch`: write-protected, contents being read and stored.
+    Evicting {
+        /// The reclaim batch that owns it.
+        batch: u64,
+    },
+    /// Contents stored in `slot`; the agent has been asked to drop the page.
+    Dropping {
+        /// Store slot (or [`ZERO_SLOT`]).
+        slot: u32,
+    },
+    /// Not present in the client; contents in `slot`.
+    Evicted {
+        /// Store slot (or [`ZERO_SLOT`]).
+        slot: u32,
+    },
+}
+
+impl Page {
+    /// Whether the page counts as resident.
+    pub fn is_resident(self) -> bool {
+        !matches!(self, Page::Evicted { .. })
+    }
+    /// The store slot, if the page holds one.
+    pub fn slot(self) -> Option<u32> {
+        match self {
+            Page::Dropping { slot } | Page::Evicted { slot } if slot != ZERO_SLOT => Some(slot),
+            _ => None,
+        }
+    }
+}
+
+/// The page table and ranges of one address space.
+#[derive(Debug, Default)]
+pub struct MmState {
+    /// Managed pages by address.
+    pub pages: BTreeMap<u64, Page>,
+    /// Clock order of resident pages (lazily cleaned: entries may be stale).
+    pub clock: VecDeque<u64>,
+    /// Pages counted resident.
+    pub resident: usize,
+    /// Registered ranges `[start, end)`, sorted and disjoint.
+    pub ranges: Vec<(u64, u64)>,
+    /// Ranges whose registration failed (not retried).
+    pub refused: Vec<(u64, u64)>,
+}
+
+/// One client address space (a process, until it execs or exits).
+#[derive(Debug)]
+pub struct Mm {
+    /// Daemon-wide id.
+    pub id: u64,
+    /// Its userfaultfd.
+    pub uffd: Uffd,
+    /// The process id; 0 until a forked child names itself through its probe fault.
+    pub pid: AtomicI32,
+    /// Page states.
+    pub state: Mutex<MmState>,
+    /// The agent's connection, once greeted.
+    pub agent: Mutex<Option<AgentConn>>,
+    /// The agent region `[start, end)`: never managed; its REMOVE events are the agent's.
+    pub region: (u64, u64),
+    /// The probe page.
+    pub probe: u64,
+    /// Wakes the handler thread to stop.
+    pub stop: EventFd,
+    /// Set once the address space is gone (exit, exec) and its pages released.
+    pub retired: AtomicBool,
+    /// Exit notification, once the pid is known.
+    pub pidfd: Mutex<Option<PidFd>>,
+    /// The handler thread.
+    pub handler: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Next reclaim batch id.
+    pub next_batch: AtomicU64,
+    /// When the maps were last scanned (monitor ticks).
+    pub last_scan_tick: AtomicU64,
+}
+
+impl Mm {
+    /// A new address space.
+    pub fn new(id: u64, uffd: Uffd, pid: i32, region: (u64, u64), probe: u64) -> std::io::Result<Self> {
+        Ok(Mm {
+            id,
+            uffd,
+            pid: AtomicI32::new(pid),
+            state: Mutex::new(MmState::default()),
+            agent: Mutex::new(None),
+            region,
+            probe,
+            stop: EventFd::new()?,
+            retired: AtomicBool::new(false),
+            pidfd: Mutex::new(None),
+            handler: Mutex::new(None),
+            next_batch: AtomicU64::new(1),
+            last_scan_tick: AtomicU64::new(0),
+        })
+    }
+
+    /// The pid, if known.
+    pub fn pid(&self) -> Option<i32> {
+        match self.pid.load(Ordering::Acquire) {
+            0 => None,
+            p => Some(p),
+        }
+    }
+
+    /// Whether `addr` lies in the agent's region.
+    pub fn in_agent_region(&self, addr: u64) -> bool {
+        addr >= self.region.0 && addr < self.region.1
+    }
+}
+
+impl MmState {
+    /// Inserts a page as resident (fault fill or discovered present). Returns whether it was new.
+    pub fn make_resident(&mut self, shared: &Shared, addr: u64) {
+        match self.pages.insert(addr, Page::Resident { referenced: true }) {
+            Some(old) if old.is_resident() => {}
+            _ => {
+                self.resident += 1;
+                shared.resident_add(1);
+            }
+        }
+        self.clock.push_back(addr);
+    }
+
+    /// Forgets pages in `[start, end)` (REMOVE, UNMAP): their memory is gone or zero now.
+    pub fn forget_range(&mut self, shared: &Shared, start: u64, end: u64) -> usize {
+        let keys: Vec<u64> = self.pages.range(start..end).map(|(&k, _)| k).collect();
+        for k in &keys {
+            if let Some(p) = self.pages.remove(k) {
+                self.release(shared, p);
+            }
+        }
+        keys.len()
+    }
+
+    /// Accounting for a page state that is being dropped from the table.
+    pub fn release(&mut self, shared: &Shared, p: Page) {
+        if p.is_resident() {
+            self.resident -= 1;
+            shared.resident_sub(1);
+        }
+        if let Some(slot) = p.slot() {
+            shared.put_slot(slot);
+        }
+    }
+
+    /// Adds `[start, end)` to the registered ranges.
+    pub fn add_range(&mut self, start: u64, end: u64) {
+        self.ranges.push((start, end));
+        self.ranges.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.ranges.len());
+        for &(s, e) in &self.ranges {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        self.ranges = merged;
+    }
+
+    /// Removes `[start, end)` from the registered ranges.
+    pub fn remove_range(&mut self, start: u64, end: u64) {
+        let mut out = Vec::with_capacity(self.ranges.len() + 1);
+        for &(s, e) in &self.ranges {
+            if e <= start || s >= end {
+                out.push((s, e));
+                continue;
+            }
+            if s < start {
+                out.push((s, start));
+            }
+            if e > end {
+                out.push((end, e));
+            }
+        }
+        self.ranges = out;
+    }
+
+    /// Parts of `[start, end)` not covered by `ranges` or `refused`.
+    pub fn uncovered(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut gaps = vec![(start, end)];
+        for &(s, e) in self.ranges.iter().chain(self.refused.iter()) {
+            let mut next = Vec::with_capacity(gaps.len() + 1);
+            for (gs, ge) in gaps {
+                if e <= gs || s >= ge {
+                    next.push((gs, ge));
+                    continue;
+                }
+                if gs < s {
+                    next.push((gs, s));
+                }
+                if ge > e {
+                    next.push((e, ge));
+                }
+            }
+            gaps = next;
+        }
+        gaps
+    }
+
+    /// Moves page states from `[from, from+len)` to `to` (mremap). Pages caught mid-eviction
+    /// become resident (the reclaim batch finds them gone and gives up); returns whether any
+    /// was write-protected so the caller can lift the protection at the new address.
+    pub fn remap(&mut self, shared: &Shared, from: u64, to: u64, len: u64) -> bool {
+        let moved: Vec<(u64, Page)> = self.pages.range(from..from + len).map(|(&k, &p)| (k, p)).collect();
+        let mut had_wp = false;
+        for (k, _) in &moved {
+            self.pages.remove(k);
+        }
+        // Whatever was at the destination is gone (the kernel unmapped it first).
+        self.forget_range(shared, to, to + len);
+        for (k, p) in moved {
+            let nk = k - from + to;
+            let np = match p {
+                Page::Evicting { .. } => {
+                    had_wp = true;
+                    Page::Resident { referenced: true }
+                }
+                Page::Dropping { .. } => {
+                    had_wp = true;
+                    p
+                }
+                other => other,
+            };
+            if matches!(np, Page::Resident { .. }) {
+                self.clock.push_back(nk);
+            }
+            self.pages.insert(nk, np);
+        }
+        self.remove_range(from, from + len);
+        self.add_range(to, to + len);
+        had_wp
+    }
+
+    /// The state a forked child starts with: one copy of everything, stored pages shared
+    /// (their slot counts raised, the kernel's `swap_duplicate`).
+    pub fn fork_copy(&self, shared: &Shared) -> MmState {
+        let mut child = MmState {
+            ranges: self.ranges.clone(),
+            refused: self.refused.clone(),
+            ..MmState::default()
+        };
+        for (&addr, &p) in &self.pages {
+            let cp = match p {
+                // Present in the parent at fork: the child has a copy-on-write copy.
+                Page::Resident { .. } | Page::Evicting { .. } => Page::Resident { referenced: false },
+                // The agent may or may not have moved it before the fork: the child serves a
+                // fault from the slot, and keeps it resident otherwise.
+                Page::Dropping { slot } => Page::Dropping { slot },
+                Page::Evicted { slot } => Page::Evicted { slot },
+            };
+            if let Some(slot) = cp.slot() {
+                shared.dup_slot(slot);
+            }
+            if cp.is_resident() {
+                child.resident += 1;
+            }
+            if matches!(cp, Page::Resident { .. }) {
+                child.clock.push_back(addr);
+            }
+            child.pages.insert(addr, cp);
+        }
+        shared.resident_add(child.resident);
+        child
+    }
+
+    /// Full consistency check (tests, debug builds).
+    pub fn check_integrity(&self) {
+        let resident = self.pages.values().filter(|p| p.is_resident()).count();
+        assert_eq!(resident, self.resident, "resident counter disagrees with the page table");
+        for w in self.ranges.windows(2) {
+            assert!(w[0].1 < w[1].0, "ranges overlap or touch: {:x?}", w);
+        }
+        for &k in self.pages.keys() {
+            assert_eq!(k % PAGE_SIZE_U64, 0, "page {k:#x} is not aligned");
+        }
+    }
+}
+
+/// Sorted page addresses grouped into runs of consecutive pages: `(start, pages)`.
+pub fn runs_of(addrs: &[u64]) -> Vec<(u64, u32)> {
+    let mut runs: Vec<(u64, u32)> = Vec::new();
+    for &a in addrs {
+        match runs.last_mut() {
+            Some((s, n)) if *s + *n as u64 * PAGE_SIZE_U64 == a => *n += 1,
+            _ => runs.push((a, 1)),
+        }
+    }
+    runs
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_split_and_gaps() {
+        let mut s = MmState::default();
+        s.add_range(0x1000, 0x3000);
+        s.add_range(0x3000, 0x5000);
+        s.add_range(0x8000, 0x9000);
+        assert_eq!(s.ranges, vec![(0x1000, 0x5000), (0x8000, 0x9000)]);
+        assert_eq!(s.uncovered(0x0, 0xa000), vec![(0x0, 0x1000), (0x5000, 0x8000), (0x9000, 0xa000)]);
+        s.remove_range(0x2000, 0x3000);
+        assert_eq!(s.ranges, vec![(0x1000, 0x2000), (0x3000, 0x5000), (0x8000, 0x9000)]);
+        s.refused.push((0x5000, 0x6000));
+        assert_eq!(s.uncovered(0x4000, 0x7000), vec![(0x6000, 0x7000)]);
+    }
+
+    #[test]
+    fn runs_group_consecutive_pages() {
+        assert_eq!(runs_of(&[0x1000, 0x2000, 0x3000, 0x5000, 0x7000, 0x8000]), vec![(0x1000, 3), (0x5000, 1), (0x7000, 2)]);
+        assert!(runs_of(&[]).is_empty());
+    }
+}

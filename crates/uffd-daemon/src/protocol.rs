@@ -1,0 +1,414 @@
+//! The wire protocol between the daemon and the agent inside each client process.
+//!
+//! One message per `SOCK_SEQPACKET` packet, little-endian:
+//!
+//! ```text
+//! header (16 bytes): magic u32 = "UFDA", version u16, kind u16, payload_len u32, seq u32
+//! HELLO      agent  -> daemon  pid u32, ppid u32, flags u32, pad u32, features u64,
+//!                              region_start u64, region_len u64, probe u64, scratch u64,
+//!                              scratch_pages u32, pad u32            (+ the uffd by SCM_RIGHTS
+//!                                                                     unless FORK_CHILD)
+//! HELLO_ACK  daemon -> agent   status i32, max_drop_pages u32        (+ the child's uffd by
+//!                                                                     SCM_RIGHTS to a fork child)
+//! DROP       daemon -> agent   nruns u32, pad u32, nruns x (addr u64, npages u32, pad u32)
+//! DROP_DONE  agent  -> daemon  npages u32, pad u32, npages x status u8 (0 = dropped, else errno)
+//! ERROR      daemon -> agent   code i32, message bytes (UTF-8)
+//! ```
+//!
+//! The agent side is C (`agent/agent.c`) and mirrors these constants. Everything the daemon
+//! decodes comes from a client and is untrusted: [`decode`] checks every length and value and
+//! answers a [`ProtocolError`] that names what was wrong; it never panics (fuzzed by
+//! `fuzz/fuzz_targets/protocol_decode.rs`).
+
+use thiserror::Error;
+
+/// `"UFDA"` little-endian.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"UFDA");
+/// Protocol version.
+pub const VERSION: u16 = 1;
+/// Header size.
+pub const HEADER_LEN: usize = 16;
+/// Largest packet either side sends or accepts.
+pub const MAX_PACKET: usize = 64 * 1024;
+/// Most runs in one DROP.
+pub const MAX_RUNS: usize = 1024;
+/// Most pages in one DROP (and statuses in one DROP_DONE).
+pub const MAX_DROP_PAGES: usize = 4096;
+/// HELLO flag: the sender is a forked child whose uffd the daemon already holds.
+pub const HELLO_FORK_CHILD: u32 = 1;
+
+const KIND_HELLO: u16 = 1;
+const KIND_HELLO_ACK: u16 = 2;
+const KIND_DROP: u16 = 3;
+const KIND_DROP_DONE: u16 = 4;
+const KIND_ERROR: u16 = 5;
+
+/// The agent's greeting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// The sender's pid.
+    pub pid: u32,
+    /// Its parent's pid.
+    pub ppid: u32,
+    /// `HELLO_*` flags.
+    pub flags: u32,
+    /// uffd features the kernel granted.
+    pub features: u64,
+    /// The agent's own region (probe, scratch, its thread's stack): never managed.
+    pub region_start: u64,
+    /// Length of that region.
+    pub region_len: u64,
+    /// Probe page: a forked child touches it so that its fault names its pid.
+    pub probe: u64,
+    /// Scratch area that dropped pages are moved to before they are freed.
+    pub scratch: u64,
+    /// Pages in the scratch area: the most pages one DROP may name.
+    pub scratch_pages: u32,
+}
+
+/// A message of the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// Agent greeting.
+    Hello(Hello),
+    /// Daemon's answer to a greeting.
+    HelloAck {
+        /// 0, or an errno-like code.
+        status: i32,
+        /// Most pages the daemon will put in one DROP.
+        max_drop_pages: u32,
+    },
+    /// Drop these runs of pages: `(address, pages)`.
+    Drop {
+        /// Page-aligned runs.
+        runs: Vec<(u64, u32)>,
+    },
+    /// Outcome per page of the last DROP, in order: 0 dropped, else errno.
+    DropDone {
+        /// One status per page.
+        status: Vec<u8>,
+    },
+    /// A fatal error for the agent.
+    Error {
+        /// Code.
+        code: i32,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Why a packet was refused.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// Shorter than a header.
+    #[error("packet of {0} bytes is shorter than the {HEADER_LEN}-byte header")]
+    Short(usize),
+    /// Longer than allowed.
+    #[error("packet of {0} bytes exceeds the maximum of {MAX_PACKET}")]
+    TooLong(usize),
+    /// Wrong magic.
+    #[error("bad magic {0:#010x} (expected {MAGIC:#010x})")]
+    Magic(u32),
+    /// Unsupported version.
+    #[error("unsupported protocol version {0} (this daemon speaks {VERSION})")]
+    Version(u16),
+    /// Unknown kind.
+    #[error("unknown message kind {0}")]
+    Kind(u16),
+    /// Header length disagrees with the packet.
+    #[error("header says {header} payload bytes but the packet carries {actual}")]
+    Length {
+        /// Claimed.
+        header: usize,
+        /// Present.
+        actual: usize,
+    },
+    /// Payload too short or too long for its kind.
+    #[error("{kind} payload of {len} bytes is malformed: {why}")]
+    Payload {
+        /// Message kind.
+        kind: &'static str,
+        /// Payload length.
+        len: usize,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+fn put_header(out: &mut Vec<u8>, kind: u16, payload_len: usize, seq: u32) {
+    out.extend_from_slice(&MAGIC.to_le_bytes());
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&kind.to_le_bytes());
+    out.extend_from_slice(&(payload_len as u32).to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+}
+
+/// Encodes a message. Panics only on programmer error (a DROP beyond the limits).
+pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
+    let mut p = Vec::new();
+    let kind = match msg {
+        Message::Hello(h) => {
+            for v in [h.pid, h.ppid, h.flags, 0] {
+                p.extend_from_slice(&v.to_le_bytes());
+            }
+            for v in [h.features, h.region_start, h.region_len, h.probe, h.scratch] {
+                p.extend_from_slice(&v.to_le_bytes());
+            }
+            p.extend_from_slice(&h.scratch_pages.to_le_bytes());
+            p.extend_from_slice(&0u32.to_le_bytes());
+            KIND_HELLO
+        }
+        Message::HelloAck { status, max_drop_pages } => {
+            p.extend_from_slice(&status.to_le_bytes());
+            p.extend_from_slice(&max_drop_pages.to_le_bytes());
+            KIND_HELLO_ACK
+        }
+        Message::Drop { runs } => {
+            assert!(runs.len() <= MAX_RUNS, "DROP with {} runs", runs.len());
+            p.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+            p.extend_from_slice(&0u32.to_le_bytes());
+            for &(addr, n) in runs {
+                p.extend_from_slice(&addr.to_le_bytes());
+                p.extend_from_slice(&n.to_le_bytes());
+                p.extend_from_slice(&0u32.to_le_bytes());
+            }
+            KIND_DROP
+        }
+        Message::DropDone { status } => {
+            assert!(status.len() <= MAX_DROP_PAGES);
+            p.extend_from_slice(&(status.len() as u32).to_le_bytes());
+            p.extend_from_slice(&0u32.to_le_bytes());
+            p.extend_from_slice(status);
+            KIND_DROP_DONE
+        }
+        Message::Error { code, message } => {
+            p.extend_from_slice(&code.to_le_bytes());
+            let bytes = message.as_bytes();
+            let room = MAX_PACKET - HEADER_LEN - 4;
+            p.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            KIND_ERROR
+        }
+    };
+    let mut out = Vec::with_capacity(HEADER_LEN + p.len());
+    put_header(&mut out, kind, p.len(), seq);
+    out.extend_from_slice(&p);
+    out
+}
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn payload_err(kind: &'static str, len: usize, why: impl Into<String>) -> ProtocolError {
+    ProtocolError::Payload { kind, len, why: why.into() }
+}
+
+/// Decodes one packet: `(message, seq)`.
+pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
+    if pkt.len() < HEADER_LEN {
+        return Err(ProtocolError::Short(pkt.len()));
+    }
+    if pkt.len() > MAX_PACKET {
+        return Err(ProtocolError::TooLong(pkt.len()));
+    }
+    let magic = u32_at(pkt, 0);
+    if magic != MAGIC {
+        return Err(ProtocolError::Magic(magic));
+    }
+    let version = u16::from_le_bytes([pkt[4], pkt[5]]);
+    if version != VERSION {
+        return Err(ProtocolError::Version(version));
+    }
+    let kind = u16::from_le_bytes([pkt[6], pkt[7]]);
+    let plen = u32_at(pkt, 8) as usize;
+    let seq = u32_at(pkt, 12);
+    let p = &pkt[HEADER_LEN..];
+    if plen != p.len() {
+        return Err(ProtocolError::Length { header: plen, actual: p.len() });
+    }
+    let msg = match kind {
+        KIND_HELLO => {
+            if p.len() != 64 {
+                return Err(payload_err("HELLO", p.len(), "expected 64 bytes"));
+            }
+            let h = Hello {
+                pid: u32_at(p, 0),
+                ppid: u32_at(p, 4),
+                flags: u32_at(p, 8),
+                features: u64_at(p, 16),
+                region_start: u64_at(p, 24),
+                region_len: u64_at(p, 32),
+                probe: u64_at(p, 40),
+                scratch: u64_at(p, 48),
+                scratch_pages: u32_at(p, 56),
+            };
+            if h.flags & !HELLO_FORK_CHILD != 0 {
+                return Err(payload_err("HELLO", p.len(), format!("unknown flags {:#x}", h.flags)));
+            }
+            let page = crate::sys::PAGE_SIZE_U64;
+            let region_end = h.region_start.checked_add(h.region_len);
+            let scratch_end = (h.scratch_pages as u64).checked_mul(page).and_then(|l| h.scratch.checked_add(l));
+            let ok = h.region_start % page == 0
+                && h.region_len % page == 0
+                && h.probe % page == 0
+                && h.scratch % page == 0
+                && h.scratch_pages >= 1
+                && h.scratch_pages as usize <= MAX_DROP_PAGES
+                && matches!((region_end, scratch_end), (Some(re), Some(se))
+                    if h.probe >= h.region_start && h.probe + page <= re
+                        && h.scratch >= h.region_start && se <= re);
+            if !ok {
+                return Err(payload_err(
+                    "HELLO",
+                    p.len(),
+                    "agent region, probe and scratch must be page aligned, with the probe and \
+                     1..=4096 scratch pages inside the region",
+                ));
+            }
+            Message::Hello(h)
+        }
+        KIND_HELLO_ACK => {
+            if p.len() != 8 {
+                return Err(payload_err("HELLO_ACK", p.len(), "expected 8 bytes"));
+            }
+            Message::HelloAck { status: u32_at(p, 0) as i32, max_drop_pages: u32_at(p, 4) }
+        }
+        KIND_DROP => {
+            if p.len() < 8 {
+                return Err(payload_err("DROP", p.len(), "shorter than its count"));
+            }
+            let n = u32_at(p, 0) as usize;
+            if n > MAX_RUNS {
+                return Err(payload_err("DROP", p.len(), format!("{n} runs exceed the maximum of {MAX_RUNS}")));
+            }
+            if p.len() != 8 + 16 * n {
+                return Err(payload_err("DROP", p.len(), format!("{n} runs need {} bytes", 8 + 16 * n)));
+            }
+            let mut runs = Vec::with_capacity(n);
+            let mut total = 0usize;
+            for i in 0..n {
+                let addr = u64_at(p, 8 + 16 * i);
+                let pages = u32_at(p, 16 + 16 * i);
+                if addr % crate::sys::PAGE_SIZE_U64 != 0 || pages == 0 {
+                    return Err(payload_err("DROP", p.len(), format!("run {i} is not page aligned or empty")));
+                }
+                total += pages as usize;
+                if total > MAX_DROP_PAGES {
+                    return Err(payload_err("DROP", p.len(), format!("more than {MAX_DROP_PAGES} pages")));
+                }
+                runs.push((addr, pages));
+            }
+            Message::Drop { runs }
+        }
+        KIND_DROP_DONE => {
+            if p.len() < 8 {
+                return Err(payload_err("DROP_DONE", p.len(), "shorter than its count"));
+            }
+            let n = u32_at(p, 0) as usize;
+            if n > MAX_DROP_PAGES || p.len() != 8 + n {
+                return Err(payload_err("DROP_DONE", p.len(), format!("count {n} does not match the payload")));
+            }
+            Message::DropDone { status: p[8..].to_vec() }
+        }
+        KIND_ERROR => {
+            if p.len() < 4 {
+                return Err(payload_err("ERROR", p.len(), "shorter than its code"));
+            }
+            Message::Error { code: u32_at(p, 0) as i32, message: String::from_utf8_lossy(&p[4..]).into_owned() }
+        }
+        other => return Err(ProtocolError::Kind(other)),
+    };
+    Ok((msg, seq))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn page_addr() -> impl Strategy<Value = u64> {
+        (0u64..(1 << 35)).prop_map(|p| p * 4096)
+    }
+
+    fn message() -> impl Strategy<Value = Message> {
+        prop_oneof![
+            (any::<u32>(), any::<u32>(), 0u32..2, any::<u64>(), page_addr(), 1u32..64).prop_map(
+                |(pid, ppid, flags, features, start, scratch_pages)| Message::Hello(Hello {
+                    pid,
+                    ppid,
+                    flags,
+                    features,
+                    region_start: start,
+                    region_len: (scratch_pages as u64 + 8) * 4096,
+                    probe: start,
+                    scratch: start + 4096,
+                    scratch_pages,
+                })
+            ),
+            (any::<i32>(), any::<u32>()).prop_map(|(status, max_drop_pages)| Message::HelloAck { status, max_drop_pages }),
+            proptest::collection::vec((page_addr(), 1u32..4), 0..64).prop_map(|runs| Message::Drop { runs }),
+            proptest::collection::vec(any::<u8>(), 0..512).prop_map(|status| Message::DropDone { status }),
+            (any::<i32>(), "[a-z ]{0,40}").prop_map(|(code, message)| Message::Error { code, message }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn roundtrip(msg in message(), seq in any::<u32>()) {
+            let bytes = encode(&msg, seq);
+            prop_assert!(bytes.len() <= MAX_PACKET);
+            prop_assert_eq!(decode(&bytes), Ok((msg, seq)));
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn truncation_and_corruption_are_errors(msg in message(), cut in 1usize..16, flip in 0usize..16) {
+            let bytes = encode(&msg, 7);
+            // Any truncation is refused (the header length no longer matches).
+            let cut = cut.min(bytes.len());
+            prop_assert!(decode(&bytes[..bytes.len() - cut]).is_err());
+            // Corrupting the header's magic, version or length is refused.
+            let mut bad = bytes.clone();
+            let at = [0usize, 4, 8, 9][flip % 4];
+            bad[at] ^= 0x5a;
+            prop_assert!(decode(&bad).is_err());
+        }
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let mut pkt = encode(&Message::Drop { runs: vec![(4096, 1)] }, 1);
+        pkt[HEADER_LEN + 8] = 1; // misalign the run's address
+        let err = decode(&pkt).unwrap_err();
+        assert!(err.to_string().contains("run 0 is not page aligned"), "{err}");
+        assert_eq!(decode(&[0; 3]), Err(ProtocolError::Short(3)));
+        let big = vec![0u8; MAX_PACKET + 1];
+        assert_eq!(decode(&big), Err(ProtocolError::TooLong(MAX_PACKET + 1)));
+    }
+
+    #[test]
+    fn hello_region_is_validated() {
+        let h = Hello {
+            pid: 1,
+            ppid: 0,
+            flags: 0,
+            features: 0,
+            region_start: 4096,
+            region_len: 4096,
+            probe: 4096,
+            scratch: 8192, // outside the region
+            scratch_pages: 1,
+        };
+        assert!(decode(&encode(&Message::Hello(h), 0)).is_err());
+    }
+}

@@ -1,0 +1,575 @@
+//! Thin, typed wrappers over the syscalls and ioctls the daemon uses.
+//!
+//! Everything `unsafe` in the daemon lives here. The kernel's uapi structures are defined by hand
+//! because Debian 12's headers (and the `libc` crate) predate `UFFDIO_MOVE`, `THREAD_ID` in
+//! messages and the feature bits this kernel reports.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Size of a base page. The daemon manages 4 KiB pages only (x86-64).
+pub const PAGE_SIZE: usize = 4096;
+/// `PAGE_SIZE` as a `u64`, for address arithmetic.
+pub const PAGE_SIZE_U64: u64 = PAGE_SIZE as u64;
+
+/// `UFFD_API`.
+pub const UFFD_API: u64 = 0xAA;
+/// Message types read from a userfaultfd.
+pub const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+/// A `fork()` of a process with `EVENT_FORK`; carries the child's new uffd.
+pub const UFFD_EVENT_FORK: u8 = 0x13;
+/// `mremap()` of a registered range.
+pub const UFFD_EVENT_REMAP: u8 = 0x14;
+/// `MADV_DONTNEED`/`MADV_FREE` on a registered range.
+pub const UFFD_EVENT_REMOVE: u8 = 0x15;
+/// `munmap()` of a registered range.
+pub const UFFD_EVENT_UNMAP: u8 = 0x16;
+
+/// The fault was a write.
+pub const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
+/// The fault was a write-protect fault.
+pub const UFFD_PAGEFAULT_FLAG_WP: u64 = 1 << 1;
+
+/// Feature bits (`UFFD_FEATURE_*`).
+pub const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+/// See [`UFFD_FEATURE_PAGEFAULT_FLAG_WP`].
+pub const UFFD_FEATURE_EVENT_FORK: u64 = 1 << 1;
+/// See [`UFFD_FEATURE_PAGEFAULT_FLAG_WP`].
+pub const UFFD_FEATURE_EVENT_REMAP: u64 = 1 << 2;
+/// See [`UFFD_FEATURE_PAGEFAULT_FLAG_WP`].
+pub const UFFD_FEATURE_EVENT_REMOVE: u64 = 1 << 3;
+/// See [`UFFD_FEATURE_PAGEFAULT_FLAG_WP`].
+pub const UFFD_FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+/// See [`UFFD_FEATURE_PAGEFAULT_FLAG_WP`].
+pub const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
+/// See [`UFFD_FEATURE_PAGEFAULT_FLAG_WP`].
+pub const UFFD_FEATURE_MOVE: u64 = 1 << 16;
+
+/// The features the agent asks for and the daemon relies on.
+pub const REQUIRED_FEATURES: u64 = UFFD_FEATURE_PAGEFAULT_FLAG_WP
+    | UFFD_FEATURE_EVENT_FORK
+    | UFFD_FEATURE_EVENT_REMAP
+    | UFFD_FEATURE_EVENT_REMOVE
+    | UFFD_FEATURE_EVENT_UNMAP
+    | UFFD_FEATURE_THREAD_ID
+    | UFFD_FEATURE_MOVE;
+
+const UFFDIO_REGISTER_MODE_MISSING: u64 = 1 << 0;
+const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
+const UFFDIO_COPY_MODE_DONTWAKE: u64 = 1 << 0;
+const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+
+const fn iowr(nr: u64, size: usize) -> u64 {
+    (3 << 30) | ((size as u64) << 16) | (0xAA << 8) | nr
+}
+const fn ior(nr: u64, size: usize) -> u64 {
+    (2 << 30) | ((size as u64) << 16) | (0xAA << 8) | nr
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct UffdioZeropage {
+    range: UffdioRange,
+    mode: u64,
+    zeropage: i64,
+}
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+
+const UFFDIO_API: u64 = iowr(0x3F, std::mem::size_of::<UffdioApi>());
+const UFFDIO_REGISTER: u64 = iowr(0x00, std::mem::size_of::<UffdioRegister>());
+const UFFDIO_UNREGISTER: u64 = ior(0x01, std::mem::size_of::<UffdioRange>());
+const UFFDIO_WAKE: u64 = ior(0x02, std::mem::size_of::<UffdioRange>());
+const UFFDIO_COPY: u64 = iowr(0x03, std::mem::size_of::<UffdioCopy>());
+const UFFDIO_ZEROPAGE: u64 = iowr(0x04, std::mem::size_of::<UffdioZeropage>());
+const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, std::mem::size_of::<UffdioWriteprotect>());
+
+/// One message read from a userfaultfd (`struct uffd_msg`, 32 bytes).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RawUffdMsg {
+    event: u8,
+    reserved1: u8,
+    reserved2: u16,
+    reserved3: u32,
+    arg: [u64; 3],
+}
+
+/// A decoded userfaultfd message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UffdEvent {
+    /// A fault at `address` (page aligned by the reader), `flags` are `UFFD_PAGEFAULT_FLAG_*`.
+    PageFault {
+        /// Faulting address, rounded down to its page.
+        address: u64,
+        /// `UFFD_PAGEFAULT_FLAG_*`.
+        flags: u64,
+        /// Thread id of the faulting thread (`UFFD_FEATURE_THREAD_ID`).
+        ptid: u32,
+    },
+    /// `fork()`: the child's uffd, already installed in the daemon's fd table.
+    Fork {
+        /// The new file descriptor (owned by the receiver from now on).
+        ufd: RawFd,
+    },
+    /// `mremap()`.
+    Remap {
+        /// Old start.
+        from: u64,
+        /// New start.
+        to: u64,
+        /// Old length.
+        len: u64,
+    },
+    /// `MADV_DONTNEED` / `MADV_FREE`.
+    Remove {
+        /// Start (inclusive).
+        start: u64,
+        /// End (exclusive).
+        end: u64,
+    },
+    /// `munmap()`.
+    Unmap {
+        /// Start (inclusive).
+        start: u64,
+        /// End (exclusive).
+        end: u64,
+    },
+    /// A message type this daemon does not know.
+    Unknown(u8),
+}
+
+impl RawUffdMsg {
+    /// Decodes the message.
+    pub fn decode(&self) -> UffdEvent {
+        match self.event {
+            UFFD_EVENT_PAGEFAULT => UffdEvent::PageFault {
+                address: self.arg[1] & !(PAGE_SIZE_U64 - 1),
+                flags: self.arg[0],
+                ptid: self.arg[2] as u32,
+            },
+            UFFD_EVENT_FORK => UffdEvent::Fork { ufd: self.arg[0] as u32 as RawFd },
+            UFFD_EVENT_REMAP => UffdEvent::Remap { from: self.arg[0], to: self.arg[1], len: self.arg[2] },
+            UFFD_EVENT_REMOVE => UffdEvent::Remove { start: self.arg[0], end: self.arg[1] },
+            UFFD_EVENT_UNMAP => UffdEvent::Unmap { start: self.arg[0], end: self.arg[1] },
+            other => UffdEvent::Unknown(other),
+        }
+    }
+}
+
+fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn cvt_isize(rc: isize) -> io::Result<usize> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc as usize)
+    }
+}
+
+/// A userfaultfd owned by the daemon (received from an agent or from a fork event).
+///
+/// All range ioctls act on the address space of the process that created the uffd, wherever
+/// they are called from (checked on this machine, see DESIGN.md).
+#[derive(Debug)]
+pub struct Uffd {
+    fd: OwnedFd,
+}
+
+/// Outcome of a fill ioctl (`UFFDIO_COPY`, `UFFDIO_ZEROPAGE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// The page was filled.
+    Filled,
+    /// The page was already present (`EEXIST`): harmless.
+    Exists,
+    /// A non-cooperative event is pending (`EAGAIN`): read it, then retry.
+    Again,
+    /// The range is gone (`ENOENT`/`EFAULT`/`ESRCH`): the mapping or the process went away.
+    Gone,
+}
+
+impl Uffd {
+    /// Takes ownership of `fd`.
+    pub fn from_owned(fd: OwnedFd) -> Self {
+        Uffd { fd }
+    }
+
+    /// Takes ownership of a raw descriptor returned by the kernel in a fork event.
+    ///
+    /// # Safety
+    /// `fd` must be an open userfaultfd that nothing else owns.
+    pub unsafe fn from_raw(fd: RawFd) -> Self {
+        // SAFETY: the caller guarantees `fd` is open and exclusively ours.
+        Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd) } }
+    }
+
+    /// The raw descriptor, for poll and for passing it to an agent.
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Creates a userfaultfd in the calling process (used by benchmarks and tests, where the
+    /// daemon's own memory is the client). Negotiates `features`.
+    pub fn create_local(features: u64) -> io::Result<(Self, u64)> {
+        // SAFETY: plain syscall with integer arguments.
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        let fd = if fd < 0 {
+            let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd")?;
+            // SAFETY: USERFAULTFD_IOC_NEW takes the flags as an integer argument.
+            let fd = unsafe { libc::ioctl(dev.as_raw_fd(), 0xAA00, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+            cvt(fd)?
+        } else {
+            fd as RawFd
+        };
+        // SAFETY: `fd` is a fresh descriptor we own.
+        let uffd = Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd) } };
+        let mut api = UffdioApi { api: UFFD_API, features, ioctls: 0 };
+        // SAFETY: `api` is a valid `struct uffdio_api` for the duration of the call.
+        cvt(unsafe { libc::ioctl(uffd.raw(), UFFDIO_API, &mut api) })?;
+        Ok((uffd, api.features))
+    }
+
+    /// Sets `O_NONBLOCK` on the open file description.
+    pub fn set_nonblocking(&self) -> io::Result<()> {
+        // SAFETY: fcntl on a descriptor we own.
+        let flags = cvt(unsafe { libc::fcntl(self.raw(), libc::F_GETFL) })?;
+        // SAFETY: as above.
+        cvt(unsafe { libc::fcntl(self.raw(), libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+        Ok(())
+    }
+
+    /// Reads up to `buf.len()` messages without blocking; returns how many were read.
+    pub fn read_msgs(&self, buf: &mut [RawUffdMsg]) -> io::Result<usize> {
+        let bytes = std::mem::size_of_val(buf);
+        // SAFETY: `buf` is valid for writes of `bytes` bytes; RawUffdMsg is plain old data.
+        let n = unsafe { libc::read(self.raw(), buf.as_mut_ptr().cast(), bytes) };
+        let n = cvt_isize(n)?;
+        Ok(n / std::mem::size_of::<RawUffdMsg>())
+    }
+
+    /// Registers `[start, start+len)` for missing and write-protect faults.
+    pub fn register(&self, start: u64, len: u64, wp: bool) -> io::Result<()> {
+        let mut mode = UFFDIO_REGISTER_MODE_MISSING;
+        if wp {
+            mode |= UFFDIO_REGISTER_MODE_WP;
+        }
+        let mut reg = UffdioRegister { range: UffdioRange { start, len }, mode, ioctls: 0 };
+        // SAFETY: `reg` is a valid `struct uffdio_register`.
+        cvt(unsafe { libc::ioctl(self.raw(), UFFDIO_REGISTER, &mut reg) })?;
+        Ok(())
+    }
+
+    /// Unregisters a range.
+    pub fn unregister(&self, start: u64, len: u64) -> io::Result<()> {
+        let mut range = UffdioRange { start, len };
+        // SAFETY: `range` is a valid `struct uffdio_range`.
+        cvt(unsafe { libc::ioctl(self.raw(), UFFDIO_UNREGISTER, &mut range) })?;
+        Ok(())
+    }
+
+    fn fill_result(rc: libc::c_int) -> io::Result<Fill> {
+        if rc == 0 {
+            return Ok(Fill::Filled);
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EEXIST) => Ok(Fill::Exists),
+            Some(libc::EAGAIN) => Ok(Fill::Again),
+            Some(libc::ENOENT) | Some(libc::EFAULT) | Some(libc::ESRCH) => Ok(Fill::Gone),
+            _ => Err(err),
+        }
+    }
+
+    /// `UFFDIO_COPY` of one page from `src` (in the daemon) to `dst` (in the client), waking
+    /// the faulting threads.
+    pub fn copy(&self, dst: u64, src: &[u8]) -> io::Result<Fill> {
+        debug_assert_eq!(src.len() % PAGE_SIZE, 0);
+        let mut c = UffdioCopy { dst, src: src.as_ptr() as u64, len: src.len() as u64, mode: 0, copy: 0 };
+        // SAFETY: `c` is a valid `struct uffdio_copy`; the kernel reads `len` bytes from `src`,
+        // which is a live slice of that length.
+        let rc = unsafe { libc::ioctl(self.raw(), UFFDIO_COPY, &mut c) };
+        Self::fill_result(rc)
+    }
+
+    /// `UFFDIO_COPY` without waking (used before a batched wake).
+    pub fn copy_nowake(&self, dst: u64, src: &[u8]) -> io::Result<Fill> {
+        let mut c = UffdioCopy {
+            dst,
+            src: src.as_ptr() as u64,
+            len: src.len() as u64,
+            mode: UFFDIO_COPY_MODE_DONTWAKE,
+            copy: 0,
+        };
+        // SAFETY: as in `copy`.
+        let rc = unsafe { libc::ioctl(self.raw(), UFFDIO_COPY, &mut c) };
+        Self::fill_result(rc)
+    }
+
+    /// `UFFDIO_ZEROPAGE` of one page, waking the faulting threads.
+    pub fn zeropage(&self, dst: u64) -> io::Result<Fill> {
+        let mut z = UffdioZeropage { range: UffdioRange { start: dst, len: PAGE_SIZE_U64 }, mode: 0, zeropage: 0 };
+        // SAFETY: `z` is a valid `struct uffdio_zeropage`.
+        let rc = unsafe { libc::ioctl(self.raw(), UFFDIO_ZEROPAGE, &mut z) };
+        Self::fill_result(rc)
+    }
+
+    /// Write-protects (`wp = true`) or un-write-protects a range; un-protecting wakes waiters.
+    pub fn writeprotect(&self, start: u64, len: u64, wp: bool) -> io::Result<Fill> {
+        let mut w = UffdioWriteprotect {
+            range: UffdioRange { start, len },
+            mode: if wp { UFFDIO_WRITEPROTECT_MODE_WP } else { 0 },
+        };
+        // SAFETY: `w` is a valid `struct uffdio_writeprotect`.
+        let rc = unsafe { libc::ioctl(self.raw(), UFFDIO_WRITEPROTECT, &mut w) };
+        Self::fill_result(rc)
+    }
+
+    /// Wakes threads waiting on faults in a range (they retry the access).
+    pub fn wake(&self, start: u64, len: u64) -> io::Result<()> {
+        let mut range = UffdioRange { start, len };
+        // SAFETY: `range` is a valid `struct uffdio_range`.
+        cvt(unsafe { libc::ioctl(self.raw(), UFFDIO_WAKE, &mut range) })?;
+        Ok(())
+    }
+}
+
+/// Waits until one of `fds` is readable or `timeout_ms` passes; returns the readable mask.
+pub fn poll_read(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
+    let mut pfds: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    loop {
+        // SAFETY: `pfds` is a valid array of `pollfd` of the given length.
+        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+        if rc < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        return Ok(pfds.iter().map(|p| p.revents != 0).collect());
+    }
+}
+
+/// An eventfd used to wake threads blocked in `poll`.
+#[derive(Debug)]
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    /// Creates a non-blocking eventfd.
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: plain syscall.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+        // SAFETY: `fd` is fresh and ours.
+        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+    /// The raw descriptor.
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+    /// Makes it readable.
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64.
+        let _ = unsafe { libc::write(self.raw(), (&one as *const u64).cast(), 8) };
+    }
+    /// Consumes pending signals.
+    pub fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64.
+        let _ = unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+/// A pidfd: readable when the process has exited.
+#[derive(Debug)]
+pub struct PidFd {
+    fd: OwnedFd,
+}
+
+impl PidFd {
+    /// Opens a pidfd for `pid`.
+    pub fn open(pid: i32) -> io::Result<Self> {
+        // SAFETY: plain syscall with integer arguments.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is fresh and ours.
+        Ok(PidFd { fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) } })
+    }
+    /// Whether the process has exited (non-blocking check).
+    pub fn exited(&self) -> bool {
+        matches!(poll_read(&[self.fd.as_raw_fd()], 0).as_deref(), Ok([true]))
+    }
+}
+
+/// Reads pages of another process with `process_vm_readv`, one iovec per run.
+///
+/// Only call this for pages known to be present: on a missing page in a registered range the
+/// read raises a fault on the uffd and waits for its handler (DESIGN.md).
+pub fn read_remote(pid: i32, runs: &[(u64, usize)], out: &mut [u8]) -> io::Result<usize> {
+    let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: out.len() };
+    let remote: Vec<libc::iovec> = runs
+        .iter()
+        .map(|&(addr, len)| libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len })
+        .collect();
+    // SAFETY: `local` describes `out`, valid for writes; the remote iovecs are only addresses
+    // in the other process, which the kernel checks.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, remote.as_ptr(), remote.len() as libc::c_ulong, 0) };
+    cvt_isize(n)
+}
+
+/// The CPU the calling thread runs on (a hint).
+pub fn current_cpu() -> usize {
+    // SAFETY: plain libc call.
+    let cpu = unsafe { libc::sched_getcpu() };
+    if cpu < 0 {
+        0
+    } else {
+        cpu as usize
+    }
+}
+
+/// The CPU a thread last ran on, from `/proc/<pid>/task/<tid>/stat` (field 39).
+pub fn thread_last_cpu(pid: i32, tid: u32) -> Option<usize> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    rest.split(' ').nth(36)?.parse().ok()
+}
+
+/// Sends `data` with an optional descriptor over a `SOCK_SEQPACKET` socket.
+pub fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    // u64-aligned control buffer large enough for one descriptor.
+    let mut cbuf = [0u64; 4];
+    // SAFETY: msghdr is plain old data; zeroed is a valid (empty) value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: the control buffer is `space` bytes long (<= 32), so the first header fits.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+        }
+    }
+    // SAFETY: `msg` points at live buffers for the duration of the call.
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    cvt_isize(n)?;
+    Ok(())
+}
+
+/// Receives one packet and at most one descriptor. Returns the length (0 at end of stream).
+pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: zeroed msghdr is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: `msg` points at live buffers.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    let n = cvt_isize(n)?;
+    let mut received = None;
+    // SAFETY: walking the control messages the kernel wrote into `cbuf`, within msg_controllen.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let count = ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                for i in 0..count {
+                    let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>().add(i));
+                    let owned = OwnedFd::from_raw_fd(fd);
+                    if received.is_none() {
+                        received = Some(owned);
+                    } // extra descriptors are closed by dropping `owned`
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "control message truncated"));
+    }
+    Ok((n, received))
+}
+
+/// Credentials of the peer of a Unix socket.
+pub fn peer_cred(sock: RawFd) -> io::Result<libc::ucred> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are live and sized for SO_PEERCRED.
+    cvt(unsafe { libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) })?;
+    Ok(cred)
+}
+
+/// Sets a receive timeout on a socket.
+pub fn set_recv_timeout(sock: RawFd, ms: u64) -> io::Result<()> {
+    let tv = libc::timeval { tv_sec: (ms / 1000) as libc::time_t, tv_usec: ((ms % 1000) * 1000) as libc::suseconds_t };
+    // SAFETY: `tv` is a live timeval.
+    cvt(unsafe {
+        libc::setsockopt(sock, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as u32)
+    })?;
+    Ok(())
+}
+
+/// Pins the calling thread to one CPU (best effort).
+pub fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}

@@ -50,6 +50,10 @@ pub(crate) struct ClusterInner {
     pub(crate) state: ClusterState,
     /// One word per slot: `SLOT_FREE`, `SLOT_BAD`, or a count with the has-cache flag.
     pub(crate) map: Box<[u16]>,
+    /// Acquisitions of this cluster's lock (statistics, counted under the lock).
+    pub(crate) lock_count: u64,
+    /// Successful allocations per order in this cluster (statistics).
+    pub(crate) swpout: [u64; NR_ORDERS],
 }
 
 /// A list of clusters.
@@ -111,6 +115,8 @@ pub(crate) struct Lists {
     heads: Vec<Head>,
     /// Clusters in `Discard` state taken off the discard list while their hook runs.
     pub(crate) discarding: usize,
+    /// Acquisitions of the device lock (statistics, counted under the lock).
+    pub(crate) lock_count: u64,
 }
 
 impl Lists {
@@ -133,6 +139,7 @@ impl Lists {
                 ListId::COUNT
             ],
             discarding: 0,
+            lock_count: 0,
         }
     }
 

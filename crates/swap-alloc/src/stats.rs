@@ -7,7 +7,7 @@ use crate::cluster::NR_ORDERS;
 pub struct DeviceStats {
     /// Slots on the device.
     pub nslots: u64,
-    /// Slots in use (sum of per-CPU deltas; exact when quiescent).
+    /// Slots in use.
     pub in_use: u64,
     /// Device-lock acquisitions (moving a cluster between lists, isolating one).
     pub device_lock: u64,

@@ -14,6 +14,7 @@
 
 mod global_lock;
 mod slot_cache;
+pub mod workload;
 
 pub use global_lock::GlobalLockDevice;
 pub use slot_cache::{SlotCacheDevice, SLOT_CACHE_SIZE};

@@ -102,13 +102,18 @@ fn serve_fault(shared: &Shared, mm: &Mm, p: Pending, page: &mut [u8], zeros: &[u
     }
     if p.flags & sys::UFFD_PAGEFAULT_FLAG_WP != 0 {
         Stats::add(&stats.wp_faults, 1);
+        // Decide and lift under the state lock: reclaim marks a page Evicting under it before
+        // protecting it, so a stale write-protect fault can never unprotect a page that a new
+        // eviction has just protected.
         let st = mm.state.lock();
-        if matches!(st.pages.get(&addr), Some(Page::Evicting { .. })) {
-            // The eviction in flight wakes this writer when it is done (see module docs).
+        if matches!(st.pages.get(&addr), Some(Page::Evicting { .. }) | Some(Page::Dropping { .. })) {
+            // The eviction in flight wakes this writer when it is done (see module docs):
+            // after the drop it refaults and gets the stored copy; if kept, it is unprotected.
             return true;
         }
+        let r = mm.uffd.writeprotect(addr, PAGE_SIZE_U64, false);
         drop(st);
-        return !matches!(mm.uffd.writeprotect(addr, PAGE_SIZE_U64, false), Ok(Fill::Again));
+        return !matches!(r, Ok(Fill::Again));
     }
 
     let mut st = mm.state.lock();
@@ -128,7 +133,7 @@ fn serve_fault(shared: &Shared, mm: &Mm, p: Pending, page: &mut [u8], zeros: &[u
     }
     let write = p.flags & sys::UFFD_PAGEFAULT_FLAG_WRITE != 0;
     let (fill, restored_slot) = match prior {
-        Some(Page::Evicted { slot }) | Some(Page::Dropping { slot }) if slot != ZERO_SLOT => {
+        Some(Page::Evicted { slot }) | Some(Page::Dropping { slot }) | Some(Page::Inherited { slot }) if slot != ZERO_SLOT => {
             if let Err(e) = shared.store.read(slot, page) {
                 // The stored copy cannot be read: never hand the program wrong bytes.
                 eprintln!(
@@ -144,7 +149,7 @@ fn serve_fault(shared: &Shared, mm: &Mm, p: Pending, page: &mut [u8], zeros: &[u
             }
             (mm.uffd.copy(addr, page), Some(slot))
         }
-        Some(Page::Evicted { .. }) | Some(Page::Dropping { .. }) | None => {
+        Some(Page::Evicted { .. }) | Some(Page::Dropping { .. }) | Some(Page::Inherited { .. }) | None => {
             if write {
                 (mm.uffd.copy(addr, zeros), None)
             } else {
@@ -222,10 +227,10 @@ fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent) {
         }
         UffdEvent::Remap { from, to, len } => {
             Stats::add(&stats.remap_events, 1);
-            let had_wp = mm.state.lock().remap(shared, from, to, len);
-            if had_wp {
+            let mut st = mm.state.lock();
+            if st.remap(shared, from, to, len) {
                 // Pages moved mid-eviction keep their write protection at the new address;
-                // lift it so that writers there are not left waiting.
+                // lift it (under the lock, see the WP fault path) so no writer waits there.
                 let _ = mm.uffd.writeprotect(to, len, false);
             }
         }

@@ -43,6 +43,14 @@ pub enum Page {
         /// Store slot (or [`ZERO_SLOT`]).
         slot: u32,
     },
+    /// Stored in `slot`, and maybe still present too: a page that was `Dropping` when its
+    /// address space forked or was mremapped. A missing fault is served from the slot; a
+    /// write-protect fault just lifts the protection (no eviction of this address is in
+    /// flight); reclaim leaves it alone.
+    Inherited {
+        /// Store slot (or [`ZERO_SLOT`]).
+        slot: u32,
+    },
     /// Not present in the client; contents in `slot`.
     Evicted {
         /// Store slot (or [`ZERO_SLOT`]).
@@ -58,7 +66,7 @@ impl Page {
     /// The store slot, if the page holds one.
     pub fn slot(self) -> Option<u32> {
         match self {
-            Page::Dropping { slot } | Page::Evicted { slot } if slot != ZERO_SLOT => Some(slot),
+            Page::Dropping { slot } | Page::Inherited { slot } | Page::Evicted { slot } if slot != ZERO_SLOT => Some(slot),
             _ => None,
         }
     }
@@ -234,8 +242,9 @@ impl MmState {
     }
 
     /// Moves page states from `[from, from+len)` to `to` (mremap). Pages caught mid-eviction
-    /// become resident (the reclaim batch finds them gone and gives up); returns whether any
-    /// was write-protected so the caller can lift the protection at the new address.
+    /// become resident or `Inherited` (the reclaim batch finds them gone and gives up);
+    /// returns whether any was write-protected so that the caller lifts the protection at the
+    /// new address, under the state lock.
     pub fn remap(&mut self, shared: &Shared, from: u64, to: u64, len: u64) -> bool {
         let moved: Vec<(u64, Page)> = self.pages.range(from..from + len).map(|(&k, &p)| (k, p)).collect();
         let mut had_wp = false;
@@ -251,9 +260,9 @@ impl MmState {
                     had_wp = true;
                     Page::Resident { referenced: true }
                 }
-                Page::Dropping { .. } => {
+                Page::Dropping { slot } | Page::Inherited { slot } => {
                     had_wp = true;
-                    p
+                    Page::Inherited { slot }
                 }
                 other => other,
             };
@@ -281,7 +290,7 @@ impl MmState {
                 Page::Resident { .. } | Page::Evicting { .. } => Page::Resident { referenced: false },
                 // The agent may or may not have moved it before the fork: the child serves a
                 // fault from the slot, and keeps it resident otherwise.
-                Page::Dropping { slot } => Page::Dropping { slot },
+                Page::Dropping { slot } | Page::Inherited { slot } => Page::Inherited { slot },
                 Page::Evicted { slot } => Page::Evicted { slot },
             };
             if let Some(slot) = cp.slot() {

@@ -182,7 +182,10 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let status = match agent.drop_pages(&drop_runs) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("uffd-daemon: the agent of pid {pid} failed a DROP ({e}); no more evictions from it");
+            let exited = mm.pidfd.lock().as_ref().is_some_and(|p| p.exited());
+            if !exited {
+                eprintln!("uffd-daemon: the agent of pid {pid} failed a DROP ({e}); no more evictions from it");
+            }
             *agent_guard = None;
             // We do not know which pages moved: keep every stored copy (a fault is served from
             // it) and lift the protection so that present pages can be written.

@@ -1,0 +1,290 @@
+//! `uffd-checker`: a client that makes the daemon's hard cases happen and checks every byte.
+//!
+//! Run under the daemon with a limit well below its footprint so that pages are evicted
+//! between steps: `uffd-daemon run --limit 8M -- uffd-checker all`. Steps: kernel-mode faults
+//! (read(2)/write(2) on evicted pages), fork (the child sees its copy-on-write snapshot while
+//! the parent writes), mremap (move and grow), munmap + a new mapping at the same address,
+//! MADV_DONTNEED. Every page is compared against a model after every step; the exit status is
+//! 0 only when all of them match. `uffd-checker hold` fills memory, prints `READY <pid>` and
+//! verifies it in a loop forever (for the daemon-killed test).
+
+use std::io::Write;
+
+use uffd_daemon::demo::{check_page, fill_page};
+
+const PAGE: usize = 4096;
+const MIB: usize = 1 << 20;
+
+/// What a page should hold: the pattern of (index, generation), or zeros.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Want {
+    Pattern(u64, u64),
+    Zero,
+}
+
+struct Region {
+    base: *mut u8,
+    pages: usize,
+    want: Vec<Want>,
+    name: &'static str,
+}
+
+fn map(bytes: usize) -> *mut u8 {
+    // SAFETY: anonymous private mapping; checked below.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+    assert_ne!(p, libc::MAP_FAILED, "mmap failed");
+    p.cast()
+}
+
+impl Region {
+    fn new(name: &'static str, bytes: usize) -> Self {
+        Region { base: map(bytes), pages: bytes / PAGE, want: vec![Want::Zero; bytes / PAGE], name }
+    }
+    fn page(&self, i: usize) -> &mut [u8] {
+        assert!(i < self.pages);
+        // SAFETY: `i` is within the mapping, which lives as long as the Region (never unmapped
+        // while a slice is alive: callers use the slice immediately).
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(i * PAGE), PAGE) }
+    }
+    fn write(&mut self, i: usize, tag: u64, generation: u64) {
+        fill_page(self.page(i), tag, generation);
+        self.want[i] = Want::Pattern(tag, generation);
+    }
+    fn verify(&self, step: &str) -> usize {
+        let mut bad = 0;
+        for i in 0..self.pages {
+            let ok = match self.want[i] {
+                Want::Pattern(t, g) => check_page(self.page(i), t, g),
+                Want::Zero => self.page(i).iter().all(|&b| b == 0),
+            };
+            if !ok {
+                bad += 1;
+                if bad <= 3 {
+                    println!("MISMATCH {step}: region {} page {i}: want {:?}", self.name, self.want[i]);
+                }
+            }
+        }
+        bad
+    }
+}
+
+fn rss_anon_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("RssAnon:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Writes a scratch region so that the daemon has to evict older pages.
+fn pressure(scratch: &mut Region, round: u64) {
+    for i in 0..scratch.pages {
+        scratch.write(i, 1_000_000 + i as u64, round);
+    }
+}
+
+fn report(step: &str, bad: usize, failures: &mut usize) {
+    if bad == 0 {
+        println!("checker: OK {step} (RssAnon {} KiB)", rss_anon_kib());
+    } else {
+        println!("checker: FAIL {step}: {bad} bad pages");
+        *failures += bad;
+    }
+    let _ = std::io::stdout().flush();
+}
+
+fn all() -> i32 {
+    let mut failures = 0;
+    let mut a = Region::new("A", 32 * MIB);
+    let mut scratch = Region::new("scratch", 16 * MIB);
+    for i in 0..a.pages {
+        a.write(i, i as u64, 0);
+    }
+    pressure(&mut scratch, 0);
+    report("fill", a.verify("fill"), &mut failures);
+
+    // 1. Kernel-mode faults: write(2) reads an evicted page, read(2) writes into one.
+    pressure(&mut scratch, 1);
+    let mut fds = [0; 2];
+    // SAFETY: pipe with a valid array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: page 3 and page 5 of A are valid for PAGE bytes; the pipe holds one page.
+    unsafe {
+        assert_eq!(libc::write(fds[1], a.page(3).as_ptr().cast(), PAGE), PAGE as isize);
+        assert_eq!(libc::read(fds[0], a.page(5).as_mut_ptr().cast(), PAGE), PAGE as isize);
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    a.want[5] = a.want[3];
+    report("kernel-mode faults", a.verify("kernel-mode faults"), &mut failures);
+
+    // 2. Fork: the child must see the snapshot taken at fork, whatever the parent does next.
+    pressure(&mut scratch, 2);
+    let snapshot = a.want.clone();
+    let mut go = [0; 2];
+    // SAFETY: pipe with a valid array.
+    assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0);
+    // SAFETY: fork; the child only touches its own copy of memory and exits with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut b = [0u8; 1];
+        // SAFETY: read one byte into a live buffer: wait for the parent to finish writing.
+        unsafe { libc::read(go[0], b.as_mut_ptr().cast(), 1) };
+        a.want = snapshot;
+        let mut bad = a.verify("fork child (snapshot)");
+        for i in (0..a.pages).step_by(2) {
+            a.write(i, i as u64, 7);
+        }
+        pressure(&mut scratch, 9);
+        bad += a.verify("fork child (own writes)");
+        // SAFETY: _exit in the child.
+        unsafe { libc::_exit(if bad == 0 { 0 } else { 1 }) };
+    }
+    assert!(pid > 0, "fork failed");
+    for i in 0..a.pages / 2 {
+        a.write(i, i as u64, 3); // parent writes after the fork, before the child reads
+    }
+    // SAFETY: write one byte from a live buffer.
+    unsafe { libc::write(go[1], b"g".as_ptr().cast(), 1) };
+    let mut status = 0;
+    // SAFETY: waitpid for our child with a valid status pointer.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let child_ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    report("fork (child saw its snapshot and its own writes)", usize::from(!child_ok), &mut failures);
+    pressure(&mut scratch, 3);
+    report("fork (parent kept its own writes)", a.verify("fork parent"), &mut failures);
+
+    // 3. mremap: move 8 MiB of A elsewhere, then grow a region.
+    pressure(&mut scratch, 4);
+    let moved_pages = 8 * MIB / PAGE;
+    let first = 8 * MIB / PAGE;
+    let target = map(8 * MIB);
+    // SAFETY: moving part of A onto `target` (MREMAP_FIXED replaces that reservation).
+    let newp = unsafe { libc::mremap(a.base.add(first * PAGE).cast(), 8 * MIB, 8 * MIB, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, target.cast::<libc::c_void>()) };
+    assert_eq!(newp.cast::<u8>(), target, "mremap failed: {}", std::io::Error::last_os_error());
+    let mut moved = Region { base: target, pages: moved_pages, want: a.want[first..first + moved_pages].to_vec(), name: "A-moved" };
+    // The old range is unmapped now: stop tracking it in A.
+    for w in &mut a.want[first..first + moved_pages] {
+        *w = Window::Unmapped.into();
+    }
+    pressure(&mut scratch, 5);
+    report("mremap move", moved.verify("mremap move"), &mut failures);
+    let mut c = Region::new("C", 4 * MIB);
+    for i in 0..c.pages {
+        c.write(i, 500_000 + i as u64, 0);
+    }
+    pressure(&mut scratch, 6);
+    // SAFETY: growing C; MAYMOVE lets the kernel move it.
+    let grown = unsafe { libc::mremap(c.base.cast(), 4 * MIB, 8 * MIB, libc::MREMAP_MAYMOVE) };
+    assert_ne!(grown, libc::MAP_FAILED, "mremap grow failed");
+    c.base = grown.cast();
+    c.pages = 8 * MIB / PAGE;
+    c.want.resize(c.pages, Want::Zero);
+    pressure(&mut scratch, 7);
+    report("mremap grow", c.verify("mremap grow"), &mut failures);
+    for i in 0..moved.pages {
+        moved.write(i, 800_000 + i as u64, 1);
+    }
+
+    // 4. munmap part of A with evicted pages, map fresh memory there: it must read zeros.
+    pressure(&mut scratch, 8);
+    let un = 16 * MIB / PAGE;
+    let un_pages = 4 * MIB / PAGE;
+    // SAFETY: unmapping and remapping a part of A that we own; nothing references it.
+    unsafe {
+        assert_eq!(libc::munmap(a.base.add(un * PAGE).cast(), 4 * MIB), 0);
+        let p = libc::mmap(a.base.add(un * PAGE).cast(), 4 * MIB, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED, -1, 0);
+        assert_eq!(p.cast::<u8>(), a.base.add(un * PAGE));
+    }
+    for w in &mut a.want[un..un + un_pages] {
+        *w = Want::Zero;
+    }
+    report("munmap + new mapping reads zeros", a.verify_mapped("munmap"), &mut failures);
+
+    // 5. MADV_DONTNEED over evicted and resident pages: zeros there, the rest intact.
+    pressure(&mut scratch, 9);
+    let dn = 20 * MIB / PAGE;
+    for i in dn..dn + 64 {
+        a.write(i, i as u64, 11); // some of the range resident, the rest evicted
+    }
+    // SAFETY: madvise on a part of A that we own.
+    assert_eq!(unsafe { libc::madvise(a.base.add(dn * PAGE).cast(), 4 * MIB, libc::MADV_DONTNEED) }, 0);
+    for w in &mut a.want[dn..dn + 4 * MIB / PAGE] {
+        *w = Want::Zero;
+    }
+    pressure(&mut scratch, 10);
+    report("MADV_DONTNEED reads zeros", a.verify_mapped("dontneed"), &mut failures);
+
+    // 6. Everything, once more, after more pressure.
+    pressure(&mut scratch, 11);
+    let bad = a.verify_mapped("final A") + moved.verify("final moved") + c.verify("final C") + scratch.verify("final scratch");
+    report("final", bad, &mut failures);
+    if failures == 0 {
+        println!("checker: ALL OK");
+        0
+    } else {
+        println!("checker: {failures} failures");
+        1
+    }
+}
+
+/// Pages of A that were moved away are no longer mapped.
+enum Window {
+    Unmapped,
+}
+impl From<Window> for Want {
+    fn from(_: Window) -> Want {
+        // Encoded as a pattern no page ever holds; verify_mapped skips it.
+        Want::Pattern(u64::MAX, u64::MAX)
+    }
+}
+
+impl Region {
+    fn verify_mapped(&self, step: &str) -> usize {
+        let mut bad = 0;
+        for i in 0..self.pages {
+            let ok = match self.want[i] {
+                Want::Pattern(u64::MAX, u64::MAX) => true,
+                Want::Pattern(t, g) => check_page(self.page(i), t, g),
+                Want::Zero => self.page(i).iter().all(|&b| b == 0),
+            };
+            if !ok {
+                bad += 1;
+                if bad <= 3 {
+                    println!("MISMATCH {step}: region {} page {i}: want {:?}", self.name, self.want[i]);
+                }
+            }
+        }
+        bad
+    }
+}
+
+fn hold() -> i32 {
+    let mut a = Region::new("A", 32 * MIB);
+    for i in 0..a.pages {
+        a.write(i, i as u64, 0);
+    }
+    println!("READY {}", std::process::id());
+    let _ = std::io::stdout().flush();
+    for round in 0.. {
+        let bad = a.verify("hold");
+        println!("round {round}: {bad} bad pages");
+        let _ = std::io::stdout().flush();
+        if bad != 0 {
+            return 1;
+        }
+    }
+    0
+}
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "all".into());
+    let code = match mode.as_str() {
+        "all" => all(),
+        "hold" => hold(),
+        other => {
+            eprintln!("uffd-checker: unknown mode {other:?} (all, hold)");
+            2
+        }
+    };
+    std::process::exit(code);
+}

@@ -42,11 +42,11 @@ pub(crate) fn tier_from_refs(refs: usize) -> usize {
 
 /// The atomic flags word of one page.
 #[derive(Debug)]
-pub(crate) struct PageFlags(AtomicU64);
+pub struct PageFlags(AtomicU64);
 
 impl PageFlags {
     /// A page on the list of generation `gen`, with no references.
-    pub(crate) fn new(gen: usize) -> Self {
+    pub fn new(gen: usize) -> Self {
         Self(AtomicU64::new(((gen as u64) + 1) << GEN_SHIFT))
     }
 
@@ -60,18 +60,18 @@ impl PageFlags {
     }
 
     /// The page's generation index (`seq % max_nr_gens`), `None` while isolated.
-    pub(crate) fn gen(&self) -> Option<usize> {
+    pub fn gen(&self) -> Option<usize> {
         Self::gen_of(self.load())
     }
 
     /// Accesses beyond the first, counting the workingset flag as one (`folio_lru_refs`).
-    pub(crate) fn refs(&self) -> usize {
+    pub fn refs(&self) -> usize {
         let w = self.load();
         (((w & REFS_MASK) >> REFS_SHIFT) + u64::from(w & WORKINGSET != 0)) as usize
     }
 
     /// The tier of the page (by [`PageFlags::refs`]).
-    pub(crate) fn tier(&self) -> usize {
+    pub fn tier(&self) -> usize {
         tier_from_refs(self.refs())
     }
 
@@ -111,7 +111,7 @@ impl PageFlags {
 
     /// One access through the descriptor path (`folio_inc_refs`): the first sets referenced,
     /// the second workingset, the next ones count up to the field's maximum.
-    pub(crate) fn inc_refs(&self) {
+    pub fn inc_refs(&self) {
         self.update(|w| {
             if w & REFERENCED == 0 {
                 Some(w | REFERENCED)
@@ -131,7 +131,7 @@ impl PageFlags {
     ///
     /// With `look_twice`, a fresh page is not moved: its fresh mark is cleared (the fault's
     /// own access is not a reuse). Returns `(old generation, whether the page was moved)`.
-    pub(crate) fn update_gen(&self, gen: usize, look_twice: bool) -> Option<(usize, bool)> {
+    pub fn update_gen(&self, gen: usize, look_twice: bool) -> Option<(usize, bool)> {
         let mut moved = true;
         let old = self.update(|w| {
             moved = true;
@@ -153,7 +153,7 @@ impl PageFlags {
     /// Protection at eviction and draining of the oldest generation (`folio_inc_gen`): a page
     /// still in the oldest generation `min_gen` moves to `next_gen` with its references
     /// cleared; a page promoted meanwhile keeps its newer generation. Returns `(old, new)`.
-    pub(crate) fn inc_gen(&self, min_gen: usize, next_gen: usize) -> (Option<usize>, usize) {
+    pub fn inc_gen(&self, min_gen: usize, next_gen: usize) -> (Option<usize>, usize) {
         let mut new_gen = next_gen;
         let old = self.update(|w| match Self::gen_of(w) {
             Some(g) if g != min_gen => {

@@ -116,3 +116,10 @@ pub use lrugen::{
 pub use policy::{AccessKind, AccessSource, Arrival, Hint, NoAccess, PageId, PageType, Policy};
 pub use replay::{AccessBits, ReplayResult};
 pub use shared::SharedMglru;
+
+/// The per-page flags word, for the loom models only (`cfg(mglru_loom)`).
+#[cfg(mglru_loom)]
+#[doc(hidden)]
+pub mod __loom {
+    pub use crate::flags::PageFlags;
+}

@@ -395,6 +395,41 @@ static void atfork_child(void)
 	start_thread(ag);
 }
 
+/*
+ * mmap: programs that map memory themselves (stress-ng's buffers, language runtimes) get the
+ * range registered before mmap returns, so no page of it is populated behind the daemon's
+ * back. glibc's malloc maps memory internally, not through this symbol: the daemon finds those
+ * ranges in /proc/PID/maps. Registering here is an optimisation, never a requirement: the
+ * daemon's own scan registers whatever this misses (registering twice with the same uffd is a
+ * no-op).
+ */
+static void register_new_mapping(void *addr, size_t len, int prot, int flags)
+{
+	struct agent *ag = g_agent;
+	if (!ag || addr == MAP_FAILED || len < 16 * PAGE)
+		return;
+	if ((flags & (MAP_PRIVATE | MAP_ANONYMOUS)) != (MAP_PRIVATE | MAP_ANONYMOUS) || (flags & MAP_HUGETLB) ||
+	    (prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE))
+		return;
+	int saved = errno;
+	struct uffdio_register_ reg = { .range = { (uint64_t)addr, (len + PAGE - 1) & ~(PAGE - 1) }, .mode = 1 | 2 };
+	(void)ioctl(ag->uffd, UFFDIO_REGISTER_, &reg); /* best effort, see above */
+	errno = saved;
+}
+
+__attribute__((visibility("default"))) void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	long r = syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+	void *p = r == -1 ? MAP_FAILED : (void *)r;
+	register_new_mapping(p, len, prot, flags);
+	return p;
+}
+
+__attribute__((visibility("default"))) void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	return mmap(addr, len, prot, flags, fd, off);
+}
+
 __attribute__((constructor)) static void uffd_agent_init(void)
 {
 	const char *path = getenv("UFFD_DAEMON_SOCK");

@@ -529,7 +529,15 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     let root = child.id() as i32;
     std::mem::forget(child); // reaped by the monitor's waitpid(-1)
 
-    let status = monitor(&shared, root)?;
+    let scan_stop = Arc::new(AtomicBool::new(false));
+    let scan_thread = {
+        let (shared, stop) = (Arc::clone(&shared), Arc::clone(&scan_stop));
+        std::thread::Builder::new().name("uffd-scan".into()).spawn(move || scanner(shared, stop))?
+    };
+    let status = monitor(&shared, root);
+    scan_stop.store(true, Ordering::Relaxed);
+    let _ = scan_thread.join();
+    let status = status?;
     if let Some(p) = &config.stats_json {
         let mut v = shared.stats.to_json();
         v["limit_pages"] = (shared.limit_pages as u64).into();
@@ -576,12 +584,37 @@ fn bind_listen(fd: &OwnedFd, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The monitor loop: reaps, retires, registers, reclaims. Returns the root's exit status.
+/// The scanner: registers new memory, periodically and at once when a process's anonymous
+/// RSS grew beyond what the daemon tracks (memory populated before it was registered).
+/// It runs apart from reclaim so that a slow eviction never delays registration.
+fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+    let mut tick: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        tick += 1;
+        let mut rss_total = 0u64;
+        for m in shared.mms.lock().clone() {
+            let Some(pid) = m.pid() else { continue };
+            if m.agent.lock().is_none() || m.retired.load(Ordering::Relaxed) {
+                continue;
+            }
+            let rss = maps::rss_anon_bytes(pid).unwrap_or(0);
+            rss_total += rss;
+            let tracked = m.state.lock().resident as u64 * PAGE_SIZE_U64;
+            let last = m.last_scan_tick.load(Ordering::Relaxed);
+            if tick.saturating_sub(last) >= 50 || rss > tracked + (256 << 10) {
+                m.last_scan_tick.store(tick, Ordering::Relaxed);
+                scan_and_register(&shared, &m);
+            }
+        }
+        shared.stats.rss_anon_max_bytes.fetch_max(rss_total, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The monitor loop: reaps, retires, reclaims. Returns the root's exit status.
 fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
     let mut root_status: Option<i32> = None;
-    let mut tick: u64 = 0;
     loop {
-        tick += 1;
         // Signals: forward termination requests to the program; it decides.
         let sig = SIGNAL.swap(0, Ordering::Relaxed);
         if sig != 0 && root_status.is_none() && sig != libc::SIGINT && sig != libc::SIGQUIT {
@@ -614,26 +647,12 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                 retire(shared, m);
             }
         }
-        if root_status.is_some() && shared.mms.lock().is_empty() {
+        // Done when the program has exited and no process of its tree is left (a forked child
+        // that never named itself, for example one created by a raw clone, cannot be waited
+        // for and does not hold the daemon).
+        if root_status.is_some() && shared.mms.lock().iter().all(|m| m.pid().is_none()) {
             return Ok(root_status.unwrap_or(1));
         }
-        // Register new memory: periodically, and at once when a process grew behind our back.
-        let mut rss_total = 0u64;
-        for m in shared.mms.lock().clone() {
-            let Some(pid) = m.pid() else { continue };
-            if m.agent.lock().is_none() {
-                continue;
-            }
-            let rss = maps::rss_anon_bytes(pid).unwrap_or(0);
-            rss_total += rss;
-            let tracked = m.state.lock().resident as u64 * PAGE_SIZE_U64;
-            let last = m.last_scan_tick.load(Ordering::Relaxed);
-            if tick.saturating_sub(last) >= 20 || rss > tracked + (1 << 20) {
-                m.last_scan_tick.store(tick, Ordering::Relaxed);
-                scan_and_register(shared, &m);
-            }
-        }
-        shared.stats.rss_anon_max_bytes.fetch_max(rss_total, Ordering::Relaxed);
         // Reclaim down to the low watermark, biggest address space first.
         if shared.resident() > shared.high_pages {
             let deadline = Instant::now() + Duration::from_millis(50);

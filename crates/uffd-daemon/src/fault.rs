@@ -170,9 +170,11 @@ fn serve_fault(shared: &Shared, mm: &Mm, p: Pending, page: &mut [u8], zeros: &[u
     match fill {
         Ok(Fill::Again) => return false,
         Ok(Fill::Gone) => return true, // the mapping went away; the UNMAP event cleans up
-        // A second message for a page already filled (two threads faulted on it).
-        Ok(Fill::Exists) if matches!(prior, Some(Page::Resident { .. }) | Some(Page::Evicting { .. })) => return true,
-        Ok(Fill::Filled) | Ok(Fill::Exists) => {}
+        // The page is present: this message is stale (two threads faulted on the page, or a
+        // waiter was woken and faulted again). Change nothing: in particular a `Dropping` page
+        // is about to be moved out, and its stored copy must stay.
+        Ok(Fill::Exists) => return true,
+        Ok(Fill::Filled) => {}
         Err(e) => {
             eprintln!("uffd-daemon: filling page {addr:#x} of mm {} failed: {e}", mm.id);
             return true;

@@ -211,22 +211,13 @@ impl SwapFile {
         self.slots.lock().dup(slot)
     }
 
-    /// Drops a reference to a slot; punches the page out of the file when it becomes free.
+    /// Drops a reference to a slot.
+    ///
+    /// A freed slot is not punched out of the file: punching outside the slot lock once lost
+    /// a page (the slot was handed out again and written before the hole was punched), and
+    /// the space is reused anyway. Cluster-level discard comes with `crates/swap-alloc`.
     pub fn put(&self, slot: u32) -> Result<(), SlotError> {
-        let freed = self.slots.lock().put(slot)?;
-        if freed {
-            use std::os::fd::AsRawFd;
-            // Best effort: give the disk space back. A failure only costs space.
-            // SAFETY: fallocate on a descriptor we own, with integer arguments.
-            unsafe {
-                libc::fallocate(
-                    self.file.as_raw_fd(),
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    slot as i64 * PAGE_SIZE as i64,
-                    PAGE_SIZE as i64,
-                );
-            }
-        }
+        self.slots.lock().put(slot)?;
         Ok(())
     }
 

@@ -78,6 +78,8 @@ mod compress;
 pub mod fuzzing;
 mod lru;
 mod pool;
+#[doc(hidden)]
+pub mod sample;
 mod store;
 mod sync;
 

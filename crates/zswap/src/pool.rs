@@ -258,7 +258,12 @@ impl Class {
 /// The pool: size classes, each behind its own lock.
 #[derive(Debug)]
 pub struct Pool {
+    /// Distinct classes, smallest first.
     classes: Box<[Mutex<Class>]>,
+    /// For each 16-byte size step, the class that serves it. Like zsmalloc, neighbouring sizes
+    /// whose spans would have the same page count and object count share the larger class:
+    /// fewer classes means fewer partly filled spans.
+    class_of_size: Box<[u16]>,
     total_bytes: AtomicU64,
     compacted_pages: AtomicU64,
 }
@@ -275,11 +280,30 @@ impl Pool {
     /// A pool whose spans have at most `max_span_pages` pages (zsmalloc's chain size, 1..=16).
     pub fn new(max_span_pages: usize) -> Pool {
         let max_span_pages = max_span_pages.clamp(1, 16);
-        let classes = (0..NR_CLASSES)
-            .map(|i| Mutex::new(Class::new(MIN_ALLOC + i * CLASS_DELTA, max_span_pages)))
+        let all: Vec<Class> = (0..NR_CLASSES)
+            .map(|i| Class::new(MIN_ALLOC + i * CLASS_DELTA, max_span_pages))
             .collect();
+        // Walk from the largest size down, merging a size into the class above it when both
+        // would lay out spans alike (zsmalloc's `can_merge`).
+        let mut kept: Vec<Class> = Vec::new();
+        let mut class_of_size = vec![0u16; NR_CLASSES];
+        for (i, c) in all.into_iter().enumerate().rev() {
+            let merge = kept.last().is_some_and(|up| {
+                up.span_bytes == c.span_bytes && up.objs_per_span == c.objs_per_span
+            });
+            if !merge {
+                kept.push(c);
+            }
+            class_of_size[i] = (kept.len() - 1) as u16;
+        }
+        kept.reverse();
+        let n = kept.len();
+        for slot in class_of_size.iter_mut() {
+            *slot = (n - 1) as u16 - *slot;
+        }
         Pool {
-            classes,
+            classes: kept.into_iter().map(Mutex::new).collect(),
+            class_of_size: class_of_size.into_boxed_slice(),
             total_bytes: AtomicU64::new(0),
             compacted_pages: AtomicU64::new(0),
         }
@@ -293,7 +317,7 @@ impl Pool {
                 max: MAX_OBJECT,
             });
         }
-        let ci = class_index(data.len());
+        let ci = usize::from(self.class_of_size[class_index(data.len())]);
         let mut class = self.classes[ci].lock();
         let (span_id, obj, grown) = class.alloc_obj();
         let range = class.obj_range(obj);
@@ -400,6 +424,11 @@ impl Pool {
     /// Number of stored objects.
     pub fn objects(&self) -> u64 {
         self.classes.iter().map(|c| c.lock().objects).sum()
+    }
+
+    /// Number of distinct size classes (after merging).
+    pub fn nr_classes(&self) -> usize {
+        self.classes.len()
     }
 
     /// Pages released by compaction so far (zsmalloc's `pages_compacted`).
@@ -676,6 +705,27 @@ mod tests {
         assert!(pool.alloc(&[0u8; PAGE_SIZE]).is_err());
         pool.read(h, &mut out).expect("good handle");
         assert_eq!(out, [1, 2, 3]);
+    }
+
+    #[test]
+    fn merged_classes_serve_every_size() {
+        let pool = Pool::new(8);
+        assert!(
+            pool.nr_classes() < NR_CLASSES,
+            "{} classes",
+            pool.nr_classes()
+        );
+        let mut handles = Vec::new();
+        for len in 1..=MAX_OBJECT {
+            let data = vec![(len % 251) as u8; len];
+            handles.push((pool.alloc(&data).expect("alloc"), data));
+        }
+        pool.check_integrity().expect("consistent");
+        let mut out = Vec::new();
+        for (h, d) in handles {
+            pool.read(h, &mut out).expect("read");
+            assert_eq!(out, d);
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use crate::pool::{Handle, Pool, PoolError, MAX_OBJECT};
 use crate::sync::{current_cpu, nr_cpus, Condvar, Mutex, MutexGuard, PlainMutex};
 use crate::PAGE_SIZE;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Largest folio stored whole: 512 pages (2 MiB, PMD order 9).
@@ -280,12 +281,33 @@ struct Entry {
 
 #[derive(Debug)]
 struct Shard {
-    map: Mutex<HashMap<u64, Entry>>,
+    map: Mutex<EntryMap>,
     /// Signalled when an entry's writeback ends.
     done: Condvar,
 }
 
-type ShardGuard<'a> = MutexGuard<'a, HashMap<u64, Entry>>;
+type ShardGuard<'a> = MutexGuard<'a, EntryMap>;
+
+/// Swap entries are small integers the caller allocates, not attacker-chosen keys: a
+/// multiplicative (Fibonacci) hash spreads them at a fraction of SipHash's cost.
+#[derive(Debug, Default, Clone, Copy)]
+struct EntryHasher(u64);
+
+impl Hasher for EntryHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(29) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type EntryMap = HashMap<u64, Entry, BuildHasherDefault<EntryHasher>>;
 
 /// A compressed page store. See the crate documentation.
 #[derive(Debug)]
@@ -299,7 +321,28 @@ pub struct Zswap {
     pool_reached_full: AtomicBool,
     counters: Counters,
     /// Reused compression contexts, per CPU slot.
-    contexts: Box<[PlainMutex<Vec<PageCodec>>]>,
+    contexts: Box<[PlainMutex<Vec<Worker>>]>,
+}
+
+/// One worker's reusable state: a compression context and its buffers, so that a store or a
+/// load allocates nothing.
+#[derive(Debug)]
+struct Worker {
+    codec: PageCodec,
+    /// Compressor output.
+    out: Vec<u8>,
+    /// A compressed object copied out of the pool.
+    obj: Vec<u8>,
+}
+
+impl Worker {
+    fn new(compressor: Compressor) -> Result<Worker, CodecError> {
+        Ok(Worker {
+            codec: PageCodec::new(compressor)?,
+            out: vec![0u8; SCRATCH_SIZE],
+            obj: Vec::with_capacity(PAGE_SIZE),
+        })
+    }
 }
 
 /// A page prepared for insertion.
@@ -358,14 +401,14 @@ impl Zswap {
             );
         }
         // Build one context now so a missing compressor fails here, not on the first store.
-        let first = PageCodec::new(config.compressor)?;
+        let first = Worker::new(config.compressor)?;
         let slots = nr_cpus().max(1);
-        let contexts: Box<[PlainMutex<Vec<PageCodec>>]> =
+        let contexts: Box<[PlainMutex<Vec<Worker>>]> =
             (0..slots).map(|_| PlainMutex::new(Vec::new())).collect();
         contexts[0].lock().push(first);
         let shards = (0..config.index_shards)
             .map(|_| Shard {
-                map: Mutex::new(HashMap::new()),
+                map: Mutex::new(EntryMap::default()),
                 done: Condvar::new(),
             })
             .collect();
@@ -408,7 +451,7 @@ impl Zswap {
         &self,
         guards: &'g mut [(usize, ShardGuard<'a>)],
         key: u64,
-    ) -> &'g mut HashMap<u64, Entry> {
+    ) -> &'g mut EntryMap {
         let s = self.shard_of(key);
         let pos = guards.iter().position(|(i, _)| *i == s).unwrap_or(0);
         &mut guards[pos].1
@@ -437,7 +480,7 @@ impl Zswap {
         })
     }
 
-    fn take_codec(&self) -> Result<(usize, PageCodec), CodecError> {
+    fn take_worker(&self) -> Result<(usize, Worker), CodecError> {
         let slot = current_cpu() % self.contexts.len();
         if let Some(c) = self.contexts[slot].lock().pop() {
             return Ok((slot, c));
@@ -447,10 +490,10 @@ impl Zswap {
                 return Ok((i, c));
             }
         }
-        Ok((slot, PageCodec::new(self.config.compressor)?))
+        Ok((slot, Worker::new(self.config.compressor)?))
     }
 
-    fn put_codec(&self, slot: usize, codec: PageCodec) {
+    fn put_worker(&self, slot: usize, codec: Worker) {
         let mut v = self.contexts[slot].lock();
         // Keep a few per slot: enough for the batch threads, bounded memory.
         if v.len() < self.config.batch_threads + 1 {
@@ -512,13 +555,12 @@ impl Zswap {
         first_page: usize,
         out: &mut Vec<Prepared>,
     ) -> Result<(), (usize, PrepareError)> {
-        let (slot, mut codec) = self
-            .take_codec()
+        let (slot, mut w) = self
+            .take_worker()
             .map_err(|e| (first_page, PrepareError::Codec(e)))?;
-        let mut scratch = vec![0u8; SCRATCH_SIZE];
         let mut result = Ok(());
         for (i, page) in pages.chunks_exact(PAGE_SIZE).enumerate() {
-            match self.prepare_page(&mut codec, &mut scratch, page) {
+            match self.prepare_page(&mut w.codec, &mut w.out, page) {
                 Ok(p) => out.push(p),
                 Err(e) => {
                     result = Err((first_page + i, e));
@@ -526,7 +568,7 @@ impl Zswap {
                 }
             }
         }
-        self.put_codec(slot, codec);
+        self.put_worker(slot, w);
         result
     }
 
@@ -730,10 +772,9 @@ impl Zswap {
         if entry.checked_add(nr as u64).is_none() {
             return Err(LoadError::InvalidLength { entry, len });
         }
-        let (slot, mut codec) = self.take_codec()?;
-        let mut scratch = Vec::with_capacity(PAGE_SIZE);
-        let result = self.load_locked(entry, out, &mut codec, &mut scratch);
-        self.put_codec(slot, codec);
+        let (slot, mut w) = self.take_worker()?;
+        let result = self.load_locked(entry, out, &mut w.codec, &mut w.obj);
+        self.put_worker(slot, w);
         result
     }
 
@@ -817,8 +858,7 @@ impl Zswap {
     pub fn scan_objects(&self, nr_to_scan: usize, writer: &mut dyn Writeback) -> ScanResult {
         let mut result = ScanResult::default();
         let mut page = vec![0u8; PAGE_SIZE];
-        let mut scratch = Vec::with_capacity(PAGE_SIZE);
-        let mut codec = None;
+        let mut worker = None;
         // Entries whose write failed: back on the LRU only after the scan, so one scan never
         // retries them.
         let mut failed = Vec::new();
@@ -836,9 +876,9 @@ impl Zswap {
             };
             e.lru = NIL;
             e.writeback = true;
-            if codec.is_none() {
-                match self.take_codec() {
-                    Ok(c) => codec = Some(c),
+            if worker.is_none() {
+                match self.take_worker() {
+                    Ok(w) => worker = Some(w),
                     Err(_) => {
                         self.end_writeback(map, &shard.done, key, id, false);
                         failed.push((key, id));
@@ -847,8 +887,10 @@ impl Zswap {
                     }
                 }
             }
-            let Some((_, c)) = codec.as_mut() else { break };
-            let decoded = self.decode(c, &mut scratch, key, e, &mut page);
+            let Some((_, w)) = worker.as_mut() else {
+                break;
+            };
+            let decoded = self.decode(&mut w.codec, &mut w.obj, key, e, &mut page);
             drop(map);
             let ok = decoded.is_ok() && writer.write_page(key, &page).is_ok();
             let map = shard.map.lock();
@@ -868,8 +910,8 @@ impl Zswap {
                 }
             }
         }
-        if let Some((slot, c)) = codec {
-            self.put_codec(slot, c);
+        if let Some((slot, w)) = worker {
+            self.put_worker(slot, w);
         }
         result
     }

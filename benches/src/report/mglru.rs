@@ -1,8 +1,519 @@
-//! Report section: not measured yet (filled in by its issue).
+//! Report section `mglru`: miss ratios of the multi-generational LRU against the
+//! active/inactive lists, LRU and CLOCK (all in `crates/mglru`) and against libCacheSim's ARC,
+//! LIRS and S3-FIFO (PyPI `libcachesim`, run in a `python3` subprocess), side by side in one
+//! run, plus the cost of aging with and without the bloom filter.
+//!
+//! Workloads: the traces in `../shared/data/traces` (skipped with a note if absent); a Zipf(0.9)
+//! hot set of 20,000 pages interleaved 1:1 and 1:4 with a one-pass scan; a loop over 10% more
+//! pages than the capacity. Capacities: 1, 5, 10 and 25% of a trace's distinct pages (the loop:
+//! 1, 5, 10 and 25% of 20,000 pages, looping over 1.1 times that).
+//!
+//! JSON keys:
+//! - `miss_ratio[trace][capacity][policy]`: misses / requests (every request counted). The
+//!   capacity key is the number of pages; `capacity_fraction[trace][capacity]` gives the share
+//!   of distinct pages. Policies: `mglru` (v6.1 rules, default `Config`), `mglru-look-twice`
+//!   (`look_twice` with faulted pages in the second-oldest generation), `active-inactive`,
+//!   `lru`, `clock`, and `ARC`, `LIRS`, `S3-FIFO` when libCacheSim is installed.
+//! - `libcachesim`: the version used, or the reason it could not run.
+//! - `goals[policy]`: for `mglru` and `mglru-look-twice`: the worst excess over LRU in points
+//!   (`max_excess_over_lru_points`, goal <= 0.5) and where; whether it beats active-inactive on
+//!   every scan-mixed trace and capacity (`beats_active_inactive_on_scans`); and
+//!   `gap_to_best_points[trace][capacity]`, its miss ratio minus the best of ARC, LIRS and
+//!   S3-FIFO, in points.
+//! - `aging`: per walk, `pages_scanned`, `regions_scanned`, `regions_skipped`, `ns_per_page`
+//!   (median over walks of walk time / pages scanned), `ns_per_walk` and `ns_per_age` (the
+//!   whole `age()`, including the drain of the oldest generation into the next), with
+//!   (`bloom`) and without (`no_bloom`) the filter, on 128 regions of 512 resident pages of
+//!   which 8 are densely accessed and the rest have one touched page each; `pages_ratio` and
+//!   `time_ratio` (no_bloom / bloom).
+//! - `walk_pages_per_request[trace][policy_variant]`: pages scanned by aging walks per request
+//!   in the replays at 10% capacity, with and without the filter (machine independent), with
+//!   the miss ratios of both.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use mglru::replay::{distinct, parse_trace, replay, replay_with, workload};
+use mglru::{
+    AccessBits, ActiveInactive, Clock, Config, FaultPlacement, Hint, Lru, Mglru, PageId, PageType,
+    Policy,
+};
+use serde_json::{json, Map, Value};
 
 use super::{Options, Report};
 
+const TRACE_DIR: &str = "../shared/data/traces";
+const FRACTIONS: [f64; 4] = [0.01, 0.05, 0.10, 0.25];
+const RUST_POLICIES: [&str; 5] = [
+    "mglru",
+    "mglru-look-twice",
+    "active-inactive",
+    "lru",
+    "clock",
+];
+const PY_POLICIES: [&str; 3] = ["ARC", "LIRS", "S3-FIFO"];
+const SCAN_TRACES: [&str; 2] = ["zipf_scan_1to1", "zipf_scan_1to4"];
+
+struct Workload {
+    name: String,
+    /// (capacity, fraction, trace) per capacity: the loop has its own trace per capacity.
+    runs: Vec<(usize, f64, std::rc::Rc<Vec<PageId>>)>,
+}
+
+fn look_twice_config() -> Config {
+    Config {
+        look_twice: true,
+        fault_placement: FaultPlacement::SecondOldest,
+        ..Config::default()
+    }
+}
+
+fn make(name: &str) -> anyhow::Result<Box<dyn Policy>> {
+    Ok(match name {
+        "mglru" => Box::new(Mglru::new(Config::default())?),
+        "mglru-look-twice" => Box::new(Mglru::new(look_twice_config())?),
+        "active-inactive" => Box::new(ActiveInactive::default()),
+        "lru" => Box::new(Lru::new()),
+        "clock" => Box::new(Clock::new()),
+        other => anyhow::bail!("unknown policy {other}"),
+    })
+}
+
+fn trace_dir() -> Option<PathBuf> {
+    // The report runs from the workspace root; the traces sit next to it.
+    let candidates = [
+        PathBuf::from(TRACE_DIR),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(TRACE_DIR),
+    ];
+    candidates.into_iter().find(|p| p.is_dir())
+}
+
+fn workloads(quick: bool, notes: &mut Vec<String>) -> anyhow::Result<Vec<Workload>> {
+    let mut out = Vec::new();
+    match trace_dir() {
+        Some(dir) => {
+            let mut files: Vec<_> = std::fs::read_dir(&dir)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+                .collect();
+            files.sort();
+            for path in files {
+                let name = path
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let trace = parse_trace(&std::fs::read_to_string(&path)?)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                out.push(by_fraction(name, trace));
+            }
+        }
+        None => notes.push(format!(
+            "trace directory {TRACE_DIR} not found: traces skipped"
+        )),
+    }
+    let len = if quick { 200_000 } else { 1_000_000 };
+    out.push(by_fraction(
+        "zipf_scan_1to1".into(),
+        workload::zipf_with_scan(20_000, 0.9, 1, 1, len, 1),
+    ));
+    out.push(by_fraction(
+        "zipf_scan_1to4".into(),
+        workload::zipf_with_scan(20_000, 0.9, 1, 4, len, 2),
+    ));
+    let rounds = if quick { 5 } else { 10 };
+    let runs = FRACTIONS
+        .iter()
+        .map(|&f| {
+            let cap = (20_000.0 * f) as usize;
+            let pages = cap + cap / 10;
+            (cap, f, std::rc::Rc::new(workload::looping(pages, rounds)))
+        })
+        .collect();
+    out.push(Workload {
+        name: "loop_1.1x".into(),
+        runs,
+    });
+    Ok(out)
+}
+
+fn by_fraction(name: String, trace: Vec<PageId>) -> Workload {
+    let d = distinct(&trace);
+    let trace = std::rc::Rc::new(trace);
+    let runs = FRACTIONS
+        .iter()
+        .map(|&f| (((d as f64 * f) as usize).max(1), f, trace.clone()))
+        .collect();
+    Workload { name, runs }
+}
+
+const PY_SCRIPT: &str = r#"
+import json, sys
+try:
+    import libcachesim as lcs
+except Exception as e:
+    print(json.dumps({"error": "libcachesim is not installed: %s (pip install libcachesim)" % e}))
+    sys.exit(0)
+jobs = json.load(sys.stdin)
+out = {"version": getattr(lcs, "__version__", "unknown"), "results": {}}
+makers = {
+    "ARC": lambda n: lcs.ARC(cache_size=n, hashpower=20),
+    "LIRS": lambda n: lcs.LIRS(cache_size=n, hashpower=20),
+    "S3-FIFO": lambda n: lcs.S3FIFO(cache_size=n, hashpower=20),
+}
+for job in jobs:
+    res = out["results"].setdefault(job["name"], {})
+    for run in job["runs"]:
+        cap = run["capacity"]
+        cell = res.setdefault(str(cap), {})
+        for pol, make in makers.items():
+            reader = lcs.TraceReader(run["path"], trace_type=lcs.TraceType.PLAIN_TXT_TRACE)
+            cache = make(cap)
+            miss_ratio, _ = cache.process_trace(reader)
+            cell[pol] = miss_ratio
+print(json.dumps(out))
+"#;
+
+/// libCacheSim's miss ratios: trace, capacity, policy.
+type PyResults = BTreeMap<String, BTreeMap<String, Map<String, Value>>>;
+
+/// Runs libCacheSim on every workload; `Err` carries the reason it could not.
+fn libcachesim(wls: &[Workload], tmp: &Path) -> Result<(String, PyResults), String> {
+    let mut jobs = Vec::new();
+    for (wi, w) in wls.iter().enumerate() {
+        let mut runs = Vec::new();
+        let mut written: Vec<(*const Vec<PageId>, PathBuf)> = Vec::new();
+        for (ri, (cap, _, trace)) in w.runs.iter().enumerate() {
+            let key = std::rc::Rc::as_ptr(trace);
+            let path = match written.iter().find(|(k, _)| *k == key) {
+                Some((_, p)) => p.clone(),
+                None => {
+                    let p = tmp.join(format!("w{wi}_{ri}.txt"));
+                    let mut f = std::io::BufWriter::new(
+                        std::fs::File::create(&p).map_err(|e| format!("{}: {e}", p.display()))?,
+                    );
+                    for id in trace.iter() {
+                        writeln!(f, "{id}").map_err(|e| e.to_string())?;
+                    }
+                    f.flush().map_err(|e| e.to_string())?;
+                    written.push((key, p.clone()));
+                    p
+                }
+            };
+            runs.push(json!({"capacity": cap, "path": path.to_string_lossy()}));
+        }
+        jobs.push(json!({"name": w.name, "runs": runs}));
+    }
+    let mut child = Command::new("python3")
+        .arg("-c")
+        .arg(PY_SCRIPT)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    {
+        let mut stdin = child.stdin.take().ok_or("no stdin for python3")?;
+        stdin
+            .write_all(Value::Array(jobs).to_string().as_bytes())
+            .map_err(|e| format!("writing to python3: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("python3: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "python3 failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("python3 output is not JSON: {e}"))?;
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        return Err(e.to_string());
+    }
+    let version = v["version"].as_str().unwrap_or("unknown").to_string();
+    let results: PyResults =
+        serde_json::from_value(v["results"].clone()).map_err(|e| e.to_string())?;
+    Ok((version, results))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+/// The aging walk alone: 128 regions of 512 pages, 8 of them dense.
+fn aging_cost(bloom: bool, walks: usize) -> anyhow::Result<Value> {
+    let regions = 128u64;
+    let dense = 8u64;
+    let mut lru = Mglru::new(Config {
+        bloom_filter: bloom,
+        ..Config::default()
+    })?;
+    let mut bits = AccessBits::new();
+    for p in 0..regions * 512 {
+        lru.add(p, Hint::fault(PageType::Anon))?;
+    }
+    let touch = |bits: &mut AccessBits, round: u64| {
+        for r in 0..regions {
+            if r % (regions / dense) == 0 {
+                for p in 0..512 {
+                    bits.set(r * 512 + p);
+                }
+            } else {
+                bits.set(r * 512 + (round * 37) % 512);
+            }
+        }
+    };
+    // The first walk has no filter yet: not measured.
+    touch(&mut bits, 0);
+    lru.age(&mut bits);
+    let (mut ns_page, mut ns_walk, mut ns_age, mut pages, mut scanned, mut skipped) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for round in 1..=walks as u64 {
+        touch(&mut bits, round);
+        let t = Instant::now();
+        let w = lru.age(&mut bits);
+        ns_age.push(t.elapsed().as_nanos() as f64);
+        let ns = w.nanos as f64;
+        ns_walk.push(ns);
+        ns_page.push(ns / w.pages_scanned.max(1) as f64);
+        pages.push(w.pages_scanned as f64);
+        scanned.push(w.regions_scanned as f64);
+        skipped.push(w.regions_skipped as f64);
+    }
+    Ok(json!({
+        "pages_scanned": median(pages),
+        "regions_scanned": median(scanned),
+        "regions_skipped": median(skipped),
+        "ns_per_page": median(ns_page),
+        "ns_per_walk": median(ns_walk),
+        "ns_per_age": median(ns_age),
+    }))
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.2}", x * 100.0)
+}
+
 /// Runs this section.
-pub fn run(_opts: &Options) -> anyhow::Result<Report> {
-    anyhow::bail!("this report section is not implemented yet")
+pub fn run(opts: &Options) -> anyhow::Result<Report> {
+    let mut notes = Vec::new();
+    let wls = workloads(opts.quick, &mut notes)?;
+
+    // Our policies.
+    let mut miss: BTreeMap<String, BTreeMap<usize, Map<String, Value>>> = BTreeMap::new();
+    let mut fraction: Map<String, Value> = Map::new();
+    for w in &wls {
+        let mut fr = Map::new();
+        for (cap, f, trace) in &w.runs {
+            fr.insert(cap.to_string(), json!(f));
+            let cell = miss
+                .entry(w.name.clone())
+                .or_default()
+                .entry(*cap)
+                .or_default();
+            for name in RUST_POLICIES {
+                let mut p = make(name)?;
+                let r = replay(p.as_mut(), *cap, trace)?;
+                cell.insert(name.to_string(), json!(r.miss_ratio()));
+            }
+        }
+        fraction.insert(w.name.clone(), Value::Object(fr));
+    }
+
+    // libCacheSim.
+    let tmp = std::env::temp_dir().join(format!("mglru-report-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    let lcs = libcachesim(&wls, &tmp);
+    let _ = std::fs::remove_dir_all(&tmp);
+    let lcs_info = match &lcs {
+        Ok((version, results)) => {
+            for (name, caps) in results {
+                for (cap, cell) in caps {
+                    let Ok(cap) = cap.parse::<usize>() else {
+                        continue;
+                    };
+                    if let Some(mine) = miss.get_mut(name).and_then(|m| m.get_mut(&cap)) {
+                        for (k, v) in cell {
+                            mine.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+            }
+            json!({"version": version})
+        }
+        Err(e) => {
+            notes.push(format!("libCacheSim not run: {e}"));
+            json!({"error": e})
+        }
+    };
+
+    // Goals.
+    let get = |cell: &Map<String, Value>, k: &str| cell.get(k).and_then(Value::as_f64);
+    let mut goals = Map::new();
+    for pol in ["mglru", "mglru-look-twice"] {
+        let mut worst = (f64::NEG_INFINITY, String::new());
+        let mut beats_ai = true;
+        let mut beats_ai_detail = Map::new();
+        let mut gaps = Map::new();
+        for (name, caps) in &miss {
+            let mut g = Map::new();
+            for (cap, cell) in caps {
+                let (Some(m), Some(l)) = (get(cell, pol), get(cell, "lru")) else {
+                    continue;
+                };
+                let excess = (m - l) * 100.0;
+                if excess > worst.0 {
+                    worst = (excess, format!("{name} @ {cap}"));
+                }
+                if SCAN_TRACES.contains(&name.as_str()) {
+                    let ai = get(cell, "active-inactive").unwrap_or(f64::NAN);
+                    let ok = m < ai;
+                    beats_ai &= ok;
+                    beats_ai_detail.insert(format!("{name} @ {cap}"), json!((m - ai) * 100.0));
+                }
+                let best = PY_POLICIES
+                    .iter()
+                    .filter_map(|k| get(cell, k))
+                    .fold(f64::INFINITY, f64::min);
+                if best.is_finite() {
+                    g.insert(cap.to_string(), json!((m - best) * 100.0));
+                }
+            }
+            gaps.insert(name.clone(), Value::Object(g));
+        }
+        goals.insert(
+            pol.to_string(),
+            json!({
+                "max_excess_over_lru_points": worst.0,
+                "max_excess_over_lru_at": worst.1,
+                "never_worse_than_lru_by_more_than_half_a_point": worst.0 <= 0.5,
+                "beats_active_inactive_on_scans": beats_ai,
+                "minus_active_inactive_points_on_scans": beats_ai_detail,
+                "gap_to_best_points": gaps,
+            }),
+        );
+    }
+
+    // Aging cost.
+    let walks = if opts.quick { 9 } else { 31 };
+    let bloom = aging_cost(true, walks)?;
+    let no_bloom = aging_cost(false, walks)?;
+    let ratio =
+        |k: &str| no_bloom[k].as_f64().unwrap_or(f64::NAN) / bloom[k].as_f64().unwrap_or(f64::NAN);
+    let aging = json!({
+        "bloom": bloom,
+        "no_bloom": no_bloom,
+        "pages_ratio": ratio("pages_scanned"),
+        "time_ratio": ratio("ns_per_walk"),
+    });
+
+    // Walk cost inside replays, at 10% capacity.
+    let mut walk_cost = Map::new();
+    for w in &wls {
+        let Some((cap, _, trace)) = w.runs.iter().find(|r| (r.1 - 0.10).abs() < 1e-9) else {
+            continue;
+        };
+        let mut m = Map::new();
+        for (label, bloom) in [("bloom", true), ("no_bloom", false)] {
+            let mut lru = Mglru::new(Config {
+                bloom_filter: bloom,
+                ..Config::default()
+            })?;
+            let mut bits = AccessBits::new();
+            let r = replay_with(&mut lru, *cap, trace, &mut bits)?;
+            let s = lru.stats();
+            m.insert(
+                label.to_string(),
+                json!({
+                    "walk_pages_per_request": s.walk_totals.pages_scanned as f64 / r.requests.max(1) as f64,
+                    "walks": s.walks,
+                    "regions_skipped": s.walk_totals.regions_skipped,
+                    "miss_ratio": r.miss_ratio(),
+                }),
+            );
+        }
+        walk_cost.insert(w.name.clone(), Value::Object(m));
+    }
+
+    // JSON and table.
+    let miss_json: Map<String, Value> = miss
+        .iter()
+        .map(|(name, caps)| {
+            let c: Map<String, Value> = caps
+                .iter()
+                .map(|(cap, cell)| (cap.to_string(), Value::Object(cell.clone())))
+                .collect();
+            (name.clone(), Value::Object(c))
+        })
+        .collect();
+    let json = json!({
+        "miss_ratio": miss_json,
+        "capacity_fraction": fraction,
+        "libcachesim": lcs_info,
+        "goals": goals,
+        "aging": aging,
+        "walk_pages_per_request": walk_cost,
+        "notes": notes,
+    });
+
+    let mut table = String::new();
+    let cols: Vec<&str> = RUST_POLICIES
+        .iter()
+        .chain(PY_POLICIES.iter())
+        .copied()
+        .collect();
+    table += &format!(
+        "miss ratio (%), every request counted\n{:<16} {:>6} {:>5}",
+        "trace", "cap", "frac"
+    );
+    for c in &cols {
+        table += &format!(" {c:>8}");
+    }
+    table += "\n";
+    for (name, caps) in &miss {
+        for (cap, cell) in caps {
+            let f = fraction[name][cap.to_string()].as_f64().unwrap_or(f64::NAN);
+            table += &format!("{name:<16} {cap:>6} {:>4}%", (f * 100.0).round());
+            for c in &cols {
+                table += &match get(cell, c) {
+                    Some(v) => format!(" {:>8}", pct(v)),
+                    None => format!(" {:>8}", "-"),
+                };
+            }
+            table += "\n";
+        }
+    }
+    for pol in ["mglru", "mglru-look-twice"] {
+        let g = &goals[pol];
+        table += &format!(
+            "{pol}: worst excess over LRU {:.2} points at {} (goal <= 0.5); beats active-inactive on all scan mixes: {}\n",
+            g["max_excess_over_lru_points"].as_f64().unwrap_or(f64::NAN),
+            g["max_excess_over_lru_at"].as_str().unwrap_or(""),
+            g["beats_active_inactive_on_scans"],
+        );
+    }
+    table += &format!(
+        "aging walk (128 regions x 512 pages, 8 dense): bloom {} pages {:.1} ns/page {:.0} us/walk; no bloom {} pages {:.1} ns/page {:.0} us/walk\n",
+        aging["bloom"]["pages_scanned"],
+        aging["bloom"]["ns_per_page"].as_f64().unwrap_or(f64::NAN),
+        aging["bloom"]["ns_per_walk"].as_f64().unwrap_or(f64::NAN) / 1e3,
+        aging["no_bloom"]["pages_scanned"],
+        aging["no_bloom"]["ns_per_page"].as_f64().unwrap_or(f64::NAN),
+        aging["no_bloom"]["ns_per_walk"].as_f64().unwrap_or(f64::NAN) / 1e3,
+    );
+    for n in json["notes"].as_array().into_iter().flatten() {
+        table += &format!("note: {}\n", n.as_str().unwrap_or(""));
+    }
+    Ok(Report { json, table })
 }

@@ -139,8 +139,12 @@ pub struct WalkStats {
     pub regions_skipped: u64,
     /// Resident pages in the scanned regions (the cost of the walk).
     pub pages_scanned: u64,
-    /// Pages found young and promoted.
+    /// Pages found young (promoted, or with `look_twice` a fresh page's first bit cleared).
     pub young: u64,
+    /// Wall time of the walk in nanoseconds (the walk alone, not the drain of the oldest
+    /// generation that `inc_max_seq` may do after it). A measurement, not a machine-independent
+    /// figure.
+    pub nanos: u64,
 }
 
 /// A snapshot of the counters.
@@ -554,6 +558,7 @@ impl Mglru {
 
     /// The aging walk for `max_seq` (`walk_mm` over the regions of resident pages).
     fn walk(&mut self, source: &mut dyn AccessSource) {
+        let start = std::time::Instant::now();
         let max_seq = self.max_seq;
         let new_gen = self.gen(max_seq);
         let next = ((max_seq + 1) % 2) as usize;
@@ -602,7 +607,9 @@ impl Mglru {
             }
         }
         batch.apply(&mut self.nr_pages);
+        stats.nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.walks += 1;
+        self.walk_totals.nanos = self.walk_totals.nanos.saturating_add(stats.nanos);
         self.walk_totals.seq = max_seq;
         self.walk_totals.regions_scanned += stats.regions_scanned;
         self.walk_totals.regions_skipped += stats.regions_skipped;

@@ -114,12 +114,19 @@ struct Class {
 
 impl Class {
     fn new(size: usize, max_span_pages: usize) -> Class {
-        // zsmalloc's get_pages_per_zspage: the span size with the smallest wasted fraction,
-        // comparing waste_a / bytes_a < waste_b / bytes_b as waste_a * bytes_b < waste_b * bytes_a.
+        // zsmalloc's get_pages_per_zspage picks the span size with the smallest wasted
+        // fraction. Every class also keeps up to one partly filled span, so big spans cost
+        // memory in small pools: take the smallest span that wastes at most 1/32 of itself, and
+        // the least wasteful one only if none does. (Fractions compared without floats:
+        // waste_a / bytes_a < waste_b / bytes_b as waste_a * bytes_b < waste_b * bytes_a.)
         let mut best = (1usize, PAGE_SIZE % size);
-        for pages in 2..=max_span_pages {
+        for pages in 1..=max_span_pages {
             let bytes = pages * PAGE_SIZE;
             let waste = bytes % size;
+            if waste * 32 <= bytes {
+                best = (pages, waste);
+                break;
+            }
             if waste * (best.0 * PAGE_SIZE) < best.1 * bytes {
                 best = (pages, waste);
             }

@@ -477,36 +477,61 @@ impl SwapDevice {
     /// which takes it off every list and puts it back afterwards: one device-lock round trip
     /// fewer per cluster here). The cluster lock is held until the allocation is done, so no
     /// one sees the intermediate list.
+    ///
+    /// The device-lock holder may only try-lock clusters. Where the kernel gives up when every
+    /// cluster on the list is contended, this waits for the first contended one with the
+    /// device lock released, then re-checks that it is still on the list: a list whose
+    /// clusters are all busy for a moment is not reported as empty.
     fn isolate(
         &self,
         list: ListId,
         order: u32,
         st: &CpuStats,
     ) -> Option<(usize, MutexGuard<'_, ClusterInner>)> {
-        let mut lists = self.lock_lists(st);
-        let mut cur = lists.first(list);
-        while let Some(idx) = cur {
-            if let Some(mut ci) = self.clusters[idx].try_lock() {
-                ci.lock_count += 1;
-                let order_after = if ci.count == 0 { order as u8 } else { ci.order };
-                let class = self.class(usize::from(order_after));
-                let old = lists.list_of(idx);
-                lists.move_to(ListId::Frag(class), idx);
-                if ci.count == 0 {
-                    ci.order = order_after;
-                }
-                ci.state = ClusterState::Frag;
-                if let Some(old) = old {
-                    if old >= ListId::Frag(0).index() {
-                        self.sync_frag_nr(&lists, old - ListId::Frag(0).index());
+        for _ in 0..4 {
+            let contended = {
+                let mut lists = self.lock_lists(st);
+                let mut cur = lists.first(list);
+                let mut contended = None;
+                while let Some(idx) = cur {
+                    if let Some(mut ci) = self.clusters[idx].try_lock() {
+                        ci.lock_count += 1;
+                        self.take_for_alloc(&mut lists, idx, &mut ci, order);
+                        return Some((idx, ci));
                     }
+                    contended.get_or_insert(idx);
+                    cur = lists.next(idx);
                 }
-                self.sync_frag_nr(&lists, class);
-                return Some((idx, ci));
+                contended?
+            };
+            // Lock order: cluster, then device.
+            let mut ci = self.lock_cluster(contended, st);
+            let mut lists = self.lock_lists(st);
+            if lists.list_of(contended) == Some(list.index()) {
+                self.take_for_alloc(&mut lists, contended, &mut ci, order);
+                drop(lists);
+                return Some((contended, ci));
             }
-            cur = lists.next(idx);
         }
         None
+    }
+
+    /// The list move of [`isolate`](Self::isolate), with both locks held.
+    fn take_for_alloc(&self, lists: &mut Lists, idx: usize, ci: &mut ClusterInner, order: u32) {
+        let order_after = if ci.count == 0 { order as u8 } else { ci.order };
+        let class = self.class(usize::from(order_after));
+        let old = lists.list_of(idx);
+        lists.move_to(ListId::Frag(class), idx);
+        if ci.count == 0 {
+            ci.order = order_after;
+        }
+        ci.state = ClusterState::Frag;
+        if let Some(old) = old {
+            if old >= ListId::Frag(0).index() {
+                self.sync_frag_nr(lists, old - ListId::Frag(0).index());
+            }
+        }
+        self.sync_frag_nr(lists, class);
     }
 
     /// Scans a locked cluster from slot `start` for a free, naturally aligned run of

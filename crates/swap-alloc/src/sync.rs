@@ -1,8 +1,9 @@
 //! The crate's one synchronisation shim.
 //!
 //! Under `--cfg swap_alloc_loom` the locks and the atomics that carry the allocator's protocol
-//! (cluster locks, the device lock, the per-CPU cluster hints) are loom's, so that the models in
-//! `tests/loom_*.rs` explore their interleavings; otherwise they are `parking_lot` and `std`.
+//! (cluster locks, the device lock, the per-CPU cluster hints) are loom's (the mutex is built
+//! from a loom atomic and a loom cell, see below), so that the models in `tests/loom_*.rs`
+//! explore their interleavings; otherwise they are `parking_lot` and `std`.
 //! Statistics counters are plain `std` atomics in both builds: they are never read to make a
 //! decision, so modelling them would only grow loom's state space.
 //!
@@ -79,27 +80,108 @@ mod imp {
 mod imp {
     pub(crate) use loom::sync::atomic::AtomicU64;
 
-    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
     pub(crate) type RwLockReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
     pub(crate) type RwLockWriteGuard<'a, T> = loom::sync::RwLockWriteGuard<'a, T>;
 
-    /// A mutex (loom's). Poisoning is ignored: a panic in a model fails the model anyway.
-    #[derive(Debug)]
-    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    use std::mem::ManuallyDrop;
+
+    /// A mutex built from a loom atomic flag, a loom `UnsafeCell`, and a loom mutex and
+    /// condition variable to sleep on.
+    ///
+    /// Not `loom::sync::Mutex`: loom treats a pending `try_lock` on a locked mutex as a
+    /// blocked thread, so the kernel's protocol (the device-lock holder only try-locks
+    /// clusters while a cluster holder waits for the device lock) reads as a deadlock there.
+    /// Here `try_lock` is one compare-exchange on the flag; `lock` sleeps on the condition
+    /// variable until the flag is clear (no spinning, which loom explores badly); the cell
+    /// checks that accesses are serialised.
+    pub(crate) struct Mutex<T> {
+        locked: AtomicBool,
+        sleep: loom::sync::Mutex<()>,
+        wake: loom::sync::Condvar,
+        data: loom::cell::UnsafeCell<T>,
+    }
+
+    // SAFETY: `data` is only reached through a guard, and a guard exists only while `locked`
+    // is held by its thread (acquired with Acquire, released with Release), so accesses from
+    // different threads are serialised and ordered, as in std's Mutex; that needs T: Send.
+    unsafe impl<T: Send> Send for Mutex<T> {}
+    // SAFETY: as above; sharing the mutex only ever hands out exclusive, serialised access.
+    unsafe impl<T: Send> Sync for Mutex<T> {}
+
+    impl<T> std::fmt::Debug for Mutex<T> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Mutex { .. }")
+        }
+    }
+
+    /// The guard of [`Mutex`].
+    pub(crate) struct MutexGuard<'a, T> {
+        lock: &'a Mutex<T>,
+        // INVARIANT: dropped (ending loom's tracked access) just before `lock` is released.
+        ptr: ManuallyDrop<loom::cell::MutPtr<T>>,
+    }
 
     impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {
-            Self(loom::sync::Mutex::new(value))
-        }
-        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock().unwrap_or_else(|e| e.into_inner())
-        }
-        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-            match self.0.try_lock() {
-                Ok(g) => Some(g),
-                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => None,
+            Self {
+                locked: AtomicBool::new(false),
+                sleep: loom::sync::Mutex::new(()),
+                wake: loom::sync::Condvar::new(),
+                data: loom::cell::UnsafeCell::new(value),
             }
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            loop {
+                if let Some(g) = self.try_lock() {
+                    return g;
+                }
+                let mut slept = self.sleep.lock().unwrap_or_else(|e| e.into_inner());
+                while self.locked.load(Ordering::Acquire) {
+                    slept = self.wake.wait(slept).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        }
+
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            self.locked
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .ok()?;
+            Some(MutexGuard {
+                lock: self,
+                ptr: ManuallyDrop::new(self.data.get_mut()),
+            })
+        }
+
+        fn unlock(&self) {
+            self.locked.store(false, Ordering::Release);
+            let _sleepers = self.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            self.wake.notify_all();
+        }
+    }
+
+    impl<T> std::ops::Deref for MutexGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            // SAFETY: this guard holds the lock, so no other guard (and no other pointer into
+            // the cell) exists until it is dropped; the reference borrows the guard.
+            unsafe { &*loom::cell::MutPtr::deref(&self.ptr) }
+        }
+    }
+
+    impl<T> std::ops::DerefMut for MutexGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            // SAFETY: as for Deref, and `&mut self` makes this the only reference.
+            unsafe { loom::cell::MutPtr::deref(&self.ptr) }
+        }
+    }
+
+    impl<T> Drop for MutexGuard<'_, T> {
+        fn drop(&mut self) {
+            // SAFETY: `ptr` is not used again: the guard is being dropped.
+            unsafe { ManuallyDrop::drop(&mut self.ptr) };
+            self.lock.unlock();
         }
     }
 

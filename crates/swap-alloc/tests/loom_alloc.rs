@@ -15,6 +15,21 @@ use swap_alloc::{
     set_cpu_hint, DeviceConfig, DeviceId, DiscardHook, SwapDevice, SwapEntry, SwapError, SwapInfo,
 };
 
+/// Runs a model and prints how many interleavings loom explored.
+fn model<F: Fn() + Sync + Send + 'static>(name: &str, f: F) {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    RUNS.store(0, Ordering::Relaxed);
+    let mut builder = loom::model::Builder::new();
+    // Spinning lock acquisitions and the checks after the threads join take more branches
+    // than loom's default of 1000 per execution.
+    builder.max_branches = 20_000;
+    builder.check(move || {
+        RUNS.fetch_add(1, Ordering::Relaxed);
+        f();
+    });
+    eprintln!("{name}: {} interleavings", RUNS.load(Ordering::Relaxed));
+}
+
 fn device(nslots: u64) -> Arc<SwapDevice> {
     Arc::new(SwapDevice::new(DeviceConfig::new(nslots).cluster_slots(2).nr_cpus(2)).unwrap())
 }
@@ -32,7 +47,7 @@ fn assert_all_distinct(entries: &[SwapEntry]) {
 /// lists stay consistent.
 #[test]
 fn alloc_alloc_free_three_threads() {
-    loom::model(|| {
+    model("alloc_alloc_free_three_threads", || {
         let dev = device(6);
         // Fill cluster 0 from CPU 0: it is full and on the full list.
         set_cpu_hint(Some(0));
@@ -51,6 +66,8 @@ fn alloc_alloc_free_three_threads() {
         let freer = thread::spawn(move || {
             set_cpu_hint(Some(1));
             assert_eq!(d2.put(b), Ok(true));
+            // A consistent snapshot while the allocations run.
+            d2.check_integrity().unwrap();
         });
         let mut live: Vec<SwapEntry> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         freer.join().unwrap();
@@ -72,7 +89,7 @@ fn alloc_alloc_free_three_threads() {
 /// cluster lock, nothing is allocated twice, and exactly the slots handed out are in use.
 #[test]
 fn shared_hint_mixed_orders() {
-    loom::model(|| {
+    model("shared_hint_mixed_orders", || {
         let dev = device(4);
         let h1 = {
             let dev = dev.clone();
@@ -107,7 +124,7 @@ fn shared_hint_mixed_orders() {
 /// resurrecting a free slot.
 #[test]
 fn dup_races_with_last_put() {
-    loom::model(|| {
+    model("dup_races_with_last_put", || {
         let dev = device(2);
         let e = dev.alloc(0).unwrap();
         let freed = Arc::new(AtomicUsize::new(0));
@@ -168,7 +185,7 @@ impl DiscardHook for CheckingDiscard {
 /// and ends up allocated or free, consistently with the lists.
 #[test]
 fn discard_races_with_alloc() {
-    loom::model(|| {
+    model("discard_races_with_alloc", || {
         let hook = Arc::new(CheckingDiscard::default());
         let dev = Arc::new(
             SwapDevice::new(
@@ -216,7 +233,7 @@ fn discard_races_with_alloc() {
 /// after the free, never removes a device with a slot in use.
 #[test]
 fn swapoff_races_with_last_put() {
-    loom::model(|| {
+    model("swapoff_races_with_last_put", || {
         let info = Arc::new(SwapInfo::new());
         let id = info
             .swapon(DeviceConfig::new(2).cluster_slots(2).nr_cpus(2), 0)

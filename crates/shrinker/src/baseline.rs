@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::control::{GroupId, ShrinkControl, ShrinkRequest, Shrinker, ShrinkerConfig, ShrinkerId, DEF_PRIORITY};
+use crate::control::{
+    GroupId, ShrinkControl, ShrinkRequest, Shrinker, ShrinkerConfig, ShrinkerId, DEF_PRIORITY,
+};
 use crate::error::ShrinkerError;
 use crate::shrink::{do_shrink_slab, DeferredWork, ShrinkOutcome};
 use crate::stats::{NodeStats, RegistryStats, ShrinkerStats};
@@ -30,7 +32,11 @@ struct Node {
 
 impl Node {
     fn deferred_slot(&self, shard: usize) -> &AtomicI64 {
-        let i = if self.config.shard_aware { shard.min(self.nr_deferred.len() - 1) } else { 0 };
+        let i = if self.config.shard_aware {
+            shard.min(self.nr_deferred.len() - 1)
+        } else {
+            0
+        };
         &self.nr_deferred[i]
     }
 }
@@ -48,7 +54,9 @@ impl Group {
     fn new(parent: Option<GroupId>, nr_shards: usize, cap: usize) -> Self {
         Self {
             parent,
-            map: (0..nr_shards * cap / 64).map(|_| AtomicU64::new(0)).collect(),
+            map: (0..nr_shards * cap / 64)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             nr_deferred: (0..nr_shards * cap).map(|_| AtomicI64::new(0)).collect(),
             cap,
         }
@@ -71,7 +79,10 @@ impl Group {
                 }
             }
             for w in 0..self.cap / 64 {
-                new.map[shard * cap / 64 + w].store(self.map[shard * self.cap / 64 + w].load(Ordering::Relaxed), Ordering::Relaxed);
+                new.map[shard * cap / 64 + w].store(
+                    self.map[shard * self.cap / 64 + w].load(Ordering::Relaxed),
+                    Ordering::Relaxed,
+                );
             }
         }
         new
@@ -101,7 +112,9 @@ pub struct RwLockRegistry {
 
 impl core::fmt::Debug for RwLockRegistry {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("RwLockRegistry").field("nr_shards", &self.inner.nr_shards).finish_non_exhaustive()
+        f.debug_struct("RwLockRegistry")
+            .field("nr_shards", &self.inner.nr_shards)
+            .finish_non_exhaustive()
     }
 }
 
@@ -113,7 +126,9 @@ pub struct RwLockHandle {
 
 impl core::fmt::Debug for RwLockHandle {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("RwLockHandle").field("id", &self.id).finish()
+        f.debug_struct("RwLockHandle")
+            .field("id", &self.id)
+            .finish()
     }
 }
 
@@ -136,7 +151,10 @@ impl RwLockRegistry {
         Self {
             inner: Arc::new(Inner {
                 nr_shards,
-                state: RwLock::new(State { cap: 64, ..State::default() }),
+                state: RwLock::new(State {
+                    cap: 64,
+                    ..State::default()
+                }),
                 shrinks: AtomicU64::new(0),
                 skipped: AtomicU64::new(0),
             }),
@@ -144,12 +162,19 @@ impl RwLockRegistry {
     }
 
     /// Registers a shrinker (write lock).
-    pub fn register<S: Shrinker>(&self, config: ShrinkerConfig, shrinker: S) -> Result<RwLockHandle, ShrinkerError> {
+    pub fn register<S: Shrinker>(
+        &self,
+        config: ShrinkerConfig,
+        shrinker: S,
+    ) -> Result<RwLockHandle, ShrinkerError> {
         let mut st = self.inner.state.write();
         let id = match st.shrinkers.iter().position(Option::is_none) {
             Some(i) => i,
             None if st.shrinkers.len() >= crate::MAX_SHRINKERS => {
-                return Err(ShrinkerError::TooMany { what: "shrinkers", max: crate::MAX_SHRINKERS })
+                return Err(ShrinkerError::TooMany {
+                    what: "shrinkers",
+                    max: crate::MAX_SHRINKERS,
+                })
             }
             None => {
                 st.shrinkers.push(None);
@@ -164,7 +189,11 @@ impl RwLockRegistry {
             }
             st.cap = cap;
         }
-        let n = if config.shard_aware { self.inner.nr_shards } else { 1 };
+        let n = if config.shard_aware {
+            self.inner.nr_shards
+        } else {
+            1
+        };
         let node = Node {
             id: ShrinkerId(id as u32),
             config,
@@ -173,7 +202,10 @@ impl RwLockRegistry {
             stats: NodeStats::default(),
         };
         st.shrinkers[id] = Some(Arc::new(node));
-        Ok(RwLockHandle { inner: Arc::clone(&self.inner), id: Some(ShrinkerId(id as u32)) })
+        Ok(RwLockHandle {
+            inner: Arc::clone(&self.inner),
+            id: Some(ShrinkerId(id as u32)),
+        })
     }
 
     /// One shrink walk; returns 0 without calling anything when the read side
@@ -181,10 +213,16 @@ impl RwLockRegistry {
     pub fn shrink(&self, req: &ShrinkRequest) -> Result<u64, ShrinkerError> {
         let inner = &*self.inner;
         if req.shard >= inner.nr_shards {
-            return Err(ShrinkerError::ShardOutOfRange { shard: req.shard, nr_shards: inner.nr_shards });
+            return Err(ShrinkerError::ShardOutOfRange {
+                shard: req.shard,
+                nr_shards: inner.nr_shards,
+            });
         }
         if req.priority > DEF_PRIORITY {
-            return Err(ShrinkerError::PriorityOutOfRange { priority: req.priority, max: DEF_PRIORITY });
+            return Err(ShrinkerError::PriorityOutOfRange {
+                priority: req.priority,
+                max: DEF_PRIORITY,
+            });
         }
         inner.shrinks.fetch_add(1, Ordering::Relaxed);
         let Some(st) = inner.state.try_read() else {
@@ -209,7 +247,9 @@ impl RwLockRegistry {
                     .and_then(Option::as_ref)
                     .ok_or(ShrinkerError::UnknownGroup(g))?;
                 for id in 0..group.cap {
-                    let Some(word) = group.word(req.shard, id) else { break };
+                    let Some(word) = group.word(req.shard, id) else {
+                        break;
+                    };
                     let bit = 1u64 << (id % 64);
                     if word.load(Ordering::Acquire) & bit == 0 {
                         continue;
@@ -243,7 +283,12 @@ impl RwLockRegistry {
     pub fn create_group(&self, parent: Option<GroupId>) -> Result<GroupId, ShrinkerError> {
         let mut st = self.inner.state.write();
         if let Some(p) = parent {
-            if st.groups.get(p.0 as usize).and_then(Option::as_ref).is_none() {
+            if st
+                .groups
+                .get(p.0 as usize)
+                .and_then(Option::as_ref)
+                .is_none()
+            {
                 return Err(ShrinkerError::UnknownGroup(p));
             }
         }
@@ -268,17 +313,31 @@ impl RwLockRegistry {
         if st.groups.get(gi).and_then(Option::as_ref).is_none() {
             return Err(ShrinkerError::UnknownGroup(group));
         }
-        if let Some(c) = st.groups.iter().position(|g| g.as_ref().is_some_and(|g| g.parent == Some(group))) {
-            return Err(ShrinkerError::GroupHasChildren { group, child: GroupId(c as u32) });
+        if let Some(c) = st
+            .groups
+            .iter()
+            .position(|g| g.as_ref().is_some_and(|g| g.parent == Some(group)))
+        {
+            return Err(ShrinkerError::GroupHasChildren {
+                group,
+                child: GroupId(c as u32),
+            });
         }
-        let Some(g) = st.groups[gi].take() else { return Err(ShrinkerError::UnknownGroup(group)) };
+        let Some(g) = st.groups[gi].take() else {
+            return Err(ShrinkerError::UnknownGroup(group));
+        };
         for shard in 0..self.inner.nr_shards {
             for id in 0..g.cap {
-                let v = g.deferred(shard, id).map_or(0, |d| d.load(Ordering::Relaxed));
+                let v = g
+                    .deferred(shard, id)
+                    .map_or(0, |d| d.load(Ordering::Relaxed));
                 if v <= 0 {
                     continue;
                 }
-                match g.parent.and_then(|p| st.groups.get(p.0 as usize).and_then(Option::as_ref)) {
+                match g
+                    .parent
+                    .and_then(|p| st.groups.get(p.0 as usize).and_then(Option::as_ref))
+                {
                     Some(p) => {
                         if let Some(d) = p.deferred(shard, id) {
                             d.fetch_add(v, Ordering::Relaxed);
@@ -296,17 +355,31 @@ impl RwLockRegistry {
     }
 
     /// Sets shrinker `id`'s bit in `group` / `shard` (blocking read side).
-    pub fn set_shrinker_bit(&self, group: GroupId, shard: usize, id: ShrinkerId) -> Result<(), ShrinkerError> {
+    pub fn set_shrinker_bit(
+        &self,
+        group: GroupId,
+        shard: usize,
+        id: ShrinkerId,
+    ) -> Result<(), ShrinkerError> {
         if shard >= self.inner.nr_shards {
-            return Err(ShrinkerError::ShardOutOfRange { shard, nr_shards: self.inner.nr_shards });
+            return Err(ShrinkerError::ShardOutOfRange {
+                shard,
+                nr_shards: self.inner.nr_shards,
+            });
         }
         let st = self.inner.state.read();
         let i = id.0 as usize;
-        let Some(Some(n)) = st.shrinkers.get(i) else { return Err(ShrinkerError::UnknownShrinker(id)) };
+        let Some(Some(n)) = st.shrinkers.get(i) else {
+            return Err(ShrinkerError::UnknownShrinker(id));
+        };
         if !n.config.memcg_aware {
             return Err(ShrinkerError::NotMemcgAware(id));
         }
-        let g = st.groups.get(group.0 as usize).and_then(Option::as_ref).ok_or(ShrinkerError::UnknownGroup(group))?;
+        let g = st
+            .groups
+            .get(group.0 as usize)
+            .and_then(Option::as_ref)
+            .ok_or(ShrinkerError::UnknownGroup(group))?;
         let word = g.word(shard, i).ok_or(ShrinkerError::UnknownShrinker(id))?;
         std::sync::atomic::fence(Ordering::SeqCst);
         word.fetch_or(1 << (i % 64), Ordering::SeqCst);
@@ -325,7 +398,11 @@ impl RwLockRegistry {
             .iter()
             .flatten()
             .map(|n| {
-                let d = n.nr_deferred.iter().map(|d| d.load(Ordering::Relaxed)).sum();
+                let d = n
+                    .nr_deferred
+                    .iter()
+                    .map(|d| d.load(Ordering::Relaxed))
+                    .sum();
                 ShrinkerStats::from_parts(n.id, &n.config.name, &n.stats, d)
             })
             .collect()
@@ -398,7 +475,10 @@ impl DeferredWork for RootDeferred<'_> {
         self.0.deferred_slot(shard).swap(0, Ordering::Relaxed)
     }
     fn add(&self, shard: usize, v: i64) -> i64 {
-        self.0.deferred_slot(shard).fetch_add(v, Ordering::Relaxed).saturating_add(v)
+        self.0
+            .deferred_slot(shard)
+            .fetch_add(v, Ordering::Relaxed)
+            .saturating_add(v)
     }
 }
 
@@ -409,7 +489,7 @@ impl DeferredWork for GroupDeferred<'_> {
         self.0.map_or(0, |d| d.swap(0, Ordering::Relaxed))
     }
     fn add(&self, _: usize, v: i64) -> i64 {
-        self.0.map_or(0, |d| d.fetch_add(v, Ordering::Relaxed).saturating_add(v))
+        self.0
+            .map_or(0, |d| d.fetch_add(v, Ordering::Relaxed).saturating_add(v))
     }
 }
-

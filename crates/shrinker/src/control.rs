@@ -93,7 +93,13 @@ pub struct ShrinkControl {
 impl ShrinkControl {
     /// A control for calling a shrinker by hand (tests, debugging).
     pub fn new(group: Option<GroupId>, shard: usize, priority: u32) -> Self {
-        Self { nr_to_scan: 0, nr_scanned: 0, group, shard, priority }
+        Self {
+            nr_to_scan: 0,
+            nr_scanned: 0,
+            group,
+            shard,
+            priority,
+        }
     }
 }
 
@@ -125,7 +131,13 @@ impl ShrinkerConfig {
     /// A shrinker named `name` (for statistics), with `DEFAULT_SEEKS`, the
     /// default batch, neither group- nor shard-aware.
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into(), seeks: DEFAULT_SEEKS, batch: 0, memcg_aware: false, shard_aware: false }
+        Self {
+            name: name.into(),
+            seeks: DEFAULT_SEEKS,
+            batch: 0,
+            memcg_aware: false,
+            shard_aware: false,
+        }
     }
 
     /// The relative cost of recreating an object; 0 means "free to recreate,
@@ -184,7 +196,11 @@ pub struct ShrinkRequest {
 impl ShrinkRequest {
     /// A root walk of shard 0 at `priority`.
     pub fn new(priority: u32) -> Self {
-        Self { priority, group: None, shard: 0 }
+        Self {
+            priority,
+            group: None,
+            shard: 0,
+        }
     }
 
     /// The same request for group `group`.

@@ -21,7 +21,10 @@ pub(crate) struct Unit {
 
 impl Unit {
     fn new() -> Self {
-        Self { map: AtomicU64::new(0), nr_deferred: core::array::from_fn(|_| AtomicI64::new(0)) }
+        Self {
+            map: AtomicU64::new(0),
+            nr_deferred: core::array::from_fn(|_| AtomicI64::new(0)),
+        }
     }
 }
 
@@ -42,7 +45,9 @@ unsafe impl Sync for GroupInfo {}
 impl GroupInfo {
     /// Fresh arrays for a new group.
     pub(crate) fn new(nr_shards: usize, nr_units: usize) -> Self {
-        let units = (0..nr_shards * nr_units).map(|_| Rcu::into_raw(Unit::new())).collect();
+        let units = (0..nr_shards * nr_units)
+            .map(|_| Rcu::into_raw(Unit::new()))
+            .collect();
         Self { nr_units, units }
     }
 
@@ -59,7 +64,10 @@ impl GroupInfo {
                 }
             }
         }
-        Self { nr_units, units: units.into_boxed_slice() }
+        Self {
+            nr_units,
+            units: units.into_boxed_slice(),
+        }
     }
 
     /// The raw unit pointers (for retiring them with the group).

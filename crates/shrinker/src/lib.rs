@@ -105,9 +105,11 @@ mod stats;
 mod sync;
 
 pub use crate::control::{
-    Count, GroupId, Scan, ShrinkControl, ShrinkRequest, Shrinker, ShrinkerConfig, ShrinkerId, DEFAULT_SEEKS,
-    DEF_PRIORITY, SHRINK_BATCH,
+    Count, GroupId, Scan, ShrinkControl, ShrinkRequest, Shrinker, ShrinkerConfig, ShrinkerId,
+    DEFAULT_SEEKS, DEF_PRIORITY, SHRINK_BATCH,
 };
 pub use crate::error::ShrinkerError;
-pub use crate::registry::{ShrinkerHandle, ShrinkerRegistry, Unregistered, MAX_GROUPS, MAX_SHRINKERS};
+pub use crate::registry::{
+    ShrinkerHandle, ShrinkerRegistry, Unregistered, MAX_GROUPS, MAX_SHRINKERS,
+};
 pub use crate::stats::{RegistryStats, ShrinkerStats};

@@ -3,15 +3,16 @@
 use std::sync::Arc;
 
 use crate::control::{
-    Count, GroupId, Scan, ShrinkControl, ShrinkRequest, Shrinker, ShrinkerConfig, ShrinkerId, DEF_PRIORITY,
+    Count, GroupId, Scan, ShrinkControl, ShrinkRequest, Shrinker, ShrinkerConfig, ShrinkerId,
+    DEF_PRIORITY,
 };
 use crate::error::ShrinkerError;
 use crate::group::{Group, GroupInfo};
 use crate::shrink::{do_shrink_slab, DeferredWork, ShrinkOutcome};
 use crate::stats::{NodeStats, RegistryStats, ShrinkerStats, StatCounter};
 use crate::sync::{
-    fence, lock, yield_now, AtomicI64, AtomicPtr, AtomicUsize, Completion, Epoch, Guard, Mutex, Ordering, Rcu,
-    UnsafeCell, INITIAL_TABLE, UNIT_BITS,
+    fence, lock, yield_now, AtomicI64, AtomicPtr, AtomicUsize, Completion, Epoch, Guard, Mutex,
+    Ordering, Rcu, UnsafeCell, INITIAL_TABLE, UNIT_BITS,
 };
 
 /// The most shrinkers a registry hands ids to.
@@ -38,7 +39,10 @@ pub(crate) struct Node {
 
 impl core::fmt::Debug for Node {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Node").field("id", &self.id).field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("Node")
+            .field("id", &self.id)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -58,7 +62,12 @@ impl Node {
             if c == 0 {
                 return false;
             }
-            match self.refcount.compare_exchange_weak(c, c + 1, Ordering::Acquire, Ordering::Relaxed) {
+            match self.refcount.compare_exchange_weak(
+                c,
+                c + 1,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return true,
                 Err(now) => c = now,
             }
@@ -68,10 +77,13 @@ impl Node {
     /// The kernel's `shrinker_put`. The caller must keep the node alive across
     /// this call (hold a guard, or be the unregistering owner): the last put
     /// touches `done` after the count reaches 0.
-    fn put(&self) {
-        if self.refcount.fetch_sub(1, Ordering::Release) == 1 {
+    ///
+    /// `this` is dereferenced afresh after the decrement, so that under loom an
+    /// access to a node already reclaimed is caught.
+    fn put(this: &Rcu<Node>) {
+        if this.refcount.fetch_sub(1, Ordering::Release) == 1 {
             fence(Ordering::Acquire);
-            self.done.complete();
+            this.done.complete();
         }
     }
 
@@ -96,7 +108,11 @@ impl Node {
     }
 
     pub(crate) fn deferred_slot(&self, shard: usize) -> &AtomicI64 {
-        let i = if self.config.shard_aware { shard.min(self.nr_deferred.len() - 1) } else { 0 };
+        let i = if self.config.shard_aware {
+            shard.min(self.nr_deferred.len() - 1)
+        } else {
+            0
+        };
         &self.nr_deferred[i]
     }
 }
@@ -109,7 +125,11 @@ struct Table<T> {
 
 impl<T> Table<T> {
     fn with_capacity(n: usize) -> Self {
-        Self { slots: (0..n).map(|_| AtomicPtr::new(core::ptr::null_mut())).collect() }
+        Self {
+            slots: (0..n)
+                .map(|_| AtomicPtr::new(core::ptr::null_mut()))
+                .collect(),
+        }
     }
 }
 
@@ -174,7 +194,9 @@ pub(crate) struct Inner {
 
 impl core::fmt::Debug for Inner {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Inner").field("nr_shards", &self.nr_shards).finish_non_exhaustive()
+        f.debug_struct("Inner")
+            .field("nr_shards", &self.nr_shards)
+            .finish_non_exhaustive()
     }
 }
 
@@ -230,7 +252,7 @@ impl Hold<'_> {
         let _ = guard;
         // SAFETY: as in `node`; `guard` keeps the node alive past the put, until
         // the walk unpins, even if unregister retires it right after.
-        unsafe { (*self.node).put() };
+        unsafe { Node::put(&*self.node) };
         core::mem::forget(self);
     }
 }
@@ -239,7 +261,7 @@ impl Drop for Hold<'_> {
     fn drop(&mut self) {
         let guard = self.inner.epoch.pin();
         // SAFETY: as in `release`.
-        unsafe { (*self.node).put() };
+        unsafe { Node::put(&*self.node) };
         drop(guard);
     }
 }
@@ -288,7 +310,9 @@ impl ShrinkerRegistry {
             sync_lock: Mutex::new(()),
             shrinks: StatCounter::new(0),
         };
-        Self { inner: Arc::new(inner) }
+        Self {
+            inner: Arc::new(inner),
+        }
     }
 
     /// The number of shards.
@@ -299,14 +323,25 @@ impl ShrinkerRegistry {
     /// Registers `shrinker`. It may be called by a shrink that starts after
     /// this returns (and by one already walking, if the walk has not passed its
     /// id yet).
-    pub fn register<S: Shrinker>(&self, config: ShrinkerConfig, shrinker: S) -> Result<ShrinkerHandle, ShrinkerError> {
+    pub fn register<S: Shrinker>(
+        &self,
+        config: ShrinkerConfig,
+        shrinker: S,
+    ) -> Result<ShrinkerHandle, ShrinkerError> {
         let inner = &*self.inner;
         let mut w = lock(&inner.writer);
         let id = w
             .shrinker_ids
             .alloc(MAX_SHRINKERS)
-            .ok_or(ShrinkerError::TooMany { what: "shrinkers", max: MAX_SHRINKERS })?;
-        let nr_deferred = if config.shard_aware { inner.nr_shards } else { 1 };
+            .ok_or(ShrinkerError::TooMany {
+                what: "shrinkers",
+                max: MAX_SHRINKERS,
+            })?;
+        let nr_deferred = if config.shard_aware {
+            inner.nr_shards
+        } else {
+            1
+        };
         let memcg_aware = config.memcg_aware;
         let node = Rcu::into_raw(Node {
             id: ShrinkerId(id as u32),
@@ -325,7 +360,10 @@ impl ShrinkerRegistry {
         table.slots[id].store(node, Ordering::Release);
         drop(guard);
         drop(w);
-        Ok(ShrinkerHandle { inner: Arc::clone(&self.inner), node })
+        Ok(ShrinkerHandle {
+            inner: Arc::clone(&self.inner),
+            node,
+        })
     }
 
     /// Runs one shrink walk and returns the objects freed.
@@ -337,10 +375,16 @@ impl ShrinkerRegistry {
     pub fn shrink(&self, req: &ShrinkRequest) -> Result<u64, ShrinkerError> {
         let inner = &*self.inner;
         if req.shard >= inner.nr_shards {
-            return Err(ShrinkerError::ShardOutOfRange { shard: req.shard, nr_shards: inner.nr_shards });
+            return Err(ShrinkerError::ShardOutOfRange {
+                shard: req.shard,
+                nr_shards: inner.nr_shards,
+            });
         }
         if req.priority > DEF_PRIORITY {
-            return Err(ShrinkerError::PriorityOutOfRange { priority: req.priority, max: DEF_PRIORITY });
+            return Err(ShrinkerError::PriorityOutOfRange {
+                priority: req.priority,
+                max: DEF_PRIORITY,
+            });
         }
         let _in_flight = inner.enter();
         inner.shrinks.fetch_add(1, Ordering::Relaxed);
@@ -372,13 +416,22 @@ impl ShrinkerRegistry {
                 return Err(ShrinkerError::UnknownGroup(p));
             }
         }
-        let id = w.group_ids.alloc(MAX_GROUPS).ok_or(ShrinkerError::TooMany { what: "groups", max: MAX_GROUPS })?;
+        let id = w
+            .group_ids
+            .alloc(MAX_GROUPS)
+            .ok_or(ShrinkerError::TooMany {
+                what: "groups",
+                max: MAX_GROUPS,
+            })?;
         if w.group_parent.len() <= id {
             w.group_parent.resize(id + 1, None);
         }
         w.group_parent[id] = parent;
         let info = Rcu::into_raw(GroupInfo::new(inner.nr_shards, w.nr_units));
-        let group = Rcu::into_raw(Group { parent, info: AtomicPtr::new(info) });
+        let group = Rcu::into_raw(Group {
+            parent,
+            info: AtomicPtr::new(info),
+        });
         let guard = inner.epoch.pin();
         let table = inner.grow_table(&inner.groups, &guard, id);
         table.slots[id].store(group, Ordering::Release);
@@ -399,7 +452,10 @@ impl ShrinkerRegistry {
         if let Some(child) = (0..w.group_parent.len())
             .find(|&c| w.group_ids.is_used(c) && w.group_parent[c] == Some(group))
         {
-            return Err(ShrinkerError::GroupHasChildren { group, child: GroupId(child as u32) });
+            return Err(ShrinkerError::GroupHasChildren {
+                group,
+                child: GroupId(child as u32),
+            });
         }
         let guard = inner.epoch.pin();
         let gtable = inner.group_table(&guard);
@@ -417,7 +473,9 @@ impl ShrinkerRegistry {
             for u in 0..info.nr_units {
                 for b in 0..UNIT_BITS {
                     let id = u * UNIT_BITS + b;
-                    let Some(unit) = info.unit(shard, id) else { continue };
+                    let Some(unit) = info.unit(shard, id) else {
+                        continue;
+                    };
                     let v = unit.nr_deferred[b].swap(0, Ordering::Relaxed);
                     if v <= 0 {
                         continue;
@@ -429,8 +487,11 @@ impl ShrinkerRegistry {
                             }
                         }
                         None => {
-                            // SAFETY: slots hold live nodes under the guard.
-                            if let Some(node) = stable.slots.get(id).and_then(|s| unsafe { guard.load(s) }) {
+                            let load = |s| {
+                                // SAFETY: slots hold live nodes under the guard.
+                                unsafe { guard.load(s) }
+                            };
+                            if let Some(node) = stable.slots.get(id).and_then(load) {
                                 node.deferred_slot(shard).fetch_add(v, Ordering::Relaxed);
                             }
                         }
@@ -460,10 +521,18 @@ impl ShrinkerRegistry {
 
     /// Marks shrinker `id` as possibly having objects in `group` / `shard` (the
     /// kernel's `set_shrinker_bit`), so that group walks call it.
-    pub fn set_shrinker_bit(&self, group: GroupId, shard: usize, id: ShrinkerId) -> Result<(), ShrinkerError> {
+    pub fn set_shrinker_bit(
+        &self,
+        group: GroupId,
+        shard: usize,
+        id: ShrinkerId,
+    ) -> Result<(), ShrinkerError> {
         let inner = &*self.inner;
         if shard >= inner.nr_shards {
-            return Err(ShrinkerError::ShardOutOfRange { shard, nr_shards: inner.nr_shards });
+            return Err(ShrinkerError::ShardOutOfRange {
+                shard,
+                nr_shards: inner.nr_shards,
+            });
         }
         let guard = inner.epoch.pin();
         let i = id.0 as usize;
@@ -475,7 +544,9 @@ impl ShrinkerRegistry {
         if !node.config.memcg_aware {
             return Err(ShrinkerError::NotMemcgAware(id));
         }
-        let info = inner.group_info(&guard, group).ok_or(ShrinkerError::UnknownGroup(group))?;
+        let info = inner
+            .group_info(&guard, group)
+            .ok_or(ShrinkerError::UnknownGroup(group))?;
         let Some(unit) = info.unit(shard, i) else {
             // Cannot happen: arrays grow before a group-aware id is published.
             return Err(ShrinkerError::UnknownShrinker(id));
@@ -492,20 +563,37 @@ impl ShrinkerRegistry {
     }
 
     /// Whether shrinker `id`'s bit is set in `group` / `shard`.
-    pub fn shrinker_bit(&self, group: GroupId, shard: usize, id: ShrinkerId) -> Result<bool, ShrinkerError> {
+    pub fn shrinker_bit(
+        &self,
+        group: GroupId,
+        shard: usize,
+        id: ShrinkerId,
+    ) -> Result<bool, ShrinkerError> {
         let inner = &*self.inner;
         let guard = inner.epoch.pin();
-        let info = inner.group_info(&guard, group).ok_or(ShrinkerError::UnknownGroup(group))?;
+        let info = inner
+            .group_info(&guard, group)
+            .ok_or(ShrinkerError::UnknownGroup(group))?;
         let i = id.0 as usize;
-        Ok(info.unit(shard, i).is_some_and(|u| u.map.load(Ordering::Acquire) & (1 << (i % UNIT_BITS)) != 0))
+        Ok(info
+            .unit(shard, i)
+            .is_some_and(|u| u.map.load(Ordering::Acquire) & (1 << (i % UNIT_BITS)) != 0))
     }
 
     /// The work deferred for shrinker `id` in `group` (`None`: its own, root)
     /// and `shard`.
-    pub fn nr_deferred(&self, id: ShrinkerId, group: Option<GroupId>, shard: usize) -> Result<i64, ShrinkerError> {
+    pub fn nr_deferred(
+        &self,
+        id: ShrinkerId,
+        group: Option<GroupId>,
+        shard: usize,
+    ) -> Result<i64, ShrinkerError> {
         let inner = &*self.inner;
         if shard >= inner.nr_shards {
-            return Err(ShrinkerError::ShardOutOfRange { shard, nr_shards: inner.nr_shards });
+            return Err(ShrinkerError::ShardOutOfRange {
+                shard,
+                nr_shards: inner.nr_shards,
+            });
         }
         let guard = inner.epoch.pin();
         let i = id.0 as usize;
@@ -520,8 +608,12 @@ impl ShrinkerRegistry {
         match group {
             None => Ok(node.deferred_slot(shard).load(Ordering::Relaxed)),
             Some(g) => {
-                let info = inner.group_info(&guard, g).ok_or(ShrinkerError::UnknownGroup(g))?;
-                Ok(info.unit(shard, i).map_or(0, |u| u.nr_deferred[i % UNIT_BITS].load(Ordering::Relaxed)))
+                let info = inner
+                    .group_info(&guard, g)
+                    .ok_or(ShrinkerError::UnknownGroup(g))?;
+                Ok(info
+                    .unit(shard, i)
+                    .map_or(0, |u| u.nr_deferred[i % UNIT_BITS].load(Ordering::Relaxed)))
             }
         }
     }
@@ -542,12 +634,20 @@ impl ShrinkerRegistry {
 
     /// Registry-wide counters.
     pub fn registry_stats(&self) -> RegistryStats {
-        RegistryStats { shrinks: self.inner.shrinks.load(Ordering::Relaxed), skipped: 0 }
+        RegistryStats {
+            shrinks: self.inner.shrinks.load(Ordering::Relaxed),
+            skipped: 0,
+        }
     }
 
     /// The number of registered shrinkers.
     pub fn len(&self) -> usize {
-        lock(&self.inner.writer).shrinker_ids.used.iter().filter(|u| **u).count()
+        lock(&self.inner.writer)
+            .shrinker_ids
+            .used
+            .iter()
+            .filter(|u| **u)
+            .count()
     }
 
     /// Whether no shrinker is registered.
@@ -570,7 +670,10 @@ impl ShrinkerHandle {
 
     /// Marks this shrinker as possibly having objects in `group` / `shard`.
     pub fn set_shrinker_bit(&self, group: GroupId, shard: usize) -> Result<(), ShrinkerError> {
-        ShrinkerRegistry { inner: Arc::clone(&self.inner) }.set_shrinker_bit(group, shard, self.id())
+        ShrinkerRegistry {
+            inner: Arc::clone(&self.inner),
+        }
+        .set_shrinker_bit(group, shard, self.id())
     }
 
     /// This shrinker's statistics.
@@ -659,9 +762,13 @@ impl Inner {
                 continue;
             }
             // SAFETY: slots hold live groups under the guard.
-            let Some(g) = (unsafe { guard.load(slot) }) else { continue };
+            let Some(g) = (unsafe { guard.load(slot) }) else {
+                continue;
+            };
             // SAFETY: infos are live under the guard.
-            let Some(old) = (unsafe { guard.load(&g.info) }) else { continue };
+            let Some(old) = (unsafe { guard.load(&g.info) }) else {
+                continue;
+            };
             let new = Rcu::into_raw(GroupInfo::expand(old, self.nr_shards, new_units));
             let old_ptr = g.info.swap(new, Ordering::AcqRel);
             // SAFETY: replaced above, retired once; its units are shared with
@@ -710,7 +817,14 @@ impl Inner {
             let n = hold.node();
             let shard = if n.config.shard_aware { req.shard } else { 0 };
             let mut sc = ShrinkControl::new(None, shard, req.priority);
-            let out = do_shrink_slab(&n.config, &n.stats, &mut sc, &RootDeferred(n), |sc| n.count(sc), |sc| n.scan(sc));
+            let out = do_shrink_slab(
+                &n.config,
+                &n.stats,
+                &mut sc,
+                &RootDeferred(n),
+                |sc| n.count(sc),
+                |sc| n.scan(sc),
+            );
             if let ShrinkOutcome::Freed(f) = out {
                 freed = freed.saturating_add(f);
             }
@@ -732,7 +846,16 @@ impl Inner {
         mut pos: usize,
     ) -> Option<(usize, *const Rcu<Node>)> {
         let info = self.group_info(guard, group)?;
-        let table = self.shrinker_table(guard);
+        // The id table is loaded afresh for every set bit: a bit read here may
+        // have been set by a shrinker published in a table newer than one
+        // loaded before the bitmap word.
+        let lookup = |id: usize| {
+            // SAFETY: slots hold live nodes under the guard.
+            self.shrinker_table(guard)
+                .slots
+                .get(id)
+                .and_then(|s| unsafe { guard.load(s) })
+        };
         loop {
             let unit = info.unit(shard, pos)?;
             let base = pos - pos % UNIT_BITS;
@@ -741,15 +864,15 @@ impl Inner {
                 let id = base + map.trailing_zeros() as usize;
                 map &= map - 1;
                 let bit = 1u64 << (id % UNIT_BITS);
-                // SAFETY: slots hold live nodes under the guard.
-                match table.slots.get(id).and_then(|s| unsafe { guard.load(s) }) {
+                match lookup(id) {
                     None => {
                         // A stale bit (set through a raw id racing with
-                        // unregister). Clear it, and set it again if a shrinker
-                        // took the id meanwhile.
+                        // unregister). Clear it; if a shrinker took the id
+                        // meanwhile, set it again (Dekker with the fence in
+                        // `set_shrinker_bit`: it sees the clear or we see it).
                         unit.map.fetch_and(!bit, Ordering::SeqCst);
-                        // SAFETY: as above.
-                        if table.slots.get(id).and_then(|s| unsafe { guard.load(s) }).is_some() {
+                        fence(Ordering::SeqCst);
+                        if lookup(id).is_some() {
                             unit.map.fetch_or(bit, Ordering::SeqCst);
                         }
                     }
@@ -777,16 +900,35 @@ impl Inner {
             let hold = Hold { inner: self, node };
             let n = hold.node();
             let shard = if n.config.shard_aware { req.shard } else { 0 };
-            let deferred = GroupDeferred { inner: self, group, shard, id };
+            let deferred = GroupDeferred {
+                inner: self,
+                group,
+                shard,
+                id,
+            };
             let mut sc = ShrinkControl::new(Some(group), shard, req.priority);
-            let mut out = do_shrink_slab(&n.config, &n.stats, &mut sc, &deferred, |sc| n.count(sc), |sc| n.scan(sc));
+            let mut out = do_shrink_slab(
+                &n.config,
+                &n.stats,
+                &mut sc,
+                &deferred,
+                |sc| n.count(sc),
+                |sc| n.scan(sc),
+            );
             if out == ShrinkOutcome::Empty {
                 self.update_bit(group, req.shard, id, false);
                 // Pairs with the fence in `set_shrinker_bit`: an object added
                 // before the bit was set again is seen by this second count.
                 fence(Ordering::SeqCst);
                 let mut sc = ShrinkControl::new(Some(group), shard, req.priority);
-                out = do_shrink_slab(&n.config, &n.stats, &mut sc, &deferred, |sc| n.count(sc), |sc| n.scan(sc));
+                out = do_shrink_slab(
+                    &n.config,
+                    &n.stats,
+                    &mut sc,
+                    &deferred,
+                    |sc| n.count(sc),
+                    |sc| n.scan(sc),
+                );
                 if out != ShrinkOutcome::Empty {
                     self.update_bit(group, req.shard, id, true);
                 }
@@ -803,7 +945,10 @@ impl Inner {
 
     fn update_bit(&self, group: GroupId, shard: usize, id: usize, set: bool) {
         let guard = self.epoch.pin();
-        if let Some(unit) = self.group_info(&guard, group).and_then(|i| i.unit(shard, id)) {
+        if let Some(unit) = self
+            .group_info(&guard, group)
+            .and_then(|i| i.unit(shard, id))
+        {
             let bit = 1u64 << (id % UNIT_BITS);
             if set {
                 unit.map.fetch_or(bit, Ordering::SeqCst);
@@ -819,7 +964,7 @@ impl Inner {
         let node = unsafe { &*ptr };
         let in_flight = node.refcount.load(Ordering::Relaxed).saturating_sub(1);
         // Drop the registration's reference, then wait for the walkers' ones.
-        node.put();
+        Node::put(node);
         node.done.wait();
         // refcount is 0 for good: no callback runs now or later.
         let callback = node.callback.with_mut(|p| {
@@ -837,12 +982,17 @@ impl Inner {
                 let gtable = self.group_table(&guard);
                 for slot in gtable.slots.iter() {
                     // SAFETY: slots hold live groups under the guard.
-                    let Some(g) = (unsafe { guard.load(slot) }) else { continue };
+                    let Some(g) = (unsafe { guard.load(slot) }) else {
+                        continue;
+                    };
                     // SAFETY: infos are live under the guard.
-                    let Some(info) = (unsafe { guard.load(&g.info) }) else { continue };
+                    let Some(info) = (unsafe { guard.load(&g.info) }) else {
+                        continue;
+                    };
                     for shard in 0..self.nr_shards {
                         if let Some(unit) = info.unit(shard, id) {
-                            unit.map.fetch_and(!(1u64 << (id % UNIT_BITS)), Ordering::SeqCst);
+                            unit.map
+                                .fetch_and(!(1u64 << (id % UNIT_BITS)), Ordering::SeqCst);
                             unit.nr_deferred[id % UNIT_BITS].store(0, Ordering::Relaxed);
                         }
                     }
@@ -919,13 +1069,19 @@ impl DeferredWork for GroupDeferred<'_> {
         self.inner
             .group_info(&guard, self.group)
             .and_then(|i| i.unit(self.shard, self.id))
-            .map_or(0, |u| u.nr_deferred[self.id % UNIT_BITS].swap(0, Ordering::Relaxed))
+            .map_or(0, |u| {
+                u.nr_deferred[self.id % UNIT_BITS].swap(0, Ordering::Relaxed)
+            })
     }
     fn add(&self, _shard: usize, v: i64) -> i64 {
         let guard = self.inner.epoch.pin();
         self.inner
             .group_info(&guard, self.group)
             .and_then(|i| i.unit(self.shard, self.id))
-            .map_or(0, |u| u.nr_deferred[self.id % UNIT_BITS].fetch_add(v, Ordering::Relaxed).saturating_add(v))
+            .map_or(0, |u| {
+                u.nr_deferred[self.id % UNIT_BITS]
+                    .fetch_add(v, Ordering::Relaxed)
+                    .saturating_add(v)
+            })
     }
 }

@@ -82,9 +82,14 @@ pub(crate) fn do_shrink_slab(
         total_scan -= did;
         scanned = scanned.saturating_add(did);
     }
-    stats.objects_scanned.fetch_add(scanned as u64, Ordering::Relaxed);
+    stats
+        .objects_scanned
+        .fetch_add(scanned as u64, Ordering::Relaxed);
     stats.objects_freed.fetch_add(freed, Ordering::Relaxed);
-    let next = nr.saturating_add(delta).saturating_sub(scanned).clamp(0, 2 * freeable);
+    let next = nr
+        .saturating_add(delta)
+        .saturating_sub(scanned)
+        .clamp(0, 2 * freeable);
     if next > 0 {
         deferred.add(sc.shard, next);
     }
@@ -107,7 +112,12 @@ mod tests {
         }
     }
 
-    fn run(config: &ShrinkerConfig, objects: u64, priority: u32, deferred: &Deferred) -> (Vec<u64>, ShrinkOutcome) {
+    fn run(
+        config: &ShrinkerConfig,
+        objects: u64,
+        priority: u32,
+        deferred: &Deferred,
+    ) -> (Vec<u64>, ShrinkOutcome) {
         let stats = NodeStats::default();
         let mut sc = ShrinkControl::new(None, 0, priority);
         let mut calls = Vec::new();
@@ -183,10 +193,24 @@ mod tests {
         let stats = NodeStats::default();
         let cfg = ShrinkerConfig::new("t");
         let mut sc = ShrinkControl::new(None, 0, 0);
-        let out = do_shrink_slab(&cfg, &stats, &mut sc, &d, |_| Count::Empty, |_| Scan::Freed(1));
+        let out = do_shrink_slab(
+            &cfg,
+            &stats,
+            &mut sc,
+            &d,
+            |_| Count::Empty,
+            |_| Scan::Freed(1),
+        );
         assert_eq!(out, ShrinkOutcome::Empty);
         assert_eq!(d.0.get(), 7, "an empty shrinker leaves deferred work alone");
-        let out = do_shrink_slab(&cfg, &stats, &mut sc, &d, |_| Count::Objects(1000), |_| Scan::Stop);
+        let out = do_shrink_slab(
+            &cfg,
+            &stats,
+            &mut sc,
+            &d,
+            |_| Count::Objects(1000),
+            |_| Scan::Stop,
+        );
         assert_eq!(out, ShrinkOutcome::Freed(0));
         // nr = 7, delta = 2000 -> all deferred (capped at 2000).
         assert_eq!(d.0.get(), 2000);

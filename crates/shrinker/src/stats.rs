@@ -41,10 +41,23 @@ pub struct ShrinkerStats {
 
 impl ShrinkerStats {
     pub(crate) fn of(n: &Node) -> Self {
-        Self::from_parts(n.id, &n.config.name, &n.stats, n.nr_deferred.iter().map(|d| d.load(Ordering::Relaxed)).sum())
+        Self::from_parts(
+            n.id,
+            &n.config.name,
+            &n.stats,
+            n.nr_deferred
+                .iter()
+                .map(|d| d.load(Ordering::Relaxed))
+                .sum(),
+        )
     }
 
-    pub(crate) fn from_parts(id: crate::ShrinkerId, name: &str, s: &NodeStats, nr_deferred: i64) -> Self {
+    pub(crate) fn from_parts(
+        id: crate::ShrinkerId,
+        name: &str,
+        s: &NodeStats,
+        nr_deferred: i64,
+    ) -> Self {
         Self {
             id,
             name: name.to_owned(),

@@ -18,7 +18,9 @@ pub(crate) use std::sync::atomic::{fence, AtomicI64, AtomicPtr, AtomicU64, Atomi
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 
 #[cfg(shrinker_loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicI64, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{
+    fence, AtomicI64, AtomicPtr, AtomicU64, AtomicUsize, Ordering,
+};
 #[cfg(shrinker_loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 
@@ -44,7 +46,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Waits on a condition variable, taking over a poisoned lock as [`lock`] does.
 pub(crate) fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-    cv.wait(guard).unwrap_or_else(std::sync::PoisonError::into_inner)
+    cv.wait(guard)
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Gives the processor away inside a wait loop.
@@ -95,9 +98,14 @@ impl Liveness {
     fn check(&self) {
         #[cfg(shrinker_loom)]
         self.alive.with(|p| {
-            // SAFETY: `p` points into this live `Liveness`; loom checks that
-            // this read is ordered with the write in `kill`.
-            assert!(unsafe { *p }, "use after free: object accessed after its grace period");
+            // SAFETY: `p` points into this `Liveness`, whose memory is never
+            // freed under loom; loom checks that this read is ordered with the
+            // write in `kill`.
+            let alive = unsafe { *p };
+            assert!(
+                alive,
+                "use after free: object accessed after its grace period"
+            );
         });
     }
 
@@ -124,7 +132,10 @@ impl<T> Rcu<T> {
     /// Allocates `value` on the heap and returns the raw pointer that readers
     /// load; ownership passes to whoever publishes and later retires it.
     pub(crate) fn into_raw(value: T) -> *mut Rcu<T> {
-        Box::into_raw(Box::new(Rcu { value, live: Liveness::new() }))
+        Box::into_raw(Box::new(Rcu {
+            value,
+            live: Liveness::new(),
+        }))
     }
 
     /// Frees an object that no reader can reach any more, at once.
@@ -193,11 +204,17 @@ impl Epoch {
         #[cfg(shrinker_loom)]
         {
             lock(&self.model).active += 1;
-            Guard { epoch: self, _epoch: PhantomData }
+            Guard {
+                epoch: self,
+                _epoch: PhantomData,
+            }
         }
         #[cfg(not(shrinker_loom))]
         {
-            Guard { inner: crossbeam_epoch::pin(), _epoch: PhantomData }
+            Guard {
+                inner: crossbeam_epoch::pin(),
+                _epoch: PhantomData,
+            }
         }
     }
 }
@@ -231,7 +248,8 @@ impl Guard<'_> {
             // the box is freed exactly once and after its last reader. `T: Send`
             // makes dropping it on another thread sound.
             unsafe {
-                self.inner.defer_unchecked(move || drop(Box::from_raw(addr as *mut Rcu<T>)));
+                self.inner
+                    .defer_unchecked(move || drop(Box::from_raw(addr as *mut Rcu<T>)));
             }
         }
         #[cfg(shrinker_loom)]
@@ -279,7 +297,10 @@ pub(crate) struct Completion {
 
 impl Completion {
     pub(crate) fn new() -> Self {
-        Self { done: Mutex::new(false), cv: Condvar::new() }
+        Self {
+            done: Mutex::new(false),
+            cv: Condvar::new(),
+        }
     }
 
     pub(crate) fn complete(&self) {

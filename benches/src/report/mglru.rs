@@ -12,7 +12,8 @@
 //! - `miss_ratio[trace][capacity][policy]`: misses / requests (every request counted). The
 //!   capacity key is the number of pages; `capacity_fraction[trace][capacity]` gives the share
 //!   of distinct pages. Policies: `mglru` (v6.1 rules, default `Config`), `mglru-look-twice`
-//!   (`look_twice` with faulted pages in the second-oldest generation), `active-inactive`,
+//!   (`look_twice`, faulted pages in the second-oldest generation, `refault_window` 1),
+//!   `active-inactive`,
 //!   `lru`, `clock`, and `ARC`, `LIRS`, `S3-FIFO` when libCacheSim is installed.
 //! - `libcachesim`: the version used, or the reason it could not run.
 //! - `goals[policy]`: for `mglru` and `mglru-look-twice`: the worst excess over LRU in points
@@ -68,6 +69,7 @@ fn look_twice_config() -> Config {
     Config {
         look_twice: true,
         fault_placement: FaultPlacement::SecondOldest,
+        refault_window: 1,
         ..Config::default()
     }
 }

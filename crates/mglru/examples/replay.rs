@@ -12,7 +12,7 @@ use mglru::Config;
 
 const USAGE: &str = "usage: replay --policy <mglru|active-inactive|lru|clock> --capacity <PAGES> \
                      [--no-bloom-filter] [--fault-placement <youngest|second-oldest>] \
-                     [--max-nr-gens <3|4>] <TRACE>";
+                     [--max-nr-gens <3|4>] [--look-twice] [--refault-window <GENS>] <TRACE>";
 
 fn run() -> Result<String, String> {
     let mut args = std::env::args().skip(1);
@@ -30,6 +30,13 @@ fn run() -> Result<String, String> {
                 );
             }
             "--no-bloom-filter" => cfg.bloom_filter = false,
+            "--look-twice" => cfg.look_twice = true,
+            "--refault-window" => {
+                let v = value("--refault-window")?;
+                cfg.refault_window = v
+                    .parse()
+                    .map_err(|_| format!("--refault-window {v:?} is not a number"))?;
+            }
             "--fault-placement" => {
                 cfg.fault_placement = match value("--fault-placement")?.as_str() {
                     "youngest" => mglru::FaultPlacement::Youngest,

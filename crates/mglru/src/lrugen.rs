@@ -50,8 +50,12 @@ pub struct Config {
     /// page where it is; the eviction-time check gives it one more generation). This is the
     /// "look twice" rule of `folio_check_references` ("all mapped folios start out with page
     /// table references from the instantiating fault"), which v6.1's MGLRU bypasses. Off by
-    /// default (v6.1 behaviour).
+    /// default (v6.1 behaviour). A recent refault is not fresh: it has a history.
     pub look_twice: bool,
+    /// Generations of refault distance within which a refault counts as recent (feeds the
+    /// controller and comes back in the workingset). 0, the kernel's rule, counts only pages
+    /// evicted from the generation that is still the oldest.
+    pub refault_window: u64,
 }
 
 impl Default for Config {
@@ -65,6 +69,7 @@ impl Default for Config {
             look_around: true,
             max_shadows: 1 << 20,
             look_twice: false,
+            refault_window: 0,
         }
     }
 }
@@ -84,6 +89,9 @@ impl Config {
         if self.swappiness > 200 {
             return bad("swappiness", u64::from(self.swappiness), "0..=200");
         }
+        if self.refault_window > MAX_NR_GENS as u64 {
+            return bad("refault_window", self.refault_window, "0..=4");
+        }
         if self.region_shift > 30 {
             return bad("region_shift", u64::from(self.region_shift), "0..=30");
         }
@@ -100,8 +108,9 @@ pub struct Refault {
     pub tier: usize,
     /// Generations between its eviction and now: `min_seq` now minus `min_seq` at eviction.
     pub distance: u64,
-    /// Whether it counts for the controller: evicted from the generation that is still the
-    /// oldest (distance 0), as in the kernel.
+    /// Whether it counts for the controller and the workingset: `distance` at most
+    /// [`Config::refault_window`] (0 by default: evicted from the generation that is still the
+    /// oldest, as in the kernel).
     pub recent: bool,
 }
 
@@ -458,7 +467,8 @@ impl Mglru {
         if workingset {
             flags.set_workingset();
         }
-        if hint.arrival == Arrival::Fault {
+        // A recent refault has a history: its first accessed bit is a reuse.
+        if hint.arrival == Arrival::Fault && !workingset {
             flags.set_fresh();
         }
         let i = self.slab.insert(
@@ -483,7 +493,7 @@ impl Mglru {
             page_type: shadow.page_type,
             tier: tier_from_refs(usize::from(shadow.refs)),
             distance: min_seq.saturating_sub(shadow.seq),
-            recent: shadow.seq == min_seq,
+            recent: min_seq.saturating_sub(shadow.seq) <= self.cfg.refault_window,
         }
     }
 

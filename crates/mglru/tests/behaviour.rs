@@ -216,6 +216,56 @@ fn refaults_are_detected_with_distance() {
     assert!(r.distance > 0 && !r.recent, "{r:?}");
     l.add(old, Hint::fault(ANON)).unwrap();
     assert_eq!(l.tier(old), Some(0));
+
+    // With a window of four generations the same distance still counts.
+    let mut l = lru_with(Config {
+        refault_window: 4,
+        ..Config::default()
+    });
+    for p in 0..200 {
+        l.add(p, Hint::sequential(ANON)).unwrap();
+    }
+    let v = l.evict(10, &mut bits);
+    for _ in 0..2 {
+        l.age(&mut bits);
+    }
+    let r = l.refault(v[0]).unwrap();
+    assert!(r.distance > 0 && r.recent, "{r:?}");
+    l.add(v[0], Hint::fault(ANON)).unwrap();
+    assert_eq!(l.tier(v[0]), Some(1));
+}
+
+#[test]
+fn look_twice_spares_the_faults_own_bit_but_not_a_refaults() {
+    let mut l = lru_with(Config {
+        look_twice: true,
+        bloom_filter: false,
+        ..Config::default()
+    });
+    let mut bits = AccessBits::new();
+    for p in 0..100 {
+        l.add(p, Hint::sequential(ANON)).unwrap();
+    }
+    let v = l.evict(1, &mut bits);
+    // A fresh fault and a recent refault, both with their accessed bit set by the fault.
+    l.add(500, Hint::fault(ANON)).unwrap();
+    l.add(v[0], Hint::fault(ANON)).unwrap();
+    bits.set(500);
+    bits.set(v[0]);
+    let seq_500 = l.generation(500).unwrap();
+    let w = l.age(&mut bits);
+    assert_eq!(w.young, 2);
+    assert_eq!(
+        l.generation(500),
+        Some(seq_500),
+        "the fault's own bit is not a reuse"
+    );
+    assert_eq!(l.generation(v[0]), Some(w.seq), "a refault's bit is");
+    // The second bit of the fresh page is a reuse.
+    bits.set(500);
+    let w = l.age(&mut bits);
+    assert_eq!(l.generation(500), Some(w.seq));
+    l.check_integrity().unwrap();
 }
 
 #[test]
@@ -391,6 +441,7 @@ fn look_twice_resists_scans() {
     let mut lt = Mglru::new(Config {
         look_twice: true,
         fault_placement: FaultPlacement::SecondOldest,
+        refault_window: 1,
         ..Config::default()
     })
     .unwrap();

@@ -48,9 +48,10 @@ fn config() -> impl Strategy<Value = Config> {
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        0u64..=2,
     )
         .prop_map(
-            |(gens, swappiness, second, bloom, look, look_twice)| Config {
+            |(gens, swappiness, second, bloom, look, look_twice, window)| Config {
                 max_nr_gens: gens,
                 swappiness,
                 fault_placement: if second {
@@ -63,6 +64,7 @@ fn config() -> impl Strategy<Value = Config> {
                 look_around: look,
                 max_shadows: 1 << 16,
                 look_twice,
+                refault_window: window,
             },
         )
 }

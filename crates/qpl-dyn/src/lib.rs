@@ -415,3 +415,8 @@ mod tests {
         assert_eq!(std::mem::offset_of!(JobHead, level), 52);
     }
 }
+
+/// Compiles and runs the README's example as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -93,3 +93,8 @@ pub use store::{
     Config, ConfigError, LoadError, ScanResult, Stats, StoreError, Writeback, Zswap,
     ENTRIES_PER_SHARD, MAX_FOLIO_PAGES, MAX_ORDER,
 };
+
+/// Compiles and runs the README's example as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -892,7 +892,15 @@ impl Zswap {
             };
             let decoded = self.decode(&mut w.codec, &mut w.obj, key, e, &mut page);
             drop(map);
+            // If the writer panics, the guard ends the writeback as failed so that nobody waits
+            // forever on the entry; the panic then goes on to the caller.
+            let guard = UnwindGuard {
+                zswap: self,
+                key,
+                id,
+            };
             let ok = decoded.is_ok() && writer.write_page(key, &page).is_ok();
+            std::mem::forget(guard);
             let map = shard.map.lock();
             self.end_writeback(map, &shard.done, key, id, ok);
             if ok {
@@ -1058,6 +1066,28 @@ impl Zswap {
             }
             None => false,
         }
+    }
+}
+
+/// Ends a writeback as failed when the caller's writer unwinds.
+struct UnwindGuard<'a> {
+    zswap: &'a Zswap,
+    key: u64,
+    id: u64,
+}
+
+impl Drop for UnwindGuard<'_> {
+    fn drop(&mut self) {
+        let shard = &self.zswap.shards[self.zswap.shard_of(self.key)];
+        let mut map = shard.map.lock();
+        if let Some(e) = map.get_mut(&self.key) {
+            if e.id == self.id && e.writeback {
+                e.writeback = false;
+                e.lru = self.zswap.lru.lock().push_head(self.key, self.id);
+            }
+        }
+        drop(map);
+        shard.done.notify_all();
     }
 }
 

@@ -53,7 +53,7 @@ print("ready", flush=True)
 sys.stdin.read()
 "#;
 
-/// Reads the private anonymous, writable mappings of `pid` ([heap] and unnamed), up to
+/// Reads the private anonymous, writable mappings of `pid` (`[heap]` and unnamed), up to
 /// `max_pages` non-zero pages. Returns (pages, zero pages skipped).
 pub fn read_anon_pages(pid: u32, max_pages: usize) -> std::io::Result<(Vec<u8>, usize)> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;

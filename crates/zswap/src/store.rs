@@ -1100,3 +1100,33 @@ enum PrepareError {
     Codec(CodecError),
     Pool(PoolError),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_is_shareable_between_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Zswap>();
+    }
+
+    #[test]
+    fn same_filled_detection() {
+        let mut page = vec![0u8; PAGE_SIZE];
+        assert_eq!(same_filled_word(&page), Some(0));
+        fill_word(&mut page, 0x0102_0304_0506_0708);
+        assert_eq!(same_filled_word(&page), Some(0x0102_0304_0506_0708));
+        page[PAGE_SIZE - 1] ^= 1;
+        assert_eq!(same_filled_word(&page), None);
+    }
+
+    #[test]
+    fn accept_threshold_arithmetic_does_not_overflow() {
+        let mut c = Config::new(Compressor::Lz4);
+        c.max_pool_bytes = u64::MAX;
+        c.accept_threshold_percent = 100;
+        let z = Zswap::new(c).expect("store");
+        assert!(!z.over_limit());
+    }
+}

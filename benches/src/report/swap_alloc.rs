@@ -5,8 +5,13 @@
 //! - `ops_per_sec`: alloc+free pairs per second, median of the repetitions, for orders 0 and 4
 //!   at 1 and 2 threads (`order0_1t`, `order0_2t`, `order4_1t`, `order4_2t`); designs
 //!   `cluster`, `global_lock`, `slot_cache`.
-//! - `device_lock_per_alloc`: device-lock acquisitions per order-0 allocation in the 2-thread
-//!   run (machine independent); `device_lock_per_alloc_by_run` has every run.
+//! - `ops_per_cpu_sec`: the same pairs per second of CPU time the worker threads got, and
+//!   `cpu_parallelism`, their CPU time over wall time (below the thread count when the
+//!   machine is busy: then the wall-time figures say little about scaling).
+//! - `device_lock_per_alloc`: device-lock acquisitions, on the allocation and the free path
+//!   together, per order-0 allocation in the 2-thread run (machine independent; the global
+//!   lock takes one to allocate and one to free); `device_lock_per_alloc_by_run` has every
+//!   run, and `device_lock_per_alloc_mixed_workload` the random mixed-order workload.
 //! - `order4_fallback_rate`: the share of order-4 allocations that fail in a random mixed
 //!   order-0/order-4 workload at 50, 80 and 95 percent fill (median over seeds); designs
 //!   `cluster` and `order_unaware`.
@@ -59,11 +64,13 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     let mut ops: Map<String, Value> = Map::new();
     let mut locks_by_run: Map<String, Value> = Map::new();
     let mut parallelism: Map<String, Value> = Map::new();
+    let mut per_cpu: Map<String, Value> = Map::new();
     let mut failures = 0;
     for d in DESIGNS {
         ops.insert(d.into(), json!({}));
         locks_by_run.insert(d.into(), json!({}));
         parallelism.insert(d.into(), json!({}));
+        per_cpu.insert(d.into(), json!({}));
     }
     for (order, threads) in runs {
         let key = format!("order{order}_{threads}t");
@@ -82,6 +89,8 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             let rate = median(s.iter().map(Throughput::ops_per_sec).collect());
             let locks = median(s.iter().map(Throughput::device_lock_per_alloc).collect());
             ops[*d][&key] = json!(rate.round());
+            per_cpu[*d][&key] =
+                json!(median(s.iter().map(Throughput::ops_per_cpu_sec).collect()).round());
             parallelism[*d][&key] = json!(median(s.iter().map(Throughput::parallelism).collect()));
             locks_by_run[*d][&key] = json!(locks);
         }
@@ -140,6 +149,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         "device_lock_per_alloc": lock_per_alloc,
         "device_lock_per_alloc_by_run": locks_by_run,
         "ops_per_sec": ops,
+        "ops_per_cpu_sec": per_cpu,
         "cpu_parallelism": parallelism,
         "order4_fallback_rate": fb,
         "device_lock_per_alloc_mixed_workload": fb_locks,
@@ -180,6 +190,17 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             f(&ops[d]["order4_2t"]),
             f(&lock_per_alloc[d]),
             f(&parallelism[d]["order0_2t"]),
+        ));
+    }
+    table.push_str("\nthe same per CPU-second the workers got\n");
+    for d in DESIGNS {
+        table.push_str(&format!(
+            "{:<12} {:>12.0} {:>12.0} {:>12.0} {:>12.0}\n",
+            d,
+            f(&per_cpu[d]["order0_1t"]),
+            f(&per_cpu[d]["order0_2t"]),
+            f(&per_cpu[d]["order4_1t"]),
+            f(&per_cpu[d]["order4_2t"]),
         ));
     }
     table.push_str(&format!(

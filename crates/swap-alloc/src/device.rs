@@ -83,7 +83,8 @@ pub struct DeviceConfig {
     pub rotational: bool,
     /// Discard hook; with one, emptied clusters go to the discard list first.
     pub discard: Option<Arc<dyn DiscardHook>>,
-    /// Size of the per-CPU arrays (default: the number of online CPUs).
+    /// Size of the per-CPU arrays (default: the number of online CPUs; rounded up to a power
+    /// of two).
     pub nr_cpus: Option<usize>,
     /// `false` only for the order-unaware baseline.
     pub(crate) order_aware: bool,
@@ -289,7 +290,12 @@ impl SwapDevice {
                 swpout: [0; NR_ORDERS],
             })));
         }
-        let ncpu = config.nr_cpus.unwrap_or_else(sync::nr_cpus).max(1);
+        // A power of two, so that picking this CPU's slot is a mask, not a division.
+        let ncpu = config
+            .nr_cpus
+            .unwrap_or_else(sync::nr_cpus)
+            .clamp(1, 1 << 16)
+            .next_power_of_two();
         let percpu = (0..ncpu)
             .map(|_| {
                 CachePadded::new(PerCpu {
@@ -350,7 +356,8 @@ impl SwapDevice {
     // ---------------------------------------------------------------- helpers
 
     fn cpu(&self) -> &PerCpu {
-        &self.percpu[sync::current_cpu() % self.percpu.len()]
+        // INVARIANT: `percpu.len()` is a power of two.
+        &self.percpu[sync::current_cpu() & (self.percpu.len() - 1)]
     }
 
     /// The list class of an order: the order itself, or 0 for the order-unaware baseline.

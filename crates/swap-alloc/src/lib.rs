@@ -44,6 +44,11 @@
 //!   `relocate_cluster` would put it afterwards) instead of off-list and back, and a nonfull
 //!   cluster that served an allocation stays on nonfull: each saves a device-lock round trip.
 //!   The cluster lock is held throughout, so no one sees the intermediate state.
+//! - When every cluster on a list is locked by someone else, the kernel's isolation reports
+//!   the list empty (and the allocation may fail spuriously); here it waits for the first
+//!   busy one with the device lock released and re-checks it is still on the list. A loom
+//!   model found the spurious failure (a concurrent [`SwapDevice::check_integrity`] holding
+//!   every cluster lock made an order-0 allocation fail on a half-empty device).
 //!
 //! ## Invariants
 //!
@@ -80,6 +85,11 @@
 //! # Ok::<(), SwapError>(())
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 pub mod baseline;
 mod cluster;

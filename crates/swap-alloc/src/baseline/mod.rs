@@ -53,7 +53,11 @@ impl SlotAllocator for SwapDevice {
         if let Some(e) = SwapEntry::new(self.id(), offset) {
             // A benchmark frees only what it allocated; an error here is a benchmark bug,
             // which the slot map refuses without damage.
-            let r = self.put_range(e, order);
+            let r = if order == 0 {
+                self.put(e).map(usize::from)
+            } else {
+                self.put_range(e, order)
+            };
             debug_assert!(r.is_ok(), "{r:?}");
         }
     }

@@ -42,6 +42,13 @@ impl Throughput {
         self.device_locks as f64 / (self.ops.max(1)) as f64
     }
 
+    /// Alloc+free pairs per second of CPU time the workers got: less sensitive than
+    /// [`ops_per_sec`](Self::ops_per_sec) to other load on the machine, but blind to time
+    /// spent waiting for a lock holder that was descheduled.
+    pub fn ops_per_cpu_sec(&self) -> f64 {
+        self.ops as f64 / self.cpu.as_secs_f64().max(1e-9)
+    }
+
     /// CPU time over wall time: how many threads really ran at once (at most the thread
     /// count; on a loaded machine, less).
     pub fn parallelism(&self) -> f64 {

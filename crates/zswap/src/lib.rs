@@ -73,6 +73,7 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod batch;
 mod compress;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -1,5 +1,6 @@
 //! The store itself: the sharded index of entries, the LRU, limits, counters, writeback.
 
+use crate::batch::{compress_part, BatchPool, Job, PageRules, Part, PartError, Reply};
 use crate::compress::{CodecError, Compressor, PageCodec, SCRATCH_SIZE};
 use crate::lru::Lru;
 use crate::pool::{Handle, Pool, PoolError, MAX_OBJECT};
@@ -322,6 +323,8 @@ pub struct Zswap {
     counters: Counters,
     /// Reused compression contexts, per CPU slot.
     contexts: Box<[PlainMutex<Vec<Worker>>]>,
+    /// `batch_threads - 1` persistent threads for large folios.
+    batch: BatchPool,
 }
 
 /// One worker's reusable state: a compression context and its buffers, so that a store or a
@@ -352,7 +355,7 @@ struct Prepared {
     crc: u32,
 }
 
-fn same_filled_word(page: &[u8]) -> Option<u64> {
+pub(crate) fn same_filled_word(page: &[u8]) -> Option<u64> {
     let mut words = page.chunks_exact(8).map(|c| {
         let mut w = [0u8; 8];
         w.copy_from_slice(c);
@@ -412,7 +415,19 @@ impl Zswap {
                 done: Condvar::new(),
             })
             .collect();
+        let rules = PageRules {
+            crc: config.crc,
+            same_filled: config.same_filled,
+        };
+        // No threads under loom: its models run the store on loom threads only.
+        let extra = if cfg!(zswap_loom) {
+            0
+        } else {
+            config.batch_threads - 1
+        };
+        let batch = BatchPool::start(extra, config.compressor, rules);
         Ok(Zswap {
+            batch,
             pool: Pool::new(config.max_span_pages),
             config,
             shards,
@@ -614,41 +629,8 @@ impl Zswap {
         let nr = folio.len() / PAGE_SIZE;
         let threads = self.config.batch_threads.min(nr);
         let mut prepared = Vec::with_capacity(nr);
-        let result = if threads > 1 && nr >= self.config.batch_min_pages {
-            let per = nr.div_ceil(threads);
-            let chunks: Vec<_> = folio.chunks(per * PAGE_SIZE).collect();
-            let results: Vec<PartResult> = std::thread::scope(|s| {
-                let handles: Vec<_> = chunks
-                    .iter()
-                    .enumerate()
-                    .skip(1)
-                    .map(|(i, chunk)| {
-                        s.spawn(move || {
-                            let mut out = Vec::with_capacity(per);
-                            let r = self.prepare_range(chunk, i * per, &mut out);
-                            (out, r)
-                        })
-                    })
-                    .collect();
-                let mut first = Vec::with_capacity(per);
-                let r0 = self.prepare_range(chunks[0], 0, &mut first);
-                let mut all = vec![(first, r0)];
-                for h in handles {
-                    match h.join() {
-                        Ok(x) => all.push(x),
-                        Err(p) => std::panic::resume_unwind(p),
-                    }
-                }
-                all
-            });
-            let mut err = None;
-            for (part, r) in results {
-                prepared.extend(part);
-                if let (Err(e), None) = (r, &err) {
-                    err = Some(e);
-                }
-            }
-            err.map_or(Ok(()), Err)
+        let result = if threads > 1 && nr >= self.config.batch_min_pages && self.batch.len() > 0 {
+            self.prepare_batched(folio, threads, &mut prepared)
         } else {
             self.prepare_range(folio, 0, &mut prepared)
         };
@@ -671,6 +653,112 @@ impl Zswap {
                     PrepareError::Pool(p) => StoreError::Pool(p),
                 })
             }
+        }
+    }
+
+    /// Splits the folio into `threads` parts: the first is done here, the others by the batch
+    /// threads; then allocates their objects in page order.
+    fn prepare_batched(
+        &self,
+        folio: &[u8],
+        threads: usize,
+        prepared: &mut Vec<Prepared>,
+    ) -> Result<(), (usize, PrepareError)> {
+        let nr = folio.len() / PAGE_SIZE;
+        let per = nr.div_ceil(threads);
+        let chunks: Vec<&[u8]> = folio.chunks(per * PAGE_SIZE).collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut local = Vec::new();
+        let mut sent = 0;
+        for (i, chunk) in chunks.iter().enumerate().skip(1) {
+            let job = Job {
+                first_page: i * per,
+                pages: chunk.to_vec(),
+                reply: tx.clone(),
+            };
+            match self.batch.submit(i - 1, job) {
+                Ok(()) => sent += 1,
+                Err(job) => local.push(job),
+            }
+        }
+        drop(tx);
+        let mut first = Vec::with_capacity(per);
+        let r0 = self.prepare_range(chunks[0], 0, &mut first);
+        let mut replies: Vec<Reply> = rx.iter().take(sent).collect();
+        // Parts whose thread was gone, or died: do them here.
+        if replies.len() < sent || !local.is_empty() {
+            let done: Vec<usize> = replies.iter().map(|r| r.first_page).collect();
+            for (i, chunk) in chunks.iter().enumerate().skip(1) {
+                if !done.contains(&(i * per)) && !local.iter().any(|j| j.first_page == i * per) {
+                    local.push(Job {
+                        first_page: i * per,
+                        pages: chunk.to_vec(),
+                        reply: std::sync::mpsc::channel().0,
+                    });
+                }
+            }
+            if !local.is_empty() {
+                match self.take_worker() {
+                    Ok((slot, mut w)) => {
+                        for job in &local {
+                            replies.push(compress_part(
+                                &mut w.codec,
+                                &mut w.out,
+                                self.rules(),
+                                job,
+                            ));
+                        }
+                        self.put_worker(slot, w);
+                    }
+                    Err(e) => {
+                        prepared.extend(first);
+                        return Err((local[0].first_page, PrepareError::Codec(e)));
+                    }
+                }
+            }
+        }
+        replies.sort_by_key(|r| r.first_page);
+        prepared.extend(first);
+        let mut err = r0.err();
+        for reply in replies {
+            for part in &reply.parts {
+                let p = match *part {
+                    Part::Same { word, crc } => Prepared {
+                        payload: Payload::Same(word),
+                        crc,
+                    },
+                    Part::Compressed { off, len, crc } => {
+                        match self.pool.alloc(&reply.bytes[off..off + len]) {
+                            Ok(h) => Prepared {
+                                payload: Payload::Compressed(h),
+                                crc,
+                            },
+                            Err(e) => {
+                                err = err.or(Some((reply.first_page, PrepareError::Pool(e))));
+                                break;
+                            }
+                        }
+                    }
+                };
+                prepared.push(p);
+            }
+            if let (None, Some((page, e))) = (&err, reply.error) {
+                err = Some((
+                    page,
+                    match e {
+                        PartError::Poor(n) => PrepareError::Poor(n),
+                        PartError::Codec(c) => PrepareError::Codec(c),
+                    },
+                ));
+            }
+        }
+        err.map_or(Ok(()), Err)
+    }
+
+    fn rules(&self) -> PageRules {
+        PageRules {
+            crc: self.config.crc,
+            same_filled: self.config.same_filled,
         }
     }
 
@@ -1090,9 +1178,6 @@ impl Drop for UnwindGuard<'_> {
         shard.done.notify_all();
     }
 }
-
-/// The pages one batch worker prepared, and how it stopped.
-type PartResult = (Vec<Prepared>, Result<(), (usize, PrepareError)>);
 
 #[derive(Debug)]
 enum PrepareError {

@@ -258,3 +258,35 @@ fn a_panicking_writer_leaves_the_entry_usable() {
     assert_eq!(out, p);
     zswap.check_integrity().expect("consistent");
 }
+
+#[test]
+fn batched_store_reports_the_first_poor_page() {
+    for threads in [2, 3, 4] {
+        let mut c = Config::new(Compressor::Zstd { level: 1 });
+        c.batch_threads = threads;
+        c.batch_min_pages = 2;
+        let zswap = Zswap::new(c).expect("store");
+        let mut kinds = vec![Kind::Compressible; 128];
+        kinds[100] = Kind::Random;
+        kinds[70] = Kind::Random;
+        kinds[3] = Kind::Same;
+        match zswap.store(0, &folio(&kinds, 9)) {
+            Err(StoreError::CompressPoor { page: 70, .. }) => {}
+            other => panic!("{threads} threads: {other:?}"),
+        }
+        let s = zswap.stats();
+        assert_eq!(
+            (s.stored_pages, s.pool_total_size, s.same_filled_pages),
+            (0, 0, 0)
+        );
+        kinds[100] = Kind::Compressible;
+        kinds[70] = Kind::Compressible;
+        let data = folio(&kinds, 9);
+        zswap.store(0, &data).expect("store");
+        assert_eq!(zswap.stats().same_filled_pages, 1);
+        let mut out = vec![0u8; 128 * PAGE_SIZE];
+        zswap.load(0, &mut out).expect("load");
+        assert!(out == data);
+        zswap.check_integrity().expect("consistent");
+    }
+}

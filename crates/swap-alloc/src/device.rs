@@ -401,13 +401,13 @@ impl SwapDevice {
         ))
     }
 
-    fn lock_cluster(&self, idx: usize, _st: &CpuStats) -> MutexGuard<'_, ClusterInner> {
+    fn lock_cluster(&self, idx: usize) -> MutexGuard<'_, ClusterInner> {
         let mut ci = self.clusters[idx].lock();
         ci.lock_count += 1;
         ci
     }
 
-    fn lock_lists(&self, _st: &CpuStats) -> MutexGuard<'_, Lists> {
+    fn lock_lists(&self) -> MutexGuard<'_, Lists> {
         let mut lists = self.lists.lock();
         lists.lock_count += 1;
         lists
@@ -418,9 +418,9 @@ impl SwapDevice {
     }
 
     /// Moves a locked cluster to the list of `state` (the kernel's `move_cluster`).
-    fn move_cluster(&self, idx: usize, ci: &mut ClusterInner, state: ClusterState, st: &CpuStats) {
+    fn move_cluster(&self, idx: usize, ci: &mut ClusterInner, state: ClusterState) {
         let class = self.class(usize::from(ci.order));
-        let mut lists = self.lock_lists(st);
+        let mut lists = self.lock_lists();
         let old = lists.list_of(idx);
         lists.move_to(ListId::for_state(state, class), idx);
         ci.state = state;
@@ -435,37 +435,37 @@ impl SwapDevice {
     }
 
     /// An emptied cluster goes to the discard list (with a hook) or the free list.
-    fn free_cluster(&self, idx: usize, ci: &mut ClusterInner, st: &CpuStats) {
+    fn free_cluster(&self, idx: usize, ci: &mut ClusterInner) {
         debug_assert_eq!(ci.count, 0);
         let to = if self.discard.is_some() {
             ClusterState::Discard
         } else {
             ClusterState::Free
         };
-        self.move_cluster(idx, ci, to, st);
+        self.move_cluster(idx, ci, to);
     }
 
     /// After an allocation attempt: put the cluster on the list its new count calls for (the
     /// kernel's `relocate_cluster`). Differs in one point: a cluster on `nonfull` that just
     /// served an allocation stays there (the kernel moves it to `frag`), which saves a device
     /// lock round trip whenever a free lands in a CPU's current cluster.
-    fn relocate(&self, idx: usize, ci: &mut ClusterInner, found: bool, st: &CpuStats) {
+    fn relocate(&self, idx: usize, ci: &mut ClusterInner, found: bool) {
         if ci.state == ClusterState::Discard {
             return;
         }
         let count = ci.count as usize;
         if count == 0 {
             if ci.state != ClusterState::Free {
-                self.free_cluster(idx, ci, st);
+                self.free_cluster(idx, ci);
             }
         } else if count < self.cluster_slots {
             let keep =
                 ci.state == ClusterState::Frag || (found && ci.state == ClusterState::Nonfull);
             if !keep {
-                self.move_cluster(idx, ci, ClusterState::Frag, st);
+                self.move_cluster(idx, ci, ClusterState::Frag);
             }
         } else if ci.state != ClusterState::Full {
-            self.move_cluster(idx, ci, ClusterState::Full, st);
+            self.move_cluster(idx, ci, ClusterState::Full);
         }
     }
 
@@ -489,15 +489,10 @@ impl SwapDevice {
     /// cluster on the list is contended, this waits for the first contended one with the
     /// device lock released, then re-checks that it is still on the list: a list whose
     /// clusters are all busy for a moment is not reported as empty.
-    fn isolate(
-        &self,
-        list: ListId,
-        order: u32,
-        st: &CpuStats,
-    ) -> Option<(usize, MutexGuard<'_, ClusterInner>)> {
+    fn isolate(&self, list: ListId, order: u32) -> Option<(usize, MutexGuard<'_, ClusterInner>)> {
         for _ in 0..4 {
             let contended = {
-                let mut lists = self.lock_lists(st);
+                let mut lists = self.lock_lists();
                 let mut cur = lists.first(list);
                 let mut contended = None;
                 while let Some(idx) = cur {
@@ -512,8 +507,8 @@ impl SwapDevice {
                 contended?
             };
             // Lock order: cluster, then device.
-            let mut ci = self.lock_cluster(contended, st);
-            let mut lists = self.lock_lists(st);
+            let mut ci = self.lock_cluster(contended);
+            let mut lists = self.lock_lists();
             if lists.list_of(contended) == Some(list.index()) {
                 self.take_for_alloc(&mut lists, contended, &mut ci, order);
                 drop(lists);
@@ -551,7 +546,6 @@ impl SwapDevice {
         start: usize,
         order: u32,
         usage: u16,
-        st: &CpuStats,
     ) -> (Option<u64>, u64) {
         let nr = 1usize << order;
         let cs = self.cluster_slots;
@@ -579,7 +573,7 @@ impl SwapDevice {
                 off += nr;
             }
         }
-        self.relocate(idx, ci, found.is_some(), st);
+        self.relocate(idx, ci, found.is_some());
         (found, next)
     }
 
@@ -592,10 +586,9 @@ impl SwapDevice {
         usage: u16,
         class: usize,
         hints: &mut Hints<'_>,
-        st: &CpuStats,
     ) -> Option<Option<u64>> {
-        let (idx, mut ci) = self.isolate(list, order, st)?;
-        let (found, next) = self.scan_cluster(idx, &mut ci, 0, order, usage, st);
+        let (idx, mut ci) = self.isolate(list, order)?;
+        let (found, next) = self.scan_cluster(idx, &mut ci, 0, order, usage);
         drop(ci);
         hints.set(class, next);
         Some(found)
@@ -617,14 +610,14 @@ impl SwapDevice {
         if hint != NO_HINT {
             let idx = (hint >> self.cluster_shift) as usize;
             if idx < self.clusters.len() {
-                let mut ci = self.lock_cluster(idx, st);
+                let mut ci = self.lock_cluster(idx);
                 if self.usable(&ci, order) {
                     let start = if ci.count == 0 {
                         0
                     } else {
                         (hint as usize) & (self.cluster_slots - 1)
                     };
-                    let (found, next) = self.scan_cluster(idx, &mut ci, start, order, usage, st);
+                    let (found, next) = self.scan_cluster(idx, &mut ci, start, order, usage);
                     drop(ci);
                     hints.set(class, next);
                     if found.is_some() {
@@ -637,7 +630,7 @@ impl SwapDevice {
         let nclusters = self.clusters.len();
         loop {
             // A free cluster: never fails for a cluster-sized or smaller order.
-            if let Some(found) = self.try_list(ListId::Free, order, usage, class, &mut hints, st) {
+            if let Some(found) = self.try_list(ListId::Free, order, usage, class, &mut hints) {
                 if found.is_some() {
                     return found;
                 }
@@ -646,8 +639,7 @@ impl SwapDevice {
                 // Clusters of this order that had slots freed.
                 let mut frags = 0usize;
                 for _ in 0..nclusters {
-                    match self.try_list(ListId::Nonfull(class), order, usage, class, &mut hints, st)
-                    {
+                    match self.try_list(ListId::Nonfull(class), order, usage, class, &mut hints) {
                         Some(Some(found)) => return Some(found),
                         Some(None) => frags += 1,
                         None => break,
@@ -656,7 +648,7 @@ impl SwapDevice {
                 // Then rotate through the frag list once.
                 let existing = self.frag_nr[class].load(Ordering::Relaxed);
                 while frags < existing {
-                    match self.try_list(ListId::Frag(class), order, usage, class, &mut hints, st) {
+                    match self.try_list(ListId::Frag(class), order, usage, class, &mut hints) {
                         Some(Some(found)) => return Some(found),
                         Some(None) => frags += 1,
                         None => break,
@@ -676,7 +668,7 @@ impl SwapDevice {
         for o in 1..NR_ORDERS {
             for list in [ListId::Frag(o), ListId::Nonfull(o)] {
                 for _ in 0..nclusters {
-                    match self.try_list(list, 0, usage, class, &mut hints, st) {
+                    match self.try_list(list, 0, usage, class, &mut hints) {
                         Some(Some(found)) => return Some(found),
                         Some(None) => {}
                         None => break,
@@ -696,7 +688,7 @@ impl SwapDevice {
         let mut n = 0;
         loop {
             let idx = {
-                let mut lists = self.lock_lists(st);
+                let mut lists = self.lock_lists();
                 match lists.pop_front(ListId::Discard) {
                     Some(idx) => {
                         // Stays in Discard state off-list: not usable, not isolatable.
@@ -708,9 +700,9 @@ impl SwapDevice {
             };
             let first = (idx as u64) << self.cluster_shift;
             hook.discard(self.id, first, self.cluster_slots as u64);
-            let mut ci = self.lock_cluster(idx, st);
+            let mut ci = self.lock_cluster(idx);
             {
-                let mut lists = self.lock_lists(st);
+                let mut lists = self.lock_lists();
                 lists.discarding -= 1;
                 lists.push_back(ListId::Free, idx);
                 ci.state = ClusterState::Free;
@@ -723,16 +715,16 @@ impl SwapDevice {
     }
 
     /// After `nr` slots of a locked cluster became free (the kernel's `swap_entries_free`).
-    fn slots_freed(&self, idx: usize, ci: &mut ClusterInner, nr: u32, st: &CpuStats) {
+    fn slots_freed(&self, idx: usize, ci: &mut ClusterInner, nr: u32) {
         if nr == 0 {
             return;
         }
         ci.count -= nr;
         if ci.count == 0 {
-            self.free_cluster(idx, ci, st);
+            self.free_cluster(idx, ci);
         } else if ci.state != ClusterState::Nonfull {
             // The kernel's partial_free_cluster.
-            self.move_cluster(idx, ci, ClusterState::Nonfull, st);
+            self.move_cluster(idx, ci, ClusterState::Nonfull);
         }
     }
 
@@ -793,8 +785,7 @@ impl SwapDevice {
     /// becomes shared, e.g. after fork). Returns the new count.
     pub fn dup(&self, entry: SwapEntry) -> Result<u16, SwapError> {
         let (idx, s) = self.locate(entry)?;
-        let st = &self.cpu().stats;
-        let mut ci = self.lock_cluster(idx, st);
+        let mut ci = self.lock_cluster(idx);
         let v = ci.map[s];
         if v == SLOT_FREE {
             return Err(SwapError::SlotFree { entry });
@@ -816,7 +807,6 @@ impl SwapDevice {
         ci: &mut ClusterInner,
         s: usize,
         entry: SwapEntry,
-        st: &CpuStats,
     ) -> Result<bool, SwapError> {
         let v = ci.map[s];
         if v == SLOT_FREE {
@@ -827,7 +817,7 @@ impl SwapDevice {
         }
         ci.map[s] = v - 1;
         if v - 1 == SLOT_FREE {
-            self.slots_freed(idx, ci, 1, st);
+            self.slots_freed(idx, ci, 1);
             return Ok(true);
         }
         Ok(false)
@@ -837,9 +827,8 @@ impl SwapDevice {
     /// (no reference and no has-cache flag left).
     pub fn put(&self, entry: SwapEntry) -> Result<bool, SwapError> {
         let (idx, s) = self.locate(entry)?;
-        let st = &self.cpu().stats;
-        let mut ci = self.lock_cluster(idx, st);
-        self.put_locked(idx, &mut ci, s, entry, st)
+        let mut ci = self.lock_cluster(idx);
+        self.put_locked(idx, &mut ci, s, entry)
     }
 
     /// Drops one reference from each of the `2^order` slots from `entry` (the kernel's
@@ -864,8 +853,7 @@ impl SwapDevice {
                 nslots: self.nslots,
             });
         }
-        let st = &self.cpu().stats;
-        let mut ci = self.lock_cluster(idx, st);
+        let mut ci = self.lock_cluster(idx);
         for (i, &v) in ci.map[s..s + nr].iter().enumerate() {
             let e = entry.plus(i as u64);
             if v == SLOT_FREE {
@@ -882,7 +870,7 @@ impl SwapDevice {
                 freed += 1;
             }
         }
-        self.slots_freed(idx, &mut ci, freed, st);
+        self.slots_freed(idx, &mut ci, freed);
         Ok(freed as usize)
     }
 
@@ -891,7 +879,6 @@ impl SwapDevice {
     /// returns [`SwapError::InBatch`] with its index: the entries before it were processed,
     /// it and those after were not. Returns how many slots became free.
     pub fn put_batch(&self, entries: &[SwapEntry]) -> Result<usize, SwapError> {
-        let st = &self.cpu().stats;
         let mut held: Option<(usize, MutexGuard<'_, ClusterInner>)> = None;
         let mut freed = 0;
         for (index, &entry) in entries.iter().enumerate() {
@@ -904,10 +891,10 @@ impl SwapDevice {
                 Some((h, ref mut g)) if h == idx => g,
                 _ => {
                     held = None;
-                    &mut held.insert((idx, self.lock_cluster(idx, st))).1
+                    &mut held.insert((idx, self.lock_cluster(idx))).1
                 }
             };
-            if self.put_locked(idx, ci, s, entry, st).map_err(fail)? {
+            if self.put_locked(idx, ci, s, entry).map_err(fail)? {
                 freed += 1;
             }
         }
@@ -919,8 +906,7 @@ impl SwapDevice {
     /// read the same slot in learn that one of them lost.
     pub fn swapcache_prepare(&self, entry: SwapEntry) -> Result<(), SwapError> {
         let (idx, s) = self.locate(entry)?;
-        let st = &self.cpu().stats;
-        let mut ci = self.lock_cluster(idx, st);
+        let mut ci = self.lock_cluster(idx);
         let v = ci.map[s];
         if v == SLOT_FREE {
             return Err(SwapError::SlotFree { entry });
@@ -936,8 +922,7 @@ impl SwapDevice {
     /// Returns whether the slot became free.
     pub fn swapcache_clear(&self, entry: SwapEntry) -> Result<bool, SwapError> {
         let (idx, s) = self.locate(entry)?;
-        let st = &self.cpu().stats;
-        let mut ci = self.lock_cluster(idx, st);
+        let mut ci = self.lock_cluster(idx);
         let v = ci.map[s];
         if v == SLOT_FREE {
             return Err(SwapError::SlotFree { entry });
@@ -947,7 +932,7 @@ impl SwapDevice {
         }
         ci.map[s] = v & !SLOT_HAS_CACHE;
         if ci.map[s] == SLOT_FREE {
-            self.slots_freed(idx, &mut ci, 1, st);
+            self.slots_freed(idx, &mut ci, 1);
             return Ok(true);
         }
         Ok(false)

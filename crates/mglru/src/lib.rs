@@ -117,6 +117,11 @@ pub use policy::{AccessKind, AccessSource, Arrival, Hint, NoAccess, PageId, Page
 pub use replay::{AccessBits, ReplayResult};
 pub use shared::SharedMglru;
 
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 /// The per-page flags word, for the loom models only (`cfg(mglru_loom)`).
 #[cfg(mglru_loom)]
 #[doc(hidden)]

@@ -519,3 +519,13 @@ fn bad_configs_are_refused() {
         Err(SwapError::TooManyDevices { max: 64 })
     );
 }
+
+#[test]
+fn shared_types_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<SwapDevice>();
+    check::<SwapInfo>();
+    check::<SwapEntry>();
+    check::<GlobalLockDevice>();
+    check::<SlotCacheDevice>();
+}

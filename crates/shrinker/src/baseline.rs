@@ -211,6 +211,12 @@ impl RwLockRegistry {
     /// One shrink walk; returns 0 without calling anything when the read side
     /// cannot be taken at once (counted in [`RegistryStats::skipped`]).
     pub fn shrink(&self, req: &ShrinkRequest) -> Result<u64, ShrinkerError> {
+        Ok(self.try_shrink(req)?.unwrap_or(0))
+    }
+
+    /// Like [`shrink`](Self::shrink), but says whether the walk was skipped
+    /// (`Ok(None)`) because the lock was busy.
+    pub fn try_shrink(&self, req: &ShrinkRequest) -> Result<Option<u64>, ShrinkerError> {
         let inner = &*self.inner;
         if req.shard >= inner.nr_shards {
             return Err(ShrinkerError::ShardOutOfRange {
@@ -227,7 +233,7 @@ impl RwLockRegistry {
         inner.shrinks.fetch_add(1, Ordering::Relaxed);
         let Some(st) = inner.state.try_read() else {
             inner.skipped.fetch_add(1, Ordering::Relaxed);
-            return Ok(0);
+            return Ok(None);
         };
         let mut freed = 0u64;
         match req.group {
@@ -276,7 +282,7 @@ impl RwLockRegistry {
                 }
             }
         }
-        Ok(freed)
+        Ok(Some(freed))
     }
 
     /// Creates a group (write lock).
@@ -491,5 +497,86 @@ impl DeferredWork for GroupDeferred<'_> {
     fn add(&self, _: usize, v: i64) -> i64 {
         self.0
             .map_or(0, |d| d.fetch_add(v, Ordering::Relaxed).saturating_add(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::{Count, Scan};
+    use std::sync::atomic::AtomicU64;
+
+    struct Cache(Arc<AtomicU64>);
+
+    impl Shrinker for Cache {
+        fn count_objects(&self, _: &ShrinkControl) -> Count {
+            match self.0.load(Ordering::SeqCst) {
+                0 => Count::Empty,
+                n => Count::Objects(n),
+            }
+        }
+        fn scan_objects(&self, sc: &mut ShrinkControl) -> Scan {
+            let n = self.0.load(Ordering::SeqCst).min(sc.nr_to_scan);
+            self.0.fetch_sub(n, Ordering::SeqCst);
+            Scan::Freed(n)
+        }
+    }
+
+    #[test]
+    fn walk_is_skipped_while_the_write_side_is_held() {
+        let reg = RwLockRegistry::default();
+        let objs = Arc::new(AtomicU64::new(1000));
+        let h = reg
+            .register(ShrinkerConfig::new("a"), Cache(objs.clone()))
+            .unwrap();
+        let writer = reg.inner.state.write();
+        assert_eq!(reg.try_shrink(&ShrinkRequest::new(0)), Ok(None));
+        drop(writer);
+        assert_eq!(reg.try_shrink(&ShrinkRequest::new(0)), Ok(Some(1000)));
+        let st = reg.registry_stats();
+        assert_eq!((st.shrinks, st.skipped), (2, 1));
+        assert_eq!(reg.stats()[0].objects_freed, 1000);
+        h.unregister();
+        assert!(reg.stats().is_empty());
+    }
+
+    #[test]
+    fn group_walk_and_offline_match_the_lockless_registry() {
+        let reg = RwLockRegistry::default();
+        let parent = reg.create_group(None).unwrap();
+        let child = reg.create_group(Some(parent)).unwrap();
+        let objs = Arc::new(AtomicU64::new(100_000));
+        let h = reg
+            .register(
+                ShrinkerConfig::new("a").memcg_aware(true),
+                Cache(objs.clone()),
+            )
+            .unwrap();
+        let id = h.id().unwrap();
+        reg.set_shrinker_bit(child, 0, id).unwrap();
+        // priority 12: 48 deferred, as in the lockless registry's tests.
+        assert_eq!(reg.shrink(&ShrinkRequest::new(12).group(child)), Ok(0));
+        assert!(matches!(
+            reg.offline_group(parent),
+            Err(ShrinkerError::GroupHasChildren { .. })
+        ));
+        reg.offline_group(child).unwrap();
+        reg.offline_group(parent).unwrap();
+        assert_eq!(reg.stats()[0].nr_deferred, 48);
+        // 200 memcg-aware shrinkers grow the arrays past 64 ids.
+        let g = reg.create_group(None).unwrap();
+        let more: Vec<_> = (0..200)
+            .map(|_| {
+                reg.register(
+                    ShrinkerConfig::new("m").memcg_aware(true),
+                    Cache(Arc::new(AtomicU64::new(5))),
+                )
+                .unwrap()
+            })
+            .collect();
+        for m in &more {
+            reg.set_shrinker_bit(g, 0, m.id().unwrap()).unwrap();
+        }
+        assert_eq!(reg.shrink(&ShrinkRequest::new(0).group(g)), Ok(1000));
     }
 }

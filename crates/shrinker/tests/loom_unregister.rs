@@ -121,3 +121,30 @@ fn two_shrinks_and_drop_of_handle() {
         assert!(registry.is_empty());
     });
 }
+
+/// Under loom a root walk batches 2 shrinkers: unregistering the second one
+/// while the walker holds it unrun exercises the early release of dying
+/// references.
+#[test]
+fn unregister_a_batched_shrinker_not_yet_run() {
+    loom::model(|| {
+        let registry = ShrinkerRegistry::default();
+        let (a, _a_alive) = probe(1);
+        let (b, b_alive) = probe(1);
+        let _ha = registry
+            .register(ShrinkerConfig::new("a"), a)
+            .expect("register a");
+        let hb = registry
+            .register(ShrinkerConfig::new("b"), b)
+            .expect("register b");
+
+        let r = registry.clone();
+        let t = loom::thread::spawn(move || r.shrink(&ShrinkRequest::new(0)).expect("shrink"));
+
+        let report = hb.unregister();
+        assert!(report.in_flight <= 1);
+        assert_eq!(Arc::strong_count(&b_alive), 1);
+        let freed = t.join().expect("shrinker thread");
+        assert!(freed == 2 || freed == 4, "freed {freed}");
+    });
+}

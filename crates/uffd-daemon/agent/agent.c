@@ -28,6 +28,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -56,6 +57,7 @@
 
 #define SCRATCH_PAGES 512UL
 #define STACK_BYTES (256UL * 1024)
+#define WATCHDOG_STACK_BYTES (64UL * 1024)
 /* Exit status of a process whose daemon died. */
 #define EXIT_DAEMON_LOST 86
 
@@ -81,13 +83,14 @@ struct agent {
 	char *probe;
 	char *scratch;
 	char *stack;
+	char *watchdog_stack;
 	uint8_t buf[MAX_PACKET];
 	uint8_t out[MAX_PACKET];
 };
 
-/* Region layout: [probe page][scratch pages][agent state][agent thread stack] */
+/* Region layout: [probe page][scratch pages][agent state][agent stack][watchdog stack] */
 #define STATE_BYTES ((sizeof(struct agent) + PAGE - 1) & ~(PAGE - 1))
-#define REGION_BYTES (PAGE + SCRATCH_PAGES * PAGE + STATE_BYTES + STACK_BYTES)
+#define REGION_BYTES (PAGE + SCRATCH_PAGES * PAGE + STATE_BYTES + STACK_BYTES + WATCHDOG_STACK_BYTES)
 
 /* Set once by the constructor, read by the atfork handlers (program threads only). */
 static struct agent *g_agent;
@@ -113,6 +116,33 @@ static void fatal(const char *what, int err)
 		 err ? strerror(err) : "failed");
 	say(line);
 	_exit(EXIT_DAEMON_LOST);
+}
+
+/*
+ * Stops the process without touching any memory the daemon manages: raw syscalls, the
+ * caller's stack (which lives in the agent region) and read-only strings only. Used when the
+ * daemon is gone, when every page of libc's .bss or the heap may be evicted for good.
+ */
+static void die_daemon_lost(void)
+{
+	static const char head[] = "uffd-agent[";
+	static const char tail[] = "]: the uffd-daemon serving this process died; stopping this process "
+				   "rather than running on without its evicted pages\n";
+	char num[16];
+	int n = 0;
+	long pid = syscall(SYS_getpid);
+	char tmp[16];
+	int t = 0;
+	do {
+		tmp[t++] = (char)('0' + pid % 10);
+		pid /= 10;
+	} while (pid > 0 && t < 15);
+	while (t > 0)
+		num[n++] = tmp[--t];
+	syscall(SYS_write, 2, head, sizeof head - 1);
+	syscall(SYS_write, 2, num, n);
+	syscall(SYS_write, 2, tail, sizeof tail - 1);
+	syscall(SYS_exit_group, EXIT_DAEMON_LOST);
 }
 
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
@@ -349,11 +379,39 @@ static void *agent_thread(void *arg)
 	}
 	/* The connection is gone. If the daemon is gone too, evicted pages can never come back:
 	 * stop now rather than run on with pages that would read as zeros or never arrive. */
-	if (kill(ag->daemon_pid, 0) != 0 && errno == ESRCH)
-		fatal("the uffd-daemon serving this process died", 0);
+	if (syscall(SYS_kill, ag->daemon_pid, 0) != 0 && errno == ESRCH)
+		die_daemon_lost();
 	say("uffd-agent: lost the connection to uffd-daemon (closed by the program?); pages are still "
 	    "served but no longer evicted from this process\n");
 	return NULL;
+}
+
+/*
+ * The watchdog does nothing but wait for the daemon to exit. It is separate from the agent
+ * thread because that one can be blocked for good when the daemon dies: its MADV_DONTNEED of
+ * the scratch area raises an event that only the daemon can read. _exit() kills every thread of
+ * the process, including threads blocked in faults or events (they sleep killable).
+ */
+static void *watchdog_thread(void *arg)
+{
+	struct agent *ag = arg;
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	long pfd = syscall(SYS_pidfd_open, ag->daemon_pid, 0);
+	if (pfd < 0) {
+		if (errno == ESRCH)
+			die_daemon_lost();
+		return NULL; /* no pidfd: the agent thread's end-of-stream check remains */
+	}
+	for (;;) {
+		struct pollfd p = { .fd = (int)pfd, .events = POLLIN };
+		long r = syscall(SYS_poll, &p, 1, -1);
+		if (r > 0)
+			die_daemon_lost();
+		if (r < 0 && errno != EINTR)
+			return NULL;
+	}
 }
 
 static void start_thread(struct agent *ag)
@@ -367,6 +425,13 @@ static void start_thread(struct agent *ag)
 	pthread_attr_destroy(&at);
 	if (rc != 0)
 		fatal("cannot start the agent thread", rc);
+	pthread_attr_init(&at);
+	pthread_attr_setstack(&at, ag->watchdog_stack, WATCHDOG_STACK_BYTES);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	rc = pthread_create(&th, &at, watchdog_thread, ag);
+	pthread_attr_destroy(&at);
+	if (rc != 0)
+		fatal("cannot start the agent's watchdog thread", rc);
 }
 
 static void atfork_child(void)
@@ -449,6 +514,7 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 	ag->probe = region;
 	ag->scratch = region + PAGE;
 	ag->stack = region + PAGE + SCRATCH_PAGES * PAGE + STATE_BYTES;
+	ag->watchdog_stack = ag->stack + STACK_BYTES;
 	ag->daemon_pid = (pid_t)atoi(dpid);
 
 	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);

@@ -68,6 +68,7 @@ pub struct Shared {
     bind_lock: Mutex<()>,
     bind_cv: Condvar,
     backend_error_logged: AtomicBool,
+    stalled: AtomicBool,
     /// Log decisions.
     pub verbose: bool,
 }
@@ -93,6 +94,7 @@ impl Shared {
             bind_lock: Mutex::new(()),
             bind_cv: Condvar::new(),
             backend_error_logged: AtomicBool::new(false),
+            stalled: AtomicBool::new(false),
             verbose,
         }
     }
@@ -139,6 +141,11 @@ impl Shared {
                 self.kick_cv.notify_one();
             }
         }
+    }
+
+    /// Whether the last reclaim pass above the limit freed nothing.
+    pub fn reclaim_stalled(&self) -> bool {
+        self.stalled.load(Ordering::Relaxed)
     }
 
     /// Wakes the monitor to reclaim now.
@@ -667,6 +674,7 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                     }
                     progress += reclaim::evict_batch(shared, m, want);
                 }
+                shared.stalled.store(progress == 0 && shared.resident() >= shared.limit_pages, Ordering::Relaxed);
                 if progress == 0 {
                     break;
                 }

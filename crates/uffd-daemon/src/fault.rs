@@ -24,8 +24,14 @@ use crate::mm::{Mm, Page, ZERO_SLOT};
 use crate::stats::Stats;
 use crate::sys::{self, Fill, RawUffdMsg, Uffd, UffdEvent, PAGE_SIZE, PAGE_SIZE_U64};
 
-/// Longest time a fault waits for reclaim when the limit is reached.
-const THROTTLE_MAX: std::time::Duration = std::time::Duration::from_millis(20);
+/// Longest time a fault waits for reclaim when the limit is reached (a safety valve: reclaim
+/// normally makes room within a batch).
+const THROTTLE_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether a thread id belongs to the daemon itself.
+fn is_daemon_thread(tid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
+}
 
 /// A fault that could not be served yet (`EAGAIN`: an event is pending).
 #[derive(Debug, Clone, Copy)]
@@ -120,11 +126,15 @@ fn serve_fault(shared: &Shared, mm: &Mm, p: Pending, page: &mut [u8], zeros: &[u
     let prior = st.pages.get(&addr).copied();
     // Throttle like the kernel's direct reclaim: at the limit, a fault that would add a
     // resident page waits (its thread is blocked in the kernel anyway) while reclaim makes
-    // room. The handler keeps reading events meanwhile, and the wait is bounded, so a fault
-    // that reclaim itself depends on can never deadlock it.
+    // room; the handler keeps reading events meanwhile. Faults of the daemon's own threads
+    // (reclaim reading a page the program just removed) are never held, since reclaim waits
+    // for them; and when reclaim cannot make progress (every resident page is pinned or
+    // shared after fork) faults go through rather than hang the program.
     if !prior.is_some_and(|p| p.is_resident())
         && shared.resident() >= shared.limit_pages
+        && !shared.reclaim_stalled()
         && p.read_at.elapsed() < THROTTLE_MAX
+        && !is_daemon_thread(p.ptid)
     {
         drop(st);
         Stats::add(&stats.throttled_faults, 1);

@@ -309,6 +309,7 @@ impl MmState {
     }
 
     /// Full consistency check (tests, debug builds).
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     pub fn check_integrity(&self) {
         let resident = self.pages.values().filter(|p| p.is_resident()).count();
         assert_eq!(resident, self.resident, "resident counter disagrees with the page table");

@@ -1,0 +1,291 @@
+//! The daemon in front of real programs. Every test checks the data, not only the exit code,
+//! and that paging really happened (the counters).
+//!
+//! These need `/dev/userfaultfd` or root (kernel-mode faults, EVENT_FORK). CI has both; the
+//! tests skip with a printed reason only where neither exists.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const DAEMON: &str = env!("CARGO_BIN_EXE_uffd-daemon");
+const CHECKER: &str = env!("CARGO_BIN_EXE_uffd-checker");
+
+/// One daemon at a time: the machine has two cores and the tests measure nothing.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn can_run() -> bool {
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd").is_ok();
+    if !root && !dev {
+        eprintln!("SKIP: needs root or read/write access to /dev/userfaultfd");
+    }
+    root || dev
+}
+
+fn have(program: &str) -> bool {
+    let found = Command::new("sh").arg("-c").arg(format!("command -v {program}")).stdout(Stdio::null()).status().is_ok_and(|s| s.success());
+    if !found {
+        eprintln!("SKIP: {program} is not installed (.ci/run installs it)");
+    }
+    found
+}
+
+fn stats_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("uffd-test-{name}-{}.json", std::process::id()))
+}
+
+struct Run {
+    status: i32,
+    stdout: String,
+    stderr: String,
+    stats: serde_json::Value,
+}
+
+impl Run {
+    fn get(&self, key: &str) -> u64 {
+        self.stats[key].as_u64().unwrap_or_else(|| panic!("stats lack {key}: {}", self.stats))
+    }
+}
+
+fn run_under(limit: &str, name: &str, program: &[&str]) -> Run {
+    let path = stats_path(name);
+    let _ = std::fs::remove_file(&path);
+    let out = Command::new(DAEMON)
+        .args(["run", "--limit", limit, "--stats-json"])
+        .arg(&path)
+        .arg("--")
+        .args(program)
+        .output()
+        .expect("running uffd-daemon");
+    let stats = std::fs::read_to_string(&path).map(|s| serde_json::from_str(&s).expect("stats JSON")).unwrap_or(serde_json::Value::Null);
+    let _ = std::fs::remove_file(&path);
+    let run = Run {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        stats,
+    };
+    eprintln!("--- {name}: status {}\nstdout:\n{}\nstderr:\n{}\nstats: {}", run.status, run.stdout, run.stderr, run.stats);
+    run
+}
+
+fn assert_paged(run: &Run, limit_bytes: u64) {
+    for key in ["faults", "zero_fills", "evicted_pages", "bytes_written", "bytes_read", "resident_pages_max"] {
+        assert!(run.stats.get(key).is_some(), "--stats-json lacks the key {key}");
+    }
+    assert!(run.get("evicted_pages") > 0, "nothing was evicted");
+    assert!(run.get("bytes_written") > 0 && run.get("bytes_read") > 0, "nothing went through the swap file");
+    assert!(run.get("faults") > 0);
+    // The limit holds (a little slack for faults in flight while reclaim runs).
+    let limit_pages = limit_bytes / 4096;
+    assert!(
+        run.get("resident_pages_max") <= limit_pages + limit_pages / 50 + 64,
+        "resident pages peaked at {} for a limit of {limit_pages}",
+        run.get("resident_pages_max")
+    );
+}
+
+#[test]
+fn demo_workload_verifies_every_page() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = run_under("16M", "demo", &[DAEMON, "workload", "--size", "64M"]);
+    assert_eq!(run.status, 0, "the workload found bad pages");
+    assert!(run.stdout.contains("0 bad pages"));
+    assert_paged(&run, 16 << 20);
+    assert!(run.get("swapins") > 0);
+}
+
+#[test]
+fn checker_fork_mremap_munmap_madvise() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = run_under("8M", "checker", &[CHECKER, "all"]);
+    assert_eq!(run.status, 0, "the checker found bad pages");
+    assert!(run.stdout.contains("checker: ALL OK"));
+    assert!(!run.stdout.contains("MISMATCH"));
+    assert_paged(&run, 32 << 20); // a forked child's copy-on-write pages count in both
+    assert!(run.get("swapins") > 0);
+    assert!(run.get("fork_events") >= 1, "the fork was not seen");
+    assert!(run.get("remap_events") >= 2, "both mremaps were not seen");
+    assert!(run.get("unmap_events") >= 1);
+    assert!(run.get("remove_events") >= 1, "MADV_DONTNEED was not seen");
+    assert_eq!(run.get("processes"), 2, "parent and forked child");
+}
+
+#[test]
+fn stress_ng_vm_verify() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("stress-ng") {
+        return;
+    }
+    let run = run_under(
+        "64M",
+        "stress-ng",
+        &["stress-ng", "--vm", "2", "--vm-bytes", "256M", "--vm-method", "rand-set", "--verify", "--timeout", "10s"],
+    );
+    assert_eq!(run.status, 0, "stress-ng failed");
+    let all = format!("{}{}", run.stdout, run.stderr);
+    assert!(all.contains("successful run completed"), "stress-ng did not complete successfully");
+    assert!(!all.contains("fail"), "stress-ng reported a failure");
+    assert_paged(&run, 64 << 20);
+    assert!(run.get("swapins") > 0);
+    assert!(run.get("fork_events") >= 2, "stress-ng's workers are forked children");
+    assert!(run.get("processes") >= 3);
+}
+
+#[test]
+fn python_dict_under_a_quarter_of_its_size() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("python3") {
+        return;
+    }
+    // About 200 MiB of dict and strings, under 48 MiB.
+    let script = r#"
+import random, sys
+n = 1_000_000
+d = {}
+for i in range(n):
+    d[i] = ("v%d-" % i) * 8
+bad = sum(1 for i in range(n) if d[i] != ("v%d-" % i) * 8)
+r = random.Random(1)
+for _ in range(n // 50):
+    i = r.randrange(n)
+    if d[i] != ("v%d-" % i) * 8:
+        bad += 1
+print("python dict: %d entries, %d bad" % (len(d), bad))
+sys.exit(1 if bad or len(d) != n else 0)
+"#;
+    let run = run_under("48M", "python", &["python3", "-c", script]);
+    assert_eq!(run.status, 0);
+    assert!(run.stdout.contains("1000000 entries, 0 bad"), "python's data did not verify");
+    assert_paged(&run, 48 << 20);
+    assert!(run.get("swapins") > 0);
+}
+
+#[test]
+fn exit_status_is_the_programs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = run_under("16M", "exit", &["sh", "-c", "exit 7"]);
+    assert_eq!(run.status, 7);
+    let run = run_under("16M", "signal", &["sh", "-c", "kill -TERM $$"]);
+    assert_eq!(run.status, 128 + 15);
+}
+
+/// Waits for a line starting with `prefix` on a child's stdout.
+fn wait_line(r: &mut impl BufRead, prefix: &str) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line).expect("reading the client's output") == 0 {
+            panic!("the client ended before printing {prefix:?}");
+        }
+        if line.starts_with(prefix) {
+            return line;
+        }
+    }
+}
+
+#[test]
+fn client_stops_when_the_daemon_dies() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let mut daemon = Command::new(DAEMON)
+        .args(["run", "--limit", "8M", "--", CHECKER, "hold"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the daemon");
+    let mut out = BufReader::new(daemon.stdout.take().expect("stdout"));
+    let ready = wait_line(&mut out, "READY ");
+    let client: i32 = ready.trim()["READY ".len()..].parse().expect("client pid");
+    wait_line(&mut out, "round 1:"); // pages have been evicted and read back at least once
+    // SAFETY: kill(2) of the daemon we started.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGKILL) };
+    let _ = daemon.wait();
+    // The client must stop by itself, with a clear message, and never report bad data.
+    let mut rest = String::new();
+    let mut err = String::new();
+    let _ = out.read_to_string(&mut rest);
+    let _ = daemon.stderr.take().expect("stderr").read_to_string(&mut err);
+    eprintln!("client stdout after the kill:\n{rest}\nstderr:\n{err}");
+    assert!(!rest.contains("MISMATCH"), "the client saw bad data");
+    assert!(rest.lines().filter(|l| l.starts_with("round")).all(|l| l.ends_with(" 0 bad pages")), "the client saw bad data");
+    assert!(err.contains("the uffd-daemon serving this process died"), "no clear message from the client");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{client}")).exists() && Instant::now() < deadline {
+        // It may linger as a zombie of init for a moment.
+        let stat = std::fs::read_to_string(format!("/proc/{client}/stat")).unwrap_or_default();
+        if stat.contains(") Z ") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{client}/stat")).unwrap_or_default();
+    assert!(stat.is_empty() || stat.contains(") Z "), "the client is still running: {stat}");
+}
+
+#[test]
+fn stat_reports_a_running_daemon_and_strangers_are_refused() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let mut daemon = Command::new(DAEMON).args(["run", "--limit", "16M", "--", "sleep", "3"]).spawn().expect("starting the daemon");
+    let pid = daemon.id();
+    let dir = uffd_daemon::default_run_base().join(pid.to_string());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !dir.join("ctl.sock").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let out = Command::new(DAEMON).args(["stat", "--pid", &pid.to_string()]).output().expect("uffd-daemon stat");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "stat failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(text.trim()).expect("stat prints JSON");
+    assert!(v["stats"]["processes"].as_u64().unwrap_or(0) >= 1, "{v}");
+    assert!(v["stats"].get("faults").is_some());
+
+    // A process this daemon did not start is refused, whatever it sends.
+    // (std has no SOCK_SEQPACKET: plain libc.)
+    // SAFETY: plain socket calls on a fresh descriptor with a valid sockaddr_un.
+    unsafe {
+        let s = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
+        assert!(s >= 0);
+        let mut addr: libc::sockaddr_un = std::mem::zeroed();
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let p = dir.join("agent.sock");
+        for (d, b) in addr.sun_path.iter_mut().zip(p.to_string_lossy().as_bytes()) {
+            *d = *b as libc::c_char;
+        }
+        let rc = libc::connect(s, (&addr as *const libc::sockaddr_un).cast(), std::mem::size_of::<libc::sockaddr_un>() as u32);
+        assert_eq!(rc, 0, "connecting to the agent socket");
+        let junk = [0x55u8; 40];
+        libc::send(s, junk.as_ptr().cast(), junk.len(), libc::MSG_NOSIGNAL);
+        let mut buf = [0u8; 4096];
+        let n = libc::recv(s, buf.as_mut_ptr().cast(), buf.len(), 0);
+        assert!(n > 0, "expected an error message before the close");
+        let reply = uffd_daemon::protocol::decode(&buf[..n as usize]).expect("a well-formed reply");
+        match reply.0 {
+            uffd_daemon::protocol::Message::Error { message, .. } => assert!(message.contains("only the processes it started"), "{message}"),
+            other => panic!("expected an ERROR, got {other:?}"),
+        }
+        let n = libc::recv(s, buf.as_mut_ptr().cast(), buf.len(), 0);
+        assert_eq!(n, 0, "the daemon closes the connection");
+        libc::close(s);
+    }
+    assert!(daemon.wait().expect("daemon").success());
+}

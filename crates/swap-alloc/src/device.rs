@@ -418,6 +418,8 @@ impl SwapDevice {
     }
 
     /// Moves a locked cluster to the list of `state` (the kernel's `move_cluster`).
+    #[cold]
+    #[inline(never)]
     fn move_cluster(&self, idx: usize, ci: &mut ClusterInner, state: ClusterState) {
         let class = self.class(usize::from(ci.order));
         let mut lists = self.lock_lists();
@@ -552,7 +554,22 @@ impl SwapDevice {
         let base = (idx as u64) << self.cluster_shift;
         let mut found = None;
         let mut next = NO_HINT;
-        if ci.count as usize + nr <= cs {
+        if order == 0 && (ci.count as usize) < cs {
+            // Order 0: the first free slot from `start`.
+            if let Some(pos) = ci.map[start.min(cs)..].iter().position(|&v| v == SLOT_FREE) {
+                let off = start + pos;
+                ci.map[off] = usage;
+                if ci.count == 0 {
+                    ci.order = 0;
+                }
+                ci.count += 1;
+                ci.swpout[0] += 1;
+                found = Some(base + off as u64);
+                if (ci.count as usize) < cs && off + 1 < cs {
+                    next = base + off as u64 + 1;
+                }
+            }
+        } else if order > 0 && ci.count as usize + nr <= cs {
             let mut off = (start + nr - 1) & !(nr - 1);
             while off + nr <= cs {
                 let run = &mut ci.map[off..off + nr];
@@ -627,10 +644,25 @@ impl SwapDevice {
             }
         }
 
+        self.alloc_slow(order, usage, class, &mut hints, st)
+    }
+
+    /// When the current cluster cannot serve: the list walk. Out of line, so that the fast
+    /// path stays small.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(
+        &self,
+        order: u32,
+        usage: u16,
+        class: usize,
+        hints: &mut Hints<'_>,
+        st: &CpuStats,
+    ) -> Option<u64> {
         let nclusters = self.clusters.len();
         loop {
             // A free cluster: never fails for a cluster-sized or smaller order.
-            if let Some(found) = self.try_list(ListId::Free, order, usage, class, &mut hints) {
+            if let Some(found) = self.try_list(ListId::Free, order, usage, class, hints) {
                 if found.is_some() {
                     return found;
                 }
@@ -639,7 +671,7 @@ impl SwapDevice {
                 // Clusters of this order that had slots freed.
                 let mut frags = 0usize;
                 for _ in 0..nclusters {
-                    match self.try_list(ListId::Nonfull(class), order, usage, class, &mut hints) {
+                    match self.try_list(ListId::Nonfull(class), order, usage, class, hints) {
                         Some(Some(found)) => return Some(found),
                         Some(None) => frags += 1,
                         None => break,
@@ -648,7 +680,7 @@ impl SwapDevice {
                 // Then rotate through the frag list once.
                 let existing = self.frag_nr[class].load(Ordering::Relaxed);
                 while frags < existing {
-                    match self.try_list(ListId::Frag(class), order, usage, class, &mut hints) {
+                    match self.try_list(ListId::Frag(class), order, usage, class, hints) {
                         Some(Some(found)) => return Some(found),
                         Some(None) => frags += 1,
                         None => break,
@@ -668,7 +700,7 @@ impl SwapDevice {
         for o in 1..NR_ORDERS {
             for list in [ListId::Frag(o), ListId::Nonfull(o)] {
                 for _ in 0..nclusters {
-                    match self.try_list(list, 0, usage, class, &mut hints) {
+                    match self.try_list(list, 0, usage, class, hints) {
                         Some(Some(found)) => return Some(found),
                         Some(None) => {}
                         None => break,

@@ -197,6 +197,7 @@ impl PageFlags {
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct GenBatch {
     delta: [[i64; 2]; crate::MAX_NR_GENS],
+    moved_in: [[u64; 2]; crate::MAX_NR_GENS],
     dirty: bool,
 }
 
@@ -206,19 +207,27 @@ impl GenBatch {
         if old != new {
             self.delta[old][ty] -= 1;
             self.delta[new][ty] += 1;
+            self.moved_in[new][ty] += 1;
             self.dirty = true;
         }
     }
 
-    /// Adds the deltas to `counts` and resets the batch.
-    pub(crate) fn apply(&mut self, counts: &mut [[i64; 2]; crate::MAX_NR_GENS]) {
+    /// Adds the deltas to `counts` and the pages moved into each generation to `promoted`, and
+    /// resets the batch.
+    pub(crate) fn apply(
+        &mut self,
+        counts: &mut [[i64; 2]; crate::MAX_NR_GENS],
+        promoted: &mut [[u64; 2]; crate::MAX_NR_GENS],
+    ) {
         if !self.dirty {
             return;
         }
-        for (c, d) in counts.iter_mut().zip(self.delta.iter_mut()) {
+        for g in 0..crate::MAX_NR_GENS {
             for t in 0..2 {
-                c[t] += d[t];
-                d[t] = 0;
+                counts[g][t] += self.delta[g][t];
+                promoted[g][t] += self.moved_in[g][t];
+                self.delta[g][t] = 0;
+                self.moved_in[g][t] = 0;
             }
         }
         self.dirty = false;

@@ -135,6 +135,14 @@ pub struct GenerationStats {
     pub seq: u64,
     /// Pages by type (`[anon, file]`); exact once batches are applied (after every call).
     pub pages: [u64; 2],
+    /// Pages evicted from it, by type.
+    pub evicted: [u64; 2],
+    /// Recent refaults counted while it was the oldest generation (the kernel's `refaulted`
+    /// per history generation), by type.
+    pub refaulted: [u64; 2],
+    /// Pages moved into it by the aging walk, look-arounds, activation or tier protection, by
+    /// type.
+    pub promoted: [u64; 2],
 }
 
 /// One aging walk.
@@ -302,6 +310,10 @@ pub struct Mglru {
     shadow_fifo: VecDeque<(PageId, u64)>,
     next_stamp: u64,
     tiers: [[TierStats; MAX_NR_TIERS]; 2],
+    /// Per generation index and type, reset when the index is reused.
+    gen_evicted: [[u64; 2]; MAX_NR_GENS],
+    gen_refaulted: [[u64; 2]; MAX_NR_GENS],
+    gen_promoted: [[u64; 2]; MAX_NR_GENS],
     walks: u64,
     walk_totals: WalkStats,
     last_walk: WalkStats,
@@ -331,6 +343,9 @@ impl Mglru {
             shadow_fifo: VecDeque::new(),
             next_stamp: 0,
             tiers: Default::default(),
+            gen_evicted: [[0; 2]; MAX_NR_GENS],
+            gen_refaulted: [[0; 2]; MAX_NR_GENS],
+            gen_promoted: [[0; 2]; MAX_NR_GENS],
             walks: 0,
             walk_totals: WalkStats::default(),
             last_walk: WalkStats::default(),
@@ -449,6 +464,8 @@ impl Mglru {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
                 self.tiers[sty][rf.tier].refaulted += 1;
+                let oldest = self.gen(self.min_seq[sty]);
+                self.gen_refaulted[oldest][sty] += 1;
                 let in_fault = hint.arrival == Arrival::Fault;
                 workingset = in_fault || usize::from(shadow.refs) == 1 << REFS_WIDTH;
             }
@@ -616,7 +633,7 @@ impl Mglru {
                 self.filters[next].insert(region);
             }
         }
-        batch.apply(&mut self.nr_pages);
+        batch.apply(&mut self.nr_pages, &mut self.gen_promoted);
         stats.nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.walks += 1;
         self.walk_totals.nanos = self.walk_totals.nanos.saturating_add(stats.nanos);
@@ -636,6 +653,11 @@ impl Mglru {
             }
         }
         self.max_seq += 1;
+        // The new youngest reuses the index of a retired generation.
+        let g = self.gen(self.max_seq);
+        self.gen_evicted[g] = [0; 2];
+        self.gen_refaulted[g] = [0; 2];
+        self.gen_promoted[g] = [0; 2];
     }
 
     /// `inc_min_seq`: moves every page of the oldest generation to the next one (pages promoted
@@ -904,7 +926,7 @@ impl Mglru {
             self.evict_node(i, ty, gen);
             victims.push(page);
         }
-        batch.apply(&mut self.nr_pages);
+        batch.apply(&mut self.nr_pages, &mut self.gen_promoted);
         scanned
     }
 
@@ -992,6 +1014,7 @@ impl Mglru {
         self.dec_region(page);
         self.ctrl.evicted[ty][tier] += 1;
         self.tiers[ty][tier].evicted += 1;
+        self.gen_evicted[gen][ty] += 1;
         self.evicted += 1;
         // lru_gen_eviction: the token holds min_seq and the references.
         let stamp = self.next_stamp;
@@ -1042,6 +1065,9 @@ impl Mglru {
                     self.nr_pages(seq, PageType::Anon),
                     self.nr_pages(seq, PageType::File),
                 ],
+                evicted: self.gen_evicted[self.gen(seq)],
+                refaulted: self.gen_refaulted[self.gen(seq)],
+                promoted: self.gen_promoted[self.gen(seq)],
             })
             .collect();
         Stats {

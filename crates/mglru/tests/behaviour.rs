@@ -83,6 +83,13 @@ fn sequential_pages_go_first_and_hot_pages_stay() {
         v.iter().all(|&p| p >= 1000),
         "sequential pages first: {v:?}"
     );
+    let s = l.stats();
+    let oldest = s
+        .generations
+        .iter()
+        .find(|g| g.seq == l.min_seq(ANON))
+        .unwrap();
+    assert_eq!(oldest.evicted[0], 50, "{s:?}");
     // Two generations later, pages 0..10 are touched again; the rest are cold and go first.
     l.age(&mut bits);
     l.age(&mut bits);
@@ -118,6 +125,9 @@ fn aging_keeps_at_most_max_nr_gens_and_promotes_young_pages() {
             assert!(l.max_seq() + 1 - l.min_seq(ANON) <= gens as u64);
             // The touched page is in the generation that was youngest during the walk.
             assert_eq!(l.generation(round), Some(before));
+            let s = l.stats();
+            let g = s.generations.iter().find(|g| g.seq == before).unwrap();
+            assert_eq!(g.promoted[0], 1, "{s:?}");
             l.check_integrity().unwrap();
         }
         assert_eq!(l.len(), 64);

@@ -14,7 +14,10 @@
 //!   walks go round the groups.
 //! - `skipped_share.{lockless,rwlock}.<scenario>`: the share of walks given up
 //!   because of a lock (machine independent; the lockless registry has none).
-//! - `ratio.<scenario>`: lockless / rwlock shrink rate.
+//! - `ratio.<scenario>`: lockless / rwlock shrink rate (`null` when the
+//!   baseline completed no walk at all: every try-lock failed).
+//! - `churn_per_sec.{lockless,rwlock}.<scenario>`: register+unregister pairs
+//!   per second done by the churn thread meanwhile.
 //! - `unregister_wait_us.{lockless,rwlock}.{p50,p90,max}`: how long
 //!   `unregister` blocks while two threads walk 100 shrinkers whose scans each
 //!   spin for about 20 us; `unregister_in_flight_mean`: scans of the
@@ -151,6 +154,7 @@ const OBJECTS: u64 = 100_000;
 struct Sample {
     walks_per_sec: f64,
     skipped_share: f64,
+    churn_per_sec: f64,
 }
 
 fn measure<R: Registry>(s: Scenario, run: Duration) -> anyhow::Result<Sample> {
@@ -237,8 +241,10 @@ fn measure<R: Registry>(s: Scenario, run: Duration) -> anyhow::Result<Sample> {
         skipped += sk;
     }
     let elapsed = t0.elapsed().as_secs_f64();
+    let mut churned = 0;
     if let Some(c) = churner {
-        c.join()
+        churned = c
+            .join()
             .map_err(|_| anyhow::anyhow!("churn thread panicked"))??;
     }
     for h in handles {
@@ -248,6 +254,7 @@ fn measure<R: Registry>(s: Scenario, run: Duration) -> anyhow::Result<Sample> {
     Ok(Sample {
         walks_per_sec: done as f64 / elapsed,
         skipped_share: skipped as f64 / total as f64,
+        churn_per_sec: churned as f64 / elapsed,
     })
 }
 
@@ -350,6 +357,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     }
     let mut rate = (Map::new(), Map::new());
     let mut skipped = (Map::new(), Map::new());
+    let mut churn = (Map::new(), Map::new());
     let mut ratio = Map::new();
     let mut table = String::from(
         "scenario                      lockless walks/s   rwlock walks/s   ratio  rwlock skipped\n",
@@ -358,6 +366,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     let mut lockless_skipped_total = 0.0;
     for s in &scenarios {
         let (mut a, mut b, mut sa, mut sb) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut ca, mut cb) = (Vec::new(), Vec::new());
         for _ in 0..reps {
             // Interleaved so that both designs see the same machine noise.
             let x = measure::<ShrinkerRegistry>(*s, run)?;
@@ -366,6 +375,8 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             sa.push(x.skipped_share);
             b.push(y.walks_per_sec);
             sb.push(y.skipped_share);
+            ca.push(x.churn_per_sec);
+            cb.push(y.churn_per_sec);
         }
         let (ra, rb) = (median(a), median(b));
         let (ska, skb) = (median(sa), median(sb));
@@ -381,6 +392,10 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         rate.1.insert(key.clone(), json!(rb.round()));
         skipped.0.insert(key.clone(), json!(ska));
         skipped.1.insert(key.clone(), json!(skb));
+        if s.churn {
+            churn.0.insert(key.clone(), json!(median(ca).round()));
+            churn.1.insert(key.clone(), json!(median(cb).round()));
+        }
         ratio.insert(key.clone(), json!((r * 100.0).round() / 100.0));
         table.push_str(&format!(
             "{key:<29} {ra:>16.0} {rb:>16.0} {r:>7.2} {:>14.1}%\n",
@@ -416,6 +431,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         "shrinks_per_sec": { "lockless": Value::Object(rate.0), "rwlock": Value::Object(rate.1) },
         "skipped_share": { "lockless": Value::Object(skipped.0), "rwlock": Value::Object(skipped.1) },
         "ratio": Value::Object(ratio),
+        "churn_per_sec": { "lockless": Value::Object(churn.0), "rwlock": Value::Object(churn.1) },
         "unregister_wait_us": { "lockless": waits(&wl), "rwlock": waits(&wr) },
         "unregister_in_flight_mean": in_flight_mean,
         "unregister_in_flight_max": in_flight_max,

@@ -103,6 +103,11 @@
 
 pub mod baseline;
 mod control;
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 mod error;
 mod group;
 mod registry;

@@ -1082,7 +1082,6 @@ impl Inner {
             // SAFETY: unlinked above; retired once, here. Walkers that loaded it
             // before the unlink hold guards that delay the free.
             unsafe { guard.retire(ptr.cast_mut()) };
-            guard.flush();
         }
         drop(callback);
         Unregistered { in_flight }

@@ -3,6 +3,10 @@
 use bench::report::{Options, SECTIONS};
 
 fn main() -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(bench::report::daemon::CLIENT_ARG) {
+        std::process::exit(bench::report::daemon::client_main(&argv[2..]));
+    }
     let mut quick = false;
     let mut json = false;
     let mut names = Vec::new();

@@ -69,6 +69,8 @@ counters! {
     faults_local_cpu,
     /// Faults for which the faulting thread's CPU was known.
     faults_cpu_known,
+    /// Voluntary context switches of the fault handler threads (each is a wakeup).
+    handler_wakeups,
     /// Sum of fault service times in nanoseconds (from reading the message to the wake).
     fault_service_ns,
     /// Times a fault waited for reclaim because the limit was reached.

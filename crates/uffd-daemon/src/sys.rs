@@ -573,3 +573,14 @@ pub fn pin_to_cpu(cpu: usize) {
         let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
+
+/// Voluntary context switches of the calling thread so far.
+pub fn thread_voluntary_switches() -> u64 {
+    // SAFETY: rusage is plain data; getrusage writes it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
+        return 0;
+    }
+    ru.ru_nvcsw as u64
+}

@@ -886,14 +886,14 @@ impl SwapDevice {
             });
         }
         let mut ci = self.lock_cluster(idx);
-        for (i, &v) in ci.map[s..s + nr].iter().enumerate() {
+        let run = &ci.map[s..s + nr];
+        if let Some(i) = run.iter().position(|&v| v & SLOT_COUNT_MASK == 0) {
             let e = entry.plus(i as u64);
-            if v == SLOT_FREE {
-                return Err(SwapError::SlotFree { entry: e });
-            }
-            if v & SLOT_COUNT_MASK == 0 {
-                return Err(SwapError::NoReference { entry: e });
-            }
+            return Err(if run[i] == SLOT_FREE {
+                SwapError::SlotFree { entry: e }
+            } else {
+                SwapError::NoReference { entry: e }
+            });
         }
         let mut freed = 0u32;
         for v in &mut ci.map[s..s + nr] {

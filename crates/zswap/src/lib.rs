@@ -16,11 +16,12 @@
 //!   swap space (`mm/zswap.c` keeps one tree per `SWAP_ADDRESS_SPACE_PAGES`). Each shard is a
 //!   hash map behind its own mutex: the index is *not* lock-free, so it has no lock-free claims;
 //!   the loom model in `tests/loom_store.rs` checks the writeback / load / store protocol instead.
-//! - **Large folios stored whole** (Usama Arif's and Kanchana Sridhar's 2024 series): a folio of
-//!   1 to 512 pages is compressed page by page with reused contexts, optionally on several threads
-//!   ([`Config::batch_threads`]), and then inserted under the shard locks at once. All or nothing:
-//!   if any page is refused, every object already allocated for the folio is freed and the caller
-//!   gets the reason ([`StoreError`]) and writes the folio to its backing device instead.
+//! - **Large folios stored whole** (the 2024 series "mm: zswap swap-out of large folios"): a
+//!   folio of 1 to 512 pages is compressed page by page with reused contexts, optionally on
+//!   several persistent threads ([`Config::batch_threads`]), and then inserted under the shard
+//!   locks at once. All or nothing: if any page is refused, every object already allocated for
+//!   the folio is freed and the caller gets the reason ([`StoreError`]) and writes the folio to
+//!   its backing device instead.
 //! - **One compressor per pool**: lz4 (lz4_flex's block API), zstd (configurable level, frames
 //!   without checksum, content size or dictionary id, one context per worker), raw deflate in
 //!   software (miniz_oxide) and raw deflate through Intel QPL (`deflate-iaa`, the `qpl-dyn` crate:
@@ -36,6 +37,8 @@
 //!   decompressed, to the caller's [`Writeback`]; on success they are freed, on failure they stay.
 //! - **Integrity**: with [`Config::crc`] each page's CRC32C is kept and checked on load and
 //!   writeback. A mismatch, a decompression error or a bad handle is an error, never wrong bytes.
+//!   (With CRC off, corrupt data that still decompresses to a page cannot be told from good data;
+//!   errors and bad handles are still reported and nothing panics.)
 //!
 //! How it differs from the kernel: there is no swap cache, so a load is always exclusive (it frees
 //! the entry, as zswap does for exclusive loads); an entry under writeback is marked in the index

@@ -573,7 +573,8 @@ impl SwapDevice {
             let mut off = (start + nr - 1) & !(nr - 1);
             while off + nr <= cs {
                 let run = &mut ci.map[off..off + nr];
-                if run.iter().all(|&s| s == SLOT_FREE) {
+                // Branch-free test of the whole run (it vectorises).
+                if run.iter().fold(0, |acc, &s| acc | s) == SLOT_FREE {
                     run.fill(usage);
                     if ci.count == 0 {
                         ci.order = order as u8;
@@ -887,7 +888,14 @@ impl SwapDevice {
         }
         let mut ci = self.lock_cluster(idx);
         let run = &ci.map[s..s + nr];
-        if let Some(i) = run.iter().position(|&v| v & SLOT_COUNT_MASK == 0) {
+        // Branch-free over the run (it vectorises); find the culprit only on error.
+        let any_unreferenced = run
+            .iter()
+            .fold(false, |acc, &v| acc | (v & SLOT_COUNT_MASK == 0));
+        if let Some(i) = any_unreferenced
+            .then(|| run.iter().position(|&v| v & SLOT_COUNT_MASK == 0))
+            .flatten()
+        {
             let e = entry.plus(i as u64);
             return Err(if run[i] == SLOT_FREE {
                 SwapError::SlotFree { entry: e }
@@ -898,9 +906,7 @@ impl SwapDevice {
         let mut freed = 0u32;
         for v in &mut ci.map[s..s + nr] {
             *v -= 1;
-            if *v == SLOT_FREE {
-                freed += 1;
-            }
+            freed += u32::from(*v == SLOT_FREE);
         }
         self.slots_freed(idx, &mut ci, freed);
         Ok(freed as usize)

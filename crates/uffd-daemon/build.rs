@@ -11,7 +11,18 @@ fn main() {
     let so = out.join("libuffd_agent.so");
     let compiler = cc::Build::new().get_compiler();
     let status = Command::new(compiler.path())
-        .args(["-O2", "-g", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden", "-o"])
+        .args([
+            "-O2",
+            "-g",
+            "-fPIC",
+            "-shared",
+            "-pthread",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fvisibility=hidden",
+            "-o",
+        ])
         .arg(&so)
         .arg(&src)
         .status()

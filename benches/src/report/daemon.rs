@@ -25,7 +25,16 @@ pub const CLIENT_ARG: &str = "__fault-client";
 
 fn map(bytes: usize) -> *mut u8 {
     // SAFETY: anonymous private mapping, checked.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
     assert_ne!(p, libc::MAP_FAILED, "mmap");
     p.cast()
 }
@@ -86,7 +95,9 @@ pub fn client_main(args: &[String]) -> i32 {
             let t = Instant::now();
             for i in 0..pages {
                 // SAFETY: within the mapping; fills each page so that it is stored, not zero.
-                unsafe { std::ptr::write_bytes(base.add(i * PAGE_SIZE), (i % 251) as u8 | 1, PAGE_SIZE) };
+                unsafe {
+                    std::ptr::write_bytes(base.add(i * PAGE_SIZE), (i % 251) as u8 | 1, PAGE_SIZE)
+                };
             }
             let fill_s = t.elapsed().as_secs_f64();
             let probe = pages / 2; // the first half was evicted long ago
@@ -116,7 +127,11 @@ pub fn client_main(args: &[String]) -> i32 {
 }
 
 /// A bare userfaultfd handler in this process: one thread, poll + read + fill, no bookkeeping.
-fn bare(pages: usize, restore: bool, pin: Option<(usize, usize)>) -> anyhow::Result<serde_json::Value> {
+fn bare(
+    pages: usize,
+    restore: bool,
+    pin: Option<(usize, usize)>,
+) -> anyhow::Result<serde_json::Value> {
     let (uffd, _) = Uffd::create_local(sys::UFFD_FEATURE_THREAD_ID)?;
     let base = map(pages * PAGE_SIZE);
     uffd.register(base as u64, (pages * PAGE_SIZE) as u64, false)?;
@@ -138,7 +153,11 @@ fn bare(pages: usize, restore: bool, pin: Option<(usize, usize)>) -> anyhow::Res
                 let n = uffd.read_msgs(&mut msgs).unwrap_or(0);
                 for m in &msgs[..n] {
                     if let UffdEvent::PageFault { address, .. } = m.decode() {
-                        let r = if restore { uffd.copy(address, &page) } else { uffd.zeropage(address) };
+                        let r = if restore {
+                            uffd.copy(address, &page)
+                        } else {
+                            uffd.zeropage(address)
+                        };
                         if matches!(r, Ok(Fill::Filled) | Ok(Fill::Exists)) {
                             served += 1;
                         }
@@ -155,7 +174,9 @@ fn bare(pages: usize, restore: bool, pin: Option<(usize, usize)>) -> anyhow::Res
     let lat = touch_timed(base, pages, false);
     let elapsed = t.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let (served, wakeups) = h.join().map_err(|_| anyhow::anyhow!("bare handler panicked"))?;
+    let (served, wakeups) = h
+        .join()
+        .map_err(|_| anyhow::anyhow!("bare handler panicked"))?;
     // Unpin this thread again.
     // SAFETY: cpu_set_t is plain data; setting all CPUs.
     unsafe {
@@ -171,10 +192,16 @@ fn bare(pages: usize, restore: bool, pin: Option<(usize, usize)>) -> anyhow::Res
     Ok(v)
 }
 
-fn under_daemon(limit: u64, mode: &str, pages: usize) -> anyhow::Result<(serde_json::Value, serde_json::Value)> {
+fn under_daemon(
+    limit: u64,
+    mode: &str,
+    pages: usize,
+) -> anyhow::Result<(serde_json::Value, serde_json::Value)> {
     let exe = std::env::current_exe()?;
-    let stats_path = std::env::temp_dir().join(format!("uffd-bench-{}-{mode}.json", std::process::id()));
-    let out_path = std::env::temp_dir().join(format!("uffd-bench-{}-{mode}.out", std::process::id()));
+    let stats_path =
+        std::env::temp_dir().join(format!("uffd-bench-{}-{mode}.json", std::process::id()));
+    let out_path =
+        std::env::temp_dir().join(format!("uffd-bench-{}-{mode}.out", std::process::id()));
     let config = uffd_daemon::Config {
         limit_bytes: limit,
         swap_file: None,
@@ -185,10 +212,18 @@ fn under_daemon(limit: u64, mode: &str, pages: usize) -> anyhow::Result<(serde_j
     let status = uffd_daemon::run(
         &config,
         "sh",
-        &["-c".into(), format!("exec \"$0\" {CLIENT_ARG} {mode} {pages} > {}", out_path.display()), exe.to_string_lossy().into_owned()],
+        &[
+            "-c".into(),
+            format!(
+                "exec \"$0\" {CLIENT_ARG} {mode} {pages} > {}",
+                out_path.display()
+            ),
+            exe.to_string_lossy().into_owned(),
+        ],
     )?;
     anyhow::ensure!(status == 0, "the {mode} client failed with status {status}");
-    let client: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&out_path)?.trim())?;
+    let client: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&out_path)?.trim())?;
     let stats: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats_path)?)?;
     let _ = std::fs::remove_file(&out_path);
     let _ = std::fs::remove_file(&stats_path);
@@ -210,12 +245,19 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     let (d_zero, s_zero) = under_daemon((zero_pages * PAGE_SIZE) as u64 * 2, "zero", zero_pages)?;
     // Restores: the client fills 4x the limit, then reads the oldest half back.
     let (d_restore, s_restore) = under_daemon(limit, "restore", restore_pages)?;
-    anyhow::ensure!(d_restore["bad_pages"].as_u64() == Some(0), "restored pages did not verify");
+    anyhow::ensure!(
+        d_restore["bad_pages"].as_u64() == Some(0),
+        "restored pages did not verify"
+    );
 
     let g = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0) as f64;
-    let evict_mib_s = g(&s_restore, "evicted_pages") * PAGE_SIZE as f64 / (1 << 20) as f64 / d_restore["fill_s"].as_f64().unwrap_or(1.0).max(1e-9);
-    let local_share = g(&s_restore, "faults_local_cpu") / g(&s_restore, "faults_cpu_known").max(1.0);
-    let wakeups_per_fault = (g(&s_zero, "handler_wakeups") + g(&s_restore, "handler_wakeups")) / (g(&s_zero, "faults") + g(&s_restore, "faults")).max(1.0);
+    let evict_mib_s = g(&s_restore, "evicted_pages") * PAGE_SIZE as f64
+        / (1 << 20) as f64
+        / d_restore["fill_s"].as_f64().unwrap_or(1.0).max(1e-9);
+    let local_share =
+        g(&s_restore, "faults_local_cpu") / g(&s_restore, "faults_cpu_known").max(1.0);
+    let wakeups_per_fault = (g(&s_zero, "handler_wakeups") + g(&s_restore, "handler_wakeups"))
+        / (g(&s_zero, "faults") + g(&s_restore, "faults")).max(1.0);
 
     let json = json!({
         "fault_latency": {
@@ -240,10 +282,19 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             v["faults_per_s"].as_f64().unwrap_or(0.0)
         )
     };
-    let mut table = format!("{:<34} {:>9} {:>9} {:>12}\n", "fault path", "p50 us", "p99 us", "faults/s");
-    table += &row("daemon: zero fill", &json["fault_latency"]["daemon_zero_fill"]);
+    let mut table = format!(
+        "{:<34} {:>9} {:>9} {:>12}\n",
+        "fault path", "p50 us", "p99 us", "faults/s"
+    );
+    table += &row(
+        "daemon: zero fill",
+        &json["fault_latency"]["daemon_zero_fill"],
+    );
     table += &row("bare handler: UFFDIO_ZEROPAGE", &bare_zero);
-    table += &row("daemon: restore from swap file", &json["fault_latency"]["daemon_restore"]);
+    table += &row(
+        "daemon: restore from swap file",
+        &json["fault_latency"]["daemon_restore"],
+    );
     table += &row("bare handler: UFFDIO_COPY", &bare_copy);
     table += &row("bare handler: COPY, same CPU", &bare_same_cpu);
     table += &row("bare handler: COPY, other CPU", &bare_other_cpu);
@@ -252,7 +303,10 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         (restore_pages * PAGE_SIZE) >> 20,
         limit >> 20
     );
-    table += &format!("faults served on the faulting thread's CPU: {:.0}%\n", local_share * 100.0);
+    table += &format!(
+        "faults served on the faulting thread's CPU: {:.0}%\n",
+        local_share * 100.0
+    );
     table += &format!("handler wakeups per fault: {wakeups_per_fault:.2}\n");
     Ok(Report { json, table })
 }

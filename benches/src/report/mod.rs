@@ -22,8 +22,11 @@ pub struct Report {
     pub table: String,
 }
 
+/// A section's runner.
+pub type Runner = fn(&Options) -> anyhow::Result<Report>;
+
 /// The section names the report command accepts, with their runners.
-pub const SECTIONS: &[(&str, fn(&Options) -> anyhow::Result<Report>)] = &[
+pub const SECTIONS: &[(&str, Runner)] = &[
     ("swap-alloc", swap_alloc::run),
     ("zswap", zswap::run),
     ("shrinker", shrinker::run),

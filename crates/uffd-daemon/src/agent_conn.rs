@@ -22,7 +22,11 @@ impl AgentConn {
     /// Wraps a connected socket.
     pub fn new(sock: OwnedFd, max_drop_pages: usize) -> io::Result<Self> {
         sys::set_recv_timeout(sock.as_raw_fd(), DROP_TIMEOUT_MS)?;
-        Ok(AgentConn { sock, seq: 0, max_drop_pages })
+        Ok(AgentConn {
+            sock,
+            seq: 0,
+            max_drop_pages,
+        })
     }
 
     /// Sends one message, with an optional descriptor.
@@ -34,11 +38,19 @@ impl AgentConn {
     /// Asks the agent to drop `runs` and waits for its per-page answer (0 = dropped).
     pub fn drop_pages(&mut self, runs: &[(u64, u32)]) -> io::Result<Vec<u8>> {
         let pages: usize = runs.iter().map(|r| r.1 as usize).sum();
-        self.send(&Message::Drop { runs: runs.to_vec() }, None)?;
+        self.send(
+            &Message::Drop {
+                runs: runs.to_vec(),
+            },
+            None,
+        )?;
         let mut buf = vec![0u8; MAX_PACKET];
         let (n, _) = sys::recv_with_fd(self.sock.as_raw_fd(), &mut buf)?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "agent closed its connection"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "agent closed its connection",
+            ));
         }
         match protocol::decode(&buf[..n]) {
             Ok((Message::DropDone { status }, _)) if status.len() == pages => Ok(status),

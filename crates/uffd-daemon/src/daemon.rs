@@ -77,7 +77,7 @@ impl Shared {
     /// Shared state for a limit of `limit_pages`.
     pub fn new(store: SwapFile, limit_pages: usize, verbose: bool) -> Self {
         // Reclaim in batches ahead of the limit so that the limit itself is rarely crossed.
-        let margin = (limit_pages / 32).clamp(64, 2048);
+        let margin = (limit_pages / 16).clamp(64, 4096);
         let high = limit_pages.saturating_sub(margin).max(1);
         let low = limit_pages.saturating_sub(2 * margin).max(1);
         Shared {
@@ -197,7 +197,11 @@ pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
     };
     *mm.state.lock() = state;
     if shared.verbose {
-        eprintln!("uffd-daemon: fork of pid {:?}: child mm {}", parent.pid(), mm.id);
+        eprintln!(
+            "uffd-daemon: fork of pid {:?}: child mm {}",
+            parent.pid(),
+            mm.id
+        );
     }
     if let Err(e) = start_mm(shared, &mm) {
         eprintln!("uffd-daemon: cannot start the handler of a forked child: {e}");
@@ -247,13 +251,18 @@ pub fn retire(shared: &Shared, mm: &Arc<Mm>) {
 /// already present in it.
 pub fn scan_and_register(shared: &Shared, mm: &Mm) {
     let Some(pid) = mm.pid() else { return };
-    let Ok(vmas) = maps::read_maps(pid) else { return };
+    let Ok(vmas) = maps::read_maps(pid) else {
+        return;
+    };
     for v in vmas.iter().filter(|v| v.is_managed()) {
         // Never the agent's own region.
-        let parts: Vec<(u64, u64)> = [(v.start, v.end.min(mm.region.0)), (v.start.max(mm.region.1), v.end)]
-            .into_iter()
-            .filter(|(s, e)| s < e)
-            .collect();
+        let parts: Vec<(u64, u64)> = [
+            (v.start, v.end.min(mm.region.0)),
+            (v.start.max(mm.region.1), v.end),
+        ]
+        .into_iter()
+        .filter(|(s, e)| s < e)
+        .collect();
         for (s, e) in parts {
             let gaps = mm.state.lock().uncovered(s, e);
             for (gs, ge) in gaps {
@@ -266,7 +275,9 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) {
                         for a in present {
                             if !st.pages.contains_key(&a) {
                                 st.make_resident(shared, a);
-                                if let Some(crate::mm::Page::Resident { referenced }) = st.pages.get_mut(&a) {
+                                if let Some(crate::mm::Page::Resident { referenced }) =
+                                    st.pages.get_mut(&a)
+                                {
                                     *referenced = false;
                                 }
                             }
@@ -274,7 +285,9 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) {
                     }
                     Err(e) => {
                         if shared.verbose {
-                            eprintln!("uffd-daemon: pid {pid}: cannot register {gs:#x}-{ge:#x}: {e}");
+                            eprintln!(
+                                "uffd-daemon: pid {pid}: cannot register {gs:#x}-{ge:#x}: {e}"
+                            );
                         }
                         mm.state.lock().refused.push((gs, ge));
                     }
@@ -286,7 +299,13 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) {
 }
 
 fn refuse(sock: &OwnedFd, why: &str) {
-    let msg = protocol::encode(&Message::Error { code: libc::EPERM, message: why.to_string() }, 0);
+    let msg = protocol::encode(
+        &Message::Error {
+            code: libc::EPERM,
+            message: why.to_string(),
+        },
+        0,
+    );
     let _ = sys::send_with_fd(sock.as_raw_fd(), &msg, None);
 }
 
@@ -343,7 +362,13 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
     };
     if hello.pid as i32 != cred.pid {
         Stats::add(&stats.protocol_errors, 1);
-        refuse(&sock, &format!("HELLO names pid {} but the peer is pid {}", hello.pid, cred.pid));
+        refuse(
+            &sock,
+            &format!(
+                "HELLO names pid {} but the peer is pid {}",
+                hello.pid, cred.pid
+            ),
+        );
         return;
     }
     let pid = cred.pid;
@@ -354,7 +379,12 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         // The child named itself through its probe fault before connecting; find its mm.
         let deadline = Instant::now() + Duration::from_secs(10);
         let mm = loop {
-            let found = shared.mms.lock().iter().find(|m| m.pid() == Some(pid) && !m.retired.load(Ordering::Acquire)).cloned();
+            let found = shared
+                .mms
+                .lock()
+                .iter()
+                .find(|m| m.pid() == Some(pid) && !m.retired.load(Ordering::Acquire))
+                .cloned();
             if let Some(m) = found {
                 break m;
             }
@@ -369,7 +399,10 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
             Ok(c) => c,
             Err(_) => return,
         };
-        let ack = Message::HelloAck { status: 0, max_drop_pages: max_drop as u32 };
+        let ack = Message::HelloAck {
+            status: 0,
+            max_drop_pages: max_drop as u32,
+        };
         if conn.send(&ack, Some(mm.uffd.raw())).is_err() {
             return;
         }
@@ -385,11 +418,24 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         return;
     };
     if hello.features & sys::REQUIRED_FEATURES != sys::REQUIRED_FEATURES {
-        refuse(&sock, &format!("uffd features {:#x} lack required {:#x}", hello.features, sys::REQUIRED_FEATURES));
+        refuse(
+            &sock,
+            &format!(
+                "uffd features {:#x} lack required {:#x}",
+                hello.features,
+                sys::REQUIRED_FEATURES
+            ),
+        );
         return;
     }
     // An exec replaces the address space: the old one (same pid) is gone.
-    let old: Vec<Arc<Mm>> = shared.mms.lock().iter().filter(|m| m.pid() == Some(pid)).cloned().collect();
+    let old: Vec<Arc<Mm>> = shared
+        .mms
+        .lock()
+        .iter()
+        .filter(|m| m.pid() == Some(pid))
+        .cloned()
+        .collect();
     for m in old {
         retire(&shared, &m);
     }
@@ -409,7 +455,16 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         Ok(c) => c,
         Err(_) => return,
     };
-    if conn.send(&Message::HelloAck { status: 0, max_drop_pages: max_drop as u32 }, None).is_err() {
+    if conn
+        .send(
+            &Message::HelloAck {
+                status: 0,
+                max_drop_pages: max_drop as u32,
+            },
+            None,
+        )
+        .is_err()
+    {
         return;
     }
     *mm.agent.lock() = Some(conn);
@@ -426,7 +481,9 @@ extern "C" fn on_signal(sig: libc::c_int) {
 
 /// A private directory for this daemon's sockets and agent: `<base>/<pid>`, mode 0700.
 fn make_run_dir() -> anyhow::Result<PathBuf> {
-    let base = std::env::var_os("UFFD_DAEMON_RUN_DIR").map(PathBuf::from).unwrap_or_else(default_run_base);
+    let base = std::env::var_os("UFFD_DAEMON_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(default_run_base);
     std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
     std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o700))?;
     let dir = base.join(std::process::id().to_string());
@@ -455,7 +512,13 @@ fn serve_control(listener: UnixListener, shared: Arc<Shared>, started: Instant) 
         let mut v = shared.stats.to_json();
         v["limit_pages"] = (shared.limit_pages as u64).into();
         v["elapsed_s"] = started.elapsed().as_secs_f64().into();
-        v["pids"] = shared.mms.lock().iter().filter_map(|m| m.pid()).collect::<Vec<_>>().into();
+        v["pids"] = shared
+            .mms
+            .lock()
+            .iter()
+            .filter_map(|m| m.pid())
+            .collect::<Vec<_>>()
+            .into();
         let _ = writeln!(s, "{v}");
     }
 }
@@ -463,14 +526,21 @@ fn serve_control(listener: UnixListener, shared: Arc<Shared>, started: Instant) 
 /// `uffd-daemon run`: runs `program` under the daemon; returns the program's exit status.
 pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i32> {
     if config.limit_bytes < 16 * PAGE_SIZE_U64 {
-        bail!("--limit {} is too small: at least 64 KiB", config.limit_bytes);
+        bail!(
+            "--limit {} is too small: at least 64 KiB",
+            config.limit_bytes
+        );
     }
     let started = Instant::now();
     let dir = make_run_dir()?;
     let cleanup = RunDirGuard(dir.clone());
     let so = dir.join("libuffd_agent.so");
     {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o500).open(&so)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o500)
+            .open(&so)?;
         f.write_all(AGENT_SO)?;
     }
     let agent_sock = dir.join("agent.sock");
@@ -484,10 +554,24 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     bind_listen(&listen_fd, &agent_sock)?;
     let ctl = UnixListener::bind(dir.join("ctl.sock")).context("binding the control socket")?;
 
-    let store = SwapFile::create(config.swap_file.as_deref(), Path::new("/var/tmp"), config.swap_max_bytes)
-        .or_else(|e| if config.swap_file.is_none() { SwapFile::create(None, &std::env::temp_dir(), config.swap_max_bytes) } else { Err(e) })
-        .context("creating the swap file")?;
-    let shared = Arc::new(Shared::new(store, (config.limit_bytes / PAGE_SIZE_U64) as usize, config.verbose));
+    let store = SwapFile::create(
+        config.swap_file.as_deref(),
+        Path::new("/var/tmp"),
+        config.swap_max_bytes,
+    )
+    .or_else(|e| {
+        if config.swap_file.is_none() {
+            SwapFile::create(None, &std::env::temp_dir(), config.swap_max_bytes)
+        } else {
+            Err(e)
+        }
+    })
+    .context("creating the swap file")?;
+    let shared = Arc::new(Shared::new(
+        store,
+        (config.limit_bytes / PAGE_SIZE_U64) as usize,
+        config.verbose,
+    ));
 
     // SAFETY: prctl and signal with constant arguments; the handler only stores an atomic.
     unsafe {
@@ -500,26 +584,39 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
 
     {
         let shared = Arc::clone(&shared);
-        std::thread::Builder::new().name("uffd-ctl".into()).spawn(move || serve_control(ctl, shared, started))?;
+        std::thread::Builder::new()
+            .name("uffd-ctl".into())
+            .spawn(move || serve_control(ctl, shared, started))?;
     }
     {
         let shared = Arc::clone(&shared);
         let lfd = listen_fd.as_raw_fd();
-        std::thread::Builder::new().name("uffd-accept".into()).spawn(move || loop {
-            // SAFETY: accept4 on our listening socket; null address arguments are allowed.
-            let fd = unsafe { libc::accept4(lfd, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
-            if fd < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
+        std::thread::Builder::new()
+            .name("uffd-accept".into())
+            .spawn(move || loop {
+                // SAFETY: accept4 on our listening socket; null address arguments are allowed.
+                let fd = unsafe {
+                    libc::accept4(
+                        lfd,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        libc::SOCK_CLOEXEC,
+                    )
+                };
+                if fd < 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return;
                 }
-                return;
-            }
-            // SAFETY: `fd` is a fresh descriptor we own.
-            let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-            let shared = Arc::clone(&shared);
-            let _ = std::thread::Builder::new().name("uffd-conn".into()).spawn(move || handle_connection(shared, sock));
-        })?;
+                // SAFETY: `fd` is a fresh descriptor we own.
+                let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+                let shared = Arc::clone(&shared);
+                let _ = std::thread::Builder::new()
+                    .name("uffd-conn".into())
+                    .spawn(move || handle_connection(shared, sock));
+            })?;
     }
 
     let preload = match std::env::var("LD_PRELOAD") {
@@ -539,7 +636,9 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     let scan_stop = Arc::new(AtomicBool::new(false));
     let scan_thread = {
         let (shared, stop) = (Arc::clone(&shared), Arc::clone(&scan_stop));
-        std::thread::Builder::new().name("uffd-scan".into()).spawn(move || scanner(shared, stop))?
+        std::thread::Builder::new()
+            .name("uffd-scan".into())
+            .spawn(move || scanner(shared, stop))?
     };
     let status = monitor(&shared, root);
     scan_stop.store(true, Ordering::Relaxed);
@@ -550,7 +649,8 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
         v["limit_pages"] = (shared.limit_pages as u64).into();
         v["elapsed_s"] = started.elapsed().as_secs_f64().into();
         v["exit_status"] = status.into();
-        std::fs::write(p, serde_json::to_string_pretty(&v)? + "\n").with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(&v)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     if config.verbose {
         eprintln!("uffd-daemon: {}", shared.stats.to_json());
@@ -579,9 +679,19 @@ fn bind_listen(fd: &OwnedFd, path: &Path) -> anyhow::Result<()> {
         *d = *s as libc::c_char;
     }
     // SAFETY: `addr` is a valid sockaddr_un; the length is its size.
-    let rc = unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), std::mem::size_of::<libc::sockaddr_un>() as u32) };
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as u32,
+        )
+    };
     if rc < 0 {
-        bail!("binding {}: {}", path.display(), std::io::Error::last_os_error());
+        bail!(
+            "binding {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     // SAFETY: listen on our bound socket.
@@ -613,7 +723,10 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                 scan_and_register(&shared, &m);
             }
         }
-        shared.stats.rss_anon_max_bytes.fetch_max(rss_total, Ordering::Relaxed);
+        shared
+            .stats
+            .rss_anon_max_bytes
+            .fetch_max(rss_total, Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(2));
     }
 }
@@ -674,7 +787,19 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                     }
                     progress += reclaim::evict_batch(shared, m, want);
                 }
-                shared.stalled.store(progress == 0 && shared.resident() >= shared.limit_pages, Ordering::Relaxed);
+                // Faults held at the limit can go now: wake their handlers at once rather than
+                // at their next poll timeout.
+                if progress > 0 {
+                    for m in shared.mms.lock().iter() {
+                        if m.throttled.swap(false, Ordering::AcqRel) {
+                            m.retry.signal();
+                        }
+                    }
+                }
+                shared.stalled.store(
+                    progress == 0 && shared.resident() >= shared.limit_pages,
+                    Ordering::Relaxed,
+                );
                 if progress == 0 {
                     break;
                 }

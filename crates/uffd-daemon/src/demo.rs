@@ -6,7 +6,9 @@ use std::time::Instant;
 /// What one page holds: a 64-bit xorshift stream seeded by (page, generation), so that every
 /// byte can be recomputed and checked.
 pub fn fill_page(page: &mut [u8], index: u64, generation: u64) {
-    let mut x = index.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ generation.wrapping_mul(0xD1B5_4A32_D192_ED03) ^ 0x2545_F491_4F6C_DD1D;
+    let mut x = index.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ generation.wrapping_mul(0xD1B5_4A32_D192_ED03)
+        ^ 0x2545_F491_4F6C_DD1D;
     for chunk in page.chunks_exact_mut(8) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -28,10 +30,20 @@ pub fn workload(size: u64, seed: u64) -> u64 {
     let pages = (size as usize / PAGE).max(1);
     // SAFETY: an anonymous private mapping; checked for failure below.
     let base = unsafe {
-        libc::mmap(std::ptr::null_mut(), pages * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            pages * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
     };
     if base == libc::MAP_FAILED {
-        eprintln!("workload: mmap of {size} bytes failed: {}", std::io::Error::last_os_error());
+        eprintln!(
+            "workload: mmap of {size} bytes failed: {}",
+            std::io::Error::last_os_error()
+        );
         return u64::MAX;
     }
     // SAFETY: the mapping is `pages * PAGE` bytes, readable and writable, and ours alone.

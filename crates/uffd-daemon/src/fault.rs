@@ -47,7 +47,10 @@ pub fn handler_thread(shared: Arc<Shared>, mm: Arc<Mm>) {
     serve(&shared, &mm);
     // Wakeups of this thread over its life (it sleeps only in poll): the cost side of the
     // one-reader design, reported per fault by the benchmark.
-    Stats::add(&shared.stats.handler_wakeups, sys::thread_voluntary_switches());
+    Stats::add(
+        &shared.stats.handler_wakeups,
+        sys::thread_voluntary_switches(),
+    );
 }
 
 fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
@@ -58,7 +61,7 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
     let mut served: u64 = 0;
     loop {
         let timeout = if deferred.is_empty() { -1 } else { 1 };
-        let ready = match sys::poll_read(&[mm.uffd.raw(), mm.stop.raw()], timeout) {
+        let ready = match sys::poll_read(&[mm.uffd.raw(), mm.stop.raw(), mm.retry.raw()], timeout) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("uffd-daemon: poll on the uffd of mm {} failed: {e}", mm.id);
@@ -67,6 +70,9 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
         };
         if ready[1] {
             return;
+        }
+        if ready[2] {
+            mm.retry.drain();
         }
         if ready[0] {
             let n = match mm.uffd.read_msgs(&mut msgs) {
@@ -80,8 +86,17 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
             let now = Instant::now();
             for m in &msgs[..n] {
                 match m.decode() {
-                    UffdEvent::PageFault { address, flags, ptid } => {
-                        let p = Pending { address, flags, ptid, read_at: now };
+                    UffdEvent::PageFault {
+                        address,
+                        flags,
+                        ptid,
+                    } => {
+                        let p = Pending {
+                            address,
+                            flags,
+                            ptid,
+                            read_at: now,
+                        };
                         if !serve_fault(shared, mm, p, &mut page, &zeros, &mut served) {
                             deferred.push(p);
                         }
@@ -103,7 +118,14 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
 }
 
 /// Serves one fault. Returns false when it must be retried (`EAGAIN`).
-fn serve_fault(shared: &Shared, mm: &Mm, p: Pending, page: &mut [u8], zeros: &[u8], served: &mut u64) -> bool {
+fn serve_fault(
+    shared: &Shared,
+    mm: &Mm,
+    p: Pending,
+    page: &mut [u8],
+    zeros: &[u8],
+    served: &mut u64,
+) -> bool {
     let stats = &shared.stats;
     let addr = p.address;
     if mm.in_agent_region(addr) {
@@ -119,7 +141,10 @@ fn serve_fault(shared: &Shared, mm: &Mm, p: Pending, page: &mut [u8], zeros: &[u
         // protecting it, so a stale write-protect fault can never unprotect a page that a new
         // eviction has just protected.
         let st = mm.state.lock();
-        if matches!(st.pages.get(&addr), Some(Page::Evicting { .. }) | Some(Page::Dropping { .. })) {
+        if matches!(
+            st.pages.get(&addr),
+            Some(Page::Evicting { .. }) | Some(Page::Dropping { .. })
+        ) {
             // The eviction in flight wakes this writer when it is done (see module docs):
             // after the drop it refaults and gets the stored copy; if kept, it is unprotected.
             return true;
@@ -144,13 +169,19 @@ fn serve_fault(shared: &Shared, mm: &Mm, p: Pending, page: &mut [u8], zeros: &[u
         && !is_daemon_thread(p.ptid)
     {
         drop(st);
+        mm.throttled
+            .store(true, std::sync::atomic::Ordering::Release);
         Stats::add(&stats.throttled_faults, 1);
         shared.kick_reclaim();
         return false;
     }
     let write = p.flags & sys::UFFD_PAGEFAULT_FLAG_WRITE != 0;
     let (fill, restored_slot) = match prior {
-        Some(Page::Evicted { slot }) | Some(Page::Dropping { slot }) | Some(Page::Inherited { slot }) if slot != ZERO_SLOT => {
+        Some(Page::Evicted { slot })
+        | Some(Page::Dropping { slot })
+        | Some(Page::Inherited { slot })
+            if slot != ZERO_SLOT =>
+        {
             if let Err(e) = shared.store.read(slot, page) {
                 // The stored copy cannot be read: never hand the program wrong bytes.
                 eprintln!(
@@ -166,7 +197,10 @@ fn serve_fault(shared: &Shared, mm: &Mm, p: Pending, page: &mut [u8], zeros: &[u
             }
             (mm.uffd.copy(addr, page), Some(slot))
         }
-        Some(Page::Evicted { .. }) | Some(Page::Dropping { .. }) | Some(Page::Inherited { .. }) | None => {
+        Some(Page::Evicted { .. })
+        | Some(Page::Dropping { .. })
+        | Some(Page::Inherited { .. })
+        | None => {
             if write {
                 (mm.uffd.copy(addr, zeros), None)
             } else {
@@ -193,7 +227,10 @@ fn serve_fault(shared: &Shared, mm: &Mm, p: Pending, page: &mut [u8], zeros: &[u
         Ok(Fill::Exists) => return true,
         Ok(Fill::Filled) => {}
         Err(e) => {
-            eprintln!("uffd-daemon: filling page {addr:#x} of mm {} failed: {e}", mm.id);
+            eprintln!(
+                "uffd-daemon: filling page {addr:#x} of mm {} failed: {e}",
+                mm.id
+            );
             return true;
         }
     }
@@ -211,7 +248,10 @@ fn serve_fault(shared: &Shared, mm: &Mm, p: Pending, page: &mut [u8], zeros: &[u
     } else {
         Stats::add(&stats.zero_fills, 1);
     }
-    Stats::add(&stats.fault_service_ns, p.read_at.elapsed().as_nanos() as u64);
+    Stats::add(
+        &stats.fault_service_ns,
+        p.read_at.elapsed().as_nanos() as u64,
+    );
     *served += 1;
     // Sample where the faulting thread ran, against where we run (cheap enough 1 in 16).
     if *served % 16 == 0 {
@@ -261,7 +301,10 @@ fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent) {
         }
         UffdEvent::PageFault { .. } => unreachable!("faults are served by serve_fault"),
         UffdEvent::Unknown(kind) => {
-            eprintln!("uffd-daemon: ignoring unknown uffd message {kind:#x} on mm {}", mm.id);
+            eprintln!(
+                "uffd-daemon: ignoring unknown uffd message {kind:#x} on mm {}",
+                mm.id
+            );
         }
     }
 }

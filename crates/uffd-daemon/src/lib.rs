@@ -81,21 +81,32 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
                 "g" | "gb" | "gib" => 1 << 30,
                 "t" | "tb" | "tib" => 1 << 40,
                 "b" => 1,
-                _ => return Err(format!("unknown size unit {unit:?} in {s:?} (use K, M, G or T)")),
+                _ => {
+                    return Err(format!(
+                        "unknown size unit {unit:?} in {s:?} (use K, M, G or T)"
+                    ))
+                }
             };
             (&s[..i], mul)
         }
         None => (s, 1),
     };
-    let n: u64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size such as 256M"))?;
-    n.checked_mul(mul).ok_or_else(|| format!("size {s:?} overflows"))
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size such as 256M"))?;
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("size {s:?} overflows"))
 }
 
 /// Fuzzing entry point for the agent message decoder.
 pub fn fuzz_protocol_decode(data: &[u8]) {
     if let Ok((msg, seq)) = protocol::decode(data) {
         // Whatever decodes re-encodes to a packet that decodes to the same message.
-        assert_eq!(protocol::decode(&protocol::encode(&msg, seq)), Ok((msg, seq)));
+        assert_eq!(
+            protocol::decode(&protocol::encode(&msg, seq)),
+            Ok((msg, seq))
+        );
     }
 }
 

@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand};
 use uffd_daemon::{parse_size, Config};
 
 #[derive(Parser, Debug)]
-#[command(name = "uffd-daemon", version, about = "Pages the anonymous memory of unmodified programs from userspace (userfaultfd)")]
+#[command(
+    name = "uffd-daemon",
+    version,
+    about = "Pages the anonymous memory of unmodified programs from userspace (userfaultfd)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -76,23 +80,54 @@ fn main() -> ExitCode {
 fn real_main() -> anyhow::Result<i32> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Run { limit, swap_file, swap_max, stats_json, verbose, command } => {
-            let config = Config { limit_bytes: limit, swap_file, swap_max_bytes: swap_max, stats_json, verbose };
+        Cmd::Run {
+            limit,
+            swap_file,
+            swap_max,
+            stats_json,
+            verbose,
+            command,
+        } => {
+            let config = Config {
+                limit_bytes: limit,
+                swap_file,
+                swap_max_bytes: swap_max,
+                stats_json,
+                verbose,
+            };
             uffd_daemon::run(&config, &command[0], &command[1..])
         }
         Cmd::Demo { size, limit } => demo(size, limit),
         Cmd::Stat { pid } => stat(pid),
-        Cmd::Workload { size, seed } => Ok(if uffd_daemon::demo::workload(size, seed) == 0 { 0 } else { 1 }),
+        Cmd::Workload { size, seed } => Ok(if uffd_daemon::demo::workload(size, seed) == 0 {
+            0
+        } else {
+            1
+        }),
     }
 }
 
 fn demo(size: u64, limit: u64) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("finding this executable")?;
     let stats_path = std::env::temp_dir().join(format!("uffd-demo-{}.json", std::process::id()));
-    println!("demo: {} MiB of checksummed pages under a {} MiB limit", size >> 20, limit >> 20);
-    let config = Config { limit_bytes: limit, swap_file: None, swap_max_bytes: 4 * size + (64 << 20), stats_json: Some(stats_path.clone()), verbose: false };
+    println!(
+        "demo: {} MiB of checksummed pages under a {} MiB limit",
+        size >> 20,
+        limit >> 20
+    );
+    let config = Config {
+        limit_bytes: limit,
+        swap_file: None,
+        swap_max_bytes: 4 * size + (64 << 20),
+        stats_json: Some(stats_path.clone()),
+        verbose: false,
+    };
     let t = std::time::Instant::now();
-    let status = uffd_daemon::run(&config, &exe.to_string_lossy(), &["workload".into(), "--size".into(), size.to_string()])?;
+    let status = uffd_daemon::run(
+        &config,
+        &exe.to_string_lossy(),
+        &["workload".into(), "--size".into(), size.to_string()],
+    )?;
     let elapsed = t.elapsed().as_secs_f64();
     let stats: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats_path)?)?;
     let _ = std::fs::remove_file(&stats_path);
@@ -106,7 +141,7 @@ fn demo(size: u64, limit: u64) -> anyhow::Result<i32> {
         g("evicted_pages"),
         g("bytes_written") >> 20,
         g("bytes_read") >> 20,
-        g("resident_pages_max") * 4096 >> 20,
+        (g("resident_pages_max") * 4096) >> 20,
         limit >> 20
     );
     if status == 0 {
@@ -129,10 +164,15 @@ fn stat(pid: Option<u32>) -> anyhow::Result<i32> {
     };
     let mut found = 0;
     for d in dirs {
-        let Ok(mut s) = std::os::unix::net::UnixStream::connect(d.join("ctl.sock")) else { continue };
+        let Ok(mut s) = std::os::unix::net::UnixStream::connect(d.join("ctl.sock")) else {
+            continue;
+        };
         let mut out = String::new();
         s.read_to_string(&mut out)?;
-        let name = d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = d
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         println!("{{\"daemon_pid\": {name}, \"stats\": {}}}", out.trim());
         found += 1;
     }

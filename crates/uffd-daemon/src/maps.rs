@@ -54,12 +54,20 @@ fn parse_line(line: &str) -> Option<Vma> {
     let (s, e) = range.split_once('-')?;
     let start = u64::from_str_radix(s, 16).ok()?;
     let end = u64::from_str_radix(e, 16).ok()?;
-    (start < end).then_some(Vma { start, end, perms, inode, path })
+    (start < end).then_some(Vma {
+        start,
+        end,
+        perms,
+        inode,
+        path,
+    })
 }
 
 /// Reads the maps of `pid`.
 pub fn read_maps(pid: i32) -> io::Result<Vec<Vma>> {
-    Ok(parse_maps(&std::fs::read_to_string(format!("/proc/{pid}/maps"))?))
+    Ok(parse_maps(&std::fs::read_to_string(format!(
+        "/proc/{pid}/maps"
+    ))?))
 }
 
 /// Addresses of the pages present in `[start, end)` of `pid`.

@@ -66,7 +66,11 @@ impl Page {
     /// The store slot, if the page holds one.
     pub fn slot(self) -> Option<u32> {
         match self {
-            Page::Dropping { slot } | Page::Inherited { slot } | Page::Evicted { slot } if slot != ZERO_SLOT => Some(slot),
+            Page::Dropping { slot } | Page::Inherited { slot } | Page::Evicted { slot }
+                if slot != ZERO_SLOT =>
+            {
+                Some(slot)
+            }
             _ => None,
         }
     }
@@ -106,6 +110,10 @@ pub struct Mm {
     pub probe: u64,
     /// Wakes the handler thread to stop.
     pub stop: EventFd,
+    /// Wakes the handler thread to retry faults that waited for reclaim.
+    pub retry: EventFd,
+    /// Whether the handler holds faults that wait for reclaim.
+    pub throttled: AtomicBool,
     /// Set once the address space is gone (exit, exec) and its pages released.
     pub retired: AtomicBool,
     /// Exit notification, once the pid is known.
@@ -120,7 +128,13 @@ pub struct Mm {
 
 impl Mm {
     /// A new address space.
-    pub fn new(id: u64, uffd: Uffd, pid: i32, region: (u64, u64), probe: u64) -> std::io::Result<Self> {
+    pub fn new(
+        id: u64,
+        uffd: Uffd,
+        pid: i32,
+        region: (u64, u64),
+        probe: u64,
+    ) -> std::io::Result<Self> {
         Ok(Mm {
             id,
             uffd,
@@ -130,6 +144,8 @@ impl Mm {
             region,
             probe,
             stop: EventFd::new()?,
+            retry: EventFd::new()?,
+            throttled: AtomicBool::new(false),
             retired: AtomicBool::new(false),
             pidfd: Mutex::new(None),
             handler: Mutex::new(None),
@@ -246,7 +262,11 @@ impl MmState {
     /// returns whether any was write-protected so that the caller lifts the protection at the
     /// new address, under the state lock.
     pub fn remap(&mut self, shared: &Shared, from: u64, to: u64, len: u64) -> bool {
-        let moved: Vec<(u64, Page)> = self.pages.range(from..from + len).map(|(&k, &p)| (k, p)).collect();
+        let moved: Vec<(u64, Page)> = self
+            .pages
+            .range(from..from + len)
+            .map(|(&k, &p)| (k, p))
+            .collect();
         let mut had_wp = false;
         for (k, _) in &moved {
             self.pages.remove(k);
@@ -287,7 +307,9 @@ impl MmState {
         for (&addr, &p) in &self.pages {
             let cp = match p {
                 // Present in the parent at fork: the child has a copy-on-write copy.
-                Page::Resident { .. } | Page::Evicting { .. } => Page::Resident { referenced: false },
+                Page::Resident { .. } | Page::Evicting { .. } => {
+                    Page::Resident { referenced: false }
+                }
                 // The agent may or may not have moved it before the fork: the child serves a
                 // fault from the slot, and keeps it resident otherwise.
                 Page::Dropping { slot } | Page::Inherited { slot } => Page::Inherited { slot },
@@ -312,7 +334,10 @@ impl MmState {
     #[cfg_attr(not(debug_assertions), allow(dead_code))]
     pub fn check_integrity(&self) {
         let resident = self.pages.values().filter(|p| p.is_resident()).count();
-        assert_eq!(resident, self.resident, "resident counter disagrees with the page table");
+        assert_eq!(
+            resident, self.resident,
+            "resident counter disagrees with the page table"
+        );
         for w in self.ranges.windows(2) {
             assert!(w[0].1 < w[1].0, "ranges overlap or touch: {:x?}", w);
         }
@@ -334,7 +359,6 @@ pub fn runs_of(addrs: &[u64]) -> Vec<(u64, u32)> {
     runs
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,16 +370,25 @@ mod tests {
         s.add_range(0x3000, 0x5000);
         s.add_range(0x8000, 0x9000);
         assert_eq!(s.ranges, vec![(0x1000, 0x5000), (0x8000, 0x9000)]);
-        assert_eq!(s.uncovered(0x0, 0xa000), vec![(0x0, 0x1000), (0x5000, 0x8000), (0x9000, 0xa000)]);
+        assert_eq!(
+            s.uncovered(0x0, 0xa000),
+            vec![(0x0, 0x1000), (0x5000, 0x8000), (0x9000, 0xa000)]
+        );
         s.remove_range(0x2000, 0x3000);
-        assert_eq!(s.ranges, vec![(0x1000, 0x2000), (0x3000, 0x5000), (0x8000, 0x9000)]);
+        assert_eq!(
+            s.ranges,
+            vec![(0x1000, 0x2000), (0x3000, 0x5000), (0x8000, 0x9000)]
+        );
         s.refused.push((0x5000, 0x6000));
         assert_eq!(s.uncovered(0x4000, 0x7000), vec![(0x6000, 0x7000)]);
     }
 
     #[test]
     fn runs_group_consecutive_pages() {
-        assert_eq!(runs_of(&[0x1000, 0x2000, 0x3000, 0x5000, 0x7000, 0x8000]), vec![(0x1000, 3), (0x5000, 1), (0x7000, 2)]);
+        assert_eq!(
+            runs_of(&[0x1000, 0x2000, 0x3000, 0x5000, 0x7000, 0x8000]),
+            vec![(0x1000, 3), (0x5000, 1), (0x7000, 2)]
+        );
         assert!(runs_of(&[]).is_empty());
     }
 }

@@ -159,7 +159,10 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
             p.extend_from_slice(&0u32.to_le_bytes());
             KIND_HELLO
         }
-        Message::HelloAck { status, max_drop_pages } => {
+        Message::HelloAck {
+            status,
+            max_drop_pages,
+        } => {
             p.extend_from_slice(&status.to_le_bytes());
             p.extend_from_slice(&max_drop_pages.to_le_bytes());
             KIND_HELLO_ACK
@@ -206,7 +209,11 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
 }
 
 fn payload_err(kind: &'static str, len: usize, why: impl Into<String>) -> ProtocolError {
-    ProtocolError::Payload { kind, len, why: why.into() }
+    ProtocolError::Payload {
+        kind,
+        len,
+        why: why.into(),
+    }
 }
 
 /// Decodes one packet: `(message, seq)`.
@@ -230,7 +237,10 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
     let seq = u32_at(pkt, 12);
     let p = &pkt[HEADER_LEN..];
     if plen != p.len() {
-        return Err(ProtocolError::Length { header: plen, actual: p.len() });
+        return Err(ProtocolError::Length {
+            header: plen,
+            actual: p.len(),
+        });
     }
     let msg = match kind {
         KIND_HELLO => {
@@ -249,11 +259,17 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
                 scratch_pages: u32_at(p, 56),
             };
             if h.flags & !HELLO_FORK_CHILD != 0 {
-                return Err(payload_err("HELLO", p.len(), format!("unknown flags {:#x}", h.flags)));
+                return Err(payload_err(
+                    "HELLO",
+                    p.len(),
+                    format!("unknown flags {:#x}", h.flags),
+                ));
             }
             let page = crate::sys::PAGE_SIZE_U64;
             let region_end = h.region_start.checked_add(h.region_len);
-            let scratch_end = (h.scratch_pages as u64).checked_mul(page).and_then(|l| h.scratch.checked_add(l));
+            let scratch_end = (h.scratch_pages as u64)
+                .checked_mul(page)
+                .and_then(|l| h.scratch.checked_add(l));
             let ok = h.region_start % page == 0
                 && h.region_len % page == 0
                 && h.probe % page == 0
@@ -277,7 +293,10 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
             if p.len() != 8 {
                 return Err(payload_err("HELLO_ACK", p.len(), "expected 8 bytes"));
             }
-            Message::HelloAck { status: u32_at(p, 0) as i32, max_drop_pages: u32_at(p, 4) }
+            Message::HelloAck {
+                status: u32_at(p, 0) as i32,
+                max_drop_pages: u32_at(p, 4),
+            }
         }
         KIND_DROP => {
             if p.len() < 8 {
@@ -285,10 +304,18 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
             }
             let n = u32_at(p, 0) as usize;
             if n > MAX_RUNS {
-                return Err(payload_err("DROP", p.len(), format!("{n} runs exceed the maximum of {MAX_RUNS}")));
+                return Err(payload_err(
+                    "DROP",
+                    p.len(),
+                    format!("{n} runs exceed the maximum of {MAX_RUNS}"),
+                ));
             }
             if p.len() != 8 + 16 * n {
-                return Err(payload_err("DROP", p.len(), format!("{n} runs need {} bytes", 8 + 16 * n)));
+                return Err(payload_err(
+                    "DROP",
+                    p.len(),
+                    format!("{n} runs need {} bytes", 8 + 16 * n),
+                ));
             }
             let mut runs = Vec::with_capacity(n);
             let mut total = 0usize;
@@ -296,11 +323,19 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
                 let addr = u64_at(p, 8 + 16 * i);
                 let pages = u32_at(p, 16 + 16 * i);
                 if addr % crate::sys::PAGE_SIZE_U64 != 0 || pages == 0 {
-                    return Err(payload_err("DROP", p.len(), format!("run {i} is not page aligned or empty")));
+                    return Err(payload_err(
+                        "DROP",
+                        p.len(),
+                        format!("run {i} is not page aligned or empty"),
+                    ));
                 }
                 total += pages as usize;
                 if total > MAX_DROP_PAGES {
-                    return Err(payload_err("DROP", p.len(), format!("more than {MAX_DROP_PAGES} pages")));
+                    return Err(payload_err(
+                        "DROP",
+                        p.len(),
+                        format!("more than {MAX_DROP_PAGES} pages"),
+                    ));
                 }
                 runs.push((addr, pages));
             }
@@ -312,15 +347,24 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
             }
             let n = u32_at(p, 0) as usize;
             if n > MAX_DROP_PAGES || p.len() != 8 + n {
-                return Err(payload_err("DROP_DONE", p.len(), format!("count {n} does not match the payload")));
+                return Err(payload_err(
+                    "DROP_DONE",
+                    p.len(),
+                    format!("count {n} does not match the payload"),
+                ));
             }
-            Message::DropDone { status: p[8..].to_vec() }
+            Message::DropDone {
+                status: p[8..].to_vec(),
+            }
         }
         KIND_ERROR => {
             if p.len() < 4 {
                 return Err(payload_err("ERROR", p.len(), "shorter than its code"));
             }
-            Message::Error { code: u32_at(p, 0) as i32, message: String::from_utf8_lossy(&p[4..]).into_owned() }
+            Message::Error {
+                code: u32_at(p, 0) as i32,
+                message: String::from_utf8_lossy(&p[4..]).into_owned(),
+            }
         }
         other => return Err(ProtocolError::Kind(other)),
     };
@@ -338,23 +382,37 @@ mod tests {
 
     fn message() -> impl Strategy<Value = Message> {
         prop_oneof![
-            (any::<u32>(), any::<u32>(), 0u32..2, any::<u64>(), page_addr(), 1u32..64).prop_map(
-                |(pid, ppid, flags, features, start, scratch_pages)| Message::Hello(Hello {
-                    pid,
-                    ppid,
-                    flags,
-                    features,
-                    region_start: start,
-                    region_len: (scratch_pages as u64 + 8) * 4096,
-                    probe: start,
-                    scratch: start + 4096,
-                    scratch_pages,
-                })
-            ),
-            (any::<i32>(), any::<u32>()).prop_map(|(status, max_drop_pages)| Message::HelloAck { status, max_drop_pages }),
-            proptest::collection::vec((page_addr(), 1u32..4), 0..64).prop_map(|runs| Message::Drop { runs }),
-            proptest::collection::vec(any::<u8>(), 0..512).prop_map(|status| Message::DropDone { status }),
-            (any::<i32>(), "[a-z ]{0,40}").prop_map(|(code, message)| Message::Error { code, message }),
+            (
+                any::<u32>(),
+                any::<u32>(),
+                0u32..2,
+                any::<u64>(),
+                page_addr(),
+                1u32..64
+            )
+                .prop_map(|(pid, ppid, flags, features, start, scratch_pages)| {
+                    Message::Hello(Hello {
+                        pid,
+                        ppid,
+                        flags,
+                        features,
+                        region_start: start,
+                        region_len: (scratch_pages as u64 + 8) * 4096,
+                        probe: start,
+                        scratch: start + 4096,
+                        scratch_pages,
+                    })
+                }),
+            (any::<i32>(), any::<u32>()).prop_map(|(status, max_drop_pages)| Message::HelloAck {
+                status,
+                max_drop_pages
+            }),
+            proptest::collection::vec((page_addr(), 1u32..4), 0..64)
+                .prop_map(|runs| Message::Drop { runs }),
+            proptest::collection::vec(any::<u8>(), 0..512)
+                .prop_map(|status| Message::DropDone { status }),
+            (any::<i32>(), "[a-z ]{0,40}")
+                .prop_map(|(code, message)| Message::Error { code, message }),
         ]
     }
 
@@ -387,10 +445,18 @@ mod tests {
 
     #[test]
     fn errors_name_the_problem() {
-        let mut pkt = encode(&Message::Drop { runs: vec![(4096, 1)] }, 1);
+        let mut pkt = encode(
+            &Message::Drop {
+                runs: vec![(4096, 1)],
+            },
+            1,
+        );
         pkt[HEADER_LEN + 8] = 1; // misalign the run's address
         let err = decode(&pkt).unwrap_err();
-        assert!(err.to_string().contains("run 0 is not page aligned"), "{err}");
+        assert!(
+            err.to_string().contains("run 0 is not page aligned"),
+            "{err}"
+        );
         assert_eq!(decode(&[0; 3]), Err(ProtocolError::Short(3)));
         let big = vec![0u8; MAX_PACKET + 1];
         assert_eq!(decode(&big), Err(ProtocolError::TooLong(MAX_PACKET + 1)));

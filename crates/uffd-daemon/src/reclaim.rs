@@ -32,18 +32,18 @@ fn pick_victims(shared: &Shared, mm: &Mm, batch: u64, max: usize) -> Vec<u64> {
     let mut budget = st.clock.len();
     while victims.len() < max && budget > 0 {
         budget -= 1;
-        let Some(addr) = st.clock.pop_front() else { break };
-        match st.pages.get_mut(&addr) {
-            Some(Page::Resident { referenced }) => {
-                if *referenced {
-                    *referenced = false;
-                    st.clock.push_back(addr);
-                } else {
-                    st.pages.insert(addr, Page::Evicting { batch });
-                    victims.push(addr);
-                }
+        let Some(addr) = st.clock.pop_front() else {
+            break;
+        };
+        // (Entries for pages that are no longer resident are stale: skipped.)
+        if let Some(Page::Resident { referenced }) = st.pages.get_mut(&addr) {
+            if *referenced {
+                *referenced = false;
+                st.clock.push_back(addr);
+            } else {
+                st.pages.insert(addr, Page::Evicting { batch });
+                victims.push(addr);
             }
-            _ => {} // stale clock entry
         }
     }
     let _ = shared;
@@ -82,9 +82,13 @@ fn unprotect(mm: &Mm, start: u64, len: u64) {
 pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let Some(pid) = mm.pid() else { return 0 };
     let mut agent_guard = mm.agent.lock();
-    let Some(agent) = agent_guard.as_mut() else { return 0 };
+    let Some(agent) = agent_guard.as_mut() else {
+        return 0;
+    };
     let max = max.min(agent.max_drop_pages).min(BATCH_PAGES);
-    let batch = mm.next_batch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let batch = mm
+        .next_batch
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let victims = pick_victims(shared, mm, batch, max);
     if victims.is_empty() {
         return 0;
@@ -113,7 +117,10 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     // 2. Read the contents. The pages are present (or were removed by the program, in which
     //    case the handler serves the read as zeros and the state check below drops them).
     let mut data = vec![0u8; victims.len() * PAGE_SIZE];
-    let byte_runs: Vec<(u64, usize)> = runs.iter().map(|&(s, n)| (s, n as usize * PAGE_SIZE)).collect();
+    let byte_runs: Vec<(u64, usize)> = runs
+        .iter()
+        .map(|&(s, n)| (s, n as usize * PAGE_SIZE))
+        .collect();
     match sys::read_remote(pid, &byte_runs, &mut data) {
         Ok(n) if n == data.len() => {}
         _ => {
@@ -125,7 +132,11 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     // 3. Store: zero pages need no slot.
     let mut slots = vec![ZERO_SLOT; victims.len()];
     let nonzero: Vec<usize> = (0..victims.len())
-        .filter(|&i| data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].iter().any(|&b| b != 0))
+        .filter(|&i| {
+            data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
+                .iter()
+                .any(|&b| b != 0)
+        })
         .collect();
     if !nonzero.is_empty() {
         let mut buf = Vec::with_capacity(nonzero.len() * PAGE_SIZE);
@@ -229,7 +240,10 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let stats = &shared.stats;
     Stats::add(&stats.evicted_pages, evicted as u64);
     Stats::add(&stats.zero_pages_evicted, zero);
-    Stats::add(&stats.bytes_written, (evicted as u64 - zero) * PAGE_SIZE_U64);
+    Stats::add(
+        &stats.bytes_written,
+        (evicted as u64 - zero) * PAGE_SIZE_U64,
+    );
     if !kept.is_empty() {
         Stats::add(&stats.evict_aborts, kept.len() as u64);
         for (start, n) in runs_of(&kept) {

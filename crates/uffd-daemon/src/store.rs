@@ -104,10 +104,20 @@ impl SlotMap {
     /// Full consistency check (tests).
     pub fn check_integrity(&self) {
         let used = self.refs.iter().filter(|&&c| c > 0).count();
-        assert_eq!(used, self.in_use, "in_use counter disagrees with the counts");
-        assert_eq!(used + self.free.len(), self.refs.len(), "every slot is either used or on the free list");
+        assert_eq!(
+            used, self.in_use,
+            "in_use counter disagrees with the counts"
+        );
+        assert_eq!(
+            used + self.free.len(),
+            self.refs.len(),
+            "every slot is either used or on the free list"
+        );
         for &s in &self.free {
-            assert_eq!(self.refs[s as usize], 0, "slot {s} on the free list has references");
+            assert_eq!(
+                self.refs[s as usize], 0,
+                "slot {s} on the free list has references"
+            );
         }
     }
 }
@@ -135,7 +145,9 @@ impl SwapFile {
                     .mode(0o600)
                     .custom_flags(libc::O_CLOEXEC)
                     .open(p)
-                    .map_err(|e| io::Error::new(e.kind(), format!("creating swap file {}: {e}", p.display())))?;
+                    .map_err(|e| {
+                        io::Error::new(e.kind(), format!("creating swap file {}: {e}", p.display()))
+                    })?;
                 (f, Some(p.to_path_buf()))
             }
             None => {
@@ -145,12 +157,22 @@ impl SwapFile {
                     .mode(0o600)
                     .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
                     .open(dir)
-                    .map_err(|e| io::Error::new(e.kind(), format!("creating a temporary swap file in {}: {e}", dir.display())))?;
+                    .map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("creating a temporary swap file in {}: {e}", dir.display()),
+                        )
+                    })?;
                 (f, None)
             }
         };
         let max_slots = (max_bytes / PAGE_SIZE as u64).min(u32::MAX as u64) as u32;
-        Ok(SwapFile { file, path, slots: Mutex::new(SlotMap::new()), max_slots })
+        Ok(SwapFile {
+            file,
+            path,
+            slots: Mutex::new(SlotMap::new()),
+            max_slots,
+        })
     }
 
     /// Stores pages (`data.len()` a multiple of the page size); returns their slots, or an error
@@ -167,7 +189,10 @@ impl SwapFile {
                         for &s in &slots {
                             let _ = map.put(s);
                         }
-                        return Err(io::Error::new(io::ErrorKind::StorageFull, "swap file is full"));
+                        return Err(io::Error::new(
+                            io::ErrorKind::StorageFull,
+                            "swap file is full",
+                        ));
                     }
                 }
             }
@@ -181,7 +206,10 @@ impl SwapFile {
                 j += 1;
             }
             let off = slots[i] as u64 * PAGE_SIZE as u64;
-            if let Err(e) = self.file.write_all_at(&data[i * PAGE_SIZE..j * PAGE_SIZE], off) {
+            if let Err(e) = self
+                .file
+                .write_all_at(&data[i * PAGE_SIZE..j * PAGE_SIZE], off)
+            {
                 result = Err(e);
                 break;
             }
@@ -201,7 +229,10 @@ impl SwapFile {
     pub fn read(&self, slot: u32, out: &mut [u8]) -> io::Result<()> {
         debug_assert_eq!(out.len(), PAGE_SIZE);
         if self.slots.lock().count(slot) == 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("slot {slot} is not in use")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("slot {slot} is not in use"),
+            ));
         }
         self.file.read_exact_at(out, slot as u64 * PAGE_SIZE as u64)
     }
@@ -315,7 +346,10 @@ mod tests {
         let s = map.alloc(10).unwrap();
         assert!(map.put(s).unwrap());
         assert_eq!(map.put(s), Err(SlotError::Free(s)));
-        assert_eq!(map.dup(s).unwrap_err().to_string(), format!("slot {s} is free"));
+        assert_eq!(
+            map.dup(s).unwrap_err().to_string(),
+            format!("slot {s} is free")
+        );
     }
 
     #[test]
@@ -324,7 +358,10 @@ mod tests {
         let path = dir.join(format!("uffd-daemon-test-{}.swap", std::process::id()));
         let f = SwapFile::create(Some(&path), &dir, 64 * 4096).unwrap();
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         let data: Vec<u8> = (0..3 * PAGE_SIZE).map(|i| (i * 7 % 251) as u8).collect();
         let slots = f.store(&data).unwrap();
         assert_eq!(slots.len(), 3);
@@ -337,11 +374,17 @@ mod tests {
         f.put(slots[0]).unwrap();
         f.read(slots[0], &mut out).unwrap();
         f.put(slots[0]).unwrap();
-        assert!(f.read(slots[0], &mut out).is_err(), "a freed slot must not be readable");
+        assert!(
+            f.read(slots[0], &mut out).is_err(),
+            "a freed slot must not be readable"
+        );
         // Refusing to overwrite an existing file.
         assert!(SwapFile::create(Some(&path), &dir, 4096).is_err());
         drop(f);
-        assert!(!path.exists(), "the swap file is removed when the daemon lets go of it");
+        assert!(
+            !path.exists(),
+            "the swap file is removed when the daemon lets go of it"
+        );
     }
 
     #[test]

@@ -181,10 +181,22 @@ impl RawUffdMsg {
                 flags: self.arg[0],
                 ptid: self.arg[2] as u32,
             },
-            UFFD_EVENT_FORK => UffdEvent::Fork { ufd: self.arg[0] as u32 as RawFd },
-            UFFD_EVENT_REMAP => UffdEvent::Remap { from: self.arg[0], to: self.arg[1], len: self.arg[2] },
-            UFFD_EVENT_REMOVE => UffdEvent::Remove { start: self.arg[0], end: self.arg[1] },
-            UFFD_EVENT_UNMAP => UffdEvent::Unmap { start: self.arg[0], end: self.arg[1] },
+            UFFD_EVENT_FORK => UffdEvent::Fork {
+                ufd: self.arg[0] as u32 as RawFd,
+            },
+            UFFD_EVENT_REMAP => UffdEvent::Remap {
+                from: self.arg[0],
+                to: self.arg[1],
+                len: self.arg[2],
+            },
+            UFFD_EVENT_REMOVE => UffdEvent::Remove {
+                start: self.arg[0],
+                end: self.arg[1],
+            },
+            UFFD_EVENT_UNMAP => UffdEvent::Unmap {
+                start: self.arg[0],
+                end: self.arg[1],
+            },
             other => UffdEvent::Unknown(other),
         }
     }
@@ -239,8 +251,10 @@ impl Uffd {
     /// # Safety
     /// `fd` must be an open userfaultfd that nothing else owns.
     pub unsafe fn from_raw(fd: RawFd) -> Self {
-        // SAFETY: the caller guarantees `fd` is open and exclusively ours.
-        Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd) } }
+        Uffd {
+            // SAFETY: the caller guarantees `fd` is open and exclusively ours.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        }
     }
 
     /// The raw descriptor, for poll and for passing it to an agent.
@@ -252,18 +266,29 @@ impl Uffd {
     /// daemon's own memory is the client). Negotiates `features`.
     pub fn create_local(features: u64) -> io::Result<(Self, u64)> {
         // SAFETY: plain syscall with integer arguments.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        let fd =
+            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
         let fd = if fd < 0 {
-            let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd")?;
+            let dev = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/userfaultfd")?;
             // SAFETY: USERFAULTFD_IOC_NEW takes the flags as an integer argument.
-            let fd = unsafe { libc::ioctl(dev.as_raw_fd(), 0xAA00, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+            let fd =
+                unsafe { libc::ioctl(dev.as_raw_fd(), 0xAA00, libc::O_CLOEXEC | libc::O_NONBLOCK) };
             cvt(fd)?
         } else {
             fd as RawFd
         };
-        // SAFETY: `fd` is a fresh descriptor we own.
-        let uffd = Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd) } };
-        let mut api = UffdioApi { api: UFFD_API, features, ioctls: 0 };
+        let uffd = Uffd {
+            // SAFETY: `fd` is a fresh descriptor we own.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        };
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features,
+            ioctls: 0,
+        };
         // SAFETY: `api` is a valid `struct uffdio_api` for the duration of the call.
         cvt(unsafe { libc::ioctl(uffd.raw(), UFFDIO_API, &mut api) })?;
         Ok((uffd, api.features))
@@ -293,7 +318,11 @@ impl Uffd {
         if wp {
             mode |= UFFDIO_REGISTER_MODE_WP;
         }
-        let mut reg = UffdioRegister { range: UffdioRange { start, len }, mode, ioctls: 0 };
+        let mut reg = UffdioRegister {
+            range: UffdioRange { start, len },
+            mode,
+            ioctls: 0,
+        };
         // SAFETY: `reg` is a valid `struct uffdio_register`.
         cvt(unsafe { libc::ioctl(self.raw(), UFFDIO_REGISTER, &mut reg) })?;
         Ok(())
@@ -324,7 +353,13 @@ impl Uffd {
     /// the faulting threads.
     pub fn copy(&self, dst: u64, src: &[u8]) -> io::Result<Fill> {
         debug_assert_eq!(src.len() % PAGE_SIZE, 0);
-        let mut c = UffdioCopy { dst, src: src.as_ptr() as u64, len: src.len() as u64, mode: 0, copy: 0 };
+        let mut c = UffdioCopy {
+            dst,
+            src: src.as_ptr() as u64,
+            len: src.len() as u64,
+            mode: 0,
+            copy: 0,
+        };
         // SAFETY: `c` is a valid `struct uffdio_copy`; the kernel reads `len` bytes from `src`,
         // which is a live slice of that length.
         let rc = unsafe { libc::ioctl(self.raw(), UFFDIO_COPY, &mut c) };
@@ -347,7 +382,14 @@ impl Uffd {
 
     /// `UFFDIO_ZEROPAGE` of one page, waking the faulting threads.
     pub fn zeropage(&self, dst: u64) -> io::Result<Fill> {
-        let mut z = UffdioZeropage { range: UffdioRange { start: dst, len: PAGE_SIZE_U64 }, mode: 0, zeropage: 0 };
+        let mut z = UffdioZeropage {
+            range: UffdioRange {
+                start: dst,
+                len: PAGE_SIZE_U64,
+            },
+            mode: 0,
+            zeropage: 0,
+        };
         // SAFETY: `z` is a valid `struct uffdio_zeropage`.
         let rc = unsafe { libc::ioctl(self.raw(), UFFDIO_ZEROPAGE, &mut z) };
         Self::fill_result(rc)
@@ -375,7 +417,14 @@ impl Uffd {
 
 /// Waits until one of `fds` is readable or `timeout_ms` passes; returns the readable mask.
 pub fn poll_read(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
-    let mut pfds: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
     loop {
         // SAFETY: `pfds` is a valid array of `pollfd` of the given length.
         let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
@@ -401,8 +450,10 @@ impl EventFd {
     pub fn new() -> io::Result<Self> {
         // SAFETY: plain syscall.
         let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
-        // SAFETY: `fd` is fresh and ours.
-        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        Ok(EventFd {
+            // SAFETY: `fd` is fresh and ours.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
     }
     /// The raw descriptor.
     pub fn raw(&self) -> RawFd {
@@ -436,8 +487,10 @@ impl PidFd {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: `fd` is fresh and ours.
-        Ok(PidFd { fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) } })
+        Ok(PidFd {
+            // SAFETY: `fd` is fresh and ours.
+            fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
+        })
     }
     /// Whether the process has exited (non-blocking check).
     pub fn exited(&self) -> bool {
@@ -450,14 +503,29 @@ impl PidFd {
 /// Only call this for pages known to be present: on a missing page in a registered range the
 /// read raises a fault on the uffd and waits for its handler (DESIGN.md).
 pub fn read_remote(pid: i32, runs: &[(u64, usize)], out: &mut [u8]) -> io::Result<usize> {
-    let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: out.len() };
+    let local = libc::iovec {
+        iov_base: out.as_mut_ptr().cast(),
+        iov_len: out.len(),
+    };
     let remote: Vec<libc::iovec> = runs
         .iter()
-        .map(|&(addr, len)| libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len })
+        .map(|&(addr, len)| libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: len,
+        })
         .collect();
     // SAFETY: `local` describes `out`, valid for writes; the remote iovecs are only addresses
     // in the other process, which the kernel checks.
-    let n = unsafe { libc::process_vm_readv(pid, &local, 1, remote.as_ptr(), remote.len() as libc::c_ulong, 0) };
+    let n = unsafe {
+        libc::process_vm_readv(
+            pid,
+            &local,
+            1,
+            remote.as_ptr(),
+            remote.len() as libc::c_ulong,
+            0,
+        )
+    };
     cvt_isize(n)
 }
 
@@ -481,7 +549,10 @@ pub fn thread_last_cpu(pid: i32, tid: u32) -> Option<usize> {
 
 /// Sends `data` with an optional descriptor over a `SOCK_SEQPACKET` socket.
 pub fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<()> {
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
     // u64-aligned control buffer large enough for one descriptor.
     let mut cbuf = [0u64; 4];
     // SAFETY: msghdr is plain old data; zeroed is a valid (empty) value.
@@ -510,7 +581,10 @@ pub fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<(
 
 /// Receives one packet and at most one descriptor. Returns the length (0 at end of stream).
 pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
     let mut cbuf = [0u64; 8];
     // SAFETY: zeroed msghdr is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -527,7 +601,8 @@ pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<Ow
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let count = ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                let count =
+                    ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
                 for i in 0..count {
                     let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>().add(i));
                     let owned = OwnedFd::from_raw_fd(fd);
@@ -540,26 +615,50 @@ pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<Ow
         }
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "control message truncated"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "control message truncated",
+        ));
     }
     Ok((n, received))
 }
 
 /// Credentials of the peer of a Unix socket.
 pub fn peer_cred(sock: RawFd) -> io::Result<libc::ucred> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `cred` and `len` are live and sized for SO_PEERCRED.
-    cvt(unsafe { libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) })?;
+    cvt(unsafe {
+        libc::getsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    })?;
     Ok(cred)
 }
 
 /// Sets a receive timeout on a socket.
 pub fn set_recv_timeout(sock: RawFd, ms: u64) -> io::Result<()> {
-    let tv = libc::timeval { tv_sec: (ms / 1000) as libc::time_t, tv_usec: ((ms % 1000) * 1000) as libc::suseconds_t };
+    let tv = libc::timeval {
+        tv_sec: (ms / 1000) as libc::time_t,
+        tv_usec: ((ms % 1000) * 1000) as libc::suseconds_t,
+    };
     // SAFETY: `tv` is a live timeval.
     cvt(unsafe {
-        libc::setsockopt(sock, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as u32)
+        libc::setsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        )
     })?;
     Ok(())
 }

@@ -19,7 +19,11 @@ static SERIAL: Mutex<()> = Mutex::new(());
 fn can_run() -> bool {
     // SAFETY: geteuid cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
-    let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd").is_ok();
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .is_ok();
     if !root && !dev {
         eprintln!("SKIP: needs root or read/write access to /dev/userfaultfd");
     }
@@ -27,7 +31,12 @@ fn can_run() -> bool {
 }
 
 fn have(program: &str) -> bool {
-    let found = Command::new("sh").arg("-c").arg(format!("command -v {program}")).stdout(Stdio::null()).status().is_ok_and(|s| s.success());
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     if !found {
         eprintln!("SKIP: {program} is not installed (.ci/run installs it)");
     }
@@ -47,7 +56,9 @@ struct Run {
 
 impl Run {
     fn get(&self, key: &str) -> u64 {
-        self.stats[key].as_u64().unwrap_or_else(|| panic!("stats lack {key}: {}", self.stats))
+        self.stats[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("stats lack {key}: {}", self.stats))
     }
 }
 
@@ -61,7 +72,9 @@ fn run_under(limit: &str, name: &str, program: &[&str]) -> Run {
         .args(program)
         .output()
         .expect("running uffd-daemon");
-    let stats = std::fs::read_to_string(&path).map(|s| serde_json::from_str(&s).expect("stats JSON")).unwrap_or(serde_json::Value::Null);
+    let stats = std::fs::read_to_string(&path)
+        .map(|s| serde_json::from_str(&s).expect("stats JSON"))
+        .unwrap_or(serde_json::Value::Null);
     let _ = std::fs::remove_file(&path);
     let run = Run {
         status: out.status.code().unwrap_or(-1),
@@ -69,16 +82,32 @@ fn run_under(limit: &str, name: &str, program: &[&str]) -> Run {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         stats,
     };
-    eprintln!("--- {name}: status {}\nstdout:\n{}\nstderr:\n{}\nstats: {}", run.status, run.stdout, run.stderr, run.stats);
+    eprintln!(
+        "--- {name}: status {}\nstdout:\n{}\nstderr:\n{}\nstats: {}",
+        run.status, run.stdout, run.stderr, run.stats
+    );
     run
 }
 
 fn assert_paged(run: &Run, limit_bytes: u64) {
-    for key in ["faults", "zero_fills", "evicted_pages", "bytes_written", "bytes_read", "resident_pages_max"] {
-        assert!(run.stats.get(key).is_some(), "--stats-json lacks the key {key}");
+    for key in [
+        "faults",
+        "zero_fills",
+        "evicted_pages",
+        "bytes_written",
+        "bytes_read",
+        "resident_pages_max",
+    ] {
+        assert!(
+            run.stats.get(key).is_some(),
+            "--stats-json lacks the key {key}"
+        );
     }
     assert!(run.get("evicted_pages") > 0, "nothing was evicted");
-    assert!(run.get("bytes_written") > 0 && run.get("bytes_read") > 0, "nothing went through the swap file");
+    assert!(
+        run.get("bytes_written") > 0 && run.get("bytes_read") > 0,
+        "nothing went through the swap file"
+    );
     assert!(run.get("faults") > 0);
     // The limit holds (a little slack for faults in flight while reclaim runs).
     let limit_pages = limit_bytes / 4096;
@@ -130,15 +159,32 @@ fn stress_ng_vm_verify() {
     let run = run_under(
         "64M",
         "stress-ng",
-        &["stress-ng", "--vm", "2", "--vm-bytes", "256M", "--vm-method", "rand-set", "--verify", "--timeout", "10s"],
+        &[
+            "stress-ng",
+            "--vm",
+            "2",
+            "--vm-bytes",
+            "256M",
+            "--vm-method",
+            "rand-set",
+            "--verify",
+            "--timeout",
+            "10s",
+        ],
     );
     assert_eq!(run.status, 0, "stress-ng failed");
     let all = format!("{}{}", run.stdout, run.stderr);
-    assert!(all.contains("successful run completed"), "stress-ng did not complete successfully");
+    assert!(
+        all.contains("successful run completed"),
+        "stress-ng did not complete successfully"
+    );
     assert!(!all.contains("fail"), "stress-ng reported a failure");
     assert_paged(&run, 64 << 20);
     assert!(run.get("swapins") > 0);
-    assert!(run.get("fork_events") >= 2, "stress-ng's workers are forked children");
+    assert!(
+        run.get("fork_events") >= 2,
+        "stress-ng's workers are forked children"
+    );
     assert!(run.get("processes") >= 3);
 }
 
@@ -166,7 +212,10 @@ sys.exit(1 if bad or len(d) != n else 0)
 "#;
     let run = run_under("48M", "python", &["python3", "-c", script]);
     assert_eq!(run.status, 0);
-    assert!(run.stdout.contains("1000000 entries, 0 bad"), "python's data did not verify");
+    assert!(
+        run.stdout.contains("1000000 entries, 0 bad"),
+        "python's data did not verify"
+    );
     assert_paged(&run, 48 << 20);
     assert!(run.get("swapins") > 0);
 }
@@ -213,18 +262,30 @@ fn client_stops_when_the_daemon_dies() {
     let ready = wait_line(&mut out, "READY ");
     let client: i32 = ready.trim()["READY ".len()..].parse().expect("client pid");
     wait_line(&mut out, "round 1:"); // pages have been evicted and read back at least once
-    // SAFETY: kill(2) of the daemon we started.
+                                     // SAFETY: kill(2) of the daemon we started.
     unsafe { libc::kill(daemon.id() as i32, libc::SIGKILL) };
     let _ = daemon.wait();
     // The client must stop by itself, with a clear message, and never report bad data.
     let mut rest = String::new();
     let mut err = String::new();
     let _ = out.read_to_string(&mut rest);
-    let _ = daemon.stderr.take().expect("stderr").read_to_string(&mut err);
+    let _ = daemon
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err);
     eprintln!("client stdout after the kill:\n{rest}\nstderr:\n{err}");
     assert!(!rest.contains("MISMATCH"), "the client saw bad data");
-    assert!(rest.lines().filter(|l| l.starts_with("round")).all(|l| l.ends_with(" 0 bad pages")), "the client saw bad data");
-    assert!(err.contains("the uffd-daemon serving this process died"), "no clear message from the client");
+    assert!(
+        rest.lines()
+            .filter(|l| l.starts_with("round"))
+            .all(|l| l.ends_with(" 0 bad pages")),
+        "the client saw bad data"
+    );
+    assert!(
+        err.contains("the uffd-daemon serving this process died"),
+        "no clear message from the client"
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while Path::new(&format!("/proc/{client}")).exists() && Instant::now() < deadline {
         // It may linger as a zombie of init for a moment.
@@ -235,7 +296,10 @@ fn client_stops_when_the_daemon_dies() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let stat = std::fs::read_to_string(format!("/proc/{client}/stat")).unwrap_or_default();
-    assert!(stat.is_empty() || stat.contains(") Z "), "the client is still running: {stat}");
+    assert!(
+        stat.is_empty() || stat.contains(") Z "),
+        "the client is still running: {stat}"
+    );
 }
 
 #[test]
@@ -244,7 +308,10 @@ fn stat_reports_a_running_daemon_and_strangers_are_refused() {
     if !can_run() {
         return;
     }
-    let mut daemon = Command::new(DAEMON).args(["run", "--limit", "16M", "--", "sleep", "3"]).spawn().expect("starting the daemon");
+    let mut daemon = Command::new(DAEMON)
+        .args(["run", "--limit", "16M", "--", "sleep", "3"])
+        .spawn()
+        .expect("starting the daemon");
     let pid = daemon.id();
     let dir = uffd_daemon::default_run_base().join(pid.to_string());
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -252,9 +319,16 @@ fn stat_reports_a_running_daemon_and_strangers_are_refused() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(200));
-    let out = Command::new(DAEMON).args(["stat", "--pid", &pid.to_string()]).output().expect("uffd-daemon stat");
+    let out = Command::new(DAEMON)
+        .args(["stat", "--pid", &pid.to_string()])
+        .output()
+        .expect("uffd-daemon stat");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "stat failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stat failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_str(text.trim()).expect("stat prints JSON");
     assert!(v["stats"]["processes"].as_u64().unwrap_or(0) >= 1, "{v}");
     assert!(v["stats"].get("faults").is_some());
@@ -271,7 +345,11 @@ fn stat_reports_a_running_daemon_and_strangers_are_refused() {
         for (d, b) in addr.sun_path.iter_mut().zip(p.to_string_lossy().as_bytes()) {
             *d = *b as libc::c_char;
         }
-        let rc = libc::connect(s, (&addr as *const libc::sockaddr_un).cast(), std::mem::size_of::<libc::sockaddr_un>() as u32);
+        let rc = libc::connect(
+            s,
+            (&addr as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as u32,
+        );
         assert_eq!(rc, 0, "connecting to the agent socket");
         let junk = [0x55u8; 40];
         libc::send(s, junk.as_ptr().cast(), junk.len(), libc::MSG_NOSIGNAL);
@@ -280,7 +358,10 @@ fn stat_reports_a_running_daemon_and_strangers_are_refused() {
         assert!(n > 0, "expected an error message before the close");
         let reply = uffd_daemon::protocol::decode(&buf[..n as usize]).expect("a well-formed reply");
         match reply.0 {
-            uffd_daemon::protocol::Message::Error { message, .. } => assert!(message.contains("only the processes it started"), "{message}"),
+            uffd_daemon::protocol::Message::Error { message, .. } => assert!(
+                message.contains("only the processes it started"),
+                "{message}"
+            ),
             other => panic!("expected an ERROR, got {other:?}"),
         }
         let n = libc::recv(s, buf.as_mut_ptr().cast(), buf.len(), 0);

@@ -31,23 +31,41 @@ struct Region {
 
 fn map(bytes: usize) -> *mut u8 {
     // SAFETY: anonymous private mapping; checked below.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
     assert_ne!(p, libc::MAP_FAILED, "mmap failed");
     p.cast()
 }
 
 impl Region {
     fn new(name: &'static str, bytes: usize) -> Self {
-        Region { base: map(bytes), pages: bytes / PAGE, want: vec![Want::Zero; bytes / PAGE], name }
+        Region {
+            base: map(bytes),
+            pages: bytes / PAGE,
+            want: vec![Want::Zero; bytes / PAGE],
+            name,
+        }
     }
-    fn page(&self, i: usize) -> &mut [u8] {
+    fn page(&self, i: usize) -> &[u8] {
         assert!(i < self.pages);
-        // SAFETY: `i` is within the mapping, which lives as long as the Region (never unmapped
-        // while a slice is alive: callers use the slice immediately).
+        // SAFETY: `i` is within the mapping, which lives as long as the Region.
+        unsafe { std::slice::from_raw_parts(self.base.add(i * PAGE), PAGE) }
+    }
+    fn page_mut(&mut self, i: usize) -> &mut [u8] {
+        assert!(i < self.pages);
+        // SAFETY: as in `page`, and `&mut self` makes the borrow exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.base.add(i * PAGE), PAGE) }
     }
     fn write(&mut self, i: usize, tag: u64, generation: u64) {
-        fill_page(self.page(i), tag, generation);
+        fill_page(self.page_mut(i), tag, generation);
         self.want[i] = Want::Pattern(tag, generation);
     }
     fn verify(&self, step: &str) -> usize {
@@ -60,7 +78,10 @@ impl Region {
             if !ok {
                 bad += 1;
                 if bad <= 3 {
-                    println!("MISMATCH {step}: region {} page {i}: want {:?}", self.name, self.want[i]);
+                    println!(
+                        "MISMATCH {step}: region {} page {i}: want {:?}",
+                        self.name, self.want[i]
+                    );
                 }
             }
         }
@@ -71,7 +92,11 @@ impl Region {
 fn rss_anon_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("RssAnon:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("RssAnon:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0)
 }
 
@@ -109,13 +134,23 @@ fn all() -> i32 {
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     // SAFETY: page 3 and page 5 of A are valid for PAGE bytes; the pipe holds one page.
     unsafe {
-        assert_eq!(libc::write(fds[1], a.page(3).as_ptr().cast(), PAGE), PAGE as isize);
-        assert_eq!(libc::read(fds[0], a.page(5).as_mut_ptr().cast(), PAGE), PAGE as isize);
+        assert_eq!(
+            libc::write(fds[1], a.page(3).as_ptr().cast(), PAGE),
+            PAGE as isize
+        );
+        assert_eq!(
+            libc::read(fds[0], a.page_mut(5).as_mut_ptr().cast(), PAGE),
+            PAGE as isize
+        );
         libc::close(fds[0]);
         libc::close(fds[1]);
     }
     a.want[5] = a.want[3];
-    report("kernel-mode faults", a.verify("kernel-mode faults"), &mut failures);
+    report(
+        "kernel-mode faults",
+        a.verify("kernel-mode faults"),
+        &mut failures,
+    );
 
     // 2. Fork: the child must see the snapshot taken at fork, whatever the parent does next.
     pressure(&mut scratch, 2);
@@ -149,9 +184,17 @@ fn all() -> i32 {
     // SAFETY: waitpid for our child with a valid status pointer.
     unsafe { libc::waitpid(pid, &mut status, 0) };
     let child_ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-    report("fork (child saw its snapshot and its own writes)", usize::from(!child_ok), &mut failures);
+    report(
+        "fork (child saw its snapshot and its own writes)",
+        usize::from(!child_ok),
+        &mut failures,
+    );
     pressure(&mut scratch, 3);
-    report("fork (parent kept its own writes)", a.verify("fork parent"), &mut failures);
+    report(
+        "fork (parent kept its own writes)",
+        a.verify("fork parent"),
+        &mut failures,
+    );
 
     // 3. mremap: move 8 MiB of A elsewhere, then grow a region.
     pressure(&mut scratch, 4);
@@ -159,9 +202,27 @@ fn all() -> i32 {
     let first = 8 * MIB / PAGE;
     let target = map(8 * MIB);
     // SAFETY: moving part of A onto `target` (MREMAP_FIXED replaces that reservation).
-    let newp = unsafe { libc::mremap(a.base.add(first * PAGE).cast(), 8 * MIB, 8 * MIB, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, target.cast::<libc::c_void>()) };
-    assert_eq!(newp.cast::<u8>(), target, "mremap failed: {}", std::io::Error::last_os_error());
-    let mut moved = Region { base: target, pages: moved_pages, want: a.want[first..first + moved_pages].to_vec(), name: "A-moved" };
+    let newp = unsafe {
+        libc::mremap(
+            a.base.add(first * PAGE).cast(),
+            8 * MIB,
+            8 * MIB,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            target.cast::<libc::c_void>(),
+        )
+    };
+    assert_eq!(
+        newp.cast::<u8>(),
+        target,
+        "mremap failed: {}",
+        std::io::Error::last_os_error()
+    );
+    let mut moved = Region {
+        base: target,
+        pages: moved_pages,
+        want: a.want[first..first + moved_pages].to_vec(),
+        name: "A-moved",
+    };
     // The old range is unmapped now: stop tracking it in A.
     for w in &mut a.want[first..first + moved_pages] {
         *w = Window::Unmapped.into();
@@ -192,13 +253,24 @@ fn all() -> i32 {
     // SAFETY: unmapping and remapping a part of A that we own; nothing references it.
     unsafe {
         assert_eq!(libc::munmap(a.base.add(un * PAGE).cast(), 4 * MIB), 0);
-        let p = libc::mmap(a.base.add(un * PAGE).cast(), 4 * MIB, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED, -1, 0);
+        let p = libc::mmap(
+            a.base.add(un * PAGE).cast(),
+            4 * MIB,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        );
         assert_eq!(p.cast::<u8>(), a.base.add(un * PAGE));
     }
     for w in &mut a.want[un..un + un_pages] {
         *w = Want::Zero;
     }
-    report("munmap + new mapping reads zeros", a.verify_mapped("munmap"), &mut failures);
+    report(
+        "munmap + new mapping reads zeros",
+        a.verify_mapped("munmap"),
+        &mut failures,
+    );
 
     // 5. MADV_DONTNEED over evicted and resident pages: zeros there, the rest intact.
     pressure(&mut scratch, 9);
@@ -207,16 +279,24 @@ fn all() -> i32 {
         a.write(i, i as u64, 11); // some of the range resident, the rest evicted
     }
     // SAFETY: madvise on a part of A that we own.
-    assert_eq!(unsafe { libc::madvise(a.base.add(dn * PAGE).cast(), 4 * MIB, libc::MADV_DONTNEED) }, 0);
+    let rc = unsafe { libc::madvise(a.base.add(dn * PAGE).cast(), 4 * MIB, libc::MADV_DONTNEED) };
+    assert_eq!(rc, 0);
     for w in &mut a.want[dn..dn + 4 * MIB / PAGE] {
         *w = Want::Zero;
     }
     pressure(&mut scratch, 10);
-    report("MADV_DONTNEED reads zeros", a.verify_mapped("dontneed"), &mut failures);
+    report(
+        "MADV_DONTNEED reads zeros",
+        a.verify_mapped("dontneed"),
+        &mut failures,
+    );
 
     // 6. Everything, once more, after more pressure.
     pressure(&mut scratch, 11);
-    let bad = a.verify_mapped("final A") + moved.verify("final moved") + c.verify("final C") + scratch.verify("final scratch");
+    let bad = a.verify_mapped("final A")
+        + moved.verify("final moved")
+        + c.verify("final C")
+        + scratch.verify("final scratch");
     report("final", bad, &mut failures);
     if failures == 0 {
         println!("checker: ALL OK");
@@ -250,7 +330,10 @@ impl Region {
             if !ok {
                 bad += 1;
                 if bad <= 3 {
-                    println!("MISMATCH {step}: region {} page {i}: want {:?}", self.name, self.want[i]);
+                    println!(
+                        "MISMATCH {step}: region {} page {i}: want {:?}",
+                        self.name, self.want[i]
+                    );
                 }
             }
         }

@@ -39,12 +39,6 @@
 //!   dropped"; only the bookkeeping waits for the grace period.
 //! - Unregistration clears the shrinker's bits and deferred work in every
 //!   group before its id can be reused (the kernel leaves stale values).
-//! - The root walk takes references on up to 16 shrinkers under one epoch
-//!   guard (the kernel pins once per shrinker with `rcu_read_lock`, which is
-//!   free there; an epoch pin is not). A shrinker being unregistered is let go
-//!   as soon as the callback running at that moment returns, so unregister
-//!   still waits for at most one callback per walker. Group walks take one
-//!   reference at a time.
 //! - `synchronize` waits for the shrinks in flight with an SRCU-like pair of
 //!   counters (the kernel used `shrinker_rwsem`, then SRCU, before dropping
 //!   `synchronize_shrinkers` altogether).
@@ -53,8 +47,8 @@
 //!
 //! # Invariants
 //!
-//! 1. No epoch guard is held across a callback: the walk pins, takes
-//!    references, unpins, calls, re-pins, then puts (the last put completes
+//! 1. No epoch guard is held across a callback: the walk pins, takes a
+//!    reference, unpins, calls, re-pins, then puts (the last put completes
 //!    the unregistering thread's wait, so it must happen while the node is
 //!    kept alive by a guard).
 //! 2. Once a shrinker's count is 0 it never rises again; its callbacks run

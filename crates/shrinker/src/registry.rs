@@ -11,8 +11,8 @@ use crate::group::{Group, GroupInfo};
 use crate::shrink::{do_shrink_slab, DeferredWork, ShrinkOutcome};
 use crate::stats::{NodeStats, RegistryStats, ShrinkerStats, StatCounter};
 use crate::sync::{
-    fence, lock, yield_now, AtomicBool, AtomicI64, AtomicPtr, AtomicUsize, Completion, Epoch,
-    Guard, Mutex, Ordering, Rcu, UnsafeCell, INITIAL_TABLE, UNIT_BITS, WALK_BATCH,
+    fence, lock, yield_now, AtomicI64, AtomicPtr, AtomicUsize, Completion, Epoch, Guard, Mutex,
+    Ordering, Rcu, UnsafeCell, INITIAL_TABLE, UNIT_BITS,
 };
 
 /// The most shrinkers a registry hands ids to.
@@ -35,9 +35,6 @@ pub(crate) struct Node {
     /// Deferred work for root reclaim, one per shard (one if not shard-aware).
     pub(crate) nr_deferred: Box<[AtomicI64]>,
     pub(crate) stats: NodeStats,
-    /// Set when unregistration starts: walkers holding a reference in their
-    /// batch without running it drop the reference at once.
-    dying: AtomicBool,
 }
 
 impl core::fmt::Debug for Node {
@@ -193,8 +190,6 @@ pub(crate) struct Inner {
     phase: AtomicUsize,
     sync_lock: Mutex<()>,
     shrinks: StatCounter,
-    /// Unregistrations waiting for references to drop (see `Batch`).
-    dying: AtomicUsize,
 }
 
 impl core::fmt::Debug for Inner {
@@ -233,11 +228,9 @@ unsafe impl Sync for ShrinkerHandle {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Unregistered {
-    /// References walkers held when unregistration started: one per walker
-    /// running this shrinker's callbacks or holding it in its batch. A walker
-    /// drops a batched, not yet running reference as soon as its current
-    /// callback returns, so unregister waits for at most the one callback each
-    /// walker has in flight.
+    /// Walkers running this shrinker's callbacks when unregistration started
+    /// (each holds a reference; unregister waited for them and only them,
+    /// at most one callback per walker).
     pub in_flight: usize,
 }
 
@@ -271,55 +264,6 @@ impl Drop for Hold<'_> {
         // SAFETY: as in `release`.
         unsafe { Node::put(&*self.node) };
         drop(guard);
-    }
-}
-
-/// References on a batch of shrinkers, taken under one guard and held while
-/// their callbacks run with no guard. Dropping it (also on unwind out of a
-/// callback) re-pins and puts the references still held.
-struct Batch<'r> {
-    inner: &'r Inner,
-    /// INVARIANT: `nodes[..len]` are null (released) or nodes we hold a
-    /// reference on.
-    nodes: [*const Rcu<Node>; WALK_BATCH],
-    len: usize,
-}
-
-impl Batch<'_> {
-    fn node(&self, j: usize) -> Option<&Node> {
-        let p = self.nodes[j];
-        // SAFETY: INVARIANT: a non-null entry is referenced by us, so its
-        // refcount is > 0, unregister has not passed its wait, and the node
-        // is not retired.
-        (!p.is_null()).then(|| unsafe { &**p })
-    }
-
-    /// Puts the references on nodes being unregistered.
-    fn release_dying(&mut self) {
-        let _guard = self.inner.epoch.pin();
-        for p in self.nodes[..self.len].iter_mut() {
-            if p.is_null() {
-                continue;
-            }
-            // SAFETY: as in `node`; the guard keeps the node alive past the put.
-            let node = unsafe { &**p };
-            if node.dying.load(Ordering::SeqCst) {
-                Node::put(node);
-                *p = core::ptr::null();
-            }
-        }
-    }
-}
-
-impl Drop for Batch<'_> {
-    fn drop(&mut self) {
-        let _guard = self.inner.epoch.pin();
-        for &p in &self.nodes[..self.len] {
-            if !p.is_null() {
-                // SAFETY: as in `release_dying`.
-                Node::put(unsafe { &*p });
-            }
-        }
     }
 }
 
@@ -366,7 +310,6 @@ impl ShrinkerRegistry {
             phase: AtomicUsize::new(0),
             sync_lock: Mutex::new(()),
             shrinks: StatCounter::new(0),
-            dying: AtomicUsize::new(0),
         };
         Self {
             inner: Arc::new(inner),
@@ -408,7 +351,6 @@ impl ShrinkerRegistry {
             callback: UnsafeCell::new(Some(Box::new(shrinker))),
             nr_deferred: (0..nr_deferred).map(|_| AtomicI64::new(0)).collect(),
             stats: NodeStats::default(),
-            dying: AtomicBool::new(false),
             config,
         });
         let guard = inner.epoch.pin();
@@ -851,63 +793,45 @@ impl Inner {
         }
     }
 
-    /// Takes references on up to `WALK_BATCH` live shrinkers from `from` on,
-    /// under one guard; returns where to continue.
-    fn fill_batch(&self, batch: &mut Batch<'_>, from: usize) -> usize {
-        let guard = self.epoch.pin();
-        let table = self.shrinker_table(&guard);
+    /// Finds the next shrinker at or after `from` and takes a reference on it.
+    fn next_root(&self, guard: &Guard<'_>, from: usize) -> Option<(usize, *const Rcu<Node>)> {
+        let table = self.shrinker_table(guard);
         for (i, slot) in table.slots.iter().enumerate().skip(from) {
             // SAFETY: slots hold live nodes under the guard.
             if let Some(node) = unsafe { guard.load(slot) } {
                 if node.try_get() {
-                    batch.nodes[batch.len] = node as *const Rcu<Node>;
-                    batch.len += 1;
-                    if batch.len == WALK_BATCH {
-                        return i + 1;
-                    }
+                    return Some((i, node as *const Rcu<Node>));
                 }
             }
         }
-        table.slots.len()
+        None
     }
 
     fn shrink_root(&self, req: &ShrinkRequest) -> u64 {
         let mut freed = 0u64;
+        let mut guard = self.epoch.pin();
         let mut from = 0;
-        loop {
-            let mut batch = Batch {
-                inner: self,
-                nodes: [core::ptr::null(); WALK_BATCH],
-                len: 0,
-            };
-            from = self.fill_batch(&mut batch, from);
-            if batch.len == 0 {
-                break;
+        while let Some((i, node)) = self.next_root(&guard, from) {
+            // Never hold a guard across user code.
+            drop(guard);
+            let hold = Hold { inner: self, node };
+            let n = hold.node();
+            let shard = if n.config.shard_aware { req.shard } else { 0 };
+            let mut sc = ShrinkControl::new(None, shard, req.priority);
+            let out = do_shrink_slab(
+                &n.config,
+                &n.stats,
+                &mut sc,
+                &RootDeferred(n),
+                |sc| n.count(sc),
+                |sc| n.scan(sc),
+            );
+            if let ShrinkOutcome::Freed(f) = out {
+                freed = freed.saturating_add(f);
             }
-            // No guard is held from here on: the references keep the nodes.
-            for j in 0..batch.len {
-                let Some(n) = batch.node(j) else { continue };
-                let shard = if n.config.shard_aware { req.shard } else { 0 };
-                let mut sc = ShrinkControl::new(None, shard, req.priority);
-                let out = do_shrink_slab(
-                    &n.config,
-                    &n.stats,
-                    &mut sc,
-                    &RootDeferred(n),
-                    |sc| n.count(sc),
-                    |sc| n.scan(sc),
-                );
-                if let ShrinkOutcome::Freed(f) = out {
-                    freed = freed.saturating_add(f);
-                }
-                // An unregistration waits for our references: let go of the
-                // dying ones now, so that it waits for at most the callback
-                // that was running.
-                if self.dying.load(Ordering::SeqCst) != 0 {
-                    batch.release_dying();
-                }
-            }
-            // Dropping the batch puts the remaining references under a guard.
+            guard = self.epoch.pin();
+            hold.release(&guard);
+            from = i + 1;
         }
         freed
     }
@@ -1039,13 +963,10 @@ impl Inner {
         // SAFETY: the handle owned this registration; only this function
         // retires the node, so it is live here.
         let node = unsafe { &*ptr };
-        node.dying.store(true, Ordering::SeqCst);
-        self.dying.fetch_add(1, Ordering::SeqCst);
-        let in_flight = node.refcount.load(Ordering::SeqCst).saturating_sub(1);
+        let in_flight = node.refcount.load(Ordering::Relaxed).saturating_sub(1);
         // Drop the registration's reference, then wait for the walkers' ones.
         Node::put(node);
         node.done.wait();
-        self.dying.fetch_sub(1, Ordering::Relaxed);
         // refcount is 0 for good: no callback runs now or later.
         let callback = node.callback.with_mut(|p| {
             // SAFETY: see `Node`'s Sync impl: the count is 0, so no thread

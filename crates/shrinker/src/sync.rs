@@ -13,15 +13,13 @@ use core::marker::PhantomData;
 use core::ops::Deref;
 
 #[cfg(not(shrinker_loom))]
-pub(crate) use std::sync::atomic::{
-    fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicUsize, Ordering,
-};
+pub(crate) use std::sync::atomic::{fence, AtomicI64, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(shrinker_loom))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 
 #[cfg(shrinker_loom)]
 pub(crate) use loom::sync::atomic::{
-    fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicUsize, Ordering,
+    fence, AtomicI64, AtomicPtr, AtomicU64, AtomicUsize, Ordering,
 };
 #[cfg(shrinker_loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
@@ -39,12 +37,6 @@ pub(crate) const UNIT_BITS: usize = 2;
 pub(crate) const INITIAL_TABLE: usize = 64;
 #[cfg(shrinker_loom)]
 pub(crate) const INITIAL_TABLE: usize = 1;
-
-/// Shrinkers a root walk takes references on under one epoch guard.
-#[cfg(not(shrinker_loom))]
-pub(crate) const WALK_BATCH: usize = 16;
-#[cfg(shrinker_loom)]
-pub(crate) const WALK_BATCH: usize = 2;
 
 /// Locks a mutex; a poisoned lock (a panic while it was held) is taken over,
 /// because every structure it protects is left consistent between statements.

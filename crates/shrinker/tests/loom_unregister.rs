@@ -122,11 +122,10 @@ fn two_shrinks_and_drop_of_handle() {
     });
 }
 
-/// Under loom a root walk batches 2 shrinkers: unregistering the second one
-/// while the walker holds it unrun exercises the early release of dying
-/// references.
+/// Unregistering the shrinker the walk reaches second: the walk may see it
+/// live, dying (reference refused) or gone from the table.
 #[test]
-fn unregister_a_batched_shrinker_not_yet_run() {
+fn unregister_the_second_shrinker_of_a_walk() {
     loom::model(|| {
         let registry = ShrinkerRegistry::default();
         let (a, _a_alive) = probe(1);

@@ -500,3 +500,48 @@ fn synchronize_with_nothing_in_flight_returns() {
     reg.synchronize();
     reg.synchronize();
 }
+
+/// A callback that unregisters *another* shrinker (allowed, as in the kernel:
+/// the walk holds a reference only on the shrinker whose callback runs).
+struct Unregisters(Mutex<Option<shrinker::ShrinkerHandle>>);
+
+impl Shrinker for Unregisters {
+    fn count_objects(&self, _: &ShrinkControl) -> Count {
+        if let Some(h) = self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            h.unregister();
+        }
+        Count::Objects(0)
+    }
+    fn scan_objects(&self, _: &mut ShrinkControl) -> Scan {
+        Scan::Stop
+    }
+}
+
+#[test]
+fn a_callback_may_unregister_another_shrinker() {
+    let reg = ShrinkerRegistry::default();
+    let victim_objs = cache(1000);
+    let slot = Arc::new(Unregisters(Mutex::new(None)));
+    struct Shared(Arc<Unregisters>);
+    impl Shrinker for Shared {
+        fn count_objects(&self, sc: &ShrinkControl) -> Count {
+            self.0.count_objects(sc)
+        }
+        fn scan_objects(&self, sc: &mut ShrinkControl) -> Scan {
+            self.0.scan_objects(sc)
+        }
+    }
+    let _killer = reg
+        .register(ShrinkerConfig::new("killer"), Shared(slot.clone()))
+        .unwrap();
+    let victim = reg
+        .register(ShrinkerConfig::new("victim"), CacheRef(victim_objs.clone()))
+        .unwrap();
+    *slot.0.lock().unwrap() = Some(victim);
+    // The killer (id 0) runs first and unregisters the victim (id 1), which
+    // the walk then never calls.
+    assert_eq!(reg.shrink(&ShrinkRequest::new(0)).unwrap(), 0);
+    assert_eq!(reg.len(), 1);
+    assert!(victim_objs.seen.lock().unwrap().is_empty());
+    assert_eq!(victim_objs.objects.load(Ordering::SeqCst), 1000);
+}

@@ -16,7 +16,10 @@ fn main() -> anyhow::Result<()> {
             "--json" => json = true,
             "-h" | "--help" => {
                 println!("usage: report <section>... [--quick] [--json]");
-                println!("sections: {}", SECTIONS.iter().map(|s| s.0).collect::<Vec<_>>().join(", "));
+                println!(
+                    "sections: {}",
+                    SECTIONS.iter().map(|s| s.0).collect::<Vec<_>>().join(", ")
+                );
                 return Ok(());
             }
             other if other.starts_with('-') => anyhow::bail!("unknown option {other:?}"),

@@ -30,6 +30,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
+#include <time.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -150,16 +152,32 @@ static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
-static size_t header(uint8_t *out, uint16_t kind, uint32_t len)
+static size_t header_seq(uint8_t *out, uint16_t kind, uint32_t len, uint32_t seq)
 {
 	put32(out, MAGIC);
 	uint16_t v = VERSION;
 	memcpy(out + 4, &v, 2);
 	memcpy(out + 6, &kind, 2);
 	put32(out + 8, len);
-	put32(out + 12, 0);
+	put32(out + 12, seq);
 	return HEADER_LEN;
 }
+
+static size_t header(uint8_t *out, uint16_t kind, uint32_t len)
+{
+	return header_seq(out, kind, len, 0);
+}
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* How long one DROP may keep retrying UFFDIO_MOVE's EAGAIN before giving pages up (they then
+ * stay resident; the daemon tries again later). */
+#define DROP_RETRY_BUDGET_US 20000
 
 static int send_packet(int sock, const uint8_t *data, size_t len, int fd)
 {
@@ -298,9 +316,10 @@ static int hello(struct agent *ag, uint32_t flags, int send_fd, int *recv_fd)
 }
 
 /* Moves the daemon's victims into scratch, frees the scratch, reports per-page status. */
-static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len)
+static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t seq)
 {
 	uint32_t nruns = get32(p);
+	uint64_t deadline = now_us() + DROP_RETRY_BUDGET_US;
 	if (len != 8 + 16 * (uint64_t)nruns)
 		fatal("malformed DROP from the daemon", EPROTO);
 	uint8_t *status = ag->out + HEADER_LEN + 8;
@@ -318,14 +337,14 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len)
 				.len = (pages - done) * PAGE,
 				.mode = UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES,
 			};
-			int tries = 0;
 			int rc;
 			for (;;) {
 				rc = ioctl(ag->uffd, UFFDIO_MOVE_, &mv);
-				/* EAGAIN: a non-cooperative event is pending; the daemon reads it soon. */
-				if (rc == 0 || errno != EAGAIN || mv.move > 0 || ++tries > 2000)
+				/* EAGAIN: a non-cooperative event is pending (the daemon reads it soon) or
+				 * the page is busy; retry within the budget of this DROP. */
+				if (rc == 0 || errno != EAGAIN || mv.move > 0 || now_us() > deadline)
 					break;
-				usleep(50);
+				sched_yield();
 			}
 			uint64_t moved = mv.move > 0 ? (uint64_t)mv.move / PAGE : 0;
 			if (rc == 0)
@@ -347,7 +366,7 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len)
 	/* Free what was moved. The scratch's REMOVE event is recognised by its address. */
 	if (k > 0)
 		madvise(ag->scratch, k * PAGE, MADV_DONTNEED);
-	header(ag->out, KIND_DROP_DONE, (uint32_t)(8 + k));
+	header_seq(ag->out, KIND_DROP_DONE, (uint32_t)(8 + k), seq);
 	put32(ag->out + HEADER_LEN, (uint32_t)k);
 	put32(ag->out + HEADER_LEN + 4, 0);
 	if (send_packet(ag->sock, ag->out, HEADER_LEN + 8 + k, -1) < 0 && errno != EINTR)
@@ -375,7 +394,7 @@ static void *agent_thread(void *arg)
 		const uint8_t *p = check_packet(ag->buf, n, KIND_DROP, &len);
 		if (!p || len < 8)
 			fatal("malformed message from the daemon", EPROTO);
-		do_drop(ag, p, len);
+		do_drop(ag, p, len, get32(ag->buf + 12));
 	}
 	/* The connection is gone. If the daemon is gone too, evicted pages can never come back:
 	 * stop now rather than run on with pages that would read as zeros or never arrive. */

@@ -36,6 +36,9 @@ impl AgentConn {
     }
 
     /// Asks the agent to drop `runs` and waits for its per-page answer (0 = dropped).
+    ///
+    /// A timeout (`ErrorKind::WouldBlock`/`TimedOut`) leaves the connection usable: a late
+    /// answer is recognised by its sequence number and skipped by the next call.
     pub fn drop_pages(&mut self, runs: &[(u64, u32)]) -> io::Result<Vec<u8>> {
         let pages: usize = runs.iter().map(|r| r.1 as usize).sum();
         self.send(
@@ -44,21 +47,29 @@ impl AgentConn {
             },
             None,
         )?;
+        let want = self.seq;
         let mut buf = vec![0u8; MAX_PACKET];
-        let (n, _) = sys::recv_with_fd(self.sock.as_raw_fd(), &mut buf)?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "agent closed its connection",
-            ));
-        }
-        match protocol::decode(&buf[..n]) {
-            Ok((Message::DropDone { status }, _)) if status.len() == pages => Ok(status),
-            Ok((other, _)) => Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("agent answered a DROP of {pages} pages with {other:?}"),
-            )),
-            Err(e) => Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+        loop {
+            let (n, _) = sys::recv_with_fd(self.sock.as_raw_fd(), &mut buf)?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "agent closed its connection",
+                ));
+            }
+            match protocol::decode(&buf[..n]) {
+                Ok((Message::DropDone { .. }, seq)) if seq != want => continue, // a late answer
+                Ok((Message::DropDone { status }, _)) if status.len() == pages => {
+                    return Ok(status)
+                }
+                Ok((other, _)) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("agent answered a DROP of {pages} pages with {other:?}"),
+                    ))
+                }
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+            }
         }
     }
 }

@@ -193,15 +193,30 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let status = match agent.drop_pages(&drop_runs) {
         Ok(s) => s,
         Err(e) => {
+            let timed_out = matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            );
             let exited = mm.pidfd.lock().as_ref().is_some_and(|p| p.exited());
-            if !exited {
-                eprintln!("uffd-daemon: the agent of pid {pid} failed a DROP ({e}); no more evictions from it");
+            if timed_out {
+                Stats::add(&shared.stats.drop_timeouts, 1);
+            } else {
+                *agent_guard = None;
+                if !exited {
+                    eprintln!("uffd-daemon: the agent of pid {pid} failed a DROP ({e}); no more evictions from it");
+                }
             }
-            *agent_guard = None;
-            // We do not know which pages moved: keep every stored copy (a fault is served from
-            // it) and lift the protection so that present pages can be written.
+            // We do not know which pages moved: keep every stored copy (a missing fault is
+            // served from it, a write-protect fault lifts the protection) and unprotect now.
+            let mut st = mm.state.lock();
+            for (i, &a) in to_drop.iter().enumerate() {
+                let slot = drop_slots[i];
+                if st.pages.get(&a) == Some(&Page::Dropping { slot }) {
+                    st.pages.insert(a, Page::Inherited { slot });
+                }
+            }
             for &(start, n) in &drop_runs {
-                unprotect(mm, start, n as u64 * PAGE_SIZE_U64);
+                let _ = mm.uffd.writeprotect(start, n as u64 * PAGE_SIZE_U64, false);
             }
             return 0;
         }

@@ -65,6 +65,8 @@ counters! {
     ranges_registered,
     /// DROP requests sent to agents.
     drop_requests,
+    /// DROP requests an agent did not answer in time (its pages kept their stored copies).
+    drop_timeouts,
     /// Faults whose faulting thread last ran on the CPU that served the fault.
     faults_local_cpu,
     /// Faults for which the faulting thread's CPU was known.

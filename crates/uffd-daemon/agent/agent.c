@@ -503,9 +503,20 @@ static void register_new_mapping(void *addr, size_t len, int prot, int flags)
 
 __attribute__((visibility("default"))) void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
-	long r = syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+	/* MAP_POPULATE would fill the whole range before we could register it, past the limit and
+	 * behind the daemon's back: map without it, register, then populate through the faults
+	 * (MADV_POPULATE_WRITE), which the daemon serves and throttles like any other. */
+	int managed = g_agent && (flags & (MAP_PRIVATE | MAP_ANONYMOUS)) == (MAP_PRIVATE | MAP_ANONYMOUS) &&
+		      !(flags & MAP_HUGETLB) && (prot & (PROT_READ | PROT_WRITE)) == (PROT_READ | PROT_WRITE);
+	int populate = managed && (flags & MAP_POPULATE);
+	long r = syscall(SYS_mmap, addr, len, prot, populate ? flags & ~MAP_POPULATE : flags, fd, off);
 	void *p = r == -1 ? MAP_FAILED : (void *)r;
 	register_new_mapping(p, len, prot, flags);
+	if (populate && p != MAP_FAILED) {
+		int saved = errno;
+		(void)madvise(p, len, 23 /* MADV_POPULATE_WRITE */);
+		errno = saved;
+	}
 	return p;
 }
 

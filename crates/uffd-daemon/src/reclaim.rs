@@ -202,7 +202,12 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
                 Stats::add(&shared.stats.drop_timeouts, 1);
             } else {
                 *agent_guard = None;
-                if !exited {
+                let gone = matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::UnexpectedEof
+                );
+                // A peer that went away is a process exiting or exec'ing: not worth a message.
+                if !exited && !gone {
                     eprintln!("uffd-daemon: the agent of pid {pid} failed a DROP ({e}); no more evictions from it");
                 }
             }

@@ -11,12 +11,13 @@
 //! JSON keys:
 //! - `miss_ratio[trace][capacity][policy]`: misses / requests (every request counted). The
 //!   capacity key is the number of pages; `capacity_fraction[trace][capacity]` gives the share
-//!   of distinct pages. Policies: `mglru` (v6.1 rules, default `Config`), `mglru-look-twice`
-//!   (`look_twice`, faulted pages in the second-oldest generation, `refault_window` 1),
+//!   of distinct pages. Policies: `mglru` (the default `Config`: v6.1 with faulted pages in the
+//!   oldest generation and the look-twice rule for their first accessed bit), `mglru-v6.1`
+//!   (`Config::v6_1()`: faulted pages youngest, their fault's bit counted as a reuse),
 //!   `active-inactive`,
 //!   `lru`, `clock`, and `ARC`, `LIRS`, `S3-FIFO` when libCacheSim is installed.
 //! - `libcachesim`: the version used, or the reason it could not run.
-//! - `goals[policy]`: for `mglru` and `mglru-look-twice`: the worst excess over LRU in points
+//! - `goals[policy]`: for `mglru` and `mglru-v6.1`: the worst excess over LRU in points
 //!   (`max_excess_over_lru_points`, goal <= 0.5) and where; whether it beats active-inactive on
 //!   every scan-mixed trace and capacity (`beats_active_inactive_on_scans`); and
 //!   `gap_to_best_points[trace][capacity]`, its miss ratio minus the best of ARC, LIRS and
@@ -40,8 +41,7 @@ use std::time::Instant;
 
 use mglru::replay::{distinct, parse_trace, replay, replay_with, workload};
 use mglru::{
-    AccessBits, ActiveInactive, Clock, Config, FaultPlacement, Hint, Lru, Mglru, PageId, PageType,
-    Policy,
+    AccessBits, ActiveInactive, Clock, Config, Hint, Lru, Mglru, PageId, PageType, Policy,
 };
 use serde_json::{json, Map, Value};
 
@@ -49,13 +49,7 @@ use super::{Options, Report};
 
 const TRACE_DIR: &str = "../shared/data/traces";
 const FRACTIONS: [f64; 4] = [0.01, 0.05, 0.10, 0.25];
-const RUST_POLICIES: [&str; 5] = [
-    "mglru",
-    "mglru-look-twice",
-    "active-inactive",
-    "lru",
-    "clock",
-];
+const RUST_POLICIES: [&str; 5] = ["mglru", "mglru-v6.1", "active-inactive", "lru", "clock"];
 const PY_POLICIES: [&str; 3] = ["ARC", "LIRS", "S3-FIFO"];
 const SCAN_TRACES: [&str; 2] = ["zipf_scan_1to1", "zipf_scan_1to4"];
 
@@ -65,19 +59,10 @@ struct Workload {
     runs: Vec<(usize, f64, std::rc::Rc<Vec<PageId>>)>,
 }
 
-fn look_twice_config() -> Config {
-    Config {
-        look_twice: true,
-        fault_placement: FaultPlacement::SecondOldest,
-        refault_window: 1,
-        ..Config::default()
-    }
-}
-
 fn make(name: &str) -> anyhow::Result<Box<dyn Policy>> {
     Ok(match name {
         "mglru" => Box::new(Mglru::new(Config::default())?),
-        "mglru-look-twice" => Box::new(Mglru::new(look_twice_config())?),
+        "mglru-v6.1" => Box::new(Mglru::new(Config::v6_1())?),
         "active-inactive" => Box::new(ActiveInactive::default()),
         "lru" => Box::new(Lru::new()),
         "clock" => Box::new(Clock::new()),
@@ -408,7 +393,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     // Goals.
     let get = |cell: &Map<String, Value>, k: &str| cell.get(k).and_then(Value::as_f64);
     let mut goals = Map::new();
-    for pol in ["mglru", "mglru-look-twice"] {
+    for pol in ["mglru", "mglru-v6.1"] {
         let mut worst = (f64::NEG_INFINITY, String::new());
         let mut beats_ai = true;
         let mut beats_ai_detail = Map::new();
@@ -540,7 +525,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             table += "\n";
         }
     }
-    for pol in ["mglru", "mglru-look-twice"] {
+    for pol in ["mglru", "mglru-v6.1"] {
         let g = &goals[pol];
         table += &format!(
             "{pol}: worst excess over LRU {:.2} points at {} (goal <= 0.5); beats active-inactive on all scan mixes: {}\n",

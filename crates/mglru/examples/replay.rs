@@ -11,8 +11,9 @@ use mglru::replay::{parse_trace, policy_by_name, replay, POLICIES};
 use mglru::Config;
 
 const USAGE: &str = "usage: replay --policy <mglru|active-inactive|lru|clock> --capacity <PAGES> \
-                     [--no-bloom-filter] [--fault-placement <youngest|second-oldest>] \
-                     [--max-nr-gens <3|4>] [--look-twice] [--refault-window <GENS>] <TRACE>";
+                     [--v6.1] [--no-bloom-filter] \
+                     [--fault-placement <oldest|second-oldest|youngest>] [--max-nr-gens <3|4>] \
+                     [--look-twice] [--no-look-twice] [--refault-window <GENS>] <TRACE>";
 
 fn run() -> Result<String, String> {
     let mut args = std::env::args().skip(1);
@@ -29,8 +30,11 @@ fn run() -> Result<String, String> {
                         .map_err(|_| format!("--capacity {v:?} is not a page count"))?,
                 );
             }
+            // The v6.1 rules; options after it change them.
+            "--v6.1" => cfg = Config::v6_1(),
             "--no-bloom-filter" => cfg.bloom_filter = false,
             "--look-twice" => cfg.look_twice = true,
+            "--no-look-twice" => cfg.look_twice = false,
             "--refault-window" => {
                 let v = value("--refault-window")?;
                 cfg.refault_window = v
@@ -41,9 +45,10 @@ fn run() -> Result<String, String> {
                 cfg.fault_placement = match value("--fault-placement")?.as_str() {
                     "youngest" => mglru::FaultPlacement::Youngest,
                     "second-oldest" => mglru::FaultPlacement::SecondOldest,
+                    "oldest" => mglru::FaultPlacement::Oldest,
                     v => {
                         return Err(format!(
-                            "--fault-placement {v:?}: youngest or second-oldest"
+                            "--fault-placement {v:?}: oldest, second-oldest or youngest"
                         ))
                     }
                 }

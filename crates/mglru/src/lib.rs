@@ -91,6 +91,7 @@
 //! let mut bits = AccessBits::new(); // the embedder's accessed bits
 //! for page in 0..100 {
 //!     lru.add(page, Hint::fault(PageType::Anon)).unwrap();
+//!     bits.set(page); // the faulting access sets the accessed bit
 //! }
 //! lru.age(&mut bits); // pages 0..100 are now one generation older
 //! lru.age(&mut bits);

@@ -17,12 +17,21 @@ const SCAN_BATCH: usize = MIN_LRU_BATCH;
 /// Where a freshly faulted page starts (the question debated in the seed review).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultPlacement {
-    /// The youngest generation, `max_seq` (what v6.1 does: faulted pages are `PG_active`).
+    /// The youngest generation, `max_seq` (what v6.1 does: `folio_add_lru` marks a page added
+    /// in a fault `PG_active`, and `lru_gen_add_folio` puts active pages in `max_seq`).
     Youngest,
     /// The second-oldest generation, `min_seq + 1` (what the groundwork patch did for anon
-    /// pages not yet in the swap cache): a faulted page must be found accessed by the aging to
-    /// be kept longer.
+    /// pages not yet in the swap cache, and where v6.1 puts inactive anon pages outside
+    /// faults).
     SecondOldest,
+    /// The young end of the oldest generation, `min_seq` (where v6.1's `lru_gen_add_folio`
+    /// puts clean inactive pages; the classic lists' inactive head, where anon pages start
+    /// since v5.9). With [`Config::look_twice`] the fault's own accessed bit still earns the
+    /// page one more generation at the eviction-time check, so a page is evicted without a
+    /// second access only after the oldest generation and the next one have been evicted
+    /// past it; a page accessed again is promoted by the walk or the check like any other.
+    /// The default (a deviation from v6.1, see the crate documentation).
+    Oldest,
 }
 
 /// The knobs of [`Mglru`].
@@ -49,8 +58,10 @@ pub struct Config {
     /// rather than a reuse: the page is not promoted for it (the walk clears it and leaves the
     /// page where it is; the eviction-time check gives it one more generation). This is the
     /// "look twice" rule of `folio_check_references` ("all mapped folios start out with page
-    /// table references from the instantiating fault"), which v6.1's MGLRU bypasses. Off by
-    /// default (v6.1 behaviour). A recent refault is not fresh: it has a history.
+    /// table references from the instantiating fault"), which v6.1's MGLRU bypasses (its
+    /// look-around marks the folio under check referenced, so the check activates it). On by
+    /// default (a deviation from v6.1, see the crate documentation). A recent refault is not
+    /// fresh: it has a history, and its first accessed bit counts as a reuse.
     pub look_twice: bool,
     /// Generations of refault distance within which a refault counts as recent (feeds the
     /// controller and comes back in the workingset). 0, the kernel's rule, counts only pages
@@ -59,7 +70,25 @@ pub struct Config {
 }
 
 impl Default for Config {
+    /// The kernel's design with two deviations that make a faulted page earn its protection
+    /// by a second access: faulted pages start in the oldest generation
+    /// ([`FaultPlacement::Oldest`]) and their first accessed bit is the fault's own
+    /// ([`Config::look_twice`]). Everything else (4 generations, swappiness 60, PMD regions,
+    /// bloom filter, look-around, the kernel's refault rule) is v6.1's. [`Config::v6_1`] is the
+    /// v6.1 rules unchanged.
     fn default() -> Self {
+        Self {
+            fault_placement: FaultPlacement::Oldest,
+            look_twice: true,
+            ..Self::v6_1()
+        }
+    }
+}
+
+impl Config {
+    /// The v6.1 rules: faulted pages start in the youngest generation and their fault's
+    /// accessed bit counts as a reuse (the walk or the eviction-time check promotes them).
+    pub fn v6_1() -> Self {
         Self {
             max_nr_gens: MAX_NR_GENS,
             swappiness: 60,
@@ -72,9 +101,7 @@ impl Default for Config {
             refault_window: 0,
         }
     }
-}
 
-impl Config {
     fn validate(&self) -> Result<(), Error> {
         let bad = |field, value: u64, allowed| {
             Err(Error::InvalidConfig {
@@ -476,6 +503,7 @@ impl Mglru {
             Arrival::Fault => match self.cfg.fault_placement {
                 FaultPlacement::Youngest => self.max_seq,
                 FaultPlacement::SecondOldest => (self.min_seq[ty] + 1).min(self.max_seq),
+                FaultPlacement::Oldest => self.min_seq[ty],
             },
             Arrival::Sequential | Arrival::Cold => self.min_seq[ty],
         };

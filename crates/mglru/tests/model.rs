@@ -44,21 +44,21 @@ fn config() -> impl Strategy<Value = Config> {
     (
         3usize..=4,
         prop_oneof![Just(0u32), Just(1), Just(60), Just(100), Just(200)],
-        any::<bool>(),
+        prop_oneof![
+            Just(FaultPlacement::Youngest),
+            Just(FaultPlacement::SecondOldest),
+            Just(FaultPlacement::Oldest)
+        ],
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
         0u64..=2,
     )
         .prop_map(
-            |(gens, swappiness, second, bloom, look, look_twice, window)| Config {
+            |(gens, swappiness, fault_placement, bloom, look, look_twice, window)| Config {
                 max_nr_gens: gens,
                 swappiness,
-                fault_placement: if second {
-                    FaultPlacement::SecondOldest
-                } else {
-                    FaultPlacement::Youngest
-                },
+                fault_placement,
                 region_shift: 4,
                 bloom_filter: bloom,
                 look_around: look,
@@ -96,6 +96,7 @@ proptest! {
                             Arrival::Fault => match cfg.fault_placement {
                                 FaultPlacement::Youngest => prop_assert_eq!(seq, lru.max_seq()),
                                 FaultPlacement::SecondOldest => prop_assert_eq!(seq, lru.min_seq(ty) + 1),
+                                FaultPlacement::Oldest => prop_assert_eq!(seq, lru.min_seq(ty)),
                             },
                         }
                         prop_assert_eq!(lru.is_active(p), Some(seq + 1 >= lru.max_seq()));

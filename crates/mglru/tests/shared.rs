@@ -7,7 +7,8 @@ use mglru::{Config, Hint, NoAccess, PageType, SharedMglru};
 
 #[test]
 fn readers_and_a_writer() {
-    let lru = Arc::new(SharedMglru::new(Config::default()).unwrap());
+    // v6.1's placement: faulted pages start in the youngest generation, away from the writer's.
+    let lru = Arc::new(SharedMglru::new(Config::v6_1()).unwrap());
     for p in 0..1000 {
         lru.add(p, Hint::fault(PageType::Anon)).unwrap();
     }

@@ -1,0 +1,244 @@
+//! Diagnostic sweep: replays the benchmark's workloads (the traces in a directory, the Zipf
+//! hot set mixed 1:1 and 1:4 with a scan, the loop over 1.1x the capacity) at 1, 5, 10 and 25%
+//! of their distinct pages with exact LRU, the active/inactive lists and MGLRU configurations,
+//! and prints each configuration's excess over LRU and over active/inactive in points.
+//!
+//! ```text
+//! cargo run --release -p mglru --example sweep -- [--traces DIR] [--zipf-len N] [--rounds R] \
+//!     [--stats] VARIANT...
+//! ```
+//!
+//! A variant is `default` or a comma-separated list of changes to `Config::default()`:
+//! `v61` (the v6.1 rules: `look_twice` off, faulted pages youngest, `refault_window` 0),
+//! `lt`/`nolt` (`look_twice`), `so`/`young` (fault placement), `w<N>` (`refault_window`),
+//! `nobloom`, `nola` (no look-around), `g3` (three generations).
+
+use std::path::PathBuf;
+
+use mglru::replay::{distinct, parse_trace, replay_with, workload};
+use mglru::{AccessBits, ActiveInactive, Config, FaultPlacement, Lru, Mglru, PageId, Policy};
+
+const FRACTIONS: [f64; 4] = [0.01, 0.05, 0.10, 0.25];
+
+fn config(spec: &str) -> Result<Config, String> {
+    let mut c = Config::default();
+    for part in spec.split(',').filter(|p| !p.is_empty() && *p != "default") {
+        match part {
+            "v61" => {
+                c.look_twice = false;
+                c.fault_placement = FaultPlacement::Youngest;
+                c.refault_window = 0;
+            }
+            "lt" => c.look_twice = true,
+            "nolt" => c.look_twice = false,
+            "so" => c.fault_placement = FaultPlacement::SecondOldest,
+            "young" => c.fault_placement = FaultPlacement::Youngest,
+            "nobloom" => c.bloom_filter = false,
+            "nola" => c.look_around = false,
+            "g3" => c.max_nr_gens = 3,
+            "old" => c.fault_placement = FaultPlacement::Oldest,
+            w if w.starts_with('w') => {
+                c.refault_window = w[1..].parse().map_err(|_| format!("bad {w}"))?
+            }
+            other => return Err(format!("unknown change {other}")),
+        }
+    }
+    Ok(c)
+}
+
+struct Run {
+    trace: String,
+    frac: f64,
+    cap: usize,
+    pages: std::rc::Rc<Vec<PageId>>,
+}
+
+/// Replays a scan mix and reports the mean share of memory held by scan pages (ids >= 2^32)
+/// and the hot pages' miss ratio.
+fn scan_occupancy(p: &mut dyn Policy, cap: usize, trace: &[PageId]) -> String {
+    let mut bits = AccessBits::new();
+    let (mut scan_res, mut sum, mut samples) = (0i64, 0i64, 0i64);
+    let (mut hot, mut hot_miss) = (0u64, 0u64);
+    for (k, &page) in trace.iter().enumerate() {
+        let is_scan = page >= 1 << 32;
+        hot += u64::from(!is_scan);
+        bits.set(page);
+        if p.contains(page) {
+            p.access(page, mglru::AccessKind::Mapped);
+        } else {
+            hot_miss += u64::from(!is_scan);
+            if p.len() >= cap {
+                for v in p.evict(p.len() + 1 - cap, &mut bits) {
+                    bits.clear(v);
+                    scan_res -= i64::from(v >= 1 << 32);
+                }
+            }
+            let _ = p.add(page, mglru::Hint::fault(mglru::PageType::Anon));
+            scan_res += i64::from(is_scan);
+        }
+        if k % 97 == 0 && k > trace.len() / 5 {
+            sum += scan_res;
+            samples += 1;
+        }
+    }
+    format!(
+        "scan share {:.1}% hot miss {:.2}%",
+        100.0 * sum as f64 / samples.max(1) as f64 / cap as f64,
+        100.0 * hot_miss as f64 / hot.max(1) as f64
+    )
+}
+
+fn main() -> Result<(), String> {
+    let mut args = std::env::args().skip(1);
+    let mut dir = PathBuf::from("../shared/data/traces");
+    let mut zipf_len = 300_000usize;
+    let mut rounds = 5usize;
+    let mut stats = false;
+    let mut variants = Vec::new();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--traces" => dir = args.next().ok_or("--traces DIR")?.into(),
+            "--zipf-len" => {
+                zipf_len = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--zipf-len N")?
+            }
+            "--rounds" => {
+                rounds = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--rounds R")?
+            }
+            "--stats" => stats = true,
+            v => variants.push(v.to_string()),
+        }
+    }
+    if variants.is_empty() {
+        variants.push("default".into());
+    }
+    let mut runs = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    let mut add = |name: String, t: Vec<PageId>| {
+        let d = distinct(&t);
+        let t = std::rc::Rc::new(t);
+        for f in FRACTIONS {
+            runs.push(Run {
+                trace: name.clone(),
+                frac: f,
+                cap: ((d as f64 * f) as usize).max(1),
+                pages: t.clone(),
+            });
+        }
+    };
+    for p in files {
+        let text = std::fs::read_to_string(&p).map_err(|e| e.to_string())?;
+        let t = parse_trace(&text).map_err(|e| e.to_string())?;
+        add(p.file_stem().unwrap().to_string_lossy().into_owned(), t);
+    }
+    add(
+        "zipf_scan_1to1".into(),
+        workload::zipf_with_scan(20_000, 0.9, 1, 1, zipf_len, 1),
+    );
+    add(
+        "zipf_scan_1to4".into(),
+        workload::zipf_with_scan(20_000, 0.9, 1, 4, zipf_len, 2),
+    );
+    for f in FRACTIONS {
+        let cap = (20_000.0 * f) as usize;
+        runs.push(Run {
+            trace: "loop_1.1x".into(),
+            frac: f,
+            cap,
+            pages: std::rc::Rc::new(workload::looping(cap + cap / 10, rounds)),
+        });
+    }
+    let cfgs: Vec<(String, Config)> = variants
+        .iter()
+        .map(|v| config(v).map(|c| (v.clone(), c)))
+        .collect::<Result<_, _>>()?;
+    print!("{:<15} {:>6} {:>7} {:>7}", "trace", "cap", "lru", "a-i");
+    for (v, _) in &cfgs {
+        print!(" {:>16}", v);
+    }
+    println!();
+    let mut worst = vec![(f64::NEG_INFINITY, String::new()); cfgs.len()];
+    let mut scan_ok = vec![true; cfgs.len()];
+    for r in &runs {
+        let ratio = |p: &mut dyn Policy| {
+            let mut bits = AccessBits::new();
+            replay_with(p, r.cap, &r.pages, &mut bits)
+                .map(|x| x.miss_ratio() * 100.0)
+                .unwrap_or(f64::NAN)
+        };
+        let lru = ratio(&mut Lru::new());
+        let ai = ratio(&mut ActiveInactive::default());
+        print!(
+            "{:<15} {:>4}% {:>7.2} {:>7.2}",
+            r.trace,
+            (r.frac * 100.0) as u32,
+            lru,
+            ai
+        );
+        let mut extra = Vec::new();
+        for (k, (_, c)) in cfgs.iter().enumerate() {
+            let mut m = Mglru::new(c.clone()).map_err(|e| e.to_string())?;
+            let x = ratio(&mut m);
+            let flag = if x - lru > 0.5 { '!' } else { ' ' };
+            let scan = r.trace.starts_with("zipf");
+            let sflag = if scan && x >= ai { '#' } else { ' ' };
+            if x - lru > worst[k].0 {
+                worst[k] = (x - lru, format!("{} {}%", r.trace, (r.frac * 100.0) as u32));
+            }
+            if scan && x >= ai {
+                scan_ok[k] = false;
+            }
+            print!(" {:>6.2} {:>+6.2}{}{}", x, x - lru, flag, sflag);
+            if stats && scan {
+                let mut m = Mglru::new(c.clone()).map_err(|e| e.to_string())?;
+                extra.push(format!("mglru {}", scan_occupancy(&mut m, r.cap, &r.pages)));
+                extra.push(format!(
+                    "a-i   {}",
+                    scan_occupancy(&mut ActiveInactive::default(), r.cap, &r.pages)
+                ));
+                extra.push(format!(
+                    "lru   {}",
+                    scan_occupancy(&mut Lru::new(), r.cap, &r.pages)
+                ));
+            }
+            if stats {
+                let s = m.stats();
+                extra.push(format!(
+                    "[walks {} young {} activated {} la {} refaults {} tiers {:?}]",
+                    s.walks,
+                    s.walk_totals.young,
+                    s.activated,
+                    s.look_around_promoted,
+                    s.refaults,
+                    s.tiers[0]
+                        .iter()
+                        .map(|t| (t.evicted, t.refaulted, t.protected))
+                        .collect::<Vec<_>>()
+                ));
+            }
+        }
+        println!();
+        for e in extra {
+            println!("    {e}");
+        }
+    }
+    for (k, (v, _)) in cfgs.iter().enumerate() {
+        println!(
+            "{v}: worst excess over LRU {:+.2} at {}; beats active-inactive on every scan mix: {}",
+            worst[k].0, worst[k].1, scan_ok[k]
+        );
+    }
+    Ok(())
+}

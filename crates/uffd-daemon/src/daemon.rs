@@ -306,7 +306,20 @@ fn refuse(sock: &OwnedFd, why: &str) {
         },
         0,
     );
-    let _ = sys::send_with_fd(sock.as_raw_fd(), &msg, None);
+    let fd = sock.as_raw_fd();
+    let _ = sys::send_with_fd(fd, &msg, None);
+    // Close gracefully: a Unix socket closed with unread input resets the connection, and the
+    // peer would lose the error message. Stop writing, consume what it sent, then close.
+    // SAFETY: shutdown(2) on our own socket.
+    unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+    let _ = sys::set_recv_timeout(fd, 200);
+    let mut buf = vec![0u8; MAX_PACKET];
+    for _ in 0..16 {
+        match sys::recv_with_fd(fd, &mut buf) {
+            Ok((n, _)) if n > 0 => continue,
+            _ => break,
+        }
+    }
 }
 
 /// Whether `pid` descends from `root` (the daemon is a child subreaper, so orphans of the tree
@@ -567,6 +580,8 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
         }
     })
     .context("creating the swap file")?;
+    // Removed at exit whatever happens (the store itself lives as long as the threads).
+    let _swap_guard = config.swap_file.clone().map(RunDirGuard::file);
     let shared = Arc::new(Shared::new(
         store,
         (config.limit_bytes / PAGE_SIZE_U64) as usize,
@@ -659,10 +674,20 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     Ok(status)
 }
 
+/// Removes a directory tree (or a single file) when dropped.
 struct RunDirGuard(PathBuf);
+impl RunDirGuard {
+    fn file(path: PathBuf) -> Self {
+        RunDirGuard(path)
+    }
+}
 impl Drop for RunDirGuard {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if self.0.is_dir() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        } else {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 }
 

@@ -204,7 +204,9 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
                 *agent_guard = None;
                 let gone = matches!(
                     e.kind(),
-                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::UnexpectedEof
+                    std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::UnexpectedEof
                 );
                 // A peer that went away is a process exiting or exec'ing: not worth a message.
                 if !exited && !gone {

@@ -308,8 +308,12 @@ fn stat_reports_a_running_daemon_and_strangers_are_refused() {
     if !can_run() {
         return;
     }
+    let swap = std::env::temp_dir().join(format!("uffd-test-swap-{}", std::process::id()));
+    let _ = std::fs::remove_file(&swap);
     let mut daemon = Command::new(DAEMON)
-        .args(["run", "--limit", "16M", "--", "sleep", "3"])
+        .args(["run", "--limit", "16M", "--swap-file"])
+        .arg(&swap)
+        .args(["--", "sleep", "3"])
         .spawn()
         .expect("starting the daemon");
     let pid = daemon.id();
@@ -319,6 +323,13 @@ fn stat_reports_a_running_daemon_and_strangers_are_refused() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(200));
+    // The swap file exists while the daemon runs, readable by its owner only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&swap)
+        .expect("the swap file exists while the daemon runs")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the swap file must be private");
     let out = Command::new(DAEMON)
         .args(["stat", "--pid", &pid.to_string()])
         .output()
@@ -369,4 +380,23 @@ fn stat_reports_a_running_daemon_and_strangers_are_refused() {
         libc::close(s);
     }
     assert!(daemon.wait().expect("daemon").success());
+    assert!(!swap.exists(), "the swap file is removed at exit");
+    // An existing file is never overwritten.
+    std::fs::write(&swap, b"precious").expect("writing a file");
+    let out = Command::new(DAEMON)
+        .args(["run", "--limit", "16M", "--swap-file"])
+        .arg(&swap)
+        .args(["--", "true"])
+        .output()
+        .expect("daemon");
+    assert!(
+        !out.status.success(),
+        "the daemon must refuse an existing swap file"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("creating swap file"),
+        "a clear error"
+    );
+    assert_eq!(std::fs::read(&swap).expect("file"), b"precious");
+    let _ = std::fs::remove_file(&swap);
 }

@@ -809,27 +809,29 @@ impl Inner {
 
     fn shrink_root(&self, req: &ShrinkRequest) -> u64 {
         let mut freed = 0u64;
+        // One pin for the whole walk: it is left while each shrinker's
+        // callbacks run (never a guard across user code) and re-entered to
+        // put the reference and find the next shrinker.
         let mut guard = self.epoch.pin();
         let mut from = 0;
         while let Some((i, node)) = self.next_root(&guard, from) {
-            // Never hold a guard across user code.
-            drop(guard);
             let hold = Hold { inner: self, node };
-            let n = hold.node();
-            let shard = if n.config.shard_aware { req.shard } else { 0 };
-            let mut sc = ShrinkControl::new(None, shard, req.priority);
-            let out = do_shrink_slab(
-                &n.config,
-                &n.stats,
-                &mut sc,
-                &RootDeferred(n),
-                |sc| n.count(sc),
-                |sc| n.scan(sc),
-            );
+            let out = guard.repin_after(|| {
+                let n = hold.node();
+                let shard = if n.config.shard_aware { req.shard } else { 0 };
+                let mut sc = ShrinkControl::new(None, shard, req.priority);
+                do_shrink_slab(
+                    &n.config,
+                    &n.stats,
+                    &mut sc,
+                    &RootDeferred(n),
+                    |sc| n.count(sc),
+                    |sc| n.scan(sc),
+                )
+            });
             if let ShrinkOutcome::Freed(f) = out {
                 freed = freed.saturating_add(f);
             }
-            guard = self.epoch.pin();
             hold.release(&guard);
             from = i + 1;
         }
@@ -891,38 +893,25 @@ impl Inner {
 
     fn shrink_group(&self, req: &ShrinkRequest, group: GroupId) -> Result<u64, ShrinkerError> {
         let mut freed = 0u64;
+        // One pin for the walk, left while callbacks run (see `shrink_root`).
         let mut guard = self.epoch.pin();
         if self.group_info(&guard, group).is_none() {
             return Err(ShrinkerError::UnknownGroup(group));
         }
         let mut pos = 0;
         while let Some((id, node)) = self.next_in_group(&guard, group, req.shard, pos) {
-            drop(guard);
             let hold = Hold { inner: self, node };
-            let n = hold.node();
-            let shard = if n.config.shard_aware { req.shard } else { 0 };
-            let deferred = GroupDeferred {
-                inner: self,
-                group,
-                shard,
-                id,
-            };
-            let mut sc = ShrinkControl::new(Some(group), shard, req.priority);
-            let mut out = do_shrink_slab(
-                &n.config,
-                &n.stats,
-                &mut sc,
-                &deferred,
-                |sc| n.count(sc),
-                |sc| n.scan(sc),
-            );
-            if out == ShrinkOutcome::Empty {
-                self.update_bit(group, req.shard, id, false);
-                // Pairs with the fence in `set_shrinker_bit`: an object added
-                // before the bit was set again is seen by this second count.
-                fence(Ordering::SeqCst);
+            let out = guard.repin_after(|| {
+                let n = hold.node();
+                let shard = if n.config.shard_aware { req.shard } else { 0 };
+                let deferred = GroupDeferred {
+                    inner: self,
+                    group,
+                    shard,
+                    id,
+                };
                 let mut sc = ShrinkControl::new(Some(group), shard, req.priority);
-                out = do_shrink_slab(
+                let mut out = do_shrink_slab(
                     &n.config,
                     &n.stats,
                     &mut sc,
@@ -930,14 +919,29 @@ impl Inner {
                     |sc| n.count(sc),
                     |sc| n.scan(sc),
                 );
-                if out != ShrinkOutcome::Empty {
-                    self.update_bit(group, req.shard, id, true);
+                if out == ShrinkOutcome::Empty {
+                    self.update_bit(group, req.shard, id, false);
+                    // Pairs with the fence in `set_shrinker_bit`: an object added
+                    // before the bit was set again is seen by this second count.
+                    fence(Ordering::SeqCst);
+                    let mut sc = ShrinkControl::new(Some(group), shard, req.priority);
+                    out = do_shrink_slab(
+                        &n.config,
+                        &n.stats,
+                        &mut sc,
+                        &deferred,
+                        |sc| n.count(sc),
+                        |sc| n.scan(sc),
+                    );
+                    if out != ShrinkOutcome::Empty {
+                        self.update_bit(group, req.shard, id, true);
+                    }
                 }
-            }
+                out
+            });
             if let ShrinkOutcome::Freed(f) = out {
                 freed = freed.saturating_add(f);
             }
-            guard = self.epoch.pin();
             hold.release(&guard);
             pos = id + 1;
         }

@@ -261,6 +261,35 @@ impl Guard<'_> {
         }
     }
 
+    /// Leaves the read-side critical section while `f` runs and enters it
+    /// again afterwards (also when `f` unwinds): crossbeam's
+    /// `Guard::repin_after`. Objects loaded under this guard before the call
+    /// may be reclaimed while `f` runs, so they must not be used afterwards
+    /// unless something else (a reference count) kept them alive. One pin per
+    /// walk then serves every shrinker: no thread-local lookup and no new
+    /// `Guard` per callback. If the thread holds another guard, it stays
+    /// pinned throughout, as with dropping and re-taking a nested guard.
+    #[inline]
+    pub(crate) fn repin_after<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        #[cfg(not(shrinker_loom))]
+        {
+            self.inner.repin_after(f)
+        }
+        #[cfg(shrinker_loom)]
+        {
+            /// Re-enters the model's read side when dropped (also on unwind).
+            struct Repin<'a>(&'a Epoch);
+            impl Drop for Repin<'_> {
+                fn drop(&mut self) {
+                    lock(&self.0.model).active += 1;
+                }
+            }
+            self.epoch.unpin();
+            let _repin = Repin(self.epoch);
+            f()
+        }
+    }
+
     /// Asks the collector to make progress on retired objects.
     pub(crate) fn flush(&self) {
         #[cfg(not(shrinker_loom))]
@@ -271,8 +300,17 @@ impl Guard<'_> {
 #[cfg(shrinker_loom)]
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
+        self.epoch.unpin();
+    }
+}
+
+#[cfg(shrinker_loom)]
+impl Epoch {
+    /// Leaves the model's read side; the last reader out ends the grace
+    /// period of everything retired so far.
+    fn unpin(&self) {
         let dead = {
-            let mut m = lock(&self.epoch.model);
+            let mut m = lock(&self.model);
             m.active -= 1;
             if m.active == 0 {
                 core::mem::take(&mut m.retired)

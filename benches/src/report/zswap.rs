@@ -90,6 +90,65 @@ fn store_config(compressor: Compressor, batch_threads: usize) -> Config {
     c
 }
 
+/// The store compressing every folio page by page (multi-page units off), as the kernel does.
+fn per_page_config(compressor: Compressor, batch_threads: usize) -> Config {
+    let mut c = store_config(compressor, batch_threads);
+    c.multi_page_min_pages = 0;
+    c
+}
+
+/// Time of loading one page out of each stored folio (page `i % folio_pages` of folio `i`):
+/// with multi-page units, each such load decompresses its whole unit. Returns (time, loads).
+fn one_page_load_pass(
+    config: Config,
+    data: &[u8],
+    folio_pages: usize,
+) -> anyhow::Result<(Duration, usize)> {
+    let zswap = Zswap::new(config)?;
+    let folio = folio_pages * PAGE_SIZE;
+    let mut stored = Vec::with_capacity(data.len() / folio);
+    for (i, f) in data.chunks_exact(folio).enumerate() {
+        if zswap.store((i * folio_pages) as u64, f).is_ok() {
+            stored.push((i * folio_pages + i % folio_pages) as u64);
+        }
+    }
+    let mut out = vec![0u8; PAGE_SIZE];
+    let t = Timer::start(Clock::ThreadCpu);
+    for &k in &stored {
+        zswap.load(k, &mut out)?;
+    }
+    let d = t.elapsed();
+    std::hint::black_box(&out);
+    Ok((d, stored.len()))
+}
+
+/// Time of loading every page of every stored folio one page at a time, in order (faults on
+/// the pages of a folio one after the other).
+fn page_at_a_time_load_pass(
+    config: Config,
+    data: &[u8],
+    folio_pages: usize,
+) -> anyhow::Result<Duration> {
+    let zswap = Zswap::new(config)?;
+    let folio = folio_pages * PAGE_SIZE;
+    let mut stored = Vec::with_capacity(data.len() / folio);
+    for (i, f) in data.chunks_exact(folio).enumerate() {
+        if zswap.store((i * folio_pages) as u64, f).is_ok() {
+            stored.push((i * folio_pages) as u64);
+        }
+    }
+    let mut out = vec![0u8; PAGE_SIZE];
+    let t = Timer::start(Clock::ThreadCpu);
+    for &k in &stored {
+        for j in 0..folio_pages as u64 {
+            zswap.load(k + j, &mut out)?;
+        }
+    }
+    let d = t.elapsed();
+    std::hint::black_box(&out);
+    Ok(d)
+}
+
 /// Pages that are not one repeated word and that lz4 compresses below a page: the store would
 /// otherwise skip compression (same-filled) or refuse them (compress-poor), and the comparison
 /// with the raw compressor would not be like for like. Returns (pages, same-filled, poor).
@@ -293,6 +352,11 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
                 Vec::new(),
             );
             let mut pbp_wall = Vec::new();
+            // Folio stores compressed page by page (multi-page units off), and one-page loads.
+            let (mut pp_st, mut pp_ld, mut pp_each) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut one_unit, mut one_pp, mut one_n) = (Vec::new(), Vec::new(), 0);
+            let (mut seq_unit, mut seq_pp) = (Vec::new(), Vec::new());
+            let mut pp_last = None;
             // Ratios are taken within each repetition (paired, adjacent passes) and their median
             // reported: slow phases of the shared machine then hit both sides of a ratio.
             let (mut vs_raw_each, mut folio_each, mut batch_each) =
@@ -320,6 +384,35 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
                 folio_each.push(ratio_of(one, s.store));
                 last = Some(s);
                 if folio_pages > 1 {
+                    let pp = zswap_pass(
+                        per_page_config(compressor, 1),
+                        &data,
+                        folio_pages,
+                        Clock::ThreadCpu,
+                    )?;
+                    pp_st.push(pp.store);
+                    pp_ld.push(pp.load);
+                    pp_each.push(ratio_of(one, pp.store));
+                    pp_last = Some(pp);
+                    let (d, n) =
+                        one_page_load_pass(store_config(compressor, 1), &data, folio_pages)?;
+                    one_unit.push(d / n.max(1) as u32);
+                    one_n = n;
+                    let (d, n) =
+                        one_page_load_pass(per_page_config(compressor, 1), &data, folio_pages)?;
+                    one_pp.push(d / n.max(1) as u32);
+                    seq_unit.push(page_at_a_time_load_pass(
+                        store_config(compressor, 1),
+                        &data,
+                        folio_pages,
+                    )?);
+                    seq_pp.push(page_at_a_time_load_pass(
+                        per_page_config(compressor, 1),
+                        &data,
+                        folio_pages,
+                    )?);
+                }
+                if folio_pages > 1 {
                     let b =
                         zswap_pass(store_config(compressor, 2), &data, folio_pages, Clock::Wall)?
                             .store;
@@ -339,6 +432,25 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             let batch_vs_pbp = (!batch_each.is_empty()).then(|| median_f(batch_each));
             let pool = s.pool_bytes as f64 / s.compressed_bytes.max(1) as f64;
             let ratio = bytes as f64 / s.compressed_bytes.max(1) as f64;
+            let per_page = pp_last.map(|pp| {
+                json!({
+                    "store_mb_per_s": round(mb_per_s(bytes, median(pp_st.clone())), 1),
+                    "load_mb_per_s": round(mb_per_s(bytes, median(pp_ld.clone())), 1),
+                    "folio_vs_page_by_page": round(median_f(pp_each.clone()), 3),
+                    "pool_bytes_per_compressed_byte":
+                        round(pp.pool_bytes as f64 / pp.compressed_bytes.max(1) as f64, 4),
+                    "compression_ratio": round(bytes as f64 / pp.compressed_bytes.max(1) as f64, 3),
+                })
+            });
+            let one_page = (!one_unit.is_empty()).then(|| {
+                json!({
+                    "loads": one_n,
+                    "us_per_load": round(median(one_unit.clone()).as_secs_f64() * 1e6, 2),
+                    "us_per_load_page_by_page": round(median(one_pp.clone()).as_secs_f64() * 1e6, 2),
+                    "page_at_a_time_load_mb_per_s": round(mb_per_s(bytes, median(seq_unit.clone())), 1),
+                    "page_at_a_time_load_mb_per_s_page_by_page": round(mb_per_s(bytes, median(seq_pp.clone())), 1),
+                })
+            });
             let batch2 = (!b2.is_empty()).then(|| mb_per_s(bytes, median(b2)));
             let pbp_wall = (!pbp_wall.is_empty()).then(|| mb_per_s(bytes, median(pbp_wall)));
             per_folio.insert(
@@ -358,6 +470,8 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
                     "compression_ratio": round(ratio, 3),
                     "raw_compression_ratio": round(bytes as f64 / raw_bytes.max(1) as f64, 3),
                     "reject_compress_poor": s.rejected,
+                    "folio_compressed_page_by_page": per_page,
+                    "load_one_page_of_each_folio": one_page,
                 }),
             );
             table += &format!(
@@ -375,6 +489,21 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
                 pool,
                 ratio
             );
+            if let (Some(pp), false) = (&per_page, one_unit.is_empty()) {
+                table += &format!(
+                    "{:<12} {:>5}   folio compressed page by page: store {} load {} folio/pg {} ratio {}; one page of each folio: {} us ({} us page by page); every page one at a time: {} MB/s ({} page by page)\n",
+                    name,
+                    label,
+                    pp["store_mb_per_s"],
+                    pp["load_mb_per_s"],
+                    pp["folio_vs_page_by_page"],
+                    pp["compression_ratio"],
+                    round(median(one_unit.clone()).as_secs_f64() * 1e6, 2),
+                    round(median(one_pp.clone()).as_secs_f64() * 1e6, 2),
+                    round(mb_per_s(bytes, median(seq_unit.clone())), 1),
+                    round(mb_per_s(bytes, median(seq_pp.clone())), 1),
+                );
+            }
         }
         let mut pools = Map::new();
         for (label, pages) in POOL_SIZES.into_iter().take(if opts.quick { 1 } else { 2 }) {

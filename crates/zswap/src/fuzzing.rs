@@ -38,7 +38,8 @@ fn page_from(seed: &[u8], i: usize) -> Vec<u8> {
 /// handles), then loads every page. Checks the promise of the load path: no panic, ever; and with
 /// CRC on, a load that succeeds returns exactly the bytes stored. Returns how many loads failed.
 ///
-/// Input layout: byte 0 picks the compressor and CRC, byte 1 the number of pages, then
+/// Input layout: byte 0 picks the compressor and CRC, byte 1 the number of pages (low 3 bits)
+/// and whether the first four go in as one folio (bit 4), then
 /// (entry, offset, mask) triples of corruption, the rest seeds the page contents.
 pub fn load_corrupted(data: &[u8]) -> usize {
     if data.len() < 4 {
@@ -59,7 +60,15 @@ pub fn load_corrupted(data: &[u8]) -> usize {
     let nr = 1 + (data[1] as usize % 8);
     let (ops, seed) = data[2..].split_at((data.len() - 2).min(3 * 8));
     let pages: Vec<Vec<u8>> = (0..nr).map(|i| page_from(seed, i)).collect();
-    for (i, p) in pages.iter().enumerate() {
+    // Bit 4 of byte 1: the first four pages go in as one folio (one multi-page object with the
+    // default settings), so that corruption also hits shared objects.
+    let as_folio = if data[1] & 0x10 != 0 && nr >= 4 {
+        let f: Vec<u8> = pages[..4].concat();
+        usize::from(zswap.store(0, &f).is_ok()) * 4
+    } else {
+        0
+    };
+    for (i, p) in pages.iter().enumerate().skip(as_folio) {
         // Poorly compressing pages are refused; fine, they are not loaded below.
         let _ = zswap.store(i as u64, p);
     }

@@ -367,6 +367,13 @@ impl Pool {
 
     /// Copies the object named by `h` into `out` (cleared first).
     pub fn read(&self, h: Handle, out: &mut Vec<u8>) -> Result<(), PoolError> {
+        out.clear();
+        self.read_append(h, out)
+    }
+
+    /// Appends the object named by `h` to `out` (the chunks of a multi-page object are read
+    /// one after the other into one buffer).
+    pub(crate) fn read_append(&self, h: Handle, out: &mut Vec<u8>) -> Result<(), PoolError> {
         let class = self
             .classes
             .get(h.class())
@@ -377,7 +384,6 @@ impl Pool {
             return Err(PoolError::BadHandle(h.0));
         };
         let start = class.obj_range(obj).start;
-        out.clear();
         out.extend_from_slice(&span.mem[start..start + len as usize]);
         Ok(())
     }

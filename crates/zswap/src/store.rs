@@ -4,11 +4,12 @@ use crate::batch::{compress_part, BatchPool, Job, PageRules, Part, PartError, Re
 use crate::compress::{CodecError, Compressor, PageCodec, SCRATCH_SIZE};
 use crate::lru::Lru;
 use crate::pool::{Handle, Pool, PoolError, MAX_OBJECT};
-use crate::sync::{current_cpu, nr_cpus, Condvar, Mutex, MutexGuard, PlainMutex};
+use crate::sync::{current_cpu, nr_cpus, AtomicU32, Condvar, Mutex, MutexGuard, PlainMutex};
 use crate::PAGE_SIZE;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Largest folio stored whole: 512 pages (2 MiB, PMD order 9).
 pub const MAX_FOLIO_PAGES: usize = 512;
@@ -41,6 +42,14 @@ pub struct Config {
     pub index_shards: usize,
     /// Store pages filled with one repeated 64-bit word as that word, without pool memory.
     pub same_filled: bool,
+    /// Folios of at least this many pages are compressed in multi-page units (one compressed
+    /// object per unit, shared by its pages' entries) instead of page by page; 0 = never (the
+    /// kernel zswap's page-by-page behaviour). Default 4: folios of order >= 2.
+    pub multi_page_min_pages: usize,
+    /// Pages per multi-page unit, a power of two 2..=512: a larger folio is cut into units of
+    /// this many pages. Loading one page of a unit decompresses the whole unit, so this bounds
+    /// the cost of a single-page load. Default 16 (64 KiB).
+    pub multi_page_unit_pages: usize,
 }
 
 impl Default for Config {
@@ -55,6 +64,8 @@ impl Default for Config {
             batch_min_pages: 64,
             index_shards: 64,
             same_filled: true,
+            multi_page_min_pages: 4,
+            multi_page_unit_pages: 16,
         }
     }
 }
@@ -260,12 +271,26 @@ fn drop_count(c: &AtomicU64, n: u64) {
     c.fetch_sub(n, Ordering::Relaxed);
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum Payload {
     /// A page that is this word repeated.
     Same(u64),
     /// A compressed page in the pool.
     Compressed(Handle),
+    /// Page `slot` of a multi-page object shared with other entries.
+    Shared { obj: Arc<Shared>, slot: u16 },
+}
+
+/// One compressed object holding several pages (a multi-page unit of a large folio), stored in
+/// the pool as chunks of at most [`MAX_OBJECT`] bytes. Each entry pointing at it holds one
+/// reference; the chunks are freed when the last one goes.
+#[derive(Debug)]
+struct Shared {
+    chunks: Box<[Handle]>,
+    /// Pages it decompresses to.
+    pages: u16,
+    /// Entries (or prepared, not yet inserted pages) pointing at it.
+    refs: AtomicU32,
 }
 
 #[derive(Debug)]
@@ -336,6 +361,12 @@ struct Worker {
     out: Vec<u8>,
     /// A compressed object copied out of the pool.
     obj: Vec<u8>,
+    /// The non-same-filled pages of a multi-page unit, gathered for compression.
+    gather: Vec<u8>,
+    /// The decompressed pages of `cached` (valid only while `cached` is set).
+    unit: Vec<u8>,
+    /// The multi-page object last decompressed into `unit` (kept across loads and scans).
+    cached: Option<Arc<Shared>>,
 }
 
 impl Worker {
@@ -344,12 +375,15 @@ impl Worker {
             codec: PageCodec::new(compressor)?,
             out: vec![0u8; SCRATCH_SIZE],
             obj: Vec::with_capacity(PAGE_SIZE),
+            gather: Vec::new(),
+            unit: Vec::new(),
+            cached: None,
         })
     }
 }
 
 /// A page prepared for insertion.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Prepared {
     payload: Payload,
     crc: u32,
@@ -401,6 +435,15 @@ impl Zswap {
                 "index_shards",
                 config.index_shards as u64,
                 "a power of two up to 65536",
+            );
+        }
+        if !config.multi_page_unit_pages.is_power_of_two()
+            || !(2..=MAX_FOLIO_PAGES).contains(&config.multi_page_unit_pages)
+        {
+            return invalid(
+                "multi_page_unit_pages",
+                config.multi_page_unit_pages as u64,
+                "a power of two 2..=512",
             );
         }
         // Build one context now so a missing compressor fails here, not on the first store.
@@ -509,6 +552,10 @@ impl Zswap {
     }
 
     fn put_worker(&self, slot: usize, codec: Worker) {
+        // The worker keeps its last decompressed multi-page object (`cached`), so that loading
+        // the pages of a unit one at a time decompresses it once. Holding the `Arc` keeps the
+        // address from naming another object; the object's contents never change, and its pool
+        // chunks are freed by its reference count whatever the cache holds.
         let mut v = self.contexts[slot].lock();
         // Keep a few per slot: enough for the batch threads, bounded memory.
         if v.len() < self.config.batch_threads + 1 {
@@ -589,10 +636,151 @@ impl Zswap {
 
     fn release_prepared(&self, prepared: &[Prepared]) {
         for p in prepared {
-            if let Payload::Compressed(h) = p.payload {
-                let _ = self.pool.free(h);
+            self.release_payload(&p.payload);
+        }
+    }
+
+    /// Frees the pool memory `payload` holds: its object, or its reference to a shared object
+    /// (the object's chunks go with the last reference).
+    fn release_payload(&self, payload: &Payload) {
+        match payload {
+            Payload::Compressed(h) => {
+                let _ = self.pool.free(*h);
+            }
+            Payload::Shared { obj, .. } => {
+                if obj.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    for &h in obj.chunks.iter() {
+                        let _ = self.pool.free(h);
+                    }
+                }
+            }
+            Payload::Same(_) => {}
+        }
+    }
+
+    /// Compresses the folio in multi-page units of up to `multi_page_unit_pages` pages on the
+    /// calling thread, appending one `Prepared` per page.
+    fn prepare_units(
+        &self,
+        folio: &[u8],
+        prepared: &mut Vec<Prepared>,
+    ) -> Result<(), (usize, PrepareError)> {
+        let nr = folio.len() / PAGE_SIZE;
+        let unit_pages = self.config.multi_page_unit_pages.min(nr);
+        let (slot, mut w) = self
+            .take_worker()
+            .map_err(|e| (0, PrepareError::Codec(e)))?;
+        let mut result = Ok(());
+        for (u, unit) in folio.chunks(unit_pages * PAGE_SIZE).enumerate() {
+            result = self.prepare_unit(&mut w, unit, u * unit_pages, prepared);
+            if result.is_err() {
+                break;
             }
         }
+        self.put_worker(slot, w);
+        result
+    }
+
+    /// One multi-page unit starting at page `first` of the folio. Same-filled pages are kept
+    /// as their word; the others are compressed together as one object. If that object does not
+    /// save at least a page's worth over its input, the pages are compressed one by one instead
+    /// (so that a refusal names the page that does not compress, as the per-page path does).
+    fn prepare_unit(
+        &self,
+        w: &mut Worker,
+        unit: &[u8],
+        first: usize,
+        prepared: &mut Vec<Prepared>,
+    ) -> Result<(), (usize, PrepareError)> {
+        let base = prepared.len();
+        let mut dense: Vec<usize> = Vec::with_capacity(unit.len() / PAGE_SIZE);
+        for (i, page) in unit.chunks_exact(PAGE_SIZE).enumerate() {
+            let crc = if self.config.crc {
+                crc32c::crc32c(page)
+            } else {
+                0
+            };
+            let word = if self.config.same_filled {
+                same_filled_word(page)
+            } else {
+                None
+            };
+            if word.is_none() {
+                dense.push(i);
+            }
+            // A placeholder for a page still to compress holds no pool memory.
+            prepared.push(Prepared {
+                payload: Payload::Same(word.unwrap_or(0)),
+                crc,
+            });
+        }
+        let page_of = |i: usize| &unit[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+        let Worker {
+            codec, out, gather, ..
+        } = w;
+        let k = dense.len();
+        let mut per_page = k == 1;
+        if k >= 2 {
+            let src: &[u8] = if k * PAGE_SIZE == unit.len() {
+                unit
+            } else {
+                gather.clear();
+                for &i in &dense {
+                    gather.extend_from_slice(page_of(i));
+                }
+                gather
+            };
+            let need = src.len() * 2 + 1024;
+            if out.len() < need {
+                out.resize(need, 0);
+            }
+            let n = codec
+                .compress(src, out)
+                .map_err(|e| (first + dense[0], PrepareError::Codec(e)))?;
+            if n > src.len() - PAGE_SIZE {
+                per_page = true;
+            } else {
+                let mut chunks = Vec::with_capacity(n.div_ceil(MAX_OBJECT));
+                for c in out[..n].chunks(MAX_OBJECT) {
+                    match self.pool.alloc(c) {
+                        Ok(h) => chunks.push(h),
+                        Err(e) => {
+                            for h in chunks {
+                                let _ = self.pool.free(h);
+                            }
+                            return Err((first + dense[0], PrepareError::Pool(e)));
+                        }
+                    }
+                }
+                let obj = Arc::new(Shared {
+                    chunks: chunks.into_boxed_slice(),
+                    pages: k as u16,
+                    refs: AtomicU32::new(k as u32),
+                });
+                for (slot, &i) in dense.iter().enumerate() {
+                    prepared[base + i].payload = Payload::Shared {
+                        obj: Arc::clone(&obj),
+                        slot: slot as u16,
+                    };
+                }
+            }
+        }
+        if per_page {
+            for &i in &dense {
+                let n = codec
+                    .compress(page_of(i), out)
+                    .map_err(|e| (first + i, PrepareError::Codec(e)))?;
+                if n > MAX_OBJECT {
+                    return Err((first + i, PrepareError::Poor(n)));
+                }
+                let h = self
+                    .pool
+                    .alloc(&out[..n])
+                    .map_err(|e| (first + i, PrepareError::Pool(e)))?;
+                prepared[base + i].payload = Payload::Compressed(h);
+            }
+        }
+        Ok(())
     }
 
     /// Stores a folio of `folio.len() / 4096` pages (1..=512, a power of two) under the swap
@@ -618,7 +806,7 @@ impl Zswap {
             });
         }
         let prepared = self.prepare_folio(folio)?;
-        self.insert(entry, &prepared);
+        self.insert(entry, prepared);
         let order = nr.trailing_zeros() as usize;
         bump(&self.counters.zswpout, nr as u64);
         bump(&self.counters.zswpout_by_order[order], 1);
@@ -629,7 +817,10 @@ impl Zswap {
         let nr = folio.len() / PAGE_SIZE;
         let threads = self.config.batch_threads.min(nr);
         let mut prepared = Vec::with_capacity(nr);
-        let result = if threads > 1 && nr >= self.config.batch_min_pages && self.batch.len() > 0 {
+        let min = self.config.multi_page_min_pages;
+        let result = if min > 0 && nr >= min.max(2) {
+            self.prepare_units(folio, &mut prepared)
+        } else if threads > 1 && nr >= self.config.batch_min_pages && self.batch.len() > 0 {
             self.prepare_batched(folio, threads, &mut prepared)
         } else {
             self.prepare_range(folio, 0, &mut prepared)
@@ -762,7 +953,7 @@ impl Zswap {
         }
     }
 
-    fn insert(&self, entry: u64, prepared: &[Prepared]) {
+    fn insert(&self, entry: u64, prepared: Vec<Prepared>) {
         let nr = prepared.len();
         let mut guards = loop {
             let mut guards = self.lock_range(entry, nr);
@@ -773,11 +964,11 @@ impl Zswap {
         };
         let mut lru = self.lru.lock();
         let mut same = 0u64;
-        for (i, p) in prepared.iter().enumerate() {
+        for (i, p) in prepared.into_iter().enumerate() {
             let key = entry + i as u64;
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let node = match p.payload {
-                Payload::Compressed(_) => lru.push_head(key, id),
+                Payload::Compressed(_) | Payload::Shared { .. } => lru.push_head(key, id),
                 Payload::Same(_) => {
                     same += 1;
                     NIL
@@ -804,33 +995,65 @@ impl Zswap {
         if e.lru != NIL {
             lru.remove(e.lru, e.id);
         }
-        match e.payload {
-            Payload::Compressed(h) => {
-                let _ = self.pool.free(h);
-            }
-            Payload::Same(_) => drop_count(&self.counters.same_filled_pages, 1),
+        if let Payload::Same(_) = e.payload {
+            drop_count(&self.counters.same_filled_pages, 1);
         }
+        self.release_payload(&e.payload);
         drop_count(&self.counters.stored_pages, 1);
     }
 
     /// Decompresses entry `e` of swap entry `key` into `out` (one page) and checks its CRC.
-    fn decode(
-        &self,
-        codec: &mut PageCodec,
-        scratch: &mut Vec<u8>,
-        key: u64,
-        e: &Entry,
-        out: &mut [u8],
-    ) -> Result<(), LoadError> {
-        match e.payload {
-            Payload::Same(w) => fill_word(out, w),
+    /// A page of a multi-page object decompresses the whole object into `w.unit`, which is
+    /// kept (as `w.cached`) for the object's other pages within the same load or scan.
+    fn decode(&self, w: &mut Worker, key: u64, e: &Entry, out: &mut [u8]) -> Result<(), LoadError> {
+        let Worker {
+            codec,
+            obj: scratch,
+            unit,
+            cached,
+            ..
+        } = w;
+        match &e.payload {
+            Payload::Same(word) => fill_word(out, *word),
             Payload::Compressed(h) => {
                 self.pool
-                    .read(h, scratch)
+                    .read(*h, scratch)
                     .map_err(|source| LoadError::Pool { entry: key, source })?;
                 if let Err(source) = codec.decompress(scratch, out) {
                     bump(&self.counters.decompress_fail, 1);
                     return Err(LoadError::Corrupt { entry: key, source });
+                }
+            }
+            Payload::Shared { obj, slot } => {
+                if !cached.as_ref().is_some_and(|c| Arc::ptr_eq(c, obj)) {
+                    *cached = None;
+                    scratch.clear();
+                    for &h in obj.chunks.iter() {
+                        self.pool
+                            .read_append(h, scratch)
+                            .map_err(|source| LoadError::Pool { entry: key, source })?;
+                    }
+                    unit.resize(usize::from(obj.pages) * PAGE_SIZE, 0);
+                    if let Err(source) = codec.decompress(scratch, unit) {
+                        bump(&self.counters.decompress_fail, 1);
+                        return Err(LoadError::Corrupt { entry: key, source });
+                    }
+                    *cached = Some(Arc::clone(obj));
+                }
+                let start = usize::from(*slot) * PAGE_SIZE;
+                match unit.get(start..start + PAGE_SIZE) {
+                    Some(page) => out.copy_from_slice(page),
+                    None => {
+                        bump(&self.counters.decompress_fail, 1);
+                        return Err(LoadError::Corrupt {
+                            entry: key,
+                            source: CodecError::WrongLength {
+                                name: self.config.compressor.name(),
+                                got: unit.len(),
+                                expected: start + PAGE_SIZE,
+                            },
+                        });
+                    }
                 }
             }
         }
@@ -861,18 +1084,12 @@ impl Zswap {
             return Err(LoadError::InvalidLength { entry, len });
         }
         let (slot, mut w) = self.take_worker()?;
-        let result = self.load_locked(entry, out, &mut w.codec, &mut w.obj);
+        let result = self.load_locked(entry, out, &mut w);
         self.put_worker(slot, w);
         result
     }
 
-    fn load_locked(
-        &self,
-        entry: u64,
-        out: &mut [u8],
-        codec: &mut PageCodec,
-        scratch: &mut Vec<u8>,
-    ) -> Result<(), LoadError> {
+    fn load_locked(&self, entry: u64, out: &mut [u8], w: &mut Worker) -> Result<(), LoadError> {
         let nr = out.len() / PAGE_SIZE;
         let mut guards = loop {
             let mut guards = self.lock_range(entry, nr);
@@ -885,7 +1102,7 @@ impl Zswap {
             let key = entry + i as u64;
             let map = self.guard_for(&mut guards, key);
             let e = map.get(&key).ok_or(LoadError::NotFound { entry: key })?;
-            self.decode(codec, scratch, key, e, page)?;
+            self.decode(w, key, e, page)?;
         }
         let mut lru = self.lru.lock();
         for i in 0..nr as u64 {
@@ -978,7 +1195,7 @@ impl Zswap {
             let Some((_, w)) = worker.as_mut() else {
                 break;
             };
-            let decoded = self.decode(&mut w.codec, &mut w.obj, key, e, &mut page);
+            let decoded = self.decode(w, key, e, &mut page);
             drop(map);
             // If the writer panics, the guard ends the writeback as failed so that nobody waits
             // forever on the entry; the panic then goes on to the caller.
@@ -1075,6 +1292,9 @@ impl Zswap {
         let mut stored = 0u64;
         let mut on_lru = 0usize;
         let mut same = 0u64;
+        let mut single = 0u64;
+        // Multi-page objects by address: (object, entries pointing at it, slots seen).
+        let mut shared: HashMap<*const Shared, (Arc<Shared>, u32, Vec<bool>)> = HashMap::new();
         for shard in self.shards.iter() {
             let map = shard.map.lock();
             for (k, e) in map.iter() {
@@ -1082,19 +1302,47 @@ impl Zswap {
                 if e.writeback {
                     return Err(format!("entry {k:#x} left under writeback"));
                 }
-                match e.payload {
+                match &e.payload {
                     Payload::Compressed(h) => {
                         self.pool
-                            .object_len(h)
+                            .object_len(*h)
                             .map_err(|err| format!("entry {k:#x}: {err}"))?;
-                        if e.lru == NIL {
-                            return Err(format!("entry {k:#x} is off the LRU"));
+                        single += 1;
+                    }
+                    Payload::Shared { obj, slot } => {
+                        let (_, refs, seen) = shared.entry(Arc::as_ptr(obj)).or_insert_with(|| {
+                            (Arc::clone(obj), 0, vec![false; usize::from(obj.pages)])
+                        });
+                        *refs += 1;
+                        match seen.get_mut(usize::from(*slot)) {
+                            Some(s) if !*s => *s = true,
+                            _ => return Err(format!("entry {k:#x}: slot {slot} bad or shared")),
                         }
-                        on_lru += 1;
                     }
                     Payload::Same(_) => same += 1,
                 }
+                if !matches!(e.payload, Payload::Same(_)) {
+                    if e.lru == NIL {
+                        return Err(format!("entry {k:#x} is off the LRU"));
+                    }
+                    on_lru += 1;
+                }
             }
+        }
+        let mut chunks = 0u64;
+        for (obj, refs, _) in shared.values() {
+            if obj.refs.load(Ordering::Acquire) != *refs {
+                return Err(format!(
+                    "multi-page object counts {} references, {refs} entries point at it",
+                    obj.refs.load(Ordering::Acquire)
+                ));
+            }
+            for &h in obj.chunks.iter() {
+                self.pool
+                    .object_len(h)
+                    .map_err(|err| format!("multi-page object chunk: {err}"))?;
+            }
+            chunks += obj.chunks.len() as u64;
         }
         if on_lru != self.lru.lock().len() {
             return Err(format!(
@@ -1109,11 +1357,11 @@ impl Zswap {
                 s.stored_pages, s.same_filled_pages
             ));
         }
-        if self.pool.objects() != stored - same {
+        if self.pool.objects() != single + chunks {
             return Err(format!(
-                "pool holds {} objects for {} entries",
+                "pool holds {} objects for {single} single-page entries and {chunks} chunks of \
+                 multi-page objects",
                 self.pool.objects(),
-                stored - same
             ));
         }
         self.pool.check_integrity()
@@ -1122,23 +1370,52 @@ impl Zswap {
     /// The pool handle of `entry`'s compressed data (None if absent or same-filled). For the
     /// fuzz target and corruption tests.
     #[doc(hidden)]
+    /// The handle of a multi-page object is that of its first chunk.
     pub fn debug_handle(&self, entry: u64) -> Option<Handle> {
-        match self.shards[self.shard_of(entry)]
+        match &self.shards[self.shard_of(entry)]
             .map
             .lock()
             .get(&entry)?
             .payload
         {
-            Payload::Compressed(h) => Some(h),
+            Payload::Compressed(h) => Some(*h),
+            Payload::Shared { obj, .. } => obj.chunks.first().copied(),
             Payload::Same(_) => None,
         }
     }
 
-    /// Corrupts a stored byte of `entry` (see [`Pool::corrupt`]). For fuzzing and tests only.
+    /// Whether `entry` is a page of a multi-page object. For tests.
+    #[doc(hidden)]
+    pub fn debug_is_multi_page(&self, entry: u64) -> bool {
+        self.shards[self.shard_of(entry)]
+            .map
+            .lock()
+            .get(&entry)
+            .is_some_and(|e| matches!(e.payload, Payload::Shared { .. }))
+    }
+
+    /// Corrupts a stored byte of `entry` (see [`Pool::corrupt`]); for a multi-page object, a
+    /// byte of chunk `offset / 4095` (modulo the chunks). For fuzzing and tests only.
     #[doc(hidden)]
     pub fn debug_corrupt(&self, entry: u64, offset: usize, mask: u8) -> bool {
-        self.debug_handle(entry)
-            .is_some_and(|h| self.pool.corrupt(h, offset, mask).is_ok())
+        let h = match &self.shards[self.shard_of(entry)].map.lock().get(&entry) {
+            Some(Entry {
+                payload: Payload::Compressed(h),
+                ..
+            }) => *h,
+            Some(Entry {
+                payload: Payload::Shared { obj, .. },
+                ..
+            }) => match obj
+                .chunks
+                .get((offset / MAX_OBJECT) % obj.chunks.len().max(1))
+            {
+                Some(&h) => h,
+                None => return false,
+            },
+            _ => return false,
+        };
+        self.pool.corrupt(h, offset, mask).is_ok()
     }
 
     /// Points `entry` at an arbitrary pool handle (a forged or stale handle). For fuzzing and

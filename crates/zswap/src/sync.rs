@@ -2,10 +2,14 @@
 //! `cfg(zswap_loom)` (so loom models explore the index, LRU and pool locking), `parking_lot` and
 //! `std` otherwise. Also `current_cpu()` / `nr_cpus()`, fixed under loom.
 //!
-//! Statistics counters are always `std` atomics: they order nothing, they only count.
+//! Statistics counters are always `std` atomics: they order nothing, they only count. The
+//! reference count of a multi-page object ([`AtomicU32`]) is loom's under loom.
 
 #[cfg(not(zswap_loom))]
 mod imp {
+    /// The reference count of a multi-page object (modelled under loom: its last reference
+    /// frees the object's pool chunks, and the references of one object can sit in two shards).
+    pub(crate) use std::sync::atomic::AtomicU32;
 
     /// A mutex whose `lock` returns the guard directly (no poisoning).
     #[derive(Debug, Default)]
@@ -55,6 +59,7 @@ mod imp {
 
 #[cfg(zswap_loom)]
 mod imp {
+    pub(crate) use loom::sync::atomic::AtomicU32;
 
     /// A mutex whose `lock` returns the guard directly (loom's, unwrapping the poison result:
     /// a panic inside a model already fails the model).

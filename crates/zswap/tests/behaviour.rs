@@ -67,7 +67,10 @@ fn a_poor_page_refuses_the_whole_folio_and_keeps_old_entries() {
         Compressor::Zstd { level: 3 },
         Compressor::Deflate { level: 6 },
     ] {
-        let zswap = Zswap::new(Config::new(compressor)).expect("store");
+        // Page by page, as the kernel: one page that does not compress refuses the folio.
+        let mut c = Config::new(compressor);
+        c.multi_page_min_pages = 0;
+        let zswap = Zswap::new(c).expect("store");
         let old = folio(&[Kind::Compressible; 16], 5);
         zswap.store(0, &old).expect("store");
         let before = zswap.stats();
@@ -171,6 +174,7 @@ fn batched_store_equals_serial_store() {
         let mut c = Config::new(Compressor::Zstd { level: 1 });
         c.batch_threads = threads;
         c.batch_min_pages = 2;
+        c.multi_page_min_pages = 0;
         let zswap = Zswap::new(c).expect("store");
         zswap
             .store(16_384 - 100, &data)
@@ -192,6 +196,7 @@ fn batched_store_refuses_whole_folio_on_a_poor_page() {
     let mut c = Config::new(Compressor::Lz4);
     c.batch_threads = 2;
     c.batch_min_pages = 2;
+    c.multi_page_min_pages = 0;
     let zswap = Zswap::new(c).expect("store");
     let mut kinds = vec![Kind::Compressible; 64];
     kinds[50] = Kind::Random;
@@ -233,6 +238,9 @@ fn bad_configs_are_refused() {
         |c: &mut Config| c.max_span_pages = 0,
         |c: &mut Config| c.index_shards = 3,
         |c: &mut Config| c.batch_threads = 0,
+        |c: &mut Config| c.multi_page_unit_pages = 1,
+        |c: &mut Config| c.multi_page_unit_pages = 24,
+        |c: &mut Config| c.multi_page_unit_pages = 1024,
         |c: &mut Config| c.compressor = Compressor::Zstd { level: 99 },
     ] {
         let mut c = Config::default();
@@ -265,6 +273,7 @@ fn batched_store_reports_the_first_poor_page() {
         let mut c = Config::new(Compressor::Zstd { level: 1 });
         c.batch_threads = threads;
         c.batch_min_pages = 2;
+        c.multi_page_min_pages = 0;
         let zswap = Zswap::new(c).expect("store");
         let mut kinds = vec![Kind::Compressible; 128];
         kinds[100] = Kind::Random;
@@ -289,4 +298,108 @@ fn batched_store_reports_the_first_poor_page() {
         assert!(out == data);
         zswap.check_integrity().expect("consistent");
     }
+}
+
+#[test]
+fn multi_page_units_share_one_object_with_per_page_entries() {
+    for compressor in [
+        Compressor::Lz4,
+        Compressor::Zstd { level: 1 },
+        Compressor::Deflate { level: 1 },
+    ] {
+        let mut c = Config::new(compressor);
+        c.multi_page_unit_pages = 4;
+        let zswap = Zswap::new(c).expect("store");
+        // 16 pages: units of 4, one with a same-filled page, one with a page that does not
+        // compress on its own (the unit as a whole still does).
+        let mut kinds = [Kind::Compressible; 16];
+        kinds[5] = Kind::Same;
+        kinds[9] = Kind::Random;
+        let data = folio(&kinds, 41);
+        zswap.store(100, &data).expect("store");
+        let s = zswap.stats();
+        assert_eq!((s.stored_pages, s.same_filled_pages), (16, 1));
+        assert_eq!(zswap.count_objects(), 15);
+        for k in (100..116).filter(|&k| k != 105) {
+            assert!(zswap.debug_is_multi_page(k), "{compressor:?} entry {k}");
+        }
+        zswap.check_integrity().expect("consistent");
+        // One page out of a unit: the others stay, the object stays whole.
+        let mut one = vec![0u8; PAGE_SIZE];
+        zswap.load(102, &mut one).expect("load one page");
+        assert_eq!(one, data[2 * PAGE_SIZE..3 * PAGE_SIZE]);
+        assert_eq!(zswap.stats().compressed_bytes, s.compressed_bytes);
+        zswap.check_integrity().expect("consistent");
+        // Dropping the rest of that unit frees its object.
+        assert_eq!(zswap.invalidate(100, 2), 2);
+        assert_eq!(zswap.stats().compressed_bytes, s.compressed_bytes);
+        assert_eq!(zswap.invalidate(103, 1), 1);
+        assert!(zswap.stats().compressed_bytes < s.compressed_bytes);
+        zswap.check_integrity().expect("consistent");
+        // Writeback hands out the coldest pages one by one, decompressed.
+        let mut written = Vec::new();
+        let r = zswap.scan_objects(5, &mut |k: u64, p: &[u8]| {
+            written.push((k, p.to_vec()));
+            Ok(())
+        });
+        assert_eq!(r.written_back, 5);
+        let keys: Vec<u64> = written.iter().map(|w| w.0).collect();
+        assert_eq!(keys, [104, 106, 107, 108, 109]);
+        for (k, p) in &written {
+            let i = (*k - 100) as usize;
+            assert!(
+                p[..] == data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE],
+                "page {k}"
+            );
+        }
+        zswap.check_integrity().expect("consistent");
+        // A multi-page load across units, then the same-filled page.
+        let mut out = vec![0u8; 6 * PAGE_SIZE];
+        zswap.load(110, &mut out).expect("load");
+        assert!(out[..] == data[10 * PAGE_SIZE..]);
+        let mut five = vec![0u8; PAGE_SIZE];
+        zswap.load(105, &mut five).expect("same-filled page");
+        assert_eq!(five, data[5 * PAGE_SIZE..6 * PAGE_SIZE]);
+        let s = zswap.stats();
+        assert_eq!((s.stored_pages, s.compressed_bytes), (0, 0));
+        assert_eq!(s.pool_total_size, 0);
+        zswap.check_integrity().expect("consistent");
+    }
+}
+
+#[test]
+fn a_multi_page_unit_that_does_not_compress_names_its_first_poor_page() {
+    let mut c = Config::new(Compressor::Zstd { level: 1 });
+    c.multi_page_unit_pages = 4;
+    let zswap = Zswap::new(c).expect("store");
+    let mut kinds = [Kind::Compressible; 8];
+    kinds[4..].copy_from_slice(&[Kind::Random, Kind::Random, Kind::Same, Kind::Random]);
+    match zswap.store(0, &folio(&kinds, 3)) {
+        Err(StoreError::CompressPoor { page: 4, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    let s = zswap.stats();
+    assert_eq!(
+        (s.stored_pages, s.pool_total_size, s.reject_compress_poor),
+        (0, 0, 1)
+    );
+    zswap.check_integrity().expect("consistent");
+}
+
+#[test]
+fn small_folios_and_the_off_switch_stay_page_by_page() {
+    let data = folio(&[Kind::Compressible; 4], 8);
+    let mut c = Config::new(Compressor::Lz4);
+    c.multi_page_min_pages = 0;
+    let off = Zswap::new(c).expect("store");
+    let on = Zswap::new(Config::new(Compressor::Lz4)).expect("store");
+    off.store(0, &data).expect("store");
+    on.store(0, &data).expect("store");
+    on.store(8, &data[..2 * PAGE_SIZE]).expect("order-1 folio");
+    assert!(!off.debug_is_multi_page(0));
+    assert!(on.debug_is_multi_page(0));
+    assert!(
+        !on.debug_is_multi_page(8),
+        "default: folios of order >= 2 only"
+    );
 }

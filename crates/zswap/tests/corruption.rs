@@ -67,6 +67,45 @@ fn every_single_byte_flip_is_caught_with_crc() {
 }
 
 #[test]
+fn byte_flips_in_a_multi_page_object_are_caught_with_crc() {
+    for compressor in [
+        Compressor::Lz4,
+        Compressor::Zstd { level: 1 },
+        Compressor::Deflate { level: 6 },
+    ] {
+        let data = common::folio(&[Kind::Compressible; 16], 42);
+        let mut caught = 0;
+        for offset in (0..16 * PAGE_SIZE).step_by(1499) {
+            let zswap = Zswap::new(Config::new(compressor)).expect("store");
+            zswap.store(32, &data).expect("store");
+            assert!(zswap.debug_is_multi_page(35));
+            assert!(zswap.debug_corrupt(35, offset, 0x5a));
+            let mut out = vec![0u8; PAGE_SIZE];
+            match zswap.load(35, &mut out) {
+                Ok(()) => assert!(
+                    out[..] == data[3 * PAGE_SIZE..4 * PAGE_SIZE],
+                    "{compressor:?}: wrong bytes after a flip at {offset}"
+                ),
+                Err(LoadError::Corrupt { entry, .. } | LoadError::CrcMismatch { entry, .. }) => {
+                    assert_eq!(entry, 35);
+                    caught += 1;
+                    assert!(zswap.contains(35), "a failed load keeps the entry");
+                    // The whole folio load fails too, and leaves every entry.
+                    let mut all = vec![0u8; 16 * PAGE_SIZE];
+                    assert!(zswap.load(32, &mut all).is_err());
+                    assert_eq!(zswap.stats().stored_pages, 16);
+                    assert_eq!(zswap.invalidate(32, 16), 16);
+                    assert_eq!(zswap.stats().pool_total_size, 0);
+                    zswap.check_integrity().expect("consistent");
+                }
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        assert!(caught > 0, "{compressor:?}: no corruption detected at all");
+    }
+}
+
+#[test]
 fn forged_and_stale_handles_are_errors() {
     let zswap = Zswap::new(Config::new(Compressor::Lz4)).expect("store");
     let a = page(Kind::Compressible, 1);

@@ -137,3 +137,33 @@ fn store_vs_store_vs_invalidate() {
         assert_eq!(zswap.stats().pool_total_size, 0, "leaked pool memory");
     });
 }
+
+/// The pages of one multi-page object in two index shards, dropped from both sides at once (an
+/// invalidation of one half, a load of the other): each page is dropped once and the object's
+/// chunks are freed exactly once, by whichever side drops the last reference.
+#[test]
+fn shared_object_released_from_two_shards() {
+    model(|| {
+        let mut c = Config::new(Compressor::Lz4);
+        c.index_shards = 2;
+        c.max_span_pages = 1;
+        c.multi_page_unit_pages = 4;
+        let zswap = Arc::new(Zswap::new(c).expect("store"));
+        let data: Vec<u8> = (0..4).flat_map(|i| page(10 + i)).collect();
+        // Entries 16382..16386: two in shard 0, two in shard 1.
+        zswap.store(16_382, &data).expect("store");
+        assert!(zswap.debug_is_multi_page(16_382) && zswap.debug_is_multi_page(16_385));
+        let t = {
+            let zswap = zswap.clone();
+            spawn(move || zswap.invalidate(16_382, 2))
+        };
+        let mut out = vec![0u8; 2 * PAGE_SIZE];
+        zswap.load(16_384, &mut out).expect("load");
+        assert!(out[..] == data[2 * PAGE_SIZE..]);
+        assert_eq!(t.join().expect("t"), 2);
+        zswap.check_integrity().expect("consistent");
+        let s = zswap.stats();
+        assert_eq!((s.stored_pages, s.compressed_bytes), (0, 0));
+        assert_eq!(s.pool_total_size, 0, "leaked pool memory");
+    });
+}

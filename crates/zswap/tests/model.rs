@@ -66,9 +66,22 @@ impl Model {
     }
 }
 
-fn run(compressor: Compressor, max_pool_bytes: u64, ops: &[Op]) -> Result<(), TestCaseError> {
+/// Multi-page compression settings: (`multi_page_min_pages`, `multi_page_unit_pages`).
+const DEFAULT_UNITS: (usize, usize) = (4, 16);
+/// Units from order-1 folios up, 8-page folios cut in two.
+const SMALL_UNITS: (usize, usize) = (2, 4);
+/// Page by page (the kernel's behaviour).
+const PAGE_BY_PAGE: (usize, usize) = (0, 16);
+
+fn run(
+    compressor: Compressor,
+    max_pool_bytes: u64,
+    units: (usize, usize),
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
     let mut config = Config::new(compressor);
     config.max_pool_bytes = max_pool_bytes;
+    (config.multi_page_min_pages, config.multi_page_unit_pages) = units;
     config.index_shards = 2;
     config.max_span_pages = 4;
     let zswap = Zswap::new(config).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -194,22 +207,27 @@ proptest! {
 
     #[test]
     fn lz4_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
-        run(Compressor::Lz4, 64 << 20, &ops)?;
+        run(Compressor::Lz4, 64 << 20, DEFAULT_UNITS, &ops)?;
+    }
+
+    #[test]
+    fn lz4_page_by_page_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        run(Compressor::Lz4, 64 << 20, PAGE_BY_PAGE, &ops)?;
     }
 
     #[test]
     fn zstd_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
-        run(Compressor::Zstd { level: 3 }, 64 << 20, &ops)?;
+        run(Compressor::Zstd { level: 3 }, 64 << 20, SMALL_UNITS, &ops)?;
     }
 
     #[test]
     fn deflate_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
-        run(Compressor::Deflate { level: 1 }, 64 << 20, &ops)?;
+        run(Compressor::Deflate { level: 1 }, 64 << 20, DEFAULT_UNITS, &ops)?;
     }
 
     /// A pool limit of a few spans: stores are refused on the way, the model still holds.
     #[test]
     fn tiny_pool_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
-        run(Compressor::Lz4, 48 << 10, &ops)?;
+        run(Compressor::Lz4, 48 << 10, SMALL_UNITS, &ops)?;
     }
 }

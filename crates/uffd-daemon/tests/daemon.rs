@@ -400,3 +400,66 @@ fn stat_reports_a_running_daemon_and_strangers_are_refused() {
     assert_eq!(std::fs::read(&swap).expect("file"), b"precious");
     let _ = std::fs::remove_file(&swap);
 }
+
+#[test]
+fn redis_server_every_key_read_back() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("redis-server") || !have("python3") {
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let path = stats_path("redis");
+    let _ = std::fs::remove_file(&path);
+    let mut daemon = Command::new(DAEMON)
+        .args(["run", "--limit", "32M", "--stats-json"])
+        .arg(&path)
+        .args([
+            "--",
+            "redis-server",
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "yes",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("starting redis under the daemon");
+    // About 100 MiB of values under a 32 MiB limit.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/redis_fill_check.py"
+    );
+    let client = Command::new("python3")
+        .args([script, &port.to_string(), "50000", "2048"])
+        .output()
+        .expect("running the redis client");
+    let out = String::from_utf8_lossy(&client.stdout).into_owned();
+    eprintln!("{out}{}", String::from_utf8_lossy(&client.stderr));
+    let status = daemon.wait().expect("daemon");
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("stats")).expect("JSON");
+    let _ = std::fs::remove_file(&path);
+    eprintln!("stats: {stats}");
+    assert!(client.status.success(), "the redis data did not verify");
+    assert!(out.contains("50000 keys of 2048 bytes, dbsize 50000, 0 bad"));
+    assert!(status.success(), "redis-server exited with {status}");
+    let run = Run {
+        status: 0,
+        stdout: out,
+        stderr: String::new(),
+        stats,
+    };
+    assert_paged(&run, 32 << 20);
+    assert!(run.get("swapins") > 0);
+}

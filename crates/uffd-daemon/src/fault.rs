@@ -28,6 +28,9 @@ use crate::sys::{self, Fill, RawUffdMsg, Uffd, UffdEvent, PAGE_SIZE, PAGE_SIZE_U
 /// normally makes room within a batch).
 const THROTTLE_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long a fill that fails with an unexpected error is retried.
+const FILL_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Whether a thread id belongs to the daemon itself.
 fn is_daemon_thread(tid: u32) -> bool {
     std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
@@ -220,17 +223,32 @@ fn serve_fault(
     };
     match fill {
         Ok(Fill::Again) => return false,
-        Ok(Fill::Gone) => return true, // the mapping went away; the UNMAP event cleans up
+        Ok(Fill::Gone) => {
+            // The mapping went away (the UNMAP event cleans up); let the thread retry, so that
+            // it sees the new layout instead of waiting for a fill that cannot come.
+            let _ = mm.uffd.wake(addr, PAGE_SIZE_U64);
+            return true;
+        }
         // The page is present: this message is stale (two threads faulted on the page, or a
         // waiter was woken and faulted again). Change nothing: in particular a `Dropping` page
         // is about to be moved out, and its stored copy must stay.
         Ok(Fill::Exists) => return true,
         Ok(Fill::Filled) => {}
         Err(e) => {
+            // Transient (ENOMEM under pressure): retry. A fill that keeps failing would leave
+            // the thread blocked for ever: stop the process with a message instead.
+            if p.read_at.elapsed() < FILL_RETRY_MAX {
+                return false;
+            }
             eprintln!(
-                "uffd-daemon: filling page {addr:#x} of mm {} failed: {e}",
-                mm.id
+                "uffd-daemon: filling page {addr:#x} of pid {:?} failed for {:?}: {e}; stopping the process",
+                mm.pid(),
+                FILL_RETRY_MAX
             );
+            if let Some(pid) = mm.pid() {
+                // SAFETY: kill(2) with integer arguments.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
             return true;
         }
     }

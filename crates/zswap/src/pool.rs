@@ -83,6 +83,20 @@ enum Slot {
         len: u16,
         gen: u32,
     },
+    /// The object was moved to a larger class by compaction: `to` names it there (possibly
+    /// moved on again: chains only go up in size, so they are at most as long as the classes).
+    Moved {
+        to: Handle,
+        gen: u32,
+    },
+}
+
+/// Where a handle's slot leads.
+enum Found {
+    /// (span, object index, length) in this class.
+    At(u32, u16, u16),
+    /// Follow to another class.
+    Moved(Handle),
 }
 
 #[derive(Debug)]
@@ -249,16 +263,54 @@ impl Class {
         start..start + self.size
     }
 
-    fn lookup(&self, h: Handle) -> Result<(u32, u16, u16), PoolError> {
+    fn lookup(&self, h: Handle) -> Result<Found, PoolError> {
         match self.table.get(h.idx() as usize) {
             Some(&Slot::Used {
                 span,
                 obj,
                 len,
                 gen,
-            }) if gen == h.gen() => Ok((span, obj, len)),
+            }) if gen == h.gen() => Ok(Found::At(span, obj, len)),
+            Some(&Slot::Moved { to, gen }) if gen == h.gen() => Ok(Found::Moved(to)),
             _ => Err(PoolError::BadHandle(h.0)),
         }
+    }
+
+    /// Takes a handle-table slot; returns (index, generation).
+    fn take_table_slot(&mut self) -> (u32, u32) {
+        if self.table_free != FREE_OWNER {
+            let idx = self.table_free;
+            let Slot::Free { next_free, gen } = self.table[idx as usize] else {
+                unreachable!("the handle free list only links free slots");
+            };
+            self.table_free = next_free;
+            (idx, gen.wrapping_add(1) & GEN_MASK)
+        } else {
+            self.table.push(Slot::Free {
+                next_free: FREE_OWNER,
+                gen: 0,
+            });
+            ((self.table.len() - 1) as u32, 0)
+        }
+    }
+
+    /// Puts handle-table slot `idx` (of generation `gen`) on the free list.
+    fn put_table_slot(&mut self, idx: u32, gen: u32) {
+        let free_head = self.table_free;
+        self.table[idx as usize] = Slot::Free {
+            next_free: free_head,
+            gen,
+        };
+        self.table_free = idx;
+    }
+
+    /// Free object slots in this class's partly filled spans.
+    fn free_slots(&self) -> usize {
+        self.partial
+            .iter()
+            .filter_map(|&id| self.spans.get(id as usize).and_then(Option::as_ref))
+            .map(|s| s.free_objs.len())
+            .sum()
     }
 }
 
@@ -328,21 +380,7 @@ impl Pool {
         let mut class = self.classes[ci].lock();
         let (span_id, obj, grown) = class.alloc_obj();
         let range = class.obj_range(obj);
-        // Handle table slot.
-        let (idx, gen) = if class.table_free != FREE_OWNER {
-            let idx = class.table_free;
-            let Slot::Free { next_free, gen } = class.table[idx as usize] else {
-                unreachable!("the handle free list only links free slots");
-            };
-            class.table_free = next_free;
-            (idx, gen.wrapping_add(1) & GEN_MASK)
-        } else {
-            class.table.push(Slot::Free {
-                next_free: FREE_OWNER,
-                gen: 0,
-            });
-            ((class.table.len() - 1) as u32, 0)
-        };
+        let (idx, gen) = class.take_table_slot();
         class.table[idx as usize] = Slot::Used {
             span: span_id,
             obj,
@@ -374,49 +412,79 @@ impl Pool {
     /// Appends the object named by `h` to `out` (the chunks of a multi-page object are read
     /// one after the other into one buffer).
     pub(crate) fn read_append(&self, h: Handle, out: &mut Vec<u8>) -> Result<(), PoolError> {
-        let class = self
-            .classes
-            .get(h.class())
-            .ok_or(PoolError::BadHandle(h.0))?
-            .lock();
-        let (span_id, obj, len) = class.lookup(h)?;
-        let Some(Some(span)) = class.spans.get(span_id as usize) else {
-            return Err(PoolError::BadHandle(h.0));
-        };
-        let start = class.obj_range(obj).start;
-        out.extend_from_slice(&span.mem[start..start + len as usize]);
-        Ok(())
+        self.with_object(h, |class, span_id, obj, len| {
+            let Some(Some(span)) = class.spans.get(span_id as usize) else {
+                return Err(PoolError::BadHandle(h.0));
+            };
+            let start = class.obj_range(obj).start;
+            out.extend_from_slice(&span.mem[start..start + len as usize]);
+            Ok(())
+        })
+    }
+
+    /// Runs `f` on the object named by `h` (span, object index, length) under its class lock,
+    /// following the moves of compaction. A handle that names nothing live is `BadHandle`.
+    fn with_object<T>(
+        &self,
+        h: Handle,
+        mut f: impl FnMut(&mut Class, u32, u16, u16) -> Result<T, PoolError>,
+    ) -> Result<T, PoolError> {
+        let mut at = h;
+        for _ in 0..=self.classes.len() {
+            let mut class = self
+                .classes
+                .get(at.class())
+                .ok_or(PoolError::BadHandle(h.0))?
+                .lock();
+            match class.lookup(at).map_err(|_| PoolError::BadHandle(h.0))? {
+                Found::At(span, obj, len) => return f(&mut class, span, obj, len),
+                Found::Moved(to) if to.class() > at.class() => at = to,
+                Found::Moved(_) => break,
+            }
+        }
+        Err(PoolError::BadHandle(h.0))
     }
 
     /// Length of the object named by `h`.
     pub fn object_len(&self, h: Handle) -> Result<usize, PoolError> {
-        let class = self
-            .classes
-            .get(h.class())
-            .ok_or(PoolError::BadHandle(h.0))?
-            .lock();
-        Ok(class.lookup(h)?.2 as usize)
+        self.with_object(h, |_, _, _, len| Ok(len as usize))
     }
 
-    /// Frees the object named by `h`.
+    /// Frees the object named by `h` (and the forwarding slots compaction left on its way).
     pub fn free(&self, h: Handle) -> Result<(), PoolError> {
-        let mut class = self
-            .classes
-            .get(h.class())
-            .ok_or(PoolError::BadHandle(h.0))?
-            .lock();
-        let (span_id, obj, len) = class.lookup(h)?;
-        let gen = h.gen();
-        let free_head = class.table_free;
-        class.table[h.idx() as usize] = Slot::Free {
-            next_free: free_head,
-            gen,
-        };
-        class.table_free = h.idx();
+        let mut at = h;
+        for _ in 0..=self.classes.len() {
+            let mut class = self
+                .classes
+                .get(at.class())
+                .ok_or(PoolError::BadHandle(h.0))?
+                .lock();
+            match class.lookup(at).map_err(|_| PoolError::BadHandle(h.0))? {
+                Found::At(span_id, obj, len) => {
+                    return self.free_at(&mut class, at, span_id, obj, len);
+                }
+                Found::Moved(to) if to.class() > at.class() => {
+                    class.put_table_slot(at.idx(), at.gen());
+                    at = to;
+                }
+                Found::Moved(_) => break,
+            }
+        }
+        Err(PoolError::BadHandle(h.0))
+    }
+
+    fn free_at(
+        &self,
+        class: &mut Class,
+        h: Handle,
+        span_id: u32,
+        obj: u16,
+        len: u16,
+    ) -> Result<(), PoolError> {
+        class.put_table_slot(h.idx(), h.gen());
         class.objects -= 1;
         class.object_bytes -= u64::from(len);
         let released = class.free_obj(span_id, obj);
-        drop(class);
         if released > 0 {
             self.total_bytes
                 .fetch_sub(released as u64, Ordering::Relaxed);
@@ -450,13 +518,19 @@ impl Pool {
     }
 
     /// Moves objects out of the emptiest spans into the fullest ones, class by class, and frees
-    /// the spans that empties (zsmalloc's `zs_compact`). Handles stay valid. Returns the bytes
-    /// released.
+    /// the spans that empties (zsmalloc's `zs_compact`). Then, unlike zsmalloc, what a class
+    /// still holds in partly filled spans (about one span per class, which weighs most in a
+    /// small pool) moves up into free slots of larger classes, when that empties a span for
+    /// less padding than half the span; the old handle forwards to the new place. Handles stay
+    /// valid. Returns the bytes released.
     pub fn compact(&self) -> u64 {
         let mut released = 0u64;
         for lock in self.classes.iter() {
             let mut class = lock.lock();
             released += compact_class(&mut class) as u64;
+        }
+        for ci in 0..self.classes.len().saturating_sub(1) {
+            released += self.migrate_up(ci) as u64;
         }
         if released > 0 {
             self.total_bytes.fetch_sub(released, Ordering::Relaxed);
@@ -466,25 +540,75 @@ impl Pool {
         released
     }
 
+    /// Empties partly filled spans of class `ci`, emptiest first, into free slots of the
+    /// partly filled spans of larger classes (smallest first; never a new span), as long as one
+    /// span's objects fit and cost less than half a span of padding. Returns the bytes released.
+    /// Lock order: class `ci`, then larger classes one at a time (every other path holds one
+    /// class lock at most).
+    fn migrate_up(&self, ci: usize) -> usize {
+        let mut src = self.classes[ci].lock();
+        let mut released = 0;
+        while let Some(&span_id) = src.partial.iter().min_by_key(|&&id| {
+            src.spans
+                .get(id as usize)
+                .and_then(Option::as_ref)
+                .map_or(u32::MAX, |s| s.inuse)
+        }) {
+            let inuse = src
+                .spans
+                .get(span_id as usize)
+                .and_then(Option::as_ref)
+                .map_or(0, |s| s.inuse as usize);
+            // Plan: how many objects go to which larger class.
+            let budget = src.span_bytes / 2;
+            let (mut need, mut pad, mut plan) = (inuse, 0usize, Vec::new());
+            for cj in ci + 1..self.classes.len() {
+                if need == 0 || pad > budget {
+                    break;
+                }
+                let dst = self.classes[cj].lock();
+                let take = dst.free_slots().min(need);
+                if take > 0 {
+                    pad += take * (dst.size - src.size);
+                    plan.push((cj, take));
+                    need -= take;
+                }
+            }
+            if need > 0 || pad > budget {
+                break;
+            }
+            for (cj, take) in plan {
+                let mut dst = self.classes[cj].lock();
+                for _ in 0..take {
+                    match move_up(&mut src, span_id, &mut dst, cj) {
+                        Some(bytes) => released += bytes,
+                        None => break,
+                    }
+                }
+            }
+            if src.spans.get(span_id as usize).is_some_and(Option::is_some) {
+                // Slots taken meanwhile by allocations: stop here, nothing is lost.
+                break;
+            }
+        }
+        released
+    }
+
     /// XORs `mask` into byte `offset` (modulo the object length) of the object named by `h`:
     /// corrupts stored data on purpose, for the fuzz target and the corruption tests.
     #[doc(hidden)]
     pub fn corrupt(&self, h: Handle, offset: usize, mask: u8) -> Result<(), PoolError> {
-        let mut class = self
-            .classes
-            .get(h.class())
-            .ok_or(PoolError::BadHandle(h.0))?
-            .lock();
-        let (span_id, obj, len) = class.lookup(h)?;
-        let start = class.obj_range(obj).start;
-        if len == 0 {
-            return Ok(());
-        }
-        let Some(Some(span)) = class.spans.get_mut(span_id as usize) else {
-            return Err(PoolError::BadHandle(h.0));
-        };
-        span.mem[start + offset % len as usize] ^= mask;
-        Ok(())
+        self.with_object(h, |class, span_id, obj, len| {
+            let start = class.obj_range(obj).start;
+            if len == 0 {
+                return Ok(());
+            }
+            let Some(Some(span)) = class.spans.get_mut(span_id as usize) else {
+                return Err(PoolError::BadHandle(h.0));
+            };
+            span.mem[start + offset % len as usize] ^= mask;
+            Ok(())
+        })
     }
 
     /// Full consistency walk (redb's `check_integrity`): every used slot is owned by exactly one
@@ -492,11 +616,18 @@ impl Pool {
     #[doc(hidden)]
     pub fn check_integrity(&self) -> Result<(), String> {
         let mut total = 0u64;
+        let mut moved = Vec::new();
         for (ci, lock) in self.classes.iter().enumerate() {
             let class = lock.lock();
             let mut objects = 0u64;
             let mut bytes = 0u64;
             for (idx, slot) in class.table.iter().enumerate() {
+                if let Slot::Moved { to, .. } = *slot {
+                    if to.class() <= ci {
+                        return Err(format!("class {ci}: handle {idx} forwards down to {to:?}"));
+                    }
+                    moved.push(to);
+                }
                 if let Slot::Used { span, obj, len, .. } = *slot {
                     let s = class.spans.get(span as usize).and_then(Option::as_ref);
                     let s = s.ok_or(format!("class {ci}: handle {idx} names dead span {span}"))?;
@@ -553,8 +684,55 @@ impl Pool {
                 self.total_bytes()
             ));
         }
+        for to in moved {
+            self.object_len(to)
+                .map_err(|e| format!("a forwarding slot leads nowhere: {e}"))?;
+        }
         Ok(())
     }
+}
+
+/// Moves one object of span `span_id` of `src` into a free slot of a partly filled span of
+/// `dst` (class index `cj`), leaving a forwarding slot under the old handle. Returns the span
+/// bytes released in `src` (0 or a span), or None when there is nothing to move or no room.
+fn move_up(src: &mut Class, span_id: u32, dst: &mut Class, cj: usize) -> Option<usize> {
+    if dst.partial.is_empty() {
+        return None;
+    }
+    let span = src.spans.get(span_id as usize).and_then(Option::as_ref)?;
+    let obj = span.owner.iter().position(|&o| o != FREE_OWNER)? as u16;
+    let owner = span.owner[obj as usize];
+    let Some(Slot::Used { len, gen, .. }) = src.table.get(owner as usize).copied() else {
+        unreachable!("an owned slot has a used handle");
+    };
+    let from = src.obj_range(obj).start;
+    let (dspan, dobj, grown) = dst.alloc_obj();
+    debug_assert_eq!(grown, 0, "a partly filled span was available");
+    let (didx, dgen) = dst.take_table_slot();
+    let to = dst.obj_range(dobj).start;
+    let (Some(Some(s)), Some(Some(d))) = (
+        src.spans.get(span_id as usize),
+        dst.spans.get_mut(dspan as usize),
+    ) else {
+        unreachable!("both spans are live");
+    };
+    d.mem[to..to + len as usize].copy_from_slice(&s.mem[from..from + len as usize]);
+    d.owner[dobj as usize] = didx;
+    dst.table[didx as usize] = Slot::Used {
+        span: dspan,
+        obj: dobj,
+        len,
+        gen: dgen,
+    };
+    dst.objects += 1;
+    dst.object_bytes += u64::from(len);
+    src.table[owner as usize] = Slot::Moved {
+        to: Handle::new(cj, dgen, didx),
+        gen,
+    };
+    src.objects -= 1;
+    src.object_bytes -= u64::from(len);
+    Some(src.free_obj(span_id, obj))
 }
 
 fn compact_class(class: &mut Class) -> usize {
@@ -698,6 +876,59 @@ mod tests {
             pool.free(h).expect("free");
         }
         assert_eq!(pool.total_bytes(), 0);
+        pool.check_integrity().expect("empty pool consistent");
+    }
+
+    #[test]
+    fn compaction_moves_class_tails_up_and_handles_follow() {
+        let pool = Pool::new(8);
+        // A few objects in each of many classes: every class holds one partly filled span.
+        let mut live = Vec::new();
+        let mut n = 0usize;
+        for round in 0..3 {
+            for len in (200..1200).step_by(16) {
+                for k in 0..3 {
+                    n += 1;
+                    let data: Vec<u8> = (0..len).map(|j| (j * 7 + n + k) as u8).collect();
+                    live.push((pool.alloc(&data).expect("alloc"), data));
+                }
+            }
+            let before = pool.total_bytes();
+            let released = pool.compact();
+            pool.check_integrity().expect("consistent after compaction");
+            assert_eq!(pool.total_bytes(), before - released);
+            if round == 0 {
+                assert!(released > 0, "class tails moved up");
+            }
+            let mut out = Vec::new();
+            for (h, d) in &live {
+                pool.read(*h, &mut out).expect("read through forwarding");
+                assert_eq!(&out, d);
+                assert_eq!(pool.object_len(*h), Ok(d.len()));
+            }
+            // Free every other object (some forwarded, some not), then go again: chains form.
+            let mut i = 0;
+            live.retain(|(h, _)| {
+                i += 1;
+                i % 2 == 0 || {
+                    pool.free(*h).expect("free");
+                    assert_eq!(pool.free(*h), Err(PoolError::BadHandle(h.0)));
+                    false
+                }
+            });
+            pool.check_integrity().expect("consistent after frees");
+        }
+        pool.compact();
+        pool.check_integrity()
+            .expect("consistent after the last compaction");
+        assert!(pool.total_bytes() as f64 <= pool.object_bytes() as f64 * 1.25);
+        for (h, _) in live {
+            pool.free(h).expect("free");
+        }
+        assert_eq!(
+            (pool.total_bytes(), pool.objects(), pool.object_bytes()),
+            (0, 0, 0)
+        );
         pool.check_integrity().expect("empty pool consistent");
     }
 

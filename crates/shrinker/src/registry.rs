@@ -74,9 +74,10 @@ impl Node {
         }
     }
 
-    /// The kernel's `shrinker_put`. The caller must keep the node alive across
-    /// this call (hold a guard, or be the unregistering owner): the last put
-    /// touches `done` after the count reaches 0.
+    /// The kernel's `shrinker_put`, for walkers (unregister drops the
+    /// registration's reference itself). The caller must keep the node alive
+    /// across this call with a guard: the last put touches `done` after the
+    /// count reaches 0.
     ///
     /// `this` is dereferenced afresh after the decrement, so that under loom an
     /// access to a node already reclaimed is caught.
@@ -969,8 +970,16 @@ impl Inner {
         let node = unsafe { &*ptr };
         let in_flight = node.refcount.load(Ordering::Relaxed).saturating_sub(1);
         // Drop the registration's reference, then wait for the walkers' ones.
-        Node::put(node);
-        node.done.wait();
+        // When ours is the last, nobody completes `done` and nothing is to be
+        // waited for: no lock and no futex wake on the common path. The
+        // Acquire fence orders the walkers' callbacks (their Release
+        // decrements come before ours in the count's modification order)
+        // before the callback object is dropped below.
+        if node.refcount.fetch_sub(1, Ordering::Release) == 1 {
+            fence(Ordering::Acquire);
+        } else {
+            node.done.wait();
+        }
         // refcount is 0 for good: no callback runs now or later.
         let callback = node.callback.with_mut(|p| {
             // SAFETY: see `Node`'s Sync impl: the count is 0, so no thread

@@ -9,9 +9,14 @@
 //! ```
 //!
 //! A variant is `default` or a comma-separated list of changes to `Config::default()`:
-//! `v61` (the v6.1 rules: `look_twice` off, faulted pages youngest, `refault_window` 0),
-//! `lt`/`nolt` (`look_twice`), `so`/`young` (fault placement), `w<N>` (`refault_window`),
-//! `nobloom`, `nola` (no look-around), `g3` (three generations).
+//! `v61` (`Config::v6_1()`), `lt`/`nolt` (`look_twice`), `old`/`so`/`young` (fault
+//! placement), `yb`/`noyb` (`young_bound_aging`), `w<N>` (`refault_window`), `nobloom`, `nola`
+//! (no look-around), `g3` (three generations). Changes apply left to right.
+//!
+//! `--stats` adds, for the scan mixes, the mean share of memory held by scan pages and the hot
+//! pages' miss ratio (MGLRU, active/inactive, LRU), and for every replay the walks, the final
+//! generation sizes and the counters of `Mglru::stats`. The workloads include a working-set
+//! shift (Zipf over one hot set, then over a disjoint one) that the report does not run.
 
 use std::path::PathBuf;
 
@@ -24,11 +29,9 @@ fn config(spec: &str) -> Result<Config, String> {
     let mut c = Config::default();
     for part in spec.split(',').filter(|p| !p.is_empty() && *p != "default") {
         match part {
-            "v61" => {
-                c.look_twice = false;
-                c.fault_placement = FaultPlacement::Youngest;
-                c.refault_window = 0;
-            }
+            "v61" => c = Config::v6_1(),
+            "yb" => c.young_bound_aging = true,
+            "noyb" => c.young_bound_aging = false,
             "lt" => c.look_twice = true,
             "nolt" => c.look_twice = false,
             "so" => c.fault_placement = FaultPlacement::SecondOldest,
@@ -151,6 +154,16 @@ fn main() -> Result<(), String> {
         "zipf_scan_1to4".into(),
         workload::zipf_with_scan(20_000, 0.9, 1, 4, zipf_len, 2),
     );
+    // A working-set shift: Zipf(0.9) over one hot set, then over a disjoint one.
+    {
+        let z = workload::Zipf::new(20_000, 0.9);
+        let mut rng = workload::SplitMix::new(3);
+        let half = zipf_len / 2;
+        let t: Vec<PageId> = (0..zipf_len)
+            .map(|k| z.sample(&mut rng) + if k < half { 0 } else { 1 << 20 })
+            .collect();
+        add("shift".into(), t);
+    }
     for f in FRACTIONS {
         let cap = (20_000.0 * f) as usize;
         runs.push(Run {
@@ -216,8 +229,12 @@ fn main() -> Result<(), String> {
             if stats {
                 let s = m.stats();
                 extra.push(format!(
-                    "[walks {} young {} activated {} la {} refaults {} tiers {:?}]",
+                    "[walks {} gens {:?} young {} activated {} la {} refaults {} tiers {:?}]",
                     s.walks,
+                    s.generations
+                        .iter()
+                        .map(|g| (g.seq, g.pages[0]))
+                        .collect::<Vec<_>>(),
                     s.walk_totals.young,
                     s.activated,
                     s.look_around_promoted,

@@ -67,6 +67,14 @@ pub struct Config {
     /// controller and comes back in the workingset). 0, the kernel's rule, counts only pages
     /// evicted from the generation that is still the oldest.
     pub refault_window: u64,
+    /// Whether the aging also runs when more than `MIN_NR_GENS + 1` generations are alive but
+    /// the youngest holds more than `1 / MIN_NR_GENS` of the pages (`should_run_aging`'s bound
+    /// on hot pages, which v6.1 checks only with exactly `MIN_NR_GENS + 1` generations). With
+    /// faulted pages starting in the oldest generation, that generation is refilled as fast as
+    /// it is evicted, `min_seq` rarely moves and v6.1's rule would stop aging: pages promoted
+    /// once would stay in the young generations however cold they became. On by default (a
+    /// deviation from v6.1, see the crate documentation).
+    pub young_bound_aging: bool,
 }
 
 impl Default for Config {
@@ -80,6 +88,7 @@ impl Default for Config {
         Self {
             fault_placement: FaultPlacement::Oldest,
             look_twice: true,
+            young_bound_aging: true,
             ..Self::v6_1()
         }
     }
@@ -99,6 +108,7 @@ impl Config {
             max_shadows: 1 << 20,
             look_twice: false,
             refault_window: 0,
+            young_bound_aging: false,
         }
     }
 
@@ -756,7 +766,9 @@ impl Mglru {
     }
 
     /// `should_run_aging`: age when only `MIN_NR_GENS` generations are left, or when three are
-    /// left but the youngest holds too many pages or the oldest too few.
+    /// left but the youngest holds too many pages or the oldest too few. With
+    /// [`Config::young_bound_aging`], the bound on the youngest generation applies whatever the
+    /// number of generations.
     fn should_run_aging(&self) -> bool {
         let can_swap = self.can_swap();
         let min_seq = self.min_seq[usize::from(!can_swap)];
@@ -764,7 +776,7 @@ impl Mglru {
         if min_seq + n > self.max_seq {
             return true;
         }
-        if min_seq + n < self.max_seq {
+        if min_seq + n < self.max_seq && !self.cfg.young_bound_aging {
             return false;
         }
         let (mut young, mut old, mut total) = (0u64, 0u64, 0u64);
@@ -779,7 +791,11 @@ impl Mglru {
                 }
             }
         }
-        young * n > total || old * (n + 2) < total
+        if young * n > total {
+            return true;
+        }
+        // The lower bound on the oldest generation only with exactly MIN_NR_GENS + 1 of them.
+        min_seq + n == self.max_seq && old * (n + 2) < total
     }
 
     /// `get_tier_idx`: the highest tier whose refault rate does not exceed twice tier 0's; the

@@ -107,8 +107,8 @@ pub fn replay_with(
     }
     let mut misses = 0;
     for &page in trace {
-        bits.set(page);
         if policy.contains(page) {
+            bits.set(page);
             policy.access(page, AccessKind::Mapped);
             continue;
         }
@@ -121,6 +121,9 @@ pub fn replay_with(
         }
         // Cannot fail: the page is not resident.
         let _ = policy.add(page, Hint::fault(PageType::Anon));
+        // The faulting access sets the bit once the page is mapped: after the eviction that
+        // made room for it, so that eviction's look-around cannot clear it.
+        bits.set(page);
     }
     Ok(ReplayResult {
         policy: policy.name().to_string(),

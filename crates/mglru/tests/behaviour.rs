@@ -105,12 +105,18 @@ fn sequential_pages_go_first_and_hot_pages_stay_with(cfg: Config) {
         "sequential pages first: {v:?}"
     );
     let s = l.stats();
-    let oldest = s
-        .generations
-        .iter()
-        .find(|g| g.seq == l.min_seq(ANON))
-        .unwrap();
-    assert_eq!(oldest.evicted[0], 50, "{s:?}");
+    assert_eq!(s.evicted, 50);
+    if !l.config().young_bound_aging {
+        // No aging ran meanwhile: all 50 left the generation that is still the oldest. (With
+        // the young bound, the 100 promoted pages make the youngest generation hold more than
+        // half of the pages, and an aging retires that generation midway.)
+        let oldest = s
+            .generations
+            .iter()
+            .find(|g| g.seq == l.min_seq(ANON))
+            .unwrap();
+        assert_eq!(oldest.evicted[0], 50, "{s:?}");
+    }
     // Two generations later, pages 0..10 are touched again; the rest are cold and go first.
     l.age(&mut bits);
     l.age(&mut bits);

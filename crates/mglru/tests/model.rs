@@ -53,18 +53,22 @@ fn config() -> impl Strategy<Value = Config> {
         any::<bool>(),
         any::<bool>(),
         0u64..=2,
+        any::<bool>(),
     )
         .prop_map(
-            |(gens, swappiness, fault_placement, bloom, look, look_twice, window)| Config {
-                max_nr_gens: gens,
-                swappiness,
-                fault_placement,
-                region_shift: 4,
-                bloom_filter: bloom,
-                look_around: look,
-                max_shadows: 1 << 16,
-                look_twice,
-                refault_window: window,
+            |(gens, swappiness, fault_placement, bloom, look, look_twice, window, young_bound)| {
+                Config {
+                    max_nr_gens: gens,
+                    swappiness,
+                    fault_placement,
+                    region_shift: 4,
+                    bloom_filter: bloom,
+                    look_around: look,
+                    max_shadows: 1 << 16,
+                    look_twice,
+                    refault_window: window,
+                    young_bound_aging: young_bound,
+                }
             },
         )
 }

@@ -8,11 +8,18 @@
 //! `store_load_vs_raw` (raw compress+decompress time / store+load time: 1.0 = as fast as the raw
 //! compressor, goal >= 0.85), `page_by_page_store_mb_per_s`, `folio_vs_page_by_page` (time of
 //! storing the same pages one by one / time of the folio store, goal >= 1.2 at 64k),
-//! `store_mb_per_s_batch2` (folio pages compressed on 2 threads, wall time),
+//! `store_mb_per_s_batch2` (folio pages compressed page by page on 2 threads, wall time: batch
+//! threads only apply to page-by-page compression),
 //! `page_by_page_store_mb_per_s_wall` and `folio_batch2_vs_page_by_page` (both in wall time), `pool_bytes_per_compressed_byte`
-//! and `compression_ratio`; per compressor `pool` (`64MiB`, `256MiB` of pages stored): pool bytes
-//! per compressed byte after storing, after freeing a random half, and after compaction (goal
-//! <= 1.10).
+//! and `compression_ratio`. The folio figures are the store's defaults: folios of 4 pages or more
+//! compressed in multi-page units (16 pages); for folios above one page,
+//! `folio_compressed_page_by_page` has the same figures with multi-page units off (the kernel's
+//! page-by-page compression) and `load_one_page_of_each_folio` the cost of single-page loads:
+//! `us_per_load` (one page out of each folio, each decompressing its unit),
+//! `page_at_a_time_load_mb_per_s` (every page, one load each, in order), and both for the
+//! page-by-page store. Per compressor `pool` (`64MiB`, `256MiB` of pages stored): pool bytes per
+//! compressed byte after storing, after freeing a random half, and after compaction (goal
+//! <= 1.10; `..._compacted_in_classes_only` with zsmalloc's compaction alone).
 
 use super::{Options, Report};
 use serde_json::{json, Map, Value};
@@ -249,7 +256,22 @@ const POOL_SIZES: [(&str, usize); 2] = [("64MiB", 16_384), ("256MiB", 65_536)];
 /// Pool bytes per compressed byte: after a dense fill, after freeing a pseudo-random half of
 /// the pages, after compaction.
 fn pool_pass(compressor: Compressor, data: &[u8], pool_pages: usize) -> anyhow::Result<Value> {
-    let zswap = Zswap::new(store_config(compressor, 1))?;
+    let mut v = pool_pass_with(compressor, data, pool_pages, true)?;
+    let in_classes = pool_pass_with(compressor, data, pool_pages, false)?;
+    v["pool_bytes_per_compressed_byte_compacted_in_classes_only"] =
+        in_classes["pool_bytes_per_compressed_byte_compacted"].clone();
+    Ok(v)
+}
+
+fn pool_pass_with(
+    compressor: Compressor,
+    data: &[u8],
+    pool_pages: usize,
+    across_classes: bool,
+) -> anyhow::Result<Value> {
+    let mut config = store_config(compressor, 1);
+    config.compact_across_classes = across_classes;
+    let zswap = Zswap::new(config)?;
     let pages: Vec<&[u8]> = data.chunks_exact(PAGE_SIZE).collect();
     for i in 0..pool_pages {
         let _ = zswap.store(i as u64, pages[i % pages.len()]);
@@ -413,9 +435,13 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
                     )?);
                 }
                 if folio_pages > 1 {
-                    let b =
-                        zswap_pass(store_config(compressor, 2), &data, folio_pages, Clock::Wall)?
-                            .store;
+                    let b = zswap_pass(
+                        per_page_config(compressor, 2),
+                        &data,
+                        folio_pages,
+                        Clock::Wall,
+                    )?
+                    .store;
                     let p = zswap_pass(store_config(compressor, 1), &data, 1, Clock::Wall)?.store;
                     b2.push(b);
                     pbp_wall.push(p);
@@ -509,11 +535,12 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         for (label, pages) in POOL_SIZES.into_iter().take(if opts.quick { 1 } else { 2 }) {
             let pool = pool_pass(compressor, &data, pages)?;
             table += &format!(
-                "{:<12} pool of {label} of pages: pool bytes/compressed byte: filled {}, half freed {}, compacted {}\n",
+                "{:<12} pool of {label} of pages: pool bytes/compressed byte: filled {}, half freed {}, compacted {} (within classes only: {})\n",
                 name,
                 pool["pool_bytes_per_compressed_byte_filled"],
                 pool["pool_bytes_per_compressed_byte_half_freed"],
-                pool["pool_bytes_per_compressed_byte_compacted"]
+                pool["pool_bytes_per_compressed_byte_compacted"],
+                pool["pool_bytes_per_compressed_byte_compacted_in_classes_only"]
             );
             pools.insert(label.into(), pool);
         }

@@ -1,8 +1,8 @@
 //! Page compressors: one algorithm per pool, contexts reused per worker.
 //!
-//! Every compressor works on one page at a time, as the kernel's zswap does even for large folios
-//! (the 2024 series compresses a folio page by page so each page stays an independent entry that
-//! can be loaded, invalidated and written back on its own).
+//! A context compresses any length: one page (the kernel zswap's unit, also for large folios) or
+//! a multi-page unit of a large folio (`Config::multi_page_unit_pages`), whose entries then share
+//! one object.
 
 use crate::PAGE_SIZE;
 use std::sync::Arc;

@@ -17,17 +17,34 @@
 //!   hash map behind its own mutex: the index is *not* lock-free, so it has no lock-free claims;
 //!   the loom model in `tests/loom_store.rs` checks the writeback / load / store protocol instead.
 //! - **Large folios stored whole** (the 2024 series "mm: zswap swap-out of large folios"): a
-//!   folio of 1 to 512 pages is compressed page by page with reused contexts, optionally on
-//!   several persistent threads ([`Config::batch_threads`]), and then inserted under the shard
-//!   locks at once. All or nothing: if any page is refused, every object already allocated for
-//!   the folio is freed and the caller gets the reason ([`StoreError`]) and writes the folio to
-//!   its backing device instead.
+//!   folio of 1 to 512 pages is compressed with reused contexts and then inserted under the
+//!   shard locks at once. All or nothing: if any page is refused, every object already
+//!   allocated for the folio is freed and the caller gets the reason ([`StoreError`]) and writes
+//!   the folio to its backing device instead.
+//! - **Multi-page compression** (after the 2024 zram/zsmalloc mTHP work, "mTHP-friendly
+//!   compression"): folios of at least [`Config::multi_page_min_pages`] pages (default 4: order
+//!   2 and up) are compressed in units of up to [`Config::multi_page_unit_pages`] pages
+//!   (default 16, 64 KiB) as *one* object each, which compresses better and faster than page by
+//!   page. Entries stay per page, keyed by swap entry: each points at the unit's object
+//!   (stored in the pool as chunks of under a page) with its slot, and holds one reference; the
+//!   object is freed with its last reference. Loading, invalidating or writing back one page
+//!   drops one reference; loading one page decompresses the whole unit (a worker keeps the last
+//!   unit it decompressed, so the unit's other pages loaded next cost a copy). The trade-off: a
+//!   single page loaded at random costs a unit's decompression (7-10x a page's, measured), and
+//!   the memory of a unit stays until all its pages are gone. Same-filled pages inside a unit
+//!   stay words; a unit that saves less than a page is redone page by page (so a refusal names
+//!   its page). Smaller folios, and every folio with `multi_page_min_pages = 0`, are compressed
+//!   page by page as the kernel's zswap does, optionally on several persistent threads
+//!   ([`Config::batch_threads`]).
 //! - **One compressor per pool**: lz4 (lz4_flex's block API), zstd (configurable level, frames
 //!   without checksum, content size or dictionary id, one context per worker), raw deflate in
 //!   software (miniz_oxide) and raw deflate through Intel QPL (`deflate-iaa`, the `qpl-dyn` crate:
 //!   libqpl loaded at run time, IAA hardware when present, QPL's software path otherwise).
 //! - **A zsmalloc-like pool** ([`Pool`]): size classes every 16 bytes from 32 to 4096, objects
 //!   packed into spans of several pages, handles that stay valid across [`Zswap::compact`].
+//!   Compaction packs each class as zsmalloc does, then moves what a class still keeps in a
+//!   partly filled span up into free slots of larger classes (the old handle slot forwards to
+//!   the new place), which removes most of the one-partial-span-per-class tail.
 //! - **Same-filled pages** (one repeated 64-bit word) are stored as that word, with no pool memory;
 //!   pages that do not compress below a page are rejected and counted (`reject_compress_poor`).
 //! - **Limits with hysteresis**: past `max_pool_bytes` every store is refused until the pool has
@@ -51,7 +68,10 @@
 //! 1. A successful [`Zswap::load`] returns exactly the bytes stored (checked by CRC32C when on).
 //! 2. A store is all or nothing; a failed load or a failed writeback leaves the entries stored.
 //! 3. An entry marked as under writeback is removed or replaced only by that writeback.
-//! 4. Lock order: shard locks (in index order) → LRU lock → pool class lock.
+//! 4. Lock order: shard locks (in index order) → LRU lock → pool class lock (compaction alone
+//!    holds two class locks, a class and then larger ones).
+//! 5. A multi-page object's reference count equals the number of entries pointing at it; its
+//!    pool chunks are freed exactly when it drops to zero.
 //!
 //! # Example
 //!

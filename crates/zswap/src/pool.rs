@@ -524,13 +524,24 @@ impl Pool {
     /// less padding than half the span; the old handle forwards to the new place. Handles stay
     /// valid. Returns the bytes released.
     pub fn compact(&self) -> u64 {
+        self.compact_with(true)
+    }
+
+    /// zsmalloc's compaction alone: objects move only within their class.
+    pub fn compact_in_classes(&self) -> u64 {
+        self.compact_with(false)
+    }
+
+    fn compact_with(&self, across_classes: bool) -> u64 {
         let mut released = 0u64;
         for lock in self.classes.iter() {
             let mut class = lock.lock();
             released += compact_class(&mut class) as u64;
         }
-        for ci in 0..self.classes.len().saturating_sub(1) {
-            released += self.migrate_up(ci) as u64;
+        if across_classes {
+            for ci in 0..self.classes.len().saturating_sub(1) {
+                released += self.migrate_up(ci) as u64;
+            }
         }
         if released > 0 {
             self.total_bytes.fetch_sub(released, Ordering::Relaxed);

@@ -20,7 +20,8 @@ pub const ENTRIES_PER_SHARD: u64 = 1 << 14;
 const NIL: u32 = u32::MAX;
 
 /// How a pool is built. `Config::default()` is lz4, a 256 MiB pool limit, accept
-/// threshold 90%, CRC on, spans of up to 8 pages, one thread per store, 64 index shards.
+/// threshold 90%, CRC on, spans of up to 8 pages, one thread per store, 64 index shards,
+/// folios of 4 pages or more compressed in units of up to 16 pages, compaction across classes.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The pool's compression algorithm.
@@ -34,7 +35,8 @@ pub struct Config {
     pub crc: bool,
     /// Largest span (zspage) in pages, 1..=16 (zsmalloc's chain size).
     pub max_span_pages: usize,
-    /// Threads that compress the pages of one large folio (1: the calling thread only).
+    /// Threads that compress the pages of one large folio (1: the calling thread only). Only for
+    /// folios compressed page by page (not in multi-page units).
     pub batch_threads: usize,
     /// Folios of at least this many pages are compressed on `batch_threads` threads.
     pub batch_min_pages: usize,
@@ -50,6 +52,10 @@ pub struct Config {
     /// this many pages. Loading one page of a unit decompresses the whole unit, so this bounds
     /// the cost of a single-page load. Default 16 (64 KiB).
     pub multi_page_unit_pages: usize,
+    /// [`Zswap::compact`] also moves what each size class keeps in partly filled spans up into
+    /// free slots of larger classes (the old handle forwards, one more lookup on later reads);
+    /// false: objects move only within their class, as zsmalloc's `zs_compact`. Default true.
+    pub compact_across_classes: bool,
 }
 
 impl Default for Config {
@@ -66,6 +72,7 @@ impl Default for Config {
             same_filled: true,
             multi_page_min_pages: 4,
             multi_page_unit_pages: 16,
+            compact_across_classes: true,
         }
     }
 }
@@ -1256,7 +1263,11 @@ impl Zswap {
 
     /// Compacts the pool (zsmalloc's `zs_compact`); returns the bytes released.
     pub fn compact(&self) -> u64 {
-        self.pool.compact()
+        if self.config.compact_across_classes {
+            self.pool.compact()
+        } else {
+            self.pool.compact_in_classes()
+        }
     }
 
     /// A snapshot of the counters.

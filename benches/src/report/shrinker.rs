@@ -11,18 +11,26 @@
 //!   unregisters a shrinker in a loop (the seed's stress-ng ramfs case). With 1
 //!   group every walk is a root walk over all shrinkers; with 1000 groups every
 //!   shrinker is group-aware with its bit set in group `id % 1000`, and the
-//!   walks go round the groups.
+//!   walks go round the groups. Two more scenarios outside the goals,
+//!   `t1_n100_g1_quiet_work{1,4}`: the same quiet root walk with scans that
+//!   do 1 or 4 units of arithmetic per object asked for (128 objects per
+//!   call), to show the per-shrinker cost of the lockless walk against
+//!   callbacks that are not free.
 //! - `skipped_share.{lockless,rwlock}.<scenario>`: the share of walks given up
 //!   because of a lock (machine independent; the lockless registry has none).
 //! - `ratio.<scenario>`: lockless / rwlock shrink rate (`null` when the
 //!   baseline completed no walk at all: every try-lock failed).
+//!   `ratio_paired_median.<scenario>`: the median of the per-repetition
+//!   ratios (each repetition runs both designs back to back, in alternating
+//!   order), less sensitive to load changes between repetitions.
 //! - `churn_per_sec.{lockless,rwlock}.<scenario>`: register+unregister pairs
 //!   per second done by the churn thread meanwhile.
 //! - `unregister_wait_us.{lockless,rwlock}.{p50,p90,max}`: how long
 //!   `unregister` blocks while two threads walk 100 shrinkers whose scans each
 //!   spin for about 20 us; `unregister_in_flight_mean`: scans of the
 //!   unregistered shrinker the lockless unregister had to wait for.
-//! - `goals`: the goals computed from the figures above.
+//! - `goals`: the goals computed from the figures above (`ratio`
+//!   over the scenarios, not the `_work` ones).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -38,10 +46,13 @@ use shrinker::{
 
 use super::{Options, Report};
 
-/// A cache with a steady object count; scans spin for `spin` per call.
+/// A cache with a steady object count; scans spin for `spin` per call and
+/// do `work` units of arithmetic per object asked for (a stand-in for
+/// unlinking and freeing it; 0 in the scenarios).
 struct BenchCache {
     objects: u64,
     spin: Duration,
+    work: u32,
 }
 
 impl Shrinker for BenchCache {
@@ -49,6 +60,13 @@ impl Shrinker for BenchCache {
         Count::Objects(self.objects)
     }
     fn scan_objects(&self, sc: &mut ShrinkControl) -> Scan {
+        if self.work > 0 {
+            let mut x = 0u64;
+            for i in 0..sc.nr_to_scan * u64::from(self.work) {
+                x = std::hint::black_box(x.wrapping_add(i));
+            }
+            std::hint::black_box(x);
+        }
         if !self.spin.is_zero() {
             let t = Instant::now();
             while t.elapsed() < self.spin {
@@ -133,17 +151,23 @@ struct Scenario {
     shrinkers: usize,
     groups: usize,
     churn: bool,
+    /// Arithmetic units per scanned object in `scan_objects` (0: trivial).
+    work: u32,
 }
 
 impl Scenario {
     fn key(&self) -> String {
-        format!(
+        let mut k = format!(
             "t{}_n{}_g{}_{}",
             self.threads,
             self.shrinkers,
             self.groups,
             if self.churn { "churn" } else { "quiet" }
-        )
+        );
+        if self.work > 0 {
+            k.push_str(&format!("_work{}", self.work));
+        }
+        k
     }
 }
 
@@ -174,6 +198,7 @@ fn measure<R: Registry>(s: Scenario, run: Duration) -> anyhow::Result<Sample> {
             BenchCache {
                 objects: OBJECTS,
                 spin: Duration::ZERO,
+                work: s.work,
             },
         )?;
         if memcg {
@@ -216,6 +241,7 @@ fn measure<R: Registry>(s: Scenario, run: Duration) -> anyhow::Result<Sample> {
                     BenchCache {
                         objects: OBJECTS,
                         spin: Duration::ZERO,
+                        work: s.work,
                     },
                 )?;
                 if !groups.is_empty() {
@@ -275,6 +301,7 @@ fn unregister_waits<R: Registry>(rounds: usize) -> anyhow::Result<Waits> {
             BenchCache {
                 objects: OBJECTS,
                 spin,
+                work: 0,
             },
         )?);
     }
@@ -300,6 +327,7 @@ fn unregister_waits<R: Registry>(rounds: usize) -> anyhow::Result<Waits> {
             BenchCache {
                 objects: OBJECTS,
                 spin,
+                work: 0,
             },
         )?;
         thread::sleep(Duration::from_millis(2));
@@ -335,7 +363,7 @@ fn percentile(v: &[f64], p: f64) -> f64 {
 /// Runs this section.
 pub fn run(opts: &Options) -> anyhow::Result<Report> {
     let (reps, run_ms, rounds) = if opts.quick {
-        (3, 150u64, 40)
+        (5, 150u64, 40)
     } else {
         (5, 1000, 200)
     };
@@ -350,15 +378,30 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
                         shrinkers,
                         groups,
                         churn,
+                        work: 0,
                     });
                 }
             }
         }
     }
+    // Outside the goals: the same quiet root walk with scans that do
+    // some work per object, to show how the fixed per-shrinker cost of the
+    // lockless walk (a reference count taken and dropped, one epoch pin)
+    // weighs against callbacks that are not free.
+    for work in [1, 4] {
+        scenarios.push(Scenario {
+            threads: 1,
+            shrinkers: 100,
+            groups: 1,
+            churn: false,
+            work,
+        });
+    }
     let mut rate = (Map::new(), Map::new());
     let mut skipped = (Map::new(), Map::new());
     let mut churn = (Map::new(), Map::new());
     let mut ratio = Map::new();
+    let mut ratio_paired = Map::new();
     let mut table = String::from(
         "scenario                      lockless walks/s   rwlock walks/s   ratio  rwlock skipped\n",
     );
@@ -367,10 +410,22 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     for s in &scenarios {
         let (mut a, mut b, mut sa, mut sb) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut ca, mut cb) = (Vec::new(), Vec::new());
-        for _ in 0..reps {
-            // Interleaved so that both designs see the same machine noise.
-            let x = measure::<ShrinkerRegistry>(*s, run)?;
-            let y = measure::<RwLockRegistry>(*s, run)?;
+        let mut paired = Vec::new();
+        for rep in 0..reps {
+            // Interleaved so that both designs see the same machine noise,
+            // and in alternating order so that neither always goes first.
+            let (x, y) = if rep % 2 == 0 {
+                let x = measure::<ShrinkerRegistry>(*s, run)?;
+                (x, measure::<RwLockRegistry>(*s, run)?)
+            } else {
+                let y = measure::<RwLockRegistry>(*s, run)?;
+                (measure::<ShrinkerRegistry>(*s, run)?, y)
+            };
+            paired.push(if y.walks_per_sec > 0.0 {
+                x.walks_per_sec / y.walks_per_sec
+            } else {
+                f64::INFINITY
+            });
             a.push(x.walks_per_sec);
             sa.push(x.skipped_share);
             b.push(y.walks_per_sec);
@@ -382,7 +437,9 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         let (ska, skb) = (median(sa), median(sb));
         let r = if rb > 0.0 { ra / rb } else { f64::INFINITY };
         let key = s.key();
-        if s.churn {
+        if s.work > 0 {
+            // Not one of the scenarios: no goal is computed on it.
+        } else if s.churn {
             min_churn_ratio = min_churn_ratio.min(r);
         } else {
             min_quiet_ratio = min_quiet_ratio.min(r);
@@ -397,6 +454,15 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             churn.1.insert(key.clone(), json!(median(cb).round()));
         }
         ratio.insert(key.clone(), json!((r * 100.0).round() / 100.0));
+        let rp = median(paired);
+        ratio_paired.insert(
+            key.clone(),
+            if rp.is_finite() {
+                json!((rp * 100.0).round() / 100.0)
+            } else {
+                Value::Null
+            },
+        );
         table.push_str(&format!(
             "{key:<29} {ra:>16.0} {rb:>16.0} {r:>7.2} {:>14.1}%\n",
             skb * 100.0
@@ -431,6 +497,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         "shrinks_per_sec": { "lockless": Value::Object(rate.0), "rwlock": Value::Object(rate.1) },
         "skipped_share": { "lockless": Value::Object(skipped.0), "rwlock": Value::Object(skipped.1) },
         "ratio": Value::Object(ratio),
+        "ratio_paired_median": Value::Object(ratio_paired),
         "churn_per_sec": { "lockless": Value::Object(churn.0), "rwlock": Value::Object(churn.1) },
         "unregister_wait_us": { "lockless": waits(&wl), "rwlock": waits(&wr) },
         "unregister_in_flight_mean": in_flight_mean,

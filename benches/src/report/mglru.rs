@@ -29,9 +29,10 @@
 //!   which 8 are densely accessed and the rest have one touched page each; `pages_ratio` and
 //!   `time_ratio` (no_bloom / bloom). The access source there is a page-table-like array read
 //!   entry by entry, so the walk's cost follows the pages scanned as in the kernel.
-//! - `walk_pages_per_request[trace][policy_variant]`: pages scanned by aging walks per request
-//!   in the replays at 10% capacity, with and without the filter (machine independent), with
-//!   the miss ratios of both.
+//! - `walk_pages_per_request[trace][variant]`: pages scanned by aging walks per request and
+//!   walks in the replays at 10% capacity, with (`bloom`) and without (`no_bloom`) the filter
+//!   in the default configuration and for `Config::v6_1()` (`v6.1`, with the filter), with the
+//!   miss ratios (machine independent).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -456,11 +457,18 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             continue;
         };
         let mut m = Map::new();
-        for (label, bloom) in [("bloom", true), ("no_bloom", false)] {
-            let mut lru = Mglru::new(Config {
-                bloom_filter: bloom,
-                ..Config::default()
-            })?;
+        for (label, cfg) in [
+            ("bloom", Config::default()),
+            (
+                "no_bloom",
+                Config {
+                    bloom_filter: false,
+                    ..Config::default()
+                },
+            ),
+            ("v6.1", Config::v6_1()),
+        ] {
+            let mut lru = Mglru::new(cfg)?;
             let mut bits = AccessBits::new();
             let r = replay_with(&mut lru, *cap, trace, &mut bits)?;
             let s = lru.stats();

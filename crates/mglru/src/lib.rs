@@ -42,8 +42,9 @@
 //!   the generation that is still the oldest; a faulted refault comes back with `workingset`
 //!   set, one tier up (`lru_gen_refault`).
 //! - **Hints**: [`Arrival::Sequential`] and [`Arrival::Cold`] pages start in the oldest
-//!   generation; faulted pages start in the youngest or second-oldest generation
-//!   ([`Config::fault_placement`], as debated in the seed review).
+//!   generation, [`Arrival::Active`] ones in the youngest; faulted pages start where
+//!   [`Config::fault_placement`] says (oldest by default, second-oldest as in the groundwork
+//!   patch, youngest as in v6.1; debated in the seed review).
 //!
 //! ## How it differs from the kernel
 //!
@@ -57,12 +58,34 @@
 //! - `NR_HIST_GENS = 1`, as in v6.1.
 //! - With swappiness 0, anon pages are still drained into the next generation when the oldest
 //!   retires (the kernel leaves them and accepts a cold/hot inversion).
-//! - Two options beyond v6.1, off by default: [`Config::look_twice`] (the first accessed bit of
-//!   a freshly faulted page is the fault's own, not a reuse: `folio_check_references`' rule,
-//!   which v6.1's MGLRU bypasses) and [`Config::refault_window`] (refaults that many generations
-//!   away still count as recent). With both and faulted pages in the second-oldest generation,
-//!   the replays in the README come within 0.7 points of exact LRU everywhere and beat it on the
-//!   scan mixes; with the v6.1 rules they do not (see the README's figures).
+//! - **The default configuration deviates from v6.1 in three rules** ([`Config::v6_1`] keeps
+//!   v6.1's; the README gives the measurements behind each):
+//!   1. faulted pages start at the young end of the oldest generation
+//!      ([`FaultPlacement::Oldest`]), not in the youngest (v6.1's `folio_add_lru` marks pages
+//!      added in a fault active);
+//!   2. [`Config::look_twice`]: the first accessed bit of a freshly faulted page is the fault's
+//!      own, not a reuse (`folio_check_references`' rule, which v6.1's MGLRU bypasses because
+//!      its look-around marks the folio under check referenced). The walk or a look-around
+//!      clears it and leaves the page in place; the eviction-time check, if first, gives the
+//!      page one more generation. A recent refault is not fresh, so its first bit promotes it:
+//!      the protection of refaulting mapped pages, which tiers cannot give since only
+//!      descriptor accesses raise a tier;
+//!   3. [`Config::young_bound_aging`]: the aging also runs when more than `MIN_NR_GENS + 1`
+//!      generations are alive but the youngest holds more than `1 / MIN_NR_GENS` of the pages.
+//!      With faults entering the oldest generation, it is refilled as fast as it is evicted and
+//!      v6.1's `should_run_aging` would stop the aging altogether.
+//!
+//!   Why: with v6.1's rules every faulted page is promoted twice for one access (placed
+//!   youngest, then promoted again for the fault's accessed bit, and look-arounds promote the
+//!   fault bits of its neighbours), so a one-pass scan is protected like the hot set and the
+//!   replays in the README come out up to 4 points worse than exact LRU and worse than the
+//!   active/inactive lists on scan mixes. With the three rules they are within 0.5 points of
+//!   LRU everywhere and better than active/inactive on the scan mixes. The cost: the aging
+//!   runs far less often and a reused page stays protected longer, which a workload whose hot
+//!   set moves pays for (on the README's working-set shift the default still beats LRU and
+//!   v6.1; without rule 3 it did not).
+//! - [`Config::refault_window`] (off by default): refaults that many generations away still
+//!   count as recent.
 //! - The eviction-time check and the walk take an [`AccessSource`] argument instead of walking
 //!   page tables: the embedder owns its access information.
 //!

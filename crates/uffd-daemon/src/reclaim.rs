@@ -95,6 +95,12 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     }
     let runs = runs_of(&victims);
 
+    let stats = &shared.stats;
+    let mut t = std::time::Instant::now();
+    let mut lap = |c: &std::sync::atomic::AtomicU64| {
+        Stats::add(c, t.elapsed().as_nanos() as u64);
+        t = std::time::Instant::now();
+    };
     // 1. Write-protect: from here on a write waits for us.
     for &(start, n) in &runs {
         let len = n as u64 * PAGE_SIZE_U64;
@@ -114,6 +120,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         }
     }
 
+    lap(&stats.reclaim_wp_ns);
     // 2. Read the contents. The pages are present (or were removed by the program, in which
     //    case the handler serves the read as zeros and the state check below drops them).
     let mut data = vec![0u8; victims.len() * PAGE_SIZE];
@@ -129,6 +136,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         }
     }
 
+    lap(&stats.reclaim_read_ns);
     // 3. Store: zero pages need no slot.
     let mut slots = vec![ZERO_SLOT; victims.len()];
     let nonzero: Vec<usize> = (0..victims.len())
@@ -158,6 +166,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         }
     }
 
+    lap(&stats.reclaim_store_ns);
     // 4. Still ours? (A REMOVE, UNMAP or REMAP may have taken pages meanwhile.)
     let mut to_drop = Vec::with_capacity(victims.len());
     let mut drop_slots = Vec::with_capacity(victims.len());
@@ -230,6 +239,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     };
     drop(agent_guard);
 
+    lap(&stats.reclaim_drop_ns);
     // 6. Account for the outcome.
     let mut kept = Vec::new();
     let mut evicted = 0usize;
@@ -259,7 +269,6 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
             }
         }
     }
-    let stats = &shared.stats;
     Stats::add(&stats.evicted_pages, evicted as u64);
     Stats::add(&stats.zero_pages_evicted, zero);
     Stats::add(

@@ -77,6 +77,14 @@ counters! {
     fault_service_ns,
     /// Times a fault waited for reclaim because the limit was reached.
     throttled_faults,
+    /// Reclaim time write-protecting victims, in nanoseconds.
+    reclaim_wp_ns,
+    /// Reclaim time reading victims (`process_vm_readv`), in nanoseconds.
+    reclaim_read_ns,
+    /// Reclaim time storing victims, in nanoseconds.
+    reclaim_store_ns,
+    /// Reclaim time waiting for the agent to drop victims, in nanoseconds.
+    reclaim_drop_ns,
     /// Messages refused from agents (malformed or unexpected).
     protocol_errors,
 }

@@ -536,6 +536,37 @@ fn serve_control(listener: UnixListener, shared: Arc<Shared>, started: Instant) 
     }
 }
 
+/// Checks, before starting anything, that this kernel and these privileges give the agent the
+/// userfaultfd it needs, and says what is missing otherwise.
+fn check_kernel_support() -> anyhow::Result<()> {
+    let names = [
+        (sys::UFFD_FEATURE_PAGEFAULT_FLAG_WP, "PAGEFAULT_FLAG_WP"),
+        (
+            sys::UFFD_FEATURE_EVENT_FORK,
+            "EVENT_FORK (needs CAP_SYS_PTRACE)",
+        ),
+        (sys::UFFD_FEATURE_EVENT_REMAP, "EVENT_REMAP"),
+        (sys::UFFD_FEATURE_EVENT_REMOVE, "EVENT_REMOVE"),
+        (sys::UFFD_FEATURE_EVENT_UNMAP, "EVENT_UNMAP"),
+        (sys::UFFD_FEATURE_THREAD_ID, "THREAD_ID"),
+        (sys::UFFD_FEATURE_MOVE, "MOVE (Linux 6.8 or later)"),
+    ];
+    match Uffd::create_local(sys::REQUIRED_FEATURES) {
+        Ok((_, granted)) => {
+            let missing: Vec<&str> = names.iter().filter(|(bit, _)| granted & bit == 0).map(|(_, n)| *n).collect();
+            if !missing.is_empty() {
+                bail!("this kernel's userfaultfd lacks features uffd-daemon needs: {}", missing.join(", "));
+            }
+            Ok(())
+        }
+        Err(e) => bail!(
+            "cannot create a userfaultfd with the features uffd-daemon needs ({e}): run as root, or \
+             give read/write access to /dev/userfaultfd and CAP_SYS_PTRACE (for EVENT_FORK); \
+             Linux 6.8 or later is needed for UFFDIO_MOVE"
+        ),
+    }
+}
+
 /// `uffd-daemon run`: runs `program` under the daemon; returns the program's exit status.
 pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i32> {
     if config.limit_bytes < 16 * PAGE_SIZE_U64 {
@@ -544,6 +575,7 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
             config.limit_bytes
         );
     }
+    check_kernel_support()?;
     let started = Instant::now();
     let dir = make_run_dir()?;
     let cleanup = RunDirGuard(dir.clone());

@@ -13,7 +13,8 @@ use mglru::Config;
 const USAGE: &str = "usage: replay --policy <mglru|active-inactive|lru|clock> --capacity <PAGES> \
                      [--v6.1] [--no-bloom-filter] \
                      [--fault-placement <oldest|second-oldest|youngest>] [--max-nr-gens <3|4>] \
-                     [--look-twice] [--no-look-twice] [--refault-window <GENS>] <TRACE>";
+                     [--look-twice] [--no-look-twice] [--no-young-bound-aging] \
+                     [--refault-window <GENS>] <TRACE>";
 
 fn run() -> Result<String, String> {
     let mut args = std::env::args().skip(1);
@@ -35,6 +36,7 @@ fn run() -> Result<String, String> {
             "--no-bloom-filter" => cfg.bloom_filter = false,
             "--look-twice" => cfg.look_twice = true,
             "--no-look-twice" => cfg.look_twice = false,
+            "--no-young-bound-aging" => cfg.young_bound_aging = false,
             "--refault-window" => {
                 let v = value("--refault-window")?;
                 cfg.refault_window = v

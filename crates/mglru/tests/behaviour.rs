@@ -469,6 +469,33 @@ fn replay_parses_and_counts() {
 }
 
 #[test]
+fn young_bound_aging_ages_with_all_generations_alive() {
+    for young_bound_aging in [true, false] {
+        let mut l = lru_with(Config {
+            young_bound_aging,
+            ..Config::default()
+        });
+        let mut bits = AccessBits::new();
+        // All 4 generations are alive from the start; 100 of 150 pages are in the youngest.
+        for p in 0..100 {
+            l.add(p, Hint::new(ANON, Arrival::Active)).unwrap();
+        }
+        for p in 1000..1050 {
+            l.add(p, Hint::fault(ANON)).unwrap();
+        }
+        assert_eq!((l.min_seq(ANON), l.max_seq()), (0, 3));
+        let v = l.evict(1, &mut bits);
+        assert_eq!(v, vec![1000], "the oldest faulted page goes");
+        // v6.1 never ages with more than MIN_NR_GENS + 1 generations; the bound does, and the
+        // aging retires the oldest generation into the next.
+        let walks = u64::from(young_bound_aging);
+        assert_eq!(l.stats().walks, walks);
+        assert_eq!((l.min_seq(ANON), l.max_seq()), (walks, 3 + walks));
+        l.check_integrity().unwrap();
+    }
+}
+
+#[test]
 fn default_resists_scans() {
     // Zipf hot set with a 1:1 one-pass scan. With v6.1's rules the accessed bit left by the
     // fault promotes every scanned page once, so MGLRU is no better than LRU; starting faulted

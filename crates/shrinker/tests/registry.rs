@@ -414,11 +414,13 @@ fn no_callback_after_unregister_under_churn() {
             h
         })
         .collect();
+    let started = Arc::new(AtomicUsize::new(0));
     let workers: Vec<_> = (0..2)
         .map(|t| {
             let reg = reg.clone();
             let stop = stop.clone();
             let groups = groups.clone();
+            let started = started.clone();
             thread::spawn(move || {
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -428,12 +430,20 @@ fn no_callback_after_unregister_under_churn() {
                         ShrinkRequest::new(0).group(groups[(n as usize + t) % 4])
                     };
                     reg.shrink(&req).unwrap();
+                    if n == 0 {
+                        started.fetch_add(1, Ordering::SeqCst);
+                    }
                     n += 1;
                 }
                 n
             })
         })
         .collect();
+    // The churn must overlap the walks: wait until both walkers are running (on a loaded
+    // machine the loop below can otherwise finish before they are scheduled).
+    while started.load(Ordering::SeqCst) < 2 {
+        thread::yield_now();
+    }
     for i in 0..300 {
         let flag = Arc::new(AtomicBool::new(false));
         let h = reg

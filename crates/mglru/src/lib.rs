@@ -31,7 +31,8 @@
 //!   `lru_gen_look_around`: the accessed bits of it and its neighbours are tested, the young ones
 //!   promoted, the region marked dense) and is evicted if it was not young. `min_seq` moves up
 //!   when the oldest generation is empty (`try_to_inc_min_seq`). Aging runs when only two
-//!   generations are left, or three with a badly skewed spread (`should_run_aging`).
+//!   generations are left, or three with a badly skewed spread (`should_run_aging`; by default
+//!   also whenever the youngest holds more than half of the pages, see below).
 //! - **Tiers** by accesses through the descriptor path ([`Mglru::mark_accessed`],
 //!   `folio_inc_refs`): tier = `order_base_2(refs + 1)`, four tiers. **PID controller**
 //!   (`get_tier_idx`, `positive_ctrl_err`): refaults / (evictions + protections) per tier, tier 0

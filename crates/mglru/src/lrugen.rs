@@ -26,11 +26,11 @@ pub enum FaultPlacement {
     SecondOldest,
     /// The young end of the oldest generation, `min_seq` (where v6.1's `lru_gen_add_folio`
     /// puts clean inactive pages; the classic lists' inactive head, where anon pages start
-    /// since v5.9). With [`Config::look_twice`] the fault's own accessed bit still earns the
-    /// page one more generation at the eviction-time check, so a page is evicted without a
-    /// second access only after the oldest generation and the next one have been evicted
-    /// past it; a page accessed again is promoted by the walk or the check like any other.
-    /// The default (a deviation from v6.1, see the crate documentation).
+    /// since v5.9). With [`Config::look_twice`], if the eviction-time check is the first to
+    /// see the fault's own accessed bit, the page gets one more generation; if the walk or a
+    /// look-around saw it first, the page goes with the oldest generation unless accessed
+    /// again. A page accessed again is promoted by the walk or the check like any other. The
+    /// default (a deviation from v6.1, see the crate documentation).
     Oldest,
 }
 
@@ -78,12 +78,14 @@ pub struct Config {
 }
 
 impl Default for Config {
-    /// The kernel's design with two deviations that make a faulted page earn its protection
-    /// by a second access: faulted pages start in the oldest generation
+    /// The kernel's design with three deviations: faulted pages start in the oldest generation
     /// ([`FaultPlacement::Oldest`]) and their first accessed bit is the fault's own
-    /// ([`Config::look_twice`]). Everything else (4 generations, swappiness 60, PMD regions,
-    /// bloom filter, look-around, the kernel's refault rule) is v6.1's. [`Config::v6_1`] is the
-    /// v6.1 rules unchanged.
+    /// ([`Config::look_twice`]), so a faulted page earns its protection by a second access;
+    /// and the aging's bound on the youngest generation applies with any number of
+    /// generations ([`Config::young_bound_aging`]), so the aging does not stop while faults
+    /// refill the oldest generation. Everything else (4 generations, swappiness 60, PMD
+    /// regions, bloom filter, look-around, the kernel's refault rule) is v6.1's.
+    /// [`Config::v6_1`] is the v6.1 rules unchanged.
     fn default() -> Self {
         Self {
             fault_placement: FaultPlacement::Oldest,

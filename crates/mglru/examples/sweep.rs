@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -p mglru --example sweep -- [--traces DIR] [--zipf-len N] [--rounds R] \
-//!     [--stats] VARIANT...
+//!     [--seed N] [--stats] VARIANT...
 //! ```
 //!
 //! A variant is `default` or a comma-separated list of changes to `Config::default()`:
@@ -97,6 +97,7 @@ fn main() -> Result<(), String> {
     let mut zipf_len = 300_000usize;
     let mut rounds = 5usize;
     let mut stats = false;
+    let mut seed = 0u64;
     let mut variants = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -114,6 +115,7 @@ fn main() -> Result<(), String> {
                     .ok_or("--rounds R")?
             }
             "--stats" => stats = true,
+            "--seed" => seed = args.next().and_then(|v| v.parse().ok()).ok_or("--seed N")?,
             v => variants.push(v.to_string()),
         }
     }
@@ -148,11 +150,11 @@ fn main() -> Result<(), String> {
     }
     add(
         "zipf_scan_1to1".into(),
-        workload::zipf_with_scan(20_000, 0.9, 1, 1, zipf_len, 1),
+        workload::zipf_with_scan(20_000, 0.9, 1, 1, zipf_len, 1 + seed),
     );
     add(
         "zipf_scan_1to4".into(),
-        workload::zipf_with_scan(20_000, 0.9, 1, 4, zipf_len, 2),
+        workload::zipf_with_scan(20_000, 0.9, 1, 4, zipf_len, 2 + seed),
     );
     // A working-set shift: Zipf(0.9) over one hot set, then over a disjoint one.
     {

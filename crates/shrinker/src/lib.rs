@@ -50,7 +50,8 @@
 //! 1. No epoch guard is held across a callback: the walk pins, takes a
 //!    reference, unpins, calls, re-pins, then puts (the last put completes
 //!    the unregistering thread's wait, so it must happen while the node is
-//!    kept alive by a guard).
+//!    kept alive by a guard). One guard serves the whole walk, left and
+//!    re-entered around each shrinker's callbacks (`repin_after`).
 //! 2. Once a shrinker's count is 0 it never rises again; its callbacks run
 //!    only while the caller holds a reference; so after
 //!    [`ShrinkerHandle::unregister`] returns, they never run again.

@@ -206,8 +206,10 @@ pub struct SwapDevice {
     /// The device lock (`si->lock`), guarding only the lists.
     lists: CachePadded<Mutex<Lists>>,
     /// Lengths of the frag lists, kept under the device lock, read without it as a loop bound
-    /// (the kernel's `frag_cluster_nr`).
-    frag_nr: [AtomicUsize; NR_ORDERS],
+    /// (the kernel's `frag_cluster_nr`). On a cache line of its own: it is written on list
+    /// moves, and sharing a line with the read-mostly fields above would make every move on
+    /// one CPU a cache miss for every allocation on the others.
+    frag_nr: CachePadded<[AtomicUsize; NR_ORDERS]>,
     percpu: Box<[CachePadded<PerCpu>]>,
     /// The shared current cluster of a rotational device (`global_cluster` and its lock).
     global: Mutex<[u64; NR_ORDERS]>,
@@ -316,7 +318,7 @@ impl SwapDevice {
             bad_slots,
             clusters: clusters.into_boxed_slice(),
             lists: CachePadded::new(Mutex::new(lists)),
-            frag_nr: std::array::from_fn(|_| AtomicUsize::new(0)),
+            frag_nr: CachePadded::new(std::array::from_fn(|_| AtomicUsize::new(0))),
             percpu,
             global: Mutex::new([NO_HINT; NR_ORDERS]),
             allocatable: AtomicBool::new(true),
@@ -414,7 +416,12 @@ impl SwapDevice {
     }
 
     fn sync_frag_nr(&self, lists: &Lists, class: usize) {
-        self.frag_nr[class].store(lists.len(ListId::Frag(class)), Ordering::Relaxed);
+        let n = lists.len(ListId::Frag(class));
+        // Written only under the device lock, so the load sees the last store; skipping an
+        // unchanged value keeps the line clean in the other CPUs' caches.
+        if self.frag_nr[class].load(Ordering::Relaxed) != n {
+            self.frag_nr[class].store(n, Ordering::Relaxed);
+        }
     }
 
     /// Moves a locked cluster to the list of `state` (the kernel's `move_cluster`).
@@ -570,25 +577,18 @@ impl SwapDevice {
                 }
             }
         } else if order > 0 && ci.count as usize + nr <= cs {
-            let mut off = (start + nr - 1) & !(nr - 1);
-            while off + nr <= cs {
-                let run = &mut ci.map[off..off + nr];
-                // Branch-free test of the whole run (it vectorises).
-                if run.iter().fold(0, |acc, &s| acc | s) == SLOT_FREE {
-                    run.fill(usage);
-                    if ci.count == 0 {
-                        ci.order = order as u8;
-                    }
-                    ci.count += nr as u32;
-                    ci.swpout[order as usize] += 1;
-                    found = Some(base + off as u64);
-                    let after = off + nr;
-                    if (ci.count as usize) < cs && after + nr <= cs {
-                        next = base + after as u64;
-                    }
-                    break;
+            let first = (start + nr - 1) & !(nr - 1);
+            if let Some(off) = take_run(&mut ci.map, first, order, usage) {
+                if ci.count == 0 {
+                    ci.order = order as u8;
                 }
-                off += nr;
+                ci.count += nr as u32;
+                ci.swpout[order as usize] += 1;
+                found = Some(base + off as u64);
+                let after = off + nr;
+                if (ci.count as usize) < cs && after + nr <= cs {
+                    next = base + after as u64;
+                }
             }
         }
         self.relocate(idx, ci, found.is_some());
@@ -887,27 +887,18 @@ impl SwapDevice {
             });
         }
         let mut ci = self.lock_cluster(idx);
-        let run = &ci.map[s..s + nr];
-        // Branch-free over the run (it vectorises); find the culprit only on error.
-        let any_unreferenced = run
-            .iter()
-            .fold(false, |acc, &v| acc | (v & SLOT_COUNT_MASK == 0));
-        if let Some(i) = any_unreferenced
-            .then(|| run.iter().position(|&v| v & SLOT_COUNT_MASK == 0))
-            .flatten()
-        {
-            let e = entry.plus(i as u64);
-            return Err(if run[i] == SLOT_FREE {
-                SwapError::SlotFree { entry: e }
-            } else {
-                SwapError::NoReference { entry: e }
-            });
-        }
-        let mut freed = 0u32;
-        for v in &mut ci.map[s..s + nr] {
-            *v -= 1;
-            freed += u32::from(*v == SLOT_FREE);
-        }
+        let run = &mut ci.map[s..s + nr];
+        let freed = match put_run(run, order) {
+            Ok(freed) => freed,
+            Err(i) => {
+                let e = entry.plus(i as u64);
+                return Err(if run[i] == SLOT_FREE {
+                    SwapError::SlotFree { entry: e }
+                } else {
+                    SwapError::NoReference { entry: e }
+                });
+            }
+        };
         self.slots_freed(idx, &mut ci, freed);
         Ok(freed as usize)
     }
@@ -1161,5 +1152,155 @@ impl SwapDevice {
             )));
         }
         Ok(())
+    }
+}
+
+// ------------------------------------------------------------ run helpers
+//
+// The per-run loops of the allocation and free paths, with the run length a compile-time
+// constant per order: a run of 16 slots is then two 16-byte loads and an OR to test, two
+// stores to fill, and a few vector operations to drop one reference from each slot, where a
+// loop over a run of unknown length spends most of its instructions on loop control and on
+// the scalar head and tail around its vector body. Same slot-by-slot semantics either way.
+
+/// The first free, naturally aligned run of `N` slots in `map` at or after `first` (a
+/// multiple of `N`): fills it with `usage` and returns its offset.
+#[inline(always)]
+fn take_run_n<const N: usize>(map: &mut [u16], first: usize, usage: u16) -> Option<usize> {
+    let from = first.min(map.len());
+    for (i, run) in map[from..].chunks_exact_mut(N).enumerate() {
+        // Branch-free test of the whole run (it vectorises).
+        if run.iter().fold(0, |acc, &s| acc | s) == SLOT_FREE {
+            run.fill(usage);
+            return Some(from + i * N);
+        }
+    }
+    None
+}
+
+/// [`take_run_n`] for a run of `2^order` slots, `order` from 1 to 9.
+fn take_run(map: &mut [u16], first: usize, order: u32, usage: u16) -> Option<usize> {
+    match order {
+        1 => take_run_n::<2>(map, first, usage),
+        2 => take_run_n::<4>(map, first, usage),
+        3 => take_run_n::<8>(map, first, usage),
+        4 => take_run_n::<16>(map, first, usage),
+        5 => take_run_n::<32>(map, first, usage),
+        6 => take_run_n::<64>(map, first, usage),
+        7 => take_run_n::<128>(map, first, usage),
+        8 => take_run_n::<256>(map, first, usage),
+        _ => take_run_n::<512>(map, first, usage),
+    }
+}
+
+/// Drops one reference from each slot of `run` if every slot has one; returns how many
+/// became free, or the index of the first slot without a reference (nothing changed).
+#[inline(always)]
+fn put_run_n<const N: usize>(run: &mut [u16; N]) -> Result<u32, usize> {
+    // Branch-free over the run (it vectorises); find the culprit only on error. A count is
+    // at most `SLOT_COUNT_MASK` (0x3fff), so `count - 1` wraps to set bit 15 exactly when
+    // the count is 0.
+    let any_unreferenced = run
+        .iter()
+        .fold(0u16, |acc, &v| acc | (v & SLOT_COUNT_MASK).wrapping_sub(1))
+        & 0x8000
+        != 0;
+    if any_unreferenced {
+        return Err(run
+            .iter()
+            .position(|&v| v & SLOT_COUNT_MASK == 0)
+            .unwrap_or(0));
+    }
+    // Slots left with count 1 and no has-cache flag become free; N <= 512 fits in a u16.
+    let freed = run.iter().fold(0u16, |acc, &v| acc + u16::from(v == 1));
+    for v in run.iter_mut() {
+        *v -= 1;
+    }
+    Ok(u32::from(freed))
+}
+
+/// [`put_run_n`] for a run of `2^order` slots (`run.len()` is `2^order`, `order` at most 9).
+fn put_run(run: &mut [u16], order: u32) -> Result<u32, usize> {
+    fn arr<const N: usize>(run: &mut [u16]) -> &mut [u16; N] {
+        // INVARIANT: callers pass a run of exactly `2^order` slots.
+        run.try_into().expect("run length matches its order")
+    }
+    match order {
+        0 => put_run_n::<1>(arr(run)),
+        1 => put_run_n::<2>(arr(run)),
+        2 => put_run_n::<4>(arr(run)),
+        3 => put_run_n::<8>(arr(run)),
+        4 => put_run_n::<16>(arr(run)),
+        5 => put_run_n::<32>(arr(run)),
+        6 => put_run_n::<64>(arr(run)),
+        7 => put_run_n::<128>(arr(run)),
+        8 => put_run_n::<256>(arr(run)),
+        _ => put_run_n::<512>(arr(run)),
+    }
+}
+
+#[cfg(test)]
+mod run_tests {
+    use super::*;
+
+    /// The run helpers against slot-by-slot loops, for every order and a spread of maps.
+    #[test]
+    fn run_helpers_match_slot_loops() {
+        let values = [
+            SLOT_FREE,
+            1,
+            2,
+            SLOT_HAS_CACHE,
+            SLOT_HAS_CACHE | 1,
+            MAX_SLOT_COUNT,
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for order in 0..NR_ORDERS as u32 {
+            let nr = 1usize << order;
+            for _ in 0..200 {
+                // Mostly uniform runs (the common case) with a few odd slots.
+                let base = values[(rand() % values.len() as u64) as usize];
+                let mut map = vec![base; 1024];
+                for _ in 0..(rand() % 3) {
+                    let i = (rand() % 1024) as usize;
+                    map[i] = values[(rand() % values.len() as u64) as usize];
+                }
+                let first = ((rand() % 1024) as usize) & !(nr - 1);
+
+                if order > 0 {
+                    let mut want_map = map.clone();
+                    let want = (first..1024)
+                        .step_by(nr)
+                        .find(|&o| want_map[o..o + nr].iter().all(|&v| v == SLOT_FREE));
+                    if let Some(o) = want {
+                        want_map[o..o + nr].fill(7);
+                    }
+                    let mut got_map = map.clone();
+                    assert_eq!(take_run(&mut got_map, first, order, 7), want);
+                    assert_eq!(got_map, want_map);
+                }
+
+                let run = &map[first..first + nr];
+                let want = match run.iter().position(|&v| v & SLOT_COUNT_MASK == 0) {
+                    Some(i) => Err(i),
+                    None => Ok(run.iter().filter(|&&v| v == 1).count() as u32),
+                };
+                let mut got_map = map.clone();
+                assert_eq!(put_run(&mut got_map[first..first + nr], order), want);
+                let mut want_map = map.clone();
+                if want.is_ok() {
+                    for v in &mut want_map[first..first + nr] {
+                        *v -= 1;
+                    }
+                }
+                assert_eq!(got_map, want_map);
+            }
+        }
     }
 }

@@ -357,7 +357,13 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
     let mut buf = vec![0u8; MAX_PACKET];
     let (n, fd) = match sys::recv_with_fd(sock.as_raw_fd(), &mut buf) {
         Ok(x) => x,
-        Err(_) => return,
+        Err(e) => {
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                Stats::add(&stats.protocol_errors, 1);
+                refuse(&sock, &e.to_string());
+            }
+            return;
+        }
     };
     let hello = match protocol::decode(&buf[..n]) {
         Ok((Message::Hello(h), _)) => h,

@@ -1096,6 +1096,45 @@ impl Zswap {
         result
     }
 
+    /// Reads the pages at `entry..entry + out.len() / 4096` and leaves them stored (a
+    /// non-exclusive load: the swap entry is still referenced elsewhere, for example by a page
+    /// shared with a forked child, or the caller frees it with [`Zswap::invalidate`] only once
+    /// it has put the page where it belongs). Counted in `zswpin`. All or nothing like
+    /// [`Zswap::load`].
+    pub fn load_shared(&self, entry: u64, out: &mut [u8]) -> Result<(), LoadError> {
+        let len = out.len();
+        if len == 0 || len % PAGE_SIZE != 0 || len / PAGE_SIZE > MAX_FOLIO_PAGES {
+            return Err(LoadError::InvalidLength { entry, len });
+        }
+        let nr = len / PAGE_SIZE;
+        if entry.checked_add(nr as u64).is_none() {
+            return Err(LoadError::InvalidLength { entry, len });
+        }
+        let (slot, mut w) = self.take_worker()?;
+        let result = self.read_locked(entry, out, &mut w);
+        self.put_worker(slot, w);
+        result
+    }
+
+    fn read_locked(&self, entry: u64, out: &mut [u8], w: &mut Worker) -> Result<(), LoadError> {
+        let nr = out.len() / PAGE_SIZE;
+        let mut guards = loop {
+            let mut guards = self.lock_range(entry, nr);
+            match self.find_writeback(&mut guards, entry, nr) {
+                Some((k, id)) => self.wait_writeback(guards, k, id),
+                None => break guards,
+            }
+        };
+        for (i, page) in out.chunks_exact_mut(PAGE_SIZE).enumerate() {
+            let key = entry + i as u64;
+            let map = self.guard_for(&mut guards, key);
+            let e = map.get(&key).ok_or(LoadError::NotFound { entry: key })?;
+            self.decode(w, key, e, page)?;
+        }
+        bump(&self.counters.zswpin, nr as u64);
+        Ok(())
+    }
+
     fn load_locked(&self, entry: u64, out: &mut [u8], w: &mut Worker) -> Result<(), LoadError> {
         let nr = out.len() / PAGE_SIZE;
         let mut guards = loop {

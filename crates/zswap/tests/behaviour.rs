@@ -403,3 +403,25 @@ fn small_folios_and_the_off_switch_stay_page_by_page() {
         "default: folios of order >= 2 only"
     );
 }
+
+#[test]
+fn shared_load_keeps_the_entries() {
+    let z = Zswap::new(Config::new(Compressor::Lz4)).unwrap();
+    let folio: Vec<u8> = (0..16 * PAGE_SIZE).map(|i| (i / 97) as u8).collect();
+    z.store(64, &folio).unwrap();
+    let mut page = vec![0u8; PAGE_SIZE];
+    for _ in 0..2 {
+        z.load_shared(67, &mut page).unwrap();
+        assert_eq!(page, folio[3 * PAGE_SIZE..4 * PAGE_SIZE]);
+        assert!(z.contains(67), "a shared load leaves the entry stored");
+    }
+    let mut two = vec![0u8; 2 * PAGE_SIZE];
+    z.load_shared(78, &mut two).unwrap();
+    assert_eq!(two, folio[14 * PAGE_SIZE..16 * PAGE_SIZE]);
+    assert_eq!(z.stats().stored_pages, 16);
+    assert!(z.load_shared(80, &mut page).is_err(), "80 was never stored");
+    assert!(z.load_shared(79, &mut two).is_err(), "79..81 is partly stored");
+    z.load(67, &mut page).unwrap();
+    assert!(!z.contains(67));
+    assert_eq!(z.stats().zswpin, 5);
+}

@@ -4,4 +4,5 @@
 //! `cargo run --release -p bench --bin report -- <section> [--quick] [--json]` runs one section;
 //! each section lives in its own module under `report/`.
 
+pub mod compare;
 pub mod report;

@@ -1,0 +1,547 @@
+//! Medians over repeats, the table, the JSON document, the plots and the doc section.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use super::hist::median;
+use super::run::RunResult;
+use super::setup::Setup;
+use super::svg::{self, Group, Panel};
+use super::{Plan, Workload};
+
+/// One (workload, setup) cell: medians over its repeats.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub workload: Workload,
+    pub setup: Setup,
+    /// `ok`, `unavailable`, or the worst status with the count, e.g. `FAILED 1/3`.
+    pub status: String,
+    /// Data check over all repeats.
+    pub check: String,
+    /// Why it failed or is unavailable.
+    pub reason: Option<String>,
+    /// Median of each metric over the repeats that produced it.
+    pub metrics: BTreeMap<String, f64>,
+    /// Repeats that ran.
+    pub runs: usize,
+}
+
+/// A one-line summary printed as each run finishes.
+pub fn one_line(r: &RunResult, w: Workload) -> String {
+    let g = |k: &str| r.metrics.get(k).map_or("-".to_string(), |v| num(*v));
+    let mut s = format!(
+        "{} check {}: {} {}",
+        r.status,
+        r.check,
+        g("throughput"),
+        w.unit()
+    );
+    let _ = write!(
+        s,
+        ", elapsed {} s, cpu {} s",
+        g("elapsed_s"),
+        g("cpu_total_s")
+    );
+    if r.metrics.contains_key("fault_p50_us") {
+        let _ = write!(
+            s,
+            ", p50 {} us p99 {} us",
+            g("fault_p50_us"),
+            g("fault_p99_us")
+        );
+    }
+    if let Some(why) = &r.reason {
+        let _ = write!(s, "\n    reason: {why}");
+    }
+    s
+}
+
+/// Groups results by cell and takes medians.
+pub fn aggregate(results: &[RunResult], workloads: &[Workload], setups: &[Setup]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for &w in workloads {
+        for &s in setups {
+            let rs: Vec<&RunResult> = results
+                .iter()
+                .filter(|r| r.workload == w.name() && r.setup == s.name())
+                .collect();
+            if rs.is_empty() {
+                continue;
+            }
+            let ok: Vec<&&RunResult> = rs.iter().filter(|r| r.status == "ok").collect();
+            let status = if rs.iter().all(|r| r.status == "unavailable") {
+                "unavailable".to_string()
+            } else if ok.len() == rs.len() {
+                "ok".to_string()
+            } else {
+                let worst = rs
+                    .iter()
+                    .find(|r| r.status != "ok")
+                    .map_or("?", |r| r.status.as_str());
+                format!("{worst} {}/{}", rs.len() - ok.len(), rs.len())
+            };
+            let check = rs
+                .iter()
+                .find(|r| r.check != "ok")
+                .map_or("ok".to_string(), |r| r.check.clone());
+            let reason = rs.iter().find_map(|r| r.reason.clone());
+            // Medians over the successful repeats; a failed cell still shows what it measured.
+            let src: Vec<&RunResult> = if ok.is_empty() {
+                rs.clone()
+            } else {
+                ok.iter().map(|r| **r).collect()
+            };
+            let mut keys: Vec<&String> = src.iter().flat_map(|r| r.metrics.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            let metrics = keys
+                .into_iter()
+                .filter_map(|k| {
+                    let v: Vec<f64> = src
+                        .iter()
+                        .filter_map(|r| r.metrics.get(k).copied())
+                        .collect();
+                    median(&v).map(|m| (k.clone(), m))
+                })
+                .collect();
+            rows.push(Row {
+                workload: w,
+                setup: s,
+                status,
+                check,
+                reason,
+                metrics,
+                runs: rs.len(),
+            });
+        }
+    }
+    rows
+}
+
+/// A number in a table cell.
+pub fn num(v: f64) -> String {
+    if !v.is_finite() {
+        "-".into()
+    } else if v.abs() >= 1000.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+const COLUMNS: [&str; 15] = [
+    "workload",
+    "setup",
+    "status",
+    "throughput",
+    "elapsed s",
+    "user s",
+    "sys s",
+    "daemon cpu s",
+    "cpu sum s",
+    "majflt",
+    "swapins",
+    "dev write MiB",
+    "p50 us",
+    "p99 us",
+    "check",
+];
+
+fn cells(r: &Row) -> Vec<String> {
+    let g = |k: &str| r.metrics.get(k).map_or("-".to_string(), |v| num(*v));
+    let mut thr = g("throughput");
+    if thr != "-" {
+        thr = format!("{thr} {}", r.workload.unit());
+    }
+    let mut check = r.check.clone();
+    if r.workload == Workload::StressNg && r.status != "unavailable" {
+        let oom = r.metrics.get("oom_restarts").copied().unwrap_or(0.0);
+        let _ = write!(check, ", {} OOM-killed", num(oom).trim_end_matches(".00"));
+        if let Some(k) = r.metrics.get("oom_kill_cgroup") {
+            let _ = write!(
+                check,
+                " (memcg oom_kill {})",
+                num(*k).trim_end_matches(".00")
+            );
+        }
+    }
+    if check.len() > 90 {
+        check.truncate(90);
+        check.push('…');
+    }
+    vec![
+        r.workload.name().into(),
+        r.setup.name().into(),
+        r.status.clone(),
+        thr,
+        g("elapsed_s"),
+        g("user_s"),
+        g("sys_s"),
+        g("daemon_cpu_s"),
+        g("cpu_total_s"),
+        g("majflt"),
+        g("swapins"),
+        g("dev_write_mib"),
+        g("fault_p50_us"),
+        g("fault_p99_us"),
+        check,
+    ]
+}
+
+/// The table as Markdown (readable as plain text too).
+pub fn table(rows: &[Row], workloads: &[Workload]) -> String {
+    let body: Vec<Vec<String>> = rows.iter().map(cells).collect();
+    let mut width: Vec<usize> = COLUMNS.iter().map(|c| c.chars().count()).collect();
+    for r in &body {
+        for (i, c) in r.iter().enumerate() {
+            width[i] = width[i].max(c.chars().count());
+        }
+    }
+    let line = |cols: &[String]| -> String {
+        let mut s = String::from("|");
+        for (i, c) in cols.iter().enumerate() {
+            let pad = width[i] - c.chars().count();
+            if i >= 3 && i < COLUMNS.len() - 1 {
+                let _ = write!(s, " {}{c} |", " ".repeat(pad));
+            } else {
+                let _ = write!(s, " {c}{} |", " ".repeat(pad));
+            }
+        }
+        s
+    };
+    let mut out = String::new();
+    out.push_str(&line(&COLUMNS.map(String::from)));
+    out.push('\n');
+    let sep: Vec<String> = width
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            if i >= 3 && i < COLUMNS.len() - 1 {
+                format!("{}:", "-".repeat(w - 1))
+            } else {
+                "-".repeat(*w)
+            }
+        })
+        .collect();
+    out.push_str(&line(&sep));
+    out.push('\n');
+    for r in &body {
+        out.push_str(&line(r));
+        out.push('\n');
+    }
+    let mut notes = Vec::new();
+    for w in workloads {
+        if let Some(m) = w.latency_meaning() {
+            notes.push(format!("{}: p50/p99 = {m}", w.name()));
+        }
+    }
+    for r in rows.iter().filter(|r| r.status != "ok") {
+        if let Some(why) = &r.reason {
+            notes.push(format!(
+                "{} / {}: {} — {why}",
+                r.workload.name(),
+                r.setup.name(),
+                r.status
+            ));
+        }
+    }
+    for n in notes {
+        let _ = writeln!(out, "\n- {n}");
+    }
+    out
+}
+
+/// The invocation, as a command to paste.
+pub fn command_line(args: &[String]) -> String {
+    let mut s = String::from("cargo run --release -p bench --bin compare --");
+    for a in args {
+        if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"$&|;<>*?".contains(c)) {
+            let _ = write!(s, " '{}'", a.replace('\'', "'\\''"));
+        } else {
+            let _ = write!(s, " {a}");
+        }
+    }
+    s
+}
+
+fn plan_json(p: &Plan) -> Value {
+    json!({
+        "limit_bytes": p.limit, "quick": p.quick,
+        "usemem_bytes": p.usemem_bytes, "usemem_seconds": p.usemem_seconds, "final_check": p.final_check,
+        "stress_vm_bytes_per_worker": p.stress_bytes, "stress_seconds": p.stress_seconds,
+        "redis_keys": p.redis_keys, "redis_value_bytes": p.redis_value_bytes, "redis_gets": p.redis_gets,
+        "kernel_swap_bytes": p.swap_bytes, "kzswap_max_pool_percent": p.zswap_pool_percent,
+        "run_timeout_s": p.run_timeout.as_secs(),
+    })
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// The whole run as one JSON document.
+pub fn json(
+    command: &str,
+    plan: &Plan,
+    rows: &[Row],
+    results: &[RunResult],
+    unavailable: &[(Setup, String)],
+) -> Value {
+    json!({
+        "command": command,
+        "kernel": kernel_release(),
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "plan": plan_json(plan),
+        "unavailable": unavailable.iter().map(|(s, why)| json!({"setup": s.name(), "reason": why})).collect::<Vec<_>>(),
+        "medians": rows.iter().map(|r| json!({
+            "workload": r.workload.name(), "setup": r.setup.name(), "status": r.status,
+            "check": r.check, "reason": r.reason, "runs": r.runs,
+            "unit": r.workload.unit(), "metrics": r.metrics,
+        })).collect::<Vec<_>>(),
+        "runs": results,
+    })
+}
+
+const DAEMON_COLOR: &str = "#4e79a7";
+const KERNEL_COLOR: &str = "#f28e2b";
+
+/// The SVG of one workload: throughput, latency (where measured), CPU seconds.
+pub fn plot(w: Workload, rows: &[Row], plan: &Plan) -> String {
+    let rs: Vec<&Row> = rows.iter().filter(|r| r.workload == w).collect();
+    let get = |r: &Row, k: &str| {
+        if r.status == "unavailable" {
+            None
+        } else {
+            r.metrics.get(k).copied()
+        }
+    };
+    let color = |s: Setup| {
+        Some(
+            if s.is_daemon() {
+                DAEMON_COLOR
+            } else {
+                KERNEL_COLOR
+            }
+            .to_string(),
+        )
+    };
+    let mut panels = vec![Panel {
+        title: format!(
+            "throughput ({}; blue: uffd-daemon, orange: kernel)",
+            w.unit()
+        ),
+        unit: w.unit().into(),
+        series: vec![w.unit().into()],
+        groups: rs
+            .iter()
+            .map(|r| Group {
+                label: r.setup.name().into(),
+                values: vec![get(r, "throughput")],
+                color: color(r.setup),
+            })
+            .collect(),
+        log: false,
+    }];
+    if let Some(meaning) = w.latency_meaning() {
+        panels.push(Panel {
+            title: format!("latency, {meaning} (log scale)"),
+            unit: "us".into(),
+            series: vec!["p50".into(), "p99".into()],
+            groups: rs
+                .iter()
+                .map(|r| Group {
+                    label: r.setup.name().into(),
+                    values: vec![get(r, "fault_p50_us"), get(r, "fault_p99_us")],
+                    color: None,
+                })
+                .collect(),
+            log: true,
+        });
+    }
+    panels.push(Panel {
+        title: "CPU seconds: workload (user+sys) and daemon".into(),
+        unit: "s".into(),
+        series: vec!["workload".into(), "daemon".into()],
+        groups: rs
+            .iter()
+            .map(|r| Group {
+                label: r.setup.name().into(),
+                values: vec![
+                    get(r, "user_s").zip(get(r, "sys_s")).map(|(u, s)| u + s),
+                    if r.setup.is_daemon() {
+                        get(r, "daemon_cpu_s")
+                    } else {
+                        None
+                    },
+                ],
+                color: None,
+            })
+            .collect(),
+        log: false,
+    });
+    let caption = format!(
+        "limit {} MiB{}; n/a = unavailable or not measured; docs/kernel-comparison.md has the table",
+        plan.limit >> 20,
+        if plan.quick { ", --quick" } else { "" }
+    );
+    svg::render(
+        &format!("{}: uffd-daemon vs kernel swap", w.name()),
+        &panels,
+        &caption,
+    )
+}
+
+const BEGIN: &str = "<!-- BEGIN GENERATED by `compare --doc`: do not edit by hand -->";
+const END: &str = "<!-- END GENERATED -->";
+
+/// Writes the generated section (between markers) of the doc, keeping the rest of the file.
+pub fn write_doc(
+    doc: &Path,
+    out: &Path,
+    command: &str,
+    plan: &Plan,
+    rows: &[Row],
+    workloads: &[Workload],
+    unavailable: &[(Setup, String)],
+) -> Result<()> {
+    let mut g = String::new();
+    let _ = writeln!(g, "{BEGIN}\n");
+    let _ = writeln!(
+        g,
+        "Command (run from the workspace root, as root):\n\n```\n{command}\n```\n"
+    );
+    let _ = writeln!(
+        g,
+        "Kernel {}, {} CPUs, {} GiB RAM. Limit {} MiB. usemem: {} MiB working set, {} s of touches{}; \
+         stress-ng: --vm 2 --vm-bytes {}m, {} s; redis: {} keys x {} B (about {} MiB), {} GETs. \
+         Kernel swap area {} MiB; kzswap max_pool_percent {}.\n",
+        kernel_release(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        super::ram_bytes() >> 30,
+        plan.limit >> 20,
+        plan.usemem_bytes >> 20,
+        plan.usemem_seconds,
+        if plan.final_check { ", then every page verified once more" } else { "" },
+        plan.stress_bytes >> 20,
+        plan.stress_seconds,
+        plan.redis_keys,
+        plan.redis_value_bytes,
+        (plan.redis_keys * 2700) >> 20,
+        plan.redis_gets,
+        plan.swap_bytes >> 20,
+        plan.zswap_pool_percent,
+    );
+    g.push_str(&table(rows, workloads));
+    g.push('\n');
+    let setups: Vec<Setup> = {
+        let mut v: Vec<Setup> = rows.iter().map(|r| r.setup).collect();
+        v.dedup();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let _ = writeln!(g, "Setups:\n");
+    for s in setups {
+        let _ = writeln!(g, "- `{}`: {}", s.name(), s.describe());
+    }
+    if !unavailable.is_empty() {
+        let _ = writeln!(g, "\nUnavailable:\n");
+        for (s, why) in unavailable {
+            let _ = writeln!(g, "- `{}`: {why}", s.name());
+        }
+    }
+    let rel = doc
+        .parent()
+        .and_then(|d| out.strip_prefix(d).ok())
+        .map_or_else(|| out.display().to_string(), |p| p.display().to_string());
+    let _ = writeln!(g, "\nPlots:\n");
+    for w in workloads {
+        let _ = writeln!(
+            g,
+            "- [{0}]({1}/{0}.svg)\n\n  ![{0}]({1}/{0}.svg)\n",
+            w.name(),
+            rel
+        );
+    }
+    let _ = writeln!(g, "Further figures per run (daemon counters, zswap/zram sizes, memcg OOM kills, fill rates) are in the `--json` output.\n");
+    g.push_str(END);
+
+    let old = std::fs::read_to_string(doc).unwrap_or_default();
+    let new = match (old.find(BEGIN), old.find(END)) {
+        (Some(b), Some(e)) if e > b => format!("{}{g}{}", &old[..b], &old[e + END.len()..]),
+        _ if old.is_empty() => format!("# uffd-daemon against the kernel's own swap\n\n{g}\n"),
+        _ => format!("{old}\n{g}\n"),
+    };
+    std::fs::write(doc, new).with_context(|| format!("write {}", doc.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(setup: &str, status: &str, thr: f64) -> RunResult {
+        RunResult {
+            workload: "random".into(),
+            setup: setup.into(),
+            repeat: 0,
+            status: status.into(),
+            check: if status == "ok" {
+                "ok".into()
+            } else {
+                "MISMATCH: x".into()
+            },
+            reason: None,
+            metrics: [("throughput".to_string(), thr)].into_iter().collect(),
+            daemon_stats: None,
+            workload_report: None,
+        }
+    }
+
+    #[test]
+    fn medians_over_ok_repeats_and_worst_status() {
+        let rs = vec![
+            result("kswap", "ok", 10.0),
+            result("kswap", "ok", 30.0),
+            result("kswap", "ok", 20.0),
+            result("file", "ok", 5.0),
+            result("file", "FAILED", 1.0),
+        ];
+        let rows = aggregate(
+            &rs,
+            &[Workload::Random],
+            &[Setup::DaemonFile, Setup::KernelSwap],
+        );
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].setup, Setup::DaemonFile);
+        assert_eq!(rows[0].status, "FAILED 1/2");
+        assert_eq!(rows[0].metrics["throughput"], 5.0);
+        assert!(rows[0].check.starts_with("MISMATCH"));
+        assert_eq!(rows[1].metrics["throughput"], 20.0);
+        let t = table(&rows, &[Workload::Random]);
+        assert!(t.contains("20.0 touches/s"), "{t}");
+        let svg = plot(Workload::Random, &rows, &Plan::new(256 << 20, true));
+        assert!(svg.contains("kswap"));
+    }
+
+    #[test]
+    fn command_lines_quote() {
+        let a = [
+            "--setups".to_string(),
+            "kswap,zram".to_string(),
+            "a b".to_string(),
+        ];
+        assert_eq!(
+            command_line(&a),
+            "cargo run --release -p bench --bin compare -- --setups kswap,zram 'a b'"
+        );
+    }
+}

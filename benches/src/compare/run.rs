@@ -97,7 +97,32 @@ pub fn probe_daemon_setup(ctx: &Ctx, setup: Setup) -> std::result::Result<(), St
         pmem_file: &pf,
         stats_json: &stats,
     };
-    let args = setup::daemon_args(setup, ctx.plan.limit, &paths).ok_or("not a daemon setup")?;
+    let args = setup::daemon_args(setup, ctx.plan.limit, ctx.plan.swap_bytes, &paths)
+        .ok_or("not a daemon setup")?;
+    // A flag `run --help` does not list is not there yet (a daemon whose `run` takes a trailing
+    // command would otherwise try to execute the flag as the program).
+    let help = std::process::Command::new(&ctx.daemon)
+        .args(["run", "--help"])
+        .output()
+        .map_err(|e| format!("run {} run --help: {e}", ctx.daemon.display()))?;
+    let help =
+        String::from_utf8_lossy(&help.stdout).into_owned() + &String::from_utf8_lossy(&help.stderr);
+    let missing: Vec<&str> = args
+        .iter()
+        .filter(|a| a.starts_with("--"))
+        .map(String::as_str)
+        .filter(|flag| {
+            !help
+                .split(|c: char| c.is_whitespace() || c == ',' || c == '=')
+                .any(|w| w == *flag)
+        })
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "this uffd-daemon's `run --help` has no {} flag",
+            missing.join(", ")
+        ));
+    }
     let mut argv = vec![ctx.daemon.display().to_string(), "run".into()];
     argv.extend(args);
     argv.extend(["--".into(), "/bin/true".into()]);
@@ -160,6 +185,8 @@ fn program(ctx: &Ctx, w: Workload, sock: &Path) -> Vec<String> {
         }
         Workload::StressNg => vec![
             "stress-ng".into(),
+            // -v: stress-ng reports each worker the OOM killer took only at debug level.
+            "-v".into(),
             "--vm".into(),
             "2".into(),
             "--vm-bytes".into(),
@@ -258,7 +285,10 @@ pub fn run_one(
             stats_json: &stats_json,
         };
         let mut v = vec![ctx.daemon.display().to_string(), "run".into()];
-        v.extend(setup::daemon_args(setup, ctx.plan.limit, &paths).context("daemon setup")?);
+        v.extend(
+            setup::daemon_args(setup, ctx.plan.limit, ctx.plan.swap_bytes, &paths)
+                .context("daemon setup")?,
+        );
         v.extend([
             "--".into(),
             exe,
@@ -418,7 +448,8 @@ pub fn run_one(
         }
         r.daemon_stats = stats;
     } else {
-        m.insert("swapins".into(), delta("pswpin"));
+        // Pages brought back from the swap device and from zswap's pool.
+        m.insert("swapins".into(), delta("pswpin") + delta("zswpin"));
         m.insert(
             "dev_write_mib".into(),
             delta("pswpout") * 4096.0 / (1 << 20) as f64,

@@ -112,7 +112,14 @@ pub fn size_arg(bytes: u64) -> String {
 
 /// The arguments after `uffd-daemon run` (up to, not including, `--`) for a daemon setup, or
 /// `None` for a kernel setup. This is the only place that knows the daemon's tier flags.
-pub fn daemon_args(setup: Setup, limit: u64, paths: &DaemonPaths<'_>) -> Option<Vec<String>> {
+/// `swap_bytes` sizes the backend (`--swap-size`), as large as the kernel setups' swap area:
+/// the pmem file is allocated whole, so the daemon's 64G default would not fit on tmpfs.
+pub fn daemon_args(
+    setup: Setup,
+    limit: u64,
+    swap_bytes: u64,
+    paths: &DaemonPaths<'_>,
+) -> Option<Vec<String>> {
     let mut a = vec!["--limit".to_string(), size_arg(limit)];
     let file = format!("file:{}", paths.swap_file.display());
     let pmem = format!("pmem:{}", paths.pmem_file.display());
@@ -129,13 +136,29 @@ pub fn daemon_args(setup: Setup, limit: u64, paths: &DaemonPaths<'_>) -> Option<
         Setup::DaemonZswapFile => vec![
             "--backend".into(),
             file,
+            "--swap-size".into(),
+            size_arg(swap_bytes),
             "--zswap".into(),
             size_arg(limit),
             "--compressor".into(),
             "lz4".into(),
         ],
-        Setup::DaemonFile => vec!["--backend".into(), file, "--zswap".into(), "off".into()],
-        Setup::DaemonPmem => vec!["--backend".into(), pmem, "--zswap".into(), "off".into()],
+        Setup::DaemonFile => vec![
+            "--backend".into(),
+            file,
+            "--swap-size".into(),
+            size_arg(swap_bytes),
+            "--zswap".into(),
+            "off".into(),
+        ],
+        Setup::DaemonPmem => vec![
+            "--backend".into(),
+            pmem,
+            "--swap-size".into(),
+            size_arg(swap_bytes),
+            "--zswap".into(),
+            "off".into(),
+        ],
         Setup::KernelSwap | Setup::KernelZswap | Setup::KernelZram => return None,
     };
     a.extend(tier);
@@ -160,7 +183,7 @@ mod tests {
             pmem_file: &p,
             stats_json: &j,
         };
-        daemon_args(s, 256 << 20, &paths).map(|v| v.join(" "))
+        daemon_args(s, 256 << 20, 2 << 30, &paths).map(|v| v.join(" "))
     }
 
     #[test]
@@ -175,15 +198,16 @@ mod tests {
         );
         assert_eq!(
             args(Setup::DaemonZswapFile).unwrap(),
-            "--limit 256M --backend file:/t/s --zswap 256M --compressor lz4 --stats-json /t/j"
+            "--limit 256M --backend file:/t/s --swap-size 2G --zswap 256M --compressor lz4 \
+             --stats-json /t/j"
         );
         assert_eq!(
             args(Setup::DaemonFile).unwrap(),
-            "--limit 256M --backend file:/t/s --zswap off --stats-json /t/j"
+            "--limit 256M --backend file:/t/s --swap-size 2G --zswap off --stats-json /t/j"
         );
         assert_eq!(
             args(Setup::DaemonPmem).unwrap(),
-            "--limit 256M --backend pmem:/m/p --zswap off --stats-json /t/j"
+            "--limit 256M --backend pmem:/m/p --swap-size 2G --zswap off --stats-json /t/j"
         );
         for k in [Setup::KernelSwap, Setup::KernelZswap, Setup::KernelZram] {
             assert_eq!(args(k), None);

@@ -55,6 +55,9 @@ pub fn escape(s: &str) -> String {
 
 /// A short human form of a value: 3 significant digits, k/M suffixes for large ones.
 pub fn short(v: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
     let (v, suffix) = if v.abs() >= 1e6 {
         (v / 1e6, "M")
     } else if v.abs() >= 1e4 {

@@ -368,6 +368,9 @@ pub struct CgroupCounters {
     pub failcnt: u64,
     /// Largest usage (`memory.max_usage_in_bytes`).
     pub max_usage: u64,
+    /// Largest kernel-memory usage (`memory.kmem.max_usage_in_bytes`; zswap's pool is charged
+    /// here when the kernel charges it to the group).
+    pub kmem_max_usage: u64,
 }
 
 /// The workload's memory cgroup (v1), removed on drop (its processes are killed first).
@@ -437,6 +440,7 @@ impl Cgroup {
             oom_kill,
             failcnt: num("memory.failcnt"),
             max_usage: num("memory.max_usage_in_bytes"),
+            kmem_max_usage: num("memory.kmem.max_usage_in_bytes"),
         }
     }
 }

@@ -169,7 +169,7 @@ pub struct Plan {
 impl Plan {
     fn new(limit: u64, quick: bool) -> Self {
         let ram = ram_bytes();
-        let redis_ws = if quick { 3 * limit / 2 } else { 3 * limit };
+        let redis_ws = if quick { 3 * limit / 2 } else { 2 * limit };
         // About 2.7 KiB of redis memory per 2 KiB value (jemalloc's 2560-byte class, key,
         // object header and dict entry).
         let redis_keys = redis_ws / 2700;
@@ -177,13 +177,17 @@ impl Plan {
             limit,
             quick,
             usemem_bytes: if quick { 2 * limit } else { 4 * limit },
-            usemem_seconds: if quick { 2.0 } else { 8.0 },
+            usemem_seconds: if quick { 2.0 } else { 5.0 },
             final_check: true,
             stress_bytes: 2 * limit,
-            stress_seconds: if quick { 5 } else { 30 },
+            stress_seconds: if quick { 5 } else { 20 },
             redis_keys,
             redis_value_bytes: 2048,
-            redis_gets: if quick { redis_keys / 4 } else { redis_keys },
+            redis_gets: if quick {
+                redis_keys / 4
+            } else {
+                redis_keys / 2
+            },
             run_timeout: Duration::from_secs(if quick { 180 } else { 300 }),
             swap_bytes: (8 * limit).max(2 << 30),
             zswap_pool_percent: ((limit as f64 * 100.0 / ram as f64).round() as u32).max(1),

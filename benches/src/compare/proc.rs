@@ -104,7 +104,8 @@ pub struct Spawned {
     pub pid: i32,
     /// When it was spawned.
     pub started: Instant,
-    reaped: bool,
+    /// Exit code and usage once reaped (by `wait` or by `kill`).
+    reaped: Option<(i32, Usage)>,
 }
 
 /// Spawns `argv` in a new process group, stdin from /dev/null, stdout and stderr to files.
@@ -121,7 +122,7 @@ pub fn spawn(argv: &[String], stdout: &Path, stderr: &Path) -> Result<Spawned> {
     Ok(Spawned {
         pid: child.id() as i32,
         started: Instant::now(),
-        reaped: false,
+        reaped: None,
     })
 }
 
@@ -187,8 +188,8 @@ impl Spawned {
     /// whole tree is terminated (SIGTERM, then SIGKILL) and reaped.
     pub fn wait(&mut self, deadline: Instant) -> Ended {
         loop {
-            if let Some((code, usage)) = wait4(self.pid, libc::WNOHANG) {
-                self.reaped = true;
+            if let Some((code, usage)) = self.reaped.or_else(|| wait4(self.pid, libc::WNOHANG)) {
+                self.reaped = Some((code, usage));
                 return Ended::Exited { code, usage };
             }
             let timed_out = Instant::now() >= deadline;
@@ -204,25 +205,30 @@ impl Spawned {
         }
     }
 
-    /// Terminates the tree and reaps the leader.
+    /// Terminates the tree and reaps the leader (a no-op once it was reaped).
     pub fn kill(&mut self) {
-        if self.reaped {
+        if self.reaped.is_some() {
             return;
         }
         signal_tree(self.pid, libc::SIGTERM);
         let soft = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < soft {
-            if wait4(self.pid, libc::WNOHANG).is_some() {
-                self.reaped = true;
-                break;
-            }
+        while Instant::now() < soft && self.reaped.is_none() {
+            self.reaped = wait4(self.pid, libc::WNOHANG);
             std::thread::sleep(Duration::from_millis(20));
         }
-        // Whatever is left of the tree (also orphans of a leader that exited) gets SIGKILL.
-        signal_tree(self.pid, libc::SIGKILL);
-        if !self.reaped {
-            let _ = wait4(self.pid, 0);
-            self.reaped = true;
+        // Whatever is left (the leader's group, or all of the tree if the leader still runs)
+        // gets SIGKILL. Once the leader is reaped only its group is signalled: its pid may be
+        // reused, its group id is not while members remain.
+        if self.reaped.is_none() {
+            signal_tree(self.pid, libc::SIGKILL);
+            self.reaped = wait4(self.pid, 0);
+        } else {
+            // SAFETY: kill(2) of the process group this module created.
+            unsafe { libc::kill(-self.pid, libc::SIGKILL) };
+        }
+        if self.reaped.is_none() {
+            // wait4 failed (not our child any more): record a killed leader.
+            self.reaped = Some((128 + libc::SIGKILL, Usage::default()));
         }
     }
 }

@@ -1,6 +1,7 @@
 //! One run: a workload under a setup, measured and checked.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -316,7 +317,7 @@ pub fn run_one(
     let vm0 = kernel::vmstat();
     let t0 = Instant::now();
     let mut child = proc::spawn(&argv, &out, &err)?;
-    let deadline = t0 + ctx.plan.run_timeout;
+    let mut deadline = t0 + ctx.plan.run_timeout;
     let mut session = None;
     if w == Workload::Redis {
         match redis::session(
@@ -329,7 +330,9 @@ pub fn run_one(
             Err(e) => {
                 r.status = "FAILED".into();
                 r.reason = Some(format!("redis client: {e:#}; stderr: {}", tail(&err, 3)));
-                child.kill();
+                // Let the setup end by itself (a daemon writes its counters on exit); kill it
+                // if it does not.
+                deadline = deadline.min(Instant::now() + Duration::from_secs(10));
             }
         }
     }
@@ -349,6 +352,7 @@ pub fn run_one(
         .and_then(|s| serde_json::from_str(&s).ok());
     let (top_code, top_usage) = match ended {
         Ended::Exited { code, usage } => (Some(code), Some(usage)),
+        Ended::TimedOut if r.status != "ok" => (None, None),
         Ended::TimedOut => {
             r.status = "TIMEOUT".into();
             r.reason = Some(format!(
@@ -458,10 +462,9 @@ pub fn run_one(
             let c = cg.counters();
             m.insert("oom_kill_cgroup".into(), c.oom_kill as f64);
             m.insert("cg_failcnt".into(), c.failcnt as f64);
-            m.insert(
-                "cg_max_usage_mib".into(),
-                c.max_usage as f64 / (1 << 20) as f64,
-            );
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            m.insert("cg_max_usage_mib".into(), mib(c.max_usage));
+            m.insert("cg_kmem_max_usage_mib".into(), mib(c.kmem_max_usage));
         }
         if let Some(st) = kswap.and_then(KernelSwap::zram_mm_stat) {
             if st.len() >= 5 {
@@ -584,6 +587,16 @@ pub fn run_one(
         } else if r.check == "not run" {
             r.status = "FAILED".into();
             r.reason = Some(format!("no check result; stderr: {}", tail(&err, 4)));
+        }
+    }
+    if let (Some(reason), Some(code)) = (&mut r.reason, wcode) {
+        if code > 128 {
+            let _ = write!(reason, "; the workload was killed by signal {}", code - 128);
+        }
+    }
+    if let (Some(reason), Some(k)) = (&mut r.reason, r.metrics.get("oom_kill_cgroup")) {
+        if *k > 0.0 {
+            let _ = write!(reason, "; memcg oom_kill {k}");
         }
     }
     // Keep the outputs of a failed run for inspection.

@@ -20,9 +20,10 @@ use crate::maps;
 use crate::mm::{Mm, MmState};
 use crate::protocol::{self, Message, HELLO_FORK_CHILD, MAX_PACKET};
 use crate::reclaim;
-use crate::stats::Stats;
-use crate::store::SwapFile;
+use crate::config::{AccessMode, PolicyConfig};
+use crate::stats::{Histogram, Stats};
 use crate::sys::{self, PidFd, Uffd, PAGE_SIZE_U64};
+use crate::tiers::{TierConfig, Tiers};
 
 /// The agent shared object, built from `agent/agent.c` by build.rs.
 pub static AGENT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libuffd_agent.so"));
@@ -35,11 +36,10 @@ pub const EXIT_DAEMON_LOST: i32 = 86;
 pub struct Config {
     /// Resident limit for the managed memory of the whole process tree, in bytes.
     pub limit_bytes: u64,
-    /// Swap file path (created 0600, must not exist, removed at exit); a hidden temporary
-    /// file when `None`.
-    pub swap_file: Option<PathBuf>,
-    /// Largest size of the swap file.
-    pub swap_max_bytes: u64,
+    /// The tiers below resident memory.
+    pub tiers: TierConfig,
+    /// The replacement policy and its access source.
+    pub policy: PolicyConfig,
     /// Where to write the final counters as JSON.
     pub stats_json: Option<PathBuf>,
     /// Log decisions to stderr.
@@ -51,8 +51,16 @@ pub struct Config {
 pub struct Shared {
     /// Counters.
     pub stats: Stats,
+    /// Service time of faults restored from zswap.
+    pub lat_zswap: Histogram,
+    /// Service time of faults restored from the backing device.
+    pub lat_backend: Histogram,
+    /// Service time of zero-fill faults.
+    pub lat_zero: Histogram,
     /// Where evicted pages go.
-    pub store: SwapFile,
+    pub tiers: Tiers,
+    /// The policy settings (each address space has its own policy).
+    pub policy: PolicyConfig,
     /// The limit in pages.
     pub limit_pages: usize,
     /// Reclaim starts above this many resident pages ...
@@ -67,7 +75,6 @@ pub struct Shared {
     kick_cv: Condvar,
     bind_lock: Mutex<()>,
     bind_cv: Condvar,
-    backend_error_logged: AtomicBool,
     stalled: AtomicBool,
     /// Log decisions.
     pub verbose: bool,
@@ -75,14 +82,18 @@ pub struct Shared {
 
 impl Shared {
     /// Shared state for a limit of `limit_pages`.
-    pub fn new(store: SwapFile, limit_pages: usize, verbose: bool) -> Self {
+    pub fn new(tiers: Tiers, policy: PolicyConfig, limit_pages: usize, verbose: bool) -> Self {
         // Reclaim in batches ahead of the limit so that the limit itself is rarely crossed.
         let margin = (limit_pages / 16).clamp(64, 4096);
         let high = limit_pages.saturating_sub(margin).max(1);
         let low = limit_pages.saturating_sub(2 * margin).max(1);
         Shared {
             stats: Stats::default(),
-            store,
+            lat_zswap: Histogram::default(),
+            lat_backend: Histogram::default(),
+            lat_zero: Histogram::default(),
+            tiers,
+            policy,
             limit_pages,
             high_pages: high,
             low_pages: low,
@@ -93,7 +104,6 @@ impl Shared {
             kick_cv: Condvar::new(),
             bind_lock: Mutex::new(()),
             bind_cv: Condvar::new(),
-            backend_error_logged: AtomicBool::new(false),
             stalled: AtomicBool::new(false),
             verbose,
         }
@@ -118,7 +128,7 @@ impl Shared {
 
     /// Drops a reference to a store slot.
     pub fn put_slot(&self, slot: u32) {
-        if let Err(e) = self.store.put(slot) {
+        if let Err(e) = self.tiers.put(slot) {
             eprintln!("uffd-daemon: BUG: {e}");
             debug_assert!(false, "{e}");
         }
@@ -126,7 +136,7 @@ impl Shared {
 
     /// Adds a reference to a store slot.
     pub fn dup_slot(&self, slot: u32) {
-        if let Err(e) = self.store.dup(slot) {
+        if let Err(e) = self.tiers.dup(slot) {
             eprintln!("uffd-daemon: BUG: {e}");
             debug_assert!(false, "{e}");
         }
@@ -157,11 +167,27 @@ impl Shared {
         }
     }
 
-    /// Logs the first store failure (each is counted).
-    pub fn log_backend_error(&self, e: &std::io::Error) {
-        if !self.backend_error_logged.swap(true, Ordering::Relaxed) {
-            eprintln!("uffd-daemon: writing to the swap file failed: {e}; pages stay resident");
+    /// Whether the access source arms write protection on resident pages.
+    pub fn wp_access(&self) -> bool {
+        self.policy.access == AccessMode::FaultsWp
+    }
+
+    /// The counters as JSON: the daemon's, the tiers', and the metadata estimate.
+    pub fn stats_json(&self) -> serde_json::Value {
+        let mut v = self.stats.to_json();
+        self.tiers.to_json(&mut v);
+        v["limit_pages"] = (self.limit_pages as u64).into();
+        for (name, h) in [
+            ("zswap", &self.lat_zswap),
+            ("backend", &self.lat_backend),
+            ("zero", &self.lat_zero),
+        ] {
+            if let (Some(p50), Some(p99)) = (h.quantile_us(0.5), h.quantile_us(0.99)) {
+                v[format!("fault_{name}_p50_us")] = p50.into();
+                v[format!("fault_{name}_p99_us")] = p99.into();
+            }
         }
+        v
     }
 
     fn new_id(&self) -> u64 {
@@ -188,7 +214,14 @@ pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
         eprintln!("uffd-daemon: child uffd: {e}");
     }
     let state: MmState = parent.state.lock().fork_copy(shared);
-    let mm = match Mm::new(shared.new_id(), uffd, 0, parent.region, parent.probe) {
+    let mm = match Mm::new(
+        shared.new_id(),
+        uffd,
+        0,
+        parent.region,
+        parent.probe,
+        &shared.policy,
+    ) {
         Ok(m) => Arc::new(m),
         Err(e) => {
             eprintln!("uffd-daemon: cannot track a forked child: {e}");
@@ -235,10 +268,9 @@ pub fn retire(shared: &Shared, mm: &Arc<Mm>) {
         #[cfg(debug_assertions)]
         st.check_integrity();
         let pages = std::mem::take(&mut st.pages);
-        for (_, p) in pages {
-            st.release(shared, p);
+        for (a, p) in pages {
+            st.release(shared, a, p);
         }
-        st.clock.clear();
     }
     shared.mms.lock().retain(|m| !Arc::ptr_eq(m, mm));
     shared.stats.processes_live.fetch_sub(1, Ordering::Relaxed);
@@ -274,12 +306,7 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) {
                         st.add_range(gs, ge);
                         for a in present {
                             if !st.pages.contains_key(&a) {
-                                st.make_resident(shared, a);
-                                if let Some(crate::mm::Page::Resident { referenced }) =
-                                    st.pages.get_mut(&a)
-                                {
-                                    *referenced = false;
-                                }
+                                st.make_resident(shared, a, mglru::Arrival::Cold, false);
                             }
                         }
                     }
@@ -459,7 +486,14 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         retire(&shared, &m);
     }
     let uffd = Uffd::from_owned(fd);
-    let mm = match Mm::new(shared.new_id(), uffd, pid, region, hello.probe) {
+    let mm = match Mm::new(
+        shared.new_id(),
+        uffd,
+        pid,
+        region,
+        hello.probe,
+        &shared.policy,
+    ) {
         Ok(m) => Arc::new(m),
         Err(_) => return,
     };
@@ -528,8 +562,7 @@ pub fn default_run_base() -> PathBuf {
 fn serve_control(listener: UnixListener, shared: Arc<Shared>, started: Instant) {
     for s in listener.incoming() {
         let Ok(mut s) = s else { continue };
-        let mut v = shared.stats.to_json();
-        v["limit_pages"] = (shared.limit_pages as u64).into();
+        let mut v = shared.stats_json();
         v["elapsed_s"] = started.elapsed().as_secs_f64().into();
         v["pids"] = shared
             .mms
@@ -605,23 +638,20 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     bind_listen(&listen_fd, &agent_sock)?;
     let ctl = UnixListener::bind(dir.join("ctl.sock")).context("binding the control socket")?;
 
-    let store = SwapFile::create(
-        config.swap_file.as_deref(),
-        Path::new("/var/tmp"),
-        config.swap_max_bytes,
-    )
-    .or_else(|e| {
-        if config.swap_file.is_none() {
-            SwapFile::create(None, &std::env::temp_dir(), config.swap_max_bytes)
-        } else {
-            Err(e)
-        }
-    })
-    .context("creating the swap file")?;
-    // Removed at exit whatever happens (the store itself lives as long as the threads).
-    let _swap_guard = config.swap_file.clone().map(RunDirGuard::file);
+    let tiers = Tiers::new(config.tiers.clone())?;
+    // Backing files are removed at exit whatever happens (the tiers themselves live as long
+    // as the threads).
+    let _swap_guard = match &config.tiers.backend {
+        crate::tiers::BackendSpec::File(Some(p)) => Some(RunDirGuard::file(p.clone())),
+        crate::tiers::BackendSpec::Pmem(p) if p.is_file() => Some(RunDirGuard::file(p.clone())),
+        _ => None,
+    };
+    if config.verbose {
+        eprintln!("uffd-daemon: tiers: {}", tiers.describe());
+    }
     let shared = Arc::new(Shared::new(
-        store,
+        tiers,
+        config.policy,
         (config.limit_bytes / PAGE_SIZE_U64) as usize,
         config.verbose,
     ));
@@ -698,15 +728,14 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     let _ = scan_thread.join();
     let status = status?;
     if let Some(p) = &config.stats_json {
-        let mut v = shared.stats.to_json();
-        v["limit_pages"] = (shared.limit_pages as u64).into();
+        let mut v = shared.stats_json();
         v["elapsed_s"] = started.elapsed().as_secs_f64().into();
         v["exit_status"] = status.into();
         std::fs::write(p, serde_json::to_string_pretty(&v)? + "\n")
             .with_context(|| format!("writing {}", p.display()))?;
     }
     if config.verbose {
-        eprintln!("uffd-daemon: {}", shared.stats.to_json());
+        eprintln!("uffd-daemon: {}", shared.stats_json());
     }
     drop(cleanup);
     Ok(status)
@@ -790,6 +819,19 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             .stats
             .rss_anon_max_bytes
             .fetch_max(rss_total, Ordering::Relaxed);
+        // The daemon's own memory: all of it, and what is beyond the zswap pool (metadata:
+        // page tables, policy, zswap's index, slot maps; and buffers). Every 20 ms.
+        if tick % 10 == 0 {
+            // SAFETY: getpid cannot fail.
+            let me = unsafe { libc::getpid() };
+            if let Some(own) = maps::rss_anon_bytes(me) {
+                let pool = shared.tiers.pool_bytes();
+                let s = &shared.stats;
+                s.daemon_rss_anon_max_bytes.fetch_max(own, Ordering::Relaxed);
+                s.daemon_overhead_max_bytes
+                    .fetch_max(own.saturating_sub(pool), Ordering::Relaxed);
+            }
+        }
         std::thread::sleep(Duration::from_millis(2));
     }
 }
@@ -849,6 +891,9 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                         break;
                     }
                     progress += reclaim::evict_batch(shared, m, want);
+                    // zswap near its limit: its shrinker writes the coldest entries back to
+                    // the backing device before stores start being refused.
+                    shared.tiers.balance();
                 }
                 // Faults held at the limit can go now: wake their handlers at once rather than
                 // at their next poll timeout.

@@ -2,7 +2,9 @@
 //! and event in the kernel's order.
 //!
 //! ```text
-//! missing fault ─▶ page table ─▶ Evicted/Dropping(slot) ─▶ read slot ─▶ UFFDIO_COPY (wakes)
+//! missing fault ─▶ page table ─▶ Evicted/Dropping(slot) ─▶ read slot (zswap, else the
+//!                  backend) and, on a sequential pattern, the evicted pages after it (up to
+//!                  2^page_cluster, a whole 64 KiB folio at most) ─▶ UFFDIO_COPY (wakes)
 //!                              └▶ unknown ───────────────▶ UFFDIO_ZEROPAGE (read fault)
 //!                                                          UFFDIO_COPY of zeros (write fault)
 //! write-protect fault ─▶ page mid-eviction? leave the writer asleep; reclaim wakes it when the
@@ -19,10 +21,34 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use mglru::Arrival;
+
 use crate::daemon::{self, Shared};
 use crate::mm::{Mm, Page, ZERO_SLOT};
 use crate::stats::Stats;
 use crate::sys::{self, Fill, RawUffdMsg, Uffd, UffdEvent, PAGE_SIZE, PAGE_SIZE_U64};
+use crate::tiers::{Tier, FOLIO_PAGES};
+
+/// Readahead state of one address space (the kernel's VMA-based swap readahead, simplified):
+/// the window doubles while faults follow the previous restored run and halves otherwise.
+#[derive(Debug)]
+struct Readahead {
+    prev: u64,
+    prev_end: u64,
+    window: usize,
+}
+
+impl Readahead {
+    fn next_window(&mut self, addr: u64, max: usize) -> usize {
+        let sequential = addr >= self.prev && addr <= self.prev_end + 2 * PAGE_SIZE_U64;
+        self.window = if sequential {
+            (self.window * 2).min(max)
+        } else {
+            (self.window / 2).max(1)
+        };
+        self.window
+    }
+}
 
 /// Longest time a fault waits for reclaim when the limit is reached (a safety valve: reclaim
 /// normally makes room within a batch).
@@ -59,9 +85,14 @@ pub fn handler_thread(shared: Arc<Shared>, mm: Arc<Mm>) {
 fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
     let mut msgs = [RawUffdMsg::default(); 64];
     let mut deferred: Vec<Pending> = Vec::new();
-    let mut page = vec![0u8; PAGE_SIZE];
+    let mut page = vec![0u8; FOLIO_PAGES * PAGE_SIZE];
     let zeros = vec![0u8; PAGE_SIZE];
     let mut served: u64 = 0;
+    let mut ra = Readahead {
+        prev: 0,
+        prev_end: 0,
+        window: 1,
+    };
     loop {
         let timeout = if deferred.is_empty() { -1 } else { 1 };
         let ready = match sys::poll_read(&[mm.uffd.raw(), mm.stop.raw(), mm.retry.raw()], timeout) {
@@ -100,7 +131,7 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
                             ptid,
                             read_at: now,
                         };
-                        if !serve_fault(shared, mm, p, &mut page, &zeros, &mut served) {
+                        if !serve_fault(shared, mm, p, &mut page, &zeros, &mut served, &mut ra) {
                             deferred.push(p);
                         }
                     }
@@ -112,7 +143,7 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
         if !deferred.is_empty() {
             let again = std::mem::take(&mut deferred);
             for p in again {
-                if !serve_fault(shared, mm, p, &mut page, &zeros, &mut served) {
+                if !serve_fault(shared, mm, p, &mut page, &zeros, &mut served, &mut ra) {
                     deferred.push(p);
                 }
             }
@@ -128,6 +159,7 @@ fn serve_fault(
     page: &mut [u8],
     zeros: &[u8],
     served: &mut u64,
+    ra: &mut Readahead,
 ) -> bool {
     let stats = &shared.stats;
     let addr = p.address;
@@ -143,14 +175,20 @@ fn serve_fault(
         // Decide and lift under the state lock: reclaim marks a page Evicting under it before
         // protecting it, so a stale write-protect fault can never unprotect a page that a new
         // eviction has just protected.
-        let st = mm.state.lock();
-        if matches!(
-            st.pages.get(&addr),
-            Some(Page::Evicting { .. }) | Some(Page::Dropping { .. })
-        ) {
-            // The eviction in flight wakes this writer when it is done (see module docs):
-            // after the drop it refaults and gets the stored copy; if kept, it is unprotected.
-            return true;
+        let mut st = mm.state.lock();
+        match st.pages.get_mut(&addr) {
+            Some(Page::Evicting { .. }) | Some(Page::Dropping { .. }) => {
+                // The eviction in flight wakes this writer when it is done (see module docs):
+                // after the drop it refaults and gets the stored copy; if kept, it is
+                // unprotected.
+                return true;
+            }
+            Some(Page::Resident { referenced }) => {
+                // Protection armed by the access source: this write is an access.
+                *referenced = true;
+                Stats::add(&stats.wp_access_faults, 1);
+            }
+            _ => {}
         }
         let r = mm.uffd.writeprotect(addr, PAGE_SIZE_U64, false);
         drop(st);
@@ -179,13 +217,37 @@ fn serve_fault(
         return false;
     }
     let write = p.flags & sys::UFFD_PAGEFAULT_FLAG_WRITE != 0;
-    let (fill, restored_slot) = match prior {
+    // Pages filled from the fault address on (more than one with readahead) and their old
+    // states.
+    let mut run: Vec<(u64, Page)> = Vec::new();
+    let mut tier = None;
+    let (fill, filled) = match prior {
         Some(Page::Evicted { slot })
         | Some(Page::Dropping { slot })
         | Some(Page::Inherited { slot })
             if slot != ZERO_SLOT =>
         {
-            if let Err(e) = shared.store.read(slot, page) {
+            // Readahead only of pages known missing, and only with room under the limit.
+            let max = 1usize << shared.policy.page_cluster;
+            let mut window = if matches!(prior, Some(Page::Evicted { .. })) {
+                ra.next_window(addr, max)
+            } else {
+                1
+            };
+            if shared.resident() + window > shared.high_pages {
+                window = 1;
+            }
+            run.push((addr, Page::Evicted { slot }));
+            for i in 1..window as u64 {
+                let a = addr + i * PAGE_SIZE_U64;
+                match st.pages.get(&a) {
+                    Some(&q @ Page::Evicted { .. }) => run.push((a, q)),
+                    _ => break,
+                }
+            }
+            match shared.tiers.read(slot, &mut page[..PAGE_SIZE]) {
+                Ok(t) => tier = Some(t),
+                Err(e) => {
                 // The stored copy cannot be read: never hand the program wrong bytes.
                 eprintln!(
                     "uffd-daemon: cannot read back page {addr:#x} of pid {:?} from slot {slot}: {e}; \
@@ -197,17 +259,43 @@ fn serve_fault(
                     unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
                 return true;
+                }
             }
-            (mm.uffd.copy(addr, page), Some(slot))
+            let mut n = 1;
+            while n < run.len() {
+                let out = &mut page[n * PAGE_SIZE..(n + 1) * PAGE_SIZE];
+                let ok = match run[n].1 {
+                    Page::Evicted { slot: ZERO_SLOT } => {
+                        out.fill(0);
+                        true
+                    }
+                    Page::Evicted { slot: s } => shared.tiers.read(s, out).is_ok(),
+                    _ => false,
+                };
+                if !ok {
+                    break;
+                }
+                n += 1;
+            }
+            run.truncate(n);
+            match mm.uffd.copy_run(addr, &page[..n * PAGE_SIZE]) {
+                // A run can cross into another VMA (ENOENT: one UFFDIO_COPY stays within one
+                // VMA) or meet a present page: fall back to the faulting page alone.
+                (_, 0) if n > 1 => {
+                    run.truncate(1);
+                    mm.uffd.copy_run(addr, &page[..PAGE_SIZE])
+                }
+                r => r,
+            }
         }
         Some(Page::Evicted { .. })
         | Some(Page::Dropping { .. })
         | Some(Page::Inherited { .. })
         | None => {
             if write {
-                (mm.uffd.copy(addr, zeros), None)
+                (mm.uffd.copy(addr, zeros), 1)
             } else {
-                (mm.uffd.zeropage(addr), None)
+                (mm.uffd.zeropage(addr), 1)
             }
         }
         Some(Page::Resident { .. }) | Some(Page::Evicting { .. }) => {
@@ -215,11 +303,18 @@ fn serve_fault(
             // example a MADV_FREE page it reclaimed after the REMOVE we already applied).
             // Its contents are zeros by the kernel's own rules.
             if write {
-                (mm.uffd.copy(addr, zeros), None)
+                (mm.uffd.copy(addr, zeros), 1)
             } else {
-                (mm.uffd.zeropage(addr), None)
+                (mm.uffd.zeropage(addr), 1)
             }
         }
+    };
+    // A readahead run that stopped part way still filled the faulting page.
+    let fill = if run.len() > 1 && filled >= 1 {
+        run.truncate(filled);
+        Ok(Fill::Filled)
+    } else {
+        fill
     };
     match fill {
         Ok(Fill::Again) => return false,
@@ -254,22 +349,44 @@ fn serve_fault(
     }
     if let Some(old) = prior {
         st.pages.remove(&addr);
-        st.release(shared, old);
+        st.release(shared, addr, old);
     }
-    st.make_resident(shared, addr);
+    st.make_resident(shared, addr, Arrival::Fault, true);
+    for &(a, old) in run.iter().skip(1) {
+        st.pages.remove(&a);
+        st.release(shared, a, old);
+        st.make_resident(shared, a, Arrival::Cold, false);
+    }
     drop(st);
 
+    let ns = p.read_at.elapsed().as_nanos() as u64;
     Stats::add(&stats.faults, 1);
-    if let Some(_slot) = restored_slot {
+    if !run.is_empty() {
         Stats::add(&stats.swapins, 1);
-        Stats::add(&stats.bytes_read, PAGE_SIZE_U64);
+        Stats::add(&stats.bytes_read, PAGE_SIZE_U64 * run.len() as u64);
+        Stats::add(&stats.readahead_pages, run.len() as u64 - 1);
+        if run.len() == FOLIO_PAGES && addr % (FOLIO_PAGES as u64 * PAGE_SIZE_U64) == 0 {
+            Stats::add(&stats.swpin_folios, 1);
+        }
+        ra.prev = addr;
+        ra.prev_end = addr + run.len() as u64 * PAGE_SIZE_U64;
+        match tier {
+            Some(Tier::Zswap) => {
+                Stats::add(&stats.fault_zswap, 1);
+                Stats::add(&stats.fault_zswap_ns, ns);
+                shared.lat_zswap.record(ns);
+            }
+            _ => {
+                Stats::add(&stats.fault_backend, 1);
+                Stats::add(&stats.fault_backend_ns, ns);
+                shared.lat_backend.record(ns);
+            }
+        }
     } else {
         Stats::add(&stats.zero_fills, 1);
+        shared.lat_zero.record(ns);
     }
-    Stats::add(
-        &stats.fault_service_ns,
-        p.read_at.elapsed().as_nanos() as u64,
-    );
+    Stats::add(&stats.fault_service_ns, ns);
     *served += 1;
     // Sample where the faulting thread ran, against where we run (cheap enough 1 in 16).
     if *served % 16 == 0 {

@@ -55,6 +55,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod agent_conn;
+pub mod config;
 mod daemon;
 pub mod demo;
 mod fault;
@@ -63,8 +64,8 @@ mod mm;
 pub mod protocol;
 mod reclaim;
 pub mod stats;
-pub mod store;
 pub mod sys;
+pub mod tiers;
 
 pub use daemon::{default_run_base, run, Config, EXIT_DAEMON_LOST};
 pub use stats::Stats;

@@ -5,6 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use uffd_daemon::config::{self, Overrides};
+use uffd_daemon::tiers::BackendSpec;
 use uffd_daemon::{parse_size, Config};
 
 #[derive(Parser, Debug)]
@@ -22,16 +24,36 @@ struct Cli {
 enum Cmd {
     /// Run PROGRAM under the daemon, keeping its resident anonymous memory under --limit.
     Run {
-        /// Resident limit for the whole process tree (e.g. 256M, 1G).
+        /// Resident limit for the whole process tree (e.g. 256M, 1G); or `limit` in --config.
         #[arg(long, value_parser = parse_size)]
-        limit: u64,
-        /// Swap file to create (mode 0600; must not exist; removed at exit). Default: an
-        /// unnamed temporary file in /var/tmp.
+        limit: Option<u64>,
+        /// Configuration file (TOML; see the README). Options given here override it.
         #[arg(long)]
+        config: Option<PathBuf>,
+        /// The backing device below zswap: none, file (an unnamed temporary file in
+        /// /var/tmp), file:PATH (created 0600, must not exist, removed at exit) or pmem:PATH
+        /// (a DAX device, a file on a DAX mount, or a file mapped as simulated pmem).
+        #[arg(long, value_parser = BackendSpec::parse)]
+        backend: Option<BackendSpec>,
+        /// Same as --backend file:PATH.
+        #[arg(long, conflicts_with = "backend")]
         swap_file: Option<PathBuf>,
-        /// Largest size of the swap file.
-        #[arg(long, value_parser = parse_size, default_value = "64G")]
-        swap_max: u64,
+        /// Size of the swap space (slots, and the backing device). Default 8G.
+        #[arg(long, value_parser = parse_size, alias = "swap-max")]
+        swap_size: Option<u64>,
+        /// The zswap pool limit (e.g. 512M), or `off` to write evicted pages straight to the
+        /// backing device. Default: on, 20% of RAM as the kernel's max_pool_percent.
+        #[arg(long, value_parser = parse_zswap)]
+        zswap: Option<Option<u64>>,
+        /// zswap's compressor: lz4, zstd, zstd:LEVEL, deflate, deflate-iaa. Default lz4.
+        #[arg(long, value_parser = config::parse_compressor)]
+        compressor: Option<zswap::Compressor>,
+        /// Replacement policy: mglru or clock. Default mglru.
+        #[arg(long, value_parser = config::parse_policy)]
+        policy: Option<config::PolicyKind>,
+        /// Access source of the policy: faults or faults+wp. Default faults.
+        #[arg(long, value_parser = config::parse_access)]
+        access: Option<config::AccessMode>,
         /// Write the final counters as JSON to this file.
         #[arg(long)]
         stats_json: Option<PathBuf>,
@@ -67,6 +89,13 @@ enum Cmd {
     },
 }
 
+fn parse_zswap(s: &str) -> Result<Option<u64>, String> {
+    match s {
+        "off" | "none" => Ok(None),
+        _ => parse_size(s).map(Some),
+    }
+}
+
 fn main() -> ExitCode {
     match real_main() {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
@@ -82,16 +111,32 @@ fn real_main() -> anyhow::Result<i32> {
     match cli.cmd {
         Cmd::Run {
             limit,
+            config: config_path,
+            backend,
             swap_file,
-            swap_max,
+            swap_size,
+            zswap,
+            compressor,
+            policy,
+            access,
             stats_json,
             verbose,
             command,
         } => {
+            let o = Overrides {
+                limit,
+                backend: backend.or(swap_file.map(|p| BackendSpec::File(Some(p)))),
+                swap_size,
+                zswap,
+                compressor,
+                policy,
+                access,
+            };
+            let r = config::resolve(config_path.as_deref(), &o)?;
             let config = Config {
-                limit_bytes: limit,
-                swap_file,
-                swap_max_bytes: swap_max,
+                limit_bytes: r.limit,
+                tiers: r.tiers,
+                policy: r.policy,
                 stats_json,
                 verbose,
             };
@@ -115,10 +160,25 @@ fn demo(size: u64, limit: u64) -> anyhow::Result<i32> {
         size >> 20,
         limit >> 20
     );
+    // All the tiers at work: a zswap pool smaller than what is evicted, so that its
+    // shrinker writes the coldest pages back to an unnamed swap file.
+    let r = config::resolve(
+        None,
+        &Overrides {
+            limit: Some(limit),
+            swap_size: Some(4 * size + (64 << 20)),
+            zswap: Some(Some((size / 8).max(4 << 20))),
+            ..Overrides::default()
+        },
+    )?;
+    println!(
+        "demo: tiers: zswap lz4 with a {} MiB pool, then an unnamed swap file; policy mglru",
+        (size / 8).max(4 << 20) >> 20
+    );
     let config = Config {
-        limit_bytes: limit,
-        swap_file: None,
-        swap_max_bytes: 4 * size + (64 << 20),
+        limit_bytes: r.limit,
+        tiers: r.tiers,
+        policy: r.policy,
         stats_json: Some(stats_path.clone()),
         verbose: false,
     };
@@ -143,6 +203,18 @@ fn demo(size: u64, limit: u64) -> anyhow::Result<i32> {
         g("bytes_read") >> 20,
         (g("resident_pages_max") * 4096) >> 20,
         limit >> 20
+    );
+    println!(
+        "demo: zswpout {} zswpin {} zswpwb {} pswpout {} pswpin {}, pool {} MiB (ratio {:.2}), \
+         restore p50 from zswap {} us",
+        g("zswpout"),
+        g("zswpin"),
+        g("zswpwb"),
+        g("pswpout"),
+        g("pswpin"),
+        g("zswap_pool_bytes") >> 20,
+        stats["zswap_compression_ratio"].as_f64().unwrap_or(0.0),
+        stats["fault_zswap_p50_us"].as_f64().unwrap_or(0.0),
     );
     if status == 0 {
         println!("demo: every page verified");

@@ -13,24 +13,52 @@
 //! reader of the uffd, which sees faults and events in the kernel's order) and the reclaim
 //! thread never disagree. A page is counted resident in every state but `Evicted`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
+use mglru::{AccessSource, Arrival, Hint, PageId, PageType, Policy};
 use parking_lot::Mutex;
 
 use crate::agent_conn::AgentConn;
+use crate::config::{PolicyConfig, PolicyKind};
 use crate::daemon::Shared;
 use crate::sys::{EventFd, PidFd, Uffd, PAGE_SIZE_U64};
 
-/// Slot value meaning "the page was all zeros; nothing is stored".
-pub const ZERO_SLOT: u32 = u32::MAX;
+pub use crate::tiers::ZERO_SLOT;
+
+/// The policy's id of the page at `addr`.
+pub fn page_id(addr: u64) -> PageId {
+    addr >> 12
+}
+
+/// A replacement policy for one address space.
+pub type BoxedPolicy = Box<dyn Policy + Send>;
+
+/// A new policy as configured.
+pub fn new_policy(cfg: &PolicyConfig) -> BoxedPolicy {
+    match cfg.kind {
+        PolicyKind::Mglru => Box::new(
+            mglru::Mglru::new(mglru::Config {
+                // Shadow entries per address space, for refault detection; bounded so that
+                // they stay a small part of the metadata.
+                max_shadows: 1 << 16,
+                ..mglru::Config::default()
+            })
+            .expect("the default mglru configuration is valid"),
+        ),
+        PolicyKind::Clock => Box::new(mglru::Clock::new()),
+    }
+}
 
 /// The state of one managed page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Page {
-    /// Present in the client. `referenced`: faulted in since the clock hand last passed.
+    /// Present in the client, and held by the replacement policy.
     Resident {
-        /// Second-chance bit.
+        /// The accessed bit the policy's access source tests and clears: set by the fault
+        /// that brought the page in, and by a write-protect fault when the access source
+        /// arms write protection.
         referenced: bool,
     },
     /// Chosen for eviction by batch `batch`: write-protected, contents being read and stored.
@@ -77,18 +105,28 @@ impl Page {
 }
 
 /// The page table and ranges of one address space.
-#[derive(Debug, Default)]
 pub struct MmState {
     /// Managed pages by address.
     pub pages: BTreeMap<u64, Page>,
-    /// Clock order of resident pages (lazily cleaned: entries may be stale).
-    pub clock: VecDeque<u64>,
+    /// The replacement policy: holds exactly the pages in state `Resident`.
+    pub policy: BoxedPolicy,
     /// Pages counted resident.
     pub resident: usize,
     /// Registered ranges `[start, end)`, sorted and disjoint.
     pub ranges: Vec<(u64, u64)>,
     /// Ranges whose registration failed (not retried).
     pub refused: Vec<(u64, u64)>,
+}
+
+impl std::fmt::Debug for MmState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MmState")
+            .field("pages", &self.pages.len())
+            .field("policy", &self.policy.name())
+            .field("resident", &self.resident)
+            .field("ranges", &self.ranges)
+            .finish()
+    }
 }
 
 /// One client address space (a process, until it execs or exits).
@@ -134,12 +172,13 @@ impl Mm {
         pid: i32,
         region: (u64, u64),
         probe: u64,
+        policy: &PolicyConfig,
     ) -> std::io::Result<Self> {
         Ok(Mm {
             id,
             uffd,
             pid: AtomicI32::new(pid),
-            state: Mutex::new(MmState::default()),
+            state: Mutex::new(MmState::new(policy)),
             agent: Mutex::new(None),
             region,
             probe,
@@ -169,31 +208,60 @@ impl Mm {
 }
 
 impl MmState {
-    /// Inserts a page as resident (fault fill or discovered present). Returns whether it was new.
-    pub fn make_resident(&mut self, shared: &Shared, addr: u64) {
-        match self.pages.insert(addr, Page::Resident { referenced: true }) {
+    /// An empty address space.
+    pub fn new(policy: &PolicyConfig) -> Self {
+        MmState {
+            pages: BTreeMap::new(),
+            policy: new_policy(policy),
+            resident: 0,
+            ranges: Vec::new(),
+            refused: Vec::new(),
+        }
+    }
+
+    /// Inserts a page as resident (fault fill, readahead, a page discovered present, an
+    /// eviction given up) and hands it to the policy. `referenced`: its accessed bit.
+    pub fn make_resident(&mut self, shared: &Shared, addr: u64, arrival: Arrival, referenced: bool) {
+        match self.pages.insert(addr, Page::Resident { referenced }) {
             Some(old) if old.is_resident() => {}
             _ => {
                 self.resident += 1;
                 shared.resident_add(1);
             }
         }
-        self.clock.push_back(addr);
+        let id = page_id(addr);
+        if !self.policy.contains(id) {
+            let _ = self.policy.add(id, Hint::new(PageType::Anon, arrival));
+        }
+    }
+
+    /// A page that was `Resident` (and so in the policy) goes back to being resident after
+    /// a state that took it out of the policy (`Evicting`, `Dropping`).
+    pub fn back_to_resident(&mut self, addr: u64) {
+        self.pages.insert(addr, Page::Resident { referenced: true });
+        let id = page_id(addr);
+        if !self.policy.contains(id) {
+            let _ = self.policy.add(id, Hint::new(PageType::Anon, Arrival::Fault));
+        }
     }
 
     /// Forgets pages in `[start, end)` (REMOVE, UNMAP): their memory is gone or zero now.
     pub fn forget_range(&mut self, shared: &Shared, start: u64, end: u64) -> usize {
         let keys: Vec<u64> = self.pages.range(start..end).map(|(&k, _)| k).collect();
-        for k in &keys {
-            if let Some(p) = self.pages.remove(k) {
-                self.release(shared, p);
+        for &k in &keys {
+            if let Some(p) = self.pages.remove(&k) {
+                self.release(shared, k, p);
             }
         }
         keys.len()
     }
 
-    /// Accounting for a page state that is being dropped from the table.
-    pub fn release(&mut self, shared: &Shared, p: Page) {
+    /// Accounting for a page state that is being dropped from the table (the caller removed
+    /// it from `pages`; `addr` is where it was).
+    pub fn release(&mut self, shared: &Shared, addr: u64, p: Page) {
+        if matches!(p, Page::Resident { .. }) {
+            self.policy.remove(page_id(addr));
+        }
         if p.is_resident() {
             self.resident -= 1;
             shared.resident_sub(1);
@@ -268,8 +336,11 @@ impl MmState {
             .map(|(&k, &p)| (k, p))
             .collect();
         let mut had_wp = false;
-        for (k, _) in &moved {
+        for (k, p) in &moved {
             self.pages.remove(k);
+            if matches!(p, Page::Resident { .. }) {
+                self.policy.remove(page_id(*k));
+            }
         }
         // Whatever was at the destination is gone (the kernel unmapped it first).
         self.forget_range(shared, to, to + len);
@@ -286,10 +357,12 @@ impl MmState {
                 }
                 other => other,
             };
-            if matches!(np, Page::Resident { .. }) {
-                self.clock.push_back(nk);
-            }
             self.pages.insert(nk, np);
+            if matches!(np, Page::Resident { .. }) {
+                let _ = self
+                    .policy
+                    .add(page_id(nk), Hint::new(PageType::Anon, Arrival::Fault));
+            }
         }
         self.remove_range(from, from + len);
         self.add_range(to, to + len);
@@ -299,11 +372,9 @@ impl MmState {
     /// The state a forked child starts with: one copy of everything, stored pages shared
     /// (their slot counts raised, the kernel's `swap_duplicate`).
     pub fn fork_copy(&self, shared: &Shared) -> MmState {
-        let mut child = MmState {
-            ranges: self.ranges.clone(),
-            refused: self.refused.clone(),
-            ..MmState::default()
-        };
+        let mut child = MmState::new(&shared.policy);
+        child.ranges = self.ranges.clone();
+        child.refused = self.refused.clone();
         for (&addr, &p) in &self.pages {
             let cp = match p {
                 // Present in the parent at fork: the child has a copy-on-write copy.
@@ -322,7 +393,9 @@ impl MmState {
                 child.resident += 1;
             }
             if matches!(cp, Page::Resident { .. }) {
-                child.clock.push_back(addr);
+                let _ = child
+                    .policy
+                    .add(page_id(addr), Hint::new(PageType::Anon, Arrival::Cold));
             }
             child.pages.insert(addr, cp);
         }
@@ -341,8 +414,77 @@ impl MmState {
         for w in self.ranges.windows(2) {
             assert!(w[0].1 < w[1].0, "ranges overlap or touch: {:x?}", w);
         }
-        for &k in self.pages.keys() {
+        let mut in_policy = 0;
+        for (&k, p) in &self.pages {
             assert_eq!(k % PAGE_SIZE_U64, 0, "page {k:#x} is not aligned");
+            let held = self.policy.contains(page_id(k));
+            assert_eq!(
+                held,
+                matches!(p, Page::Resident { .. }),
+                "page {k:#x} in state {p:?}: the policy holds exactly the Resident pages"
+            );
+            in_policy += usize::from(held);
+        }
+        assert_eq!(in_policy, self.policy.len(), "the policy holds pages the table does not");
+    }
+
+    /// Chooses up to `max` victims with the policy and marks them `Evicting { batch }`;
+    /// returns them sorted, and the ranges the access source cleared bits in (to re-arm
+    /// write protection when the access source uses it).
+    pub fn pick_victims(&mut self, batch: u64, max: usize) -> (Vec<u64>, Vec<(u64, u64)>) {
+        let MmState { pages, policy, .. } = self;
+        let mut src = PageBits {
+            pages,
+            cleared: Vec::new(),
+        };
+        let ids = policy.evict(max, &mut src);
+        let cleared = src.cleared;
+        let mut victims = Vec::with_capacity(ids.len());
+        for id in ids {
+            let addr = id << 12;
+            match self.pages.get(&addr) {
+                Some(Page::Resident { .. }) => {
+                    self.pages.insert(addr, Page::Evicting { batch });
+                    victims.push(addr);
+                }
+                other => debug_assert!(false, "policy returned {addr:#x} in state {other:?}"),
+            }
+        }
+        victims.sort_unstable();
+        (victims, cleared)
+    }
+
+    /// Parts of `[start, end)` inside registered ranges.
+    pub fn registered_parts(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        self.ranges
+            .iter()
+            .filter(|&&(s, e)| s < end && e > start)
+            .map(|&(s, e)| (s.max(start), e.min(end)))
+            .collect()
+    }
+}
+
+/// The access source over the page table: the `referenced` bit of `Resident` pages.
+struct PageBits<'a> {
+    pages: &'a mut BTreeMap<u64, Page>,
+    /// Address ranges whose bits were tested (merged when adjacent).
+    cleared: Vec<(u64, u64)>,
+}
+
+impl AccessSource for PageBits<'_> {
+    fn test_and_clear_young(&mut self, range: Range<PageId>, young: &mut dyn FnMut(PageId)) {
+        let (start, end) = (range.start << 12, range.end.saturating_mul(4096));
+        for (&a, p) in self.pages.range_mut(start..end) {
+            if let Page::Resident { referenced } = p {
+                if *referenced {
+                    *referenced = false;
+                    young(page_id(a));
+                }
+            }
+        }
+        match self.cleared.last_mut() {
+            Some(last) if last.1 == start => last.1 = end,
+            _ => self.cleared.push((start, end)),
         }
     }
 }
@@ -365,7 +507,7 @@ mod tests {
 
     #[test]
     fn ranges_merge_split_and_gaps() {
-        let mut s = MmState::default();
+        let mut s = MmState::new(&crate::config::PolicyConfig::default());
         s.add_range(0x1000, 0x3000);
         s.add_range(0x3000, 0x5000);
         s.add_range(0x8000, 0x9000);

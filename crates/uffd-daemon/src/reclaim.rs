@@ -1,10 +1,11 @@
 //! The reclaim path: keep the resident managed memory of the process tree under the limit.
 //!
 //! ```text
-//! over the watermark ─▶ pick victims (clock, second chance) ─▶ mark Evicting
+//! over the watermark ─▶ pick victims (the policy: mglru or clock) ─▶ mark Evicting
 //!   ─▶ UFFDIO_WRITEPROTECT the runs (a write now waits in a WP fault)
 //!   ─▶ process_vm_readv the contents (pages known present: never faults)
-//!   ─▶ store them (zero pages take no space) ─▶ mark Dropping(slot)
+//!   ─▶ store them in the tiers (zero pages take no space; aligned runs of 16 as one order-4
+//!      folio) ─▶ mark Dropping(slot)
 //!   ─▶ DROP to the agent: UFFDIO_MOVE into its scratch, MADV_DONTNEED the scratch
 //!   ─▶ per page: dropped ─▶ Evicted(slot); refused (shared after fork, pinned) ─▶ Resident
 //!   ─▶ lift write protection of kept pages / wake waiters of dropped ones (they refault and
@@ -20,35 +21,56 @@ use crate::daemon::Shared;
 use crate::mm::{runs_of, Mm, Page, ZERO_SLOT};
 use crate::stats::Stats;
 use crate::sys::{self, Fill, PAGE_SIZE, PAGE_SIZE_U64};
+use crate::tiers::{FOLIO_ORDER, FOLIO_PAGES};
 
 /// Pages per eviction batch (bounded by the agent's scratch area too).
 pub const BATCH_PAGES: usize = 256;
 
-/// Picks up to `max` victims of `mm` with the clock; marks them `Evicting { batch }`.
+/// Picks up to `max` victims of `mm` with its policy; marks them `Evicting { batch }`. With
+/// the write-protect access source, re-arms protection where the aging cleared bits.
 fn pick_victims(shared: &Shared, mm: &Mm, batch: u64, max: usize) -> Vec<u64> {
     let mut st = mm.state.lock();
-    let mut victims = Vec::with_capacity(max);
-    // One full lap at most: a referenced page gets a second chance once.
-    let mut budget = st.clock.len();
-    while victims.len() < max && budget > 0 {
-        budget -= 1;
-        let Some(addr) = st.clock.pop_front() else {
-            break;
-        };
-        // (Entries for pages that are no longer resident are stale: skipped.)
-        if let Some(Page::Resident { referenced }) = st.pages.get_mut(&addr) {
-            if *referenced {
-                *referenced = false;
-                st.clock.push_back(addr);
-            } else {
-                st.pages.insert(addr, Page::Evicting { batch });
-                victims.push(addr);
+    let (victims, cleared) = st.pick_victims(batch, max);
+    if shared.wp_access() && !cleared.is_empty() {
+        // Under the state lock, like every protection change (see the WP fault path). Best
+        // effort: an event pending (EAGAIN) only means fewer accesses are seen this round.
+        let mut armed = 0u64;
+        for (s, e) in cleared {
+            for (ps, pe) in st.registered_parts(s, e) {
+                if matches!(mm.uffd.writeprotect(ps, pe - ps, true), Ok(Fill::Filled)) {
+                    armed += 1;
+                }
             }
         }
+        Stats::add(&shared.stats.wp_arm_ranges, armed);
     }
-    let _ = shared;
-    victims.sort_unstable();
     victims
+}
+
+/// Cuts the victims (sorted) into store units: an aligned run of 16 pages none of which is
+/// all zeros becomes one order-4 folio, any other nonzero page an order-0 unit. Returns
+/// `(first victim index, order)` for each unit; zero pages are in no unit.
+fn units_of(victims: &[u64], zero: &[bool], large: bool) -> Vec<(usize, u32)> {
+    let mut units = Vec::new();
+    let mut i = 0;
+    while i < victims.len() {
+        let a = victims[i];
+        if large
+            && a % (FOLIO_PAGES as u64 * PAGE_SIZE_U64) == 0
+            && i + FOLIO_PAGES <= victims.len()
+            && victims[i + FOLIO_PAGES - 1] == a + (FOLIO_PAGES as u64 - 1) * PAGE_SIZE_U64
+            && !zero[i..i + FOLIO_PAGES].iter().any(|&z| z)
+        {
+            units.push((i, FOLIO_ORDER));
+            i += FOLIO_PAGES;
+            continue;
+        }
+        if !zero[i] {
+            units.push((i, 0));
+        }
+        i += 1;
+    }
+    units
 }
 
 /// Gives pages of a failed batch back: still-`Evicting` pages become resident again and lose
@@ -58,8 +80,7 @@ fn abort_pages(shared: &Shared, mm: &Mm, batch: u64, addrs: &[u64]) {
         let mut st = mm.state.lock();
         for &a in addrs {
             if st.pages.get(&a) == Some(&Page::Evicting { batch }) {
-                st.pages.insert(a, Page::Resident { referenced: true });
-                st.clock.push_back(a);
+                st.back_to_resident(a);
             }
         }
     }
@@ -137,33 +158,36 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     }
 
     lap(&stats.reclaim_read_ns);
-    // 3. Store: zero pages need no slot.
+    // 3. Store: zero pages need no slot; aligned runs of 16 go as one folio. A unit no tier
+    //    takes (full, refused, I/O error) stays resident: its pages are given back.
     let mut slots = vec![ZERO_SLOT; victims.len()];
-    let nonzero: Vec<usize> = (0..victims.len())
-        .filter(|&i| {
-            data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
-                .iter()
-                .any(|&b| b != 0)
-        })
+    let zero: Vec<bool> = data
+        .chunks_exact(PAGE_SIZE)
+        .map(|p| p.iter().all(|&b| b == 0))
         .collect();
-    if !nonzero.is_empty() {
-        let mut buf = Vec::with_capacity(nonzero.len() * PAGE_SIZE);
-        for &i in &nonzero {
-            buf.extend_from_slice(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
-        }
-        match shared.store.store(&buf) {
-            Ok(s) => {
-                for (k, &i) in nonzero.iter().enumerate() {
-                    slots[i] = s[k];
+    let units = units_of(&victims, &zero, shared.tiers.large_folios());
+    let mut refused = Vec::new();
+    if !units.is_empty() {
+        let spans: Vec<(u32, &[u8])> = units
+            .iter()
+            .map(|&(i, order)| {
+                let n = 1usize << order;
+                (order, &data[i * PAGE_SIZE..(i + n) * PAGE_SIZE])
+            })
+            .collect();
+        for (&(i, order), r) in units.iter().zip(shared.tiers.store_units(&spans)) {
+            let n = 1usize << order;
+            match r {
+                Ok(s) => slots[i..i + n].copy_from_slice(&s),
+                Err(_) => {
+                    Stats::add(&shared.stats.backend_errors, 1);
+                    refused.extend_from_slice(&victims[i..i + n]);
                 }
             }
-            Err(e) => {
-                Stats::add(&shared.stats.backend_errors, 1);
-                shared.log_backend_error(&e);
-                abort_pages(shared, mm, batch, &victims);
-                return 0;
-            }
         }
+    }
+    if !refused.is_empty() {
+        abort_pages(shared, mm, batch, &refused);
     }
 
     lap(&stats.reclaim_store_ns);
@@ -174,6 +198,9 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     {
         let mut st = mm.state.lock();
         for (i, &a) in victims.iter().enumerate() {
+            if refused.binary_search(&a).is_ok() {
+                continue; // given back above
+            }
             if st.pages.get(&a) == Some(&Page::Evicting { batch }) {
                 st.pages.insert(a, Page::Dropping { slot: slots[i] });
                 to_drop.push(a);
@@ -260,8 +287,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
                     zero += 1;
                 }
             } else {
-                st.pages.insert(a, Page::Resident { referenced: true });
-                st.clock.push_back(a);
+                st.back_to_resident(a);
                 if slot != ZERO_SLOT {
                     shared.put_slot(slot);
                 }

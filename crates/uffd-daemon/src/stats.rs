@@ -40,7 +40,8 @@ counters! {
     bytes_read,
     /// Evictions given up for a page (shared after fork, pinned, written, unmapped, I/O error).
     evict_aborts,
-    /// Store write failures (the page stayed resident).
+    /// Store units (pages or folios) no tier took: no space, zswap refused with no backend,
+    /// or a backend write failed. Their pages stayed resident.
     backend_errors,
     /// Managed pages resident now (all processes).
     resident_pages,
@@ -87,6 +88,26 @@ counters! {
     reclaim_drop_ns,
     /// Messages refused from agents (malformed or unexpected).
     protocol_errors,
+    /// Write-protect faults on resident pages armed by the access source (seen as accesses).
+    wp_access_faults,
+    /// Ranges the access source write-protected after the aging cleared their bits.
+    wp_arm_ranges,
+    /// Pages restored ahead of a fault (readahead of neighbours on sequential faults).
+    readahead_pages,
+    /// Faults that restored a whole aligned 64 KiB folio at once.
+    swpin_folios,
+    /// Restores served from the compressed pool.
+    fault_zswap,
+    /// Restores served from the backing device.
+    fault_backend,
+    /// Sum of service times of restores from zswap, nanoseconds (with `fault_zswap`).
+    fault_zswap_ns,
+    /// Sum of service times of restores from the backing device, nanoseconds.
+    fault_backend_ns,
+    /// The daemon's own largest anonymous RSS, bytes.
+    daemon_rss_anon_max_bytes,
+    /// The daemon's largest anonymous RSS beyond the zswap pool: metadata and buffers, bytes.
+    daemon_overhead_max_bytes,
 }
 
 impl Stats {
@@ -99,5 +120,94 @@ impl Stats {
     pub fn set_resident(&self, pages: u64) {
         self.resident_pages.store(pages, Relaxed);
         self.resident_pages_max.fetch_max(pages, Relaxed);
+    }
+}
+
+/// A latency histogram: 500 ns buckets up to 64 µs, then one bucket per power of two up to
+/// about 68 s. Lock-free (one relaxed add per sample).
+#[derive(Debug)]
+pub struct Histogram {
+    buckets: [AtomicU64; Histogram::LINEAR + Histogram::LOG],
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Histogram {
+    const LINEAR: usize = 128;
+    const STEP_NS: u64 = 500;
+    const LOG: usize = 21;
+
+    fn bucket(ns: u64) -> usize {
+        let lin = ns / Self::STEP_NS;
+        if lin < Self::LINEAR as u64 {
+            return lin as usize;
+        }
+        // 64 µs = 2^16 ns: bucket LINEAR + k covers [2^(16+k), 2^(17+k)).
+        let k = (63 - ns.leading_zeros() as usize).saturating_sub(16);
+        Self::LINEAR + k.min(Self::LOG - 1)
+    }
+
+    /// The upper edge of a bucket, nanoseconds.
+    fn upper(b: usize) -> u64 {
+        if b < Self::LINEAR {
+            (b as u64 + 1) * Self::STEP_NS
+        } else {
+            1u64 << (17 + (b - Self::LINEAR))
+        }
+    }
+
+    /// Records one sample.
+    pub fn record(&self, ns: u64) {
+        self.buckets[Self::bucket(ns)].fetch_add(1, Relaxed);
+    }
+
+    /// Samples recorded.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Relaxed)).sum()
+    }
+
+    /// The `q` quantile (0..=1) in microseconds: the upper edge of the bucket holding it
+    /// (500 ns resolution below 64 µs). `None` without samples.
+    pub fn quantile_us(&self, q: f64) -> Option<f64> {
+        let counts: Vec<u64> = self.buckets.iter().map(|b| b.load(Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (b, &c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Some(Self::upper(b) as f64 / 1000.0);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles() {
+        let h = Histogram::default();
+        assert_eq!(h.quantile_us(0.5), None);
+        for ns in [1_000u64, 2_000, 3_000, 4_000, 100_000] {
+            h.record(ns);
+        }
+        assert_eq!(h.count(), 5);
+        assert_eq!(h.quantile_us(0.5), Some(3.5));
+        assert_eq!(h.quantile_us(0.2), Some(1.5));
+        assert_eq!(h.quantile_us(1.0), Some(131.072));
+        h.record(u64::MAX);
+        assert_eq!(h.count(), 6, "huge samples land in the last bucket");
     }
 }

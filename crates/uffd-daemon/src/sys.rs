@@ -366,6 +366,29 @@ impl Uffd {
         Self::fill_result(rc)
     }
 
+    /// `UFFDIO_COPY` of a run of pages, waking the faulting threads. Returns the outcome and
+    /// how many whole pages were filled from the start of the run (a run can stop part way:
+    /// at a page that is present, or when an event becomes pending).
+    pub fn copy_run(&self, dst: u64, src: &[u8]) -> (io::Result<Fill>, usize) {
+        debug_assert_eq!(src.len() % PAGE_SIZE, 0);
+        let mut c = UffdioCopy {
+            dst,
+            src: src.as_ptr() as u64,
+            len: src.len() as u64,
+            mode: 0,
+            copy: 0,
+        };
+        // SAFETY: as in `copy`.
+        let rc = unsafe { libc::ioctl(self.raw(), UFFDIO_COPY, &mut c) };
+        let r = Self::fill_result(rc);
+        let pages = match r {
+            Ok(Fill::Filled) => src.len() / PAGE_SIZE,
+            _ if c.copy > 0 => (c.copy as usize / PAGE_SIZE).min(src.len() / PAGE_SIZE),
+            _ => 0,
+        };
+        (r, pages)
+    }
+
     /// `UFFDIO_COPY` without waking (used before a batched wake).
     pub fn copy_nowake(&self, dst: u64, src: &[u8]) -> io::Result<Fill> {
         let mut c = UffdioCopy {

@@ -1,0 +1,398 @@
+//! The configuration file (TOML) and how the command line overrides it.
+//!
+//! ```toml
+//! limit = "256M"                 # the resident limit (--limit overrides)
+//!
+//! [tiers]
+//! backend = "file"               # none | file | file:PATH | pmem:PATH  (--backend)
+//! swap_size = "8G"               # swap space: slots, and the backend's size (--swap-size)
+//! large_folios = true            # evict aligned 64 KiB runs as order-4 folios
+//! discard = true                 # punch freed clusters out of a swap file
+//!
+//! [zswap]
+//! enabled = true                 # (--zswap off)
+//! compressor = "lz4"             # lz4 | zstd | zstd:LEVEL | deflate | deflate-iaa (--compressor)
+//! max_pool = "1G"                # pool limit (--zswap SIZE); default 20% of RAM, as the kernel
+//! accept_threshold_percent = 90
+//! writeback_start_percent = 95   # the shrinker writes back above this share of max_pool
+//! multi_page = false             # compress a 64 KiB folio as one object
+//! crc = true                     # CRC32C per page, checked on load
+//!
+//! [policy]
+//! name = "mglru"                 # mglru | clock
+//! access = "faults"              # faults | faults+wp
+//! page_cluster = 4               # readahead up to 2^page_cluster pages on sequential faults
+//! ```
+//!
+//! Unknown keys are refused with their name, so a typo never silently means "default".
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+use zswap::Compressor;
+
+use crate::parse_size;
+use crate::tiers::{BackendSpec, FailWrites, TierConfig, ZswapTier};
+
+/// Which replacement policy picks victims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// The multi-generational LRU (crates/mglru).
+    Mglru,
+    /// CLOCK with second chance (mglru's baseline).
+    Clock,
+}
+
+/// Where access information for resident pages comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessMode {
+    /// Only faults: a page is accessed when it is faulted in.
+    Faults,
+    /// Faults, plus write-protect faults: the aging write-protects resident pages and a write
+    /// to one is seen as an access (then the protection is lifted).
+    FaultsWp,
+}
+
+/// Policy settings.
+#[derive(Debug, Clone, Copy)]
+pub struct PolicyConfig {
+    /// The policy.
+    pub kind: PolicyKind,
+    /// The access source.
+    pub access: AccessMode,
+    /// log2 of the most pages read ahead on a sequential fault (0: none).
+    pub page_cluster: u32,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            kind: PolicyKind::Mglru,
+            access: AccessMode::Faults,
+            page_cluster: 4,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    limit: Option<String>,
+    #[serde(default)]
+    tiers: FileTiers,
+    #[serde(default)]
+    zswap: FileZswap,
+    #[serde(default)]
+    policy: FilePolicy,
+    #[serde(default)]
+    test: FileTest,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileTiers {
+    backend: Option<String>,
+    swap_size: Option<String>,
+    large_folios: Option<bool>,
+    discard: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileZswap {
+    enabled: Option<bool>,
+    compressor: Option<String>,
+    max_pool: Option<String>,
+    accept_threshold_percent: Option<u8>,
+    writeback_start_percent: Option<u8>,
+    multi_page: Option<bool>,
+    crc: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilePolicy {
+    name: Option<String>,
+    access: Option<String>,
+    page_cluster: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileTest {
+    fail_writes_after: Option<String>,
+    fail_errno: Option<String>,
+}
+
+/// What the command line says (each `None` leaves the file's value or the default).
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// `--limit`.
+    pub limit: Option<u64>,
+    /// `--backend`.
+    pub backend: Option<BackendSpec>,
+    /// `--swap-size`.
+    pub swap_size: Option<u64>,
+    /// `--zswap SIZE|off`: `Some(None)` is off.
+    pub zswap: Option<Option<u64>>,
+    /// `--compressor`.
+    pub compressor: Option<Compressor>,
+    /// `--policy`.
+    pub policy: Option<PolicyKind>,
+    /// `--access`.
+    pub access: Option<AccessMode>,
+}
+
+/// Parses `lz4`, `zstd`, `zstd:LEVEL`, `deflate`, `deflate-iaa`.
+pub fn parse_compressor(s: &str) -> Result<Compressor, String> {
+    match s {
+        "lz4" => Ok(Compressor::Lz4),
+        "zstd" => Ok(Compressor::Zstd { level: 1 }),
+        "deflate" => Ok(Compressor::Deflate { level: 1 }),
+        "deflate-iaa" => Ok(Compressor::DeflateIaa),
+        _ => match s.strip_prefix("zstd:").map(str::parse::<i32>) {
+            Some(Ok(level)) if (-7..=22).contains(&level) => Ok(Compressor::Zstd { level }),
+            _ => Err(format!(
+                "unknown compressor {s:?}: expected lz4, zstd, zstd:LEVEL (-7..=22), deflate or deflate-iaa"
+            )),
+        },
+    }
+}
+
+/// Parses `mglru` or `clock`.
+pub fn parse_policy(s: &str) -> Result<PolicyKind, String> {
+    match s {
+        "mglru" => Ok(PolicyKind::Mglru),
+        "clock" => Ok(PolicyKind::Clock),
+        _ => Err(format!("unknown policy {s:?}: expected mglru or clock")),
+    }
+}
+
+/// Parses `faults` or `faults+wp`.
+pub fn parse_access(s: &str) -> Result<AccessMode, String> {
+    match s {
+        "faults" => Ok(AccessMode::Faults),
+        "faults+wp" | "wp" => Ok(AccessMode::FaultsWp),
+        _ => Err(format!("unknown access source {s:?}: expected faults or faults+wp")),
+    }
+}
+
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf with constant arguments.
+    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages.max(0) as u64) * (size.max(0) as u64)
+}
+
+/// The tiers, the policy and the limit from an optional file and the command line.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The limit in bytes.
+    pub limit: u64,
+    /// The tiers.
+    pub tiers: TierConfig,
+    /// The policy.
+    pub policy: PolicyConfig,
+}
+
+fn size_field(v: &Option<String>, field: &str) -> anyhow::Result<Option<u64>> {
+    v.as_deref()
+        .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("{field}: {e}")))
+        .transpose()
+}
+
+/// Reads `path` (if any) and applies `o` over it.
+pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
+    let f: FileConfig = match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading the configuration {}", p.display()))?;
+            toml::from_str(&text)
+                .with_context(|| format!("in the configuration {}", p.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let limit = match (o.limit, size_field(&f.limit, "limit")?) {
+        (Some(l), _) | (None, Some(l)) => l,
+        (None, None) => bail!("no limit: give --limit or `limit` in the configuration file"),
+    };
+    let backend = match (&o.backend, &f.tiers.backend) {
+        (Some(b), _) => b.clone(),
+        (None, Some(s)) => BackendSpec::parse(s).map_err(|e| anyhow::anyhow!("tiers.backend: {e}"))?,
+        (None, None) => BackendSpec::File(None),
+    };
+    let swap_bytes = o
+        .swap_size
+        .or(size_field(&f.tiers.swap_size, "tiers.swap_size")?)
+        .unwrap_or(8 << 30);
+    let zswap_on = match o.zswap {
+        Some(None) => false,
+        Some(Some(_)) => true,
+        None => f.zswap.enabled.unwrap_or(true),
+    };
+    let zswap = if zswap_on {
+        let mut z = ZswapTier::default();
+        if let Some(c) = &f.zswap.compressor {
+            z.compressor = parse_compressor(c).map_err(|e| anyhow::anyhow!("zswap.compressor: {e}"))?;
+        }
+        if let Some(c) = o.compressor {
+            z.compressor = c;
+        }
+        z.max_pool_bytes = match (o.zswap, size_field(&f.zswap.max_pool, "zswap.max_pool")?) {
+            (Some(Some(n)), _) | (_, Some(n)) => n,
+            _ => physical_memory() / 5,
+        };
+        if z.max_pool_bytes < 1 << 20 {
+            bail!("zswap pool limit {} is too small: at least 1M", z.max_pool_bytes);
+        }
+        if let Some(p) = f.zswap.accept_threshold_percent {
+            if p > 100 {
+                bail!("zswap.accept_threshold_percent = {p}: 0 to 100");
+            }
+            z.accept_threshold_percent = p;
+        }
+        if let Some(p) = f.zswap.writeback_start_percent {
+            if !(1..=100).contains(&p) {
+                bail!("zswap.writeback_start_percent = {p}: 1 to 100");
+            }
+            z.writeback_start_percent = p;
+        }
+        z.multi_page = f.zswap.multi_page.unwrap_or(z.multi_page);
+        z.crc = f.zswap.crc.unwrap_or(z.crc);
+        Some(z)
+    } else {
+        None
+    };
+    if zswap.is_none() && backend == BackendSpec::None {
+        bail!("no tier to evict to: zswap is off and the backend is none");
+    }
+    let fail_writes = match size_field(&f.test.fail_writes_after, "test.fail_writes_after")? {
+        None => None,
+        Some(after_bytes) => Some(FailWrites {
+            after_bytes,
+            errno: match f.test.fail_errno.as_deref().unwrap_or("EIO") {
+                "EIO" => libc::EIO,
+                "ENOSPC" => libc::ENOSPC,
+                other => bail!("test.fail_errno = {other:?}: EIO or ENOSPC"),
+            },
+        }),
+    };
+    let mut policy = PolicyConfig::default();
+    if let Some(s) = &f.policy.name {
+        policy.kind = parse_policy(s).map_err(|e| anyhow::anyhow!("policy.name: {e}"))?;
+    }
+    if let Some(s) = &f.policy.access {
+        policy.access = parse_access(s).map_err(|e| anyhow::anyhow!("policy.access: {e}"))?;
+    }
+    if let Some(p) = f.policy.page_cluster {
+        if p > 4 {
+            bail!("policy.page_cluster = {p}: 0 to 4 (at most 16 pages)");
+        }
+        policy.page_cluster = p;
+    }
+    if let Some(k) = o.policy {
+        policy.kind = k;
+    }
+    if let Some(a) = o.access {
+        policy.access = a;
+    }
+    Ok(Resolved {
+        limit,
+        tiers: TierConfig {
+            zswap,
+            backend,
+            swap_bytes,
+            large_folios: f.tiers.large_folios.unwrap_or(true),
+            discard: f.tiers.discard.unwrap_or(true),
+            fail_writes,
+            tmp_dir: PathBuf::from("/var/tmp"),
+        },
+        policy,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> tempfile_path::TempPath {
+        tempfile_path::TempPath::with(text)
+    }
+
+    mod tempfile_path {
+        pub struct TempPath(pub std::path::PathBuf);
+        impl TempPath {
+            pub fn with(text: &str) -> Self {
+                use std::sync::atomic::{AtomicU32, Ordering};
+                static N: AtomicU32 = AtomicU32::new(0);
+                let p = std::env::temp_dir().join(format!(
+                    "uffd-daemon-config-{}-{}.toml",
+                    std::process::id(),
+                    N.fetch_add(1, Ordering::Relaxed)
+                ));
+                std::fs::write(&p, text).unwrap();
+                TempPath(p)
+            }
+        }
+        impl Drop for TempPath {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn file_and_overrides() {
+        let p = write(
+            "limit = \"64M\"\n[tiers]\nbackend = \"pmem:/tmp/x\"\nswap_size = \"1G\"\n\
+             [zswap]\ncompressor = \"zstd:3\"\nmax_pool = \"32M\"\n[policy]\nname = \"clock\"\npage_cluster = 2\n",
+        );
+        let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
+        assert_eq!(r.limit, 64 << 20);
+        assert_eq!(r.tiers.backend, BackendSpec::Pmem("/tmp/x".into()));
+        assert_eq!(r.tiers.swap_bytes, 1 << 30);
+        let z = r.tiers.zswap.as_ref().unwrap();
+        assert_eq!(z.compressor, Compressor::Zstd { level: 3 });
+        assert_eq!(z.max_pool_bytes, 32 << 20);
+        assert_eq!(r.policy.kind, PolicyKind::Clock);
+        assert_eq!(r.policy.page_cluster, 2);
+        let o = Overrides {
+            limit: Some(1 << 30),
+            zswap: Some(None),
+            backend: Some(BackendSpec::File(None)),
+            ..Overrides::default()
+        };
+        let r = resolve(Some(&p.0), &o).unwrap();
+        assert_eq!(r.limit, 1 << 30);
+        assert!(r.tiers.zswap.is_none());
+        assert_eq!(r.tiers.backend, BackendSpec::File(None));
+    }
+
+    #[test]
+    fn errors_name_what_is_wrong() {
+        let p = write("limit = \"64M\"\n[zswap]\ncompresor = \"lz4\"\n");
+        let e = format!("{:#}", resolve(Some(&p.0), &Overrides::default()).unwrap_err());
+        assert!(e.contains("compresor"), "{e}");
+        let p = write("limit = \"64Q\"\n");
+        let e = format!("{:#}", resolve(Some(&p.0), &Overrides::default()).unwrap_err());
+        assert!(e.contains("limit") && e.contains("unit"), "{e}");
+        let p = write("[tiers]\nbackend = \"tape:/dev/st0\"\n");
+        let o = Overrides {
+            limit: Some(1 << 30),
+            ..Overrides::default()
+        };
+        let e = format!("{:#}", resolve(Some(&p.0), &o).unwrap_err());
+        assert!(e.contains("tape"), "{e}");
+        let o = Overrides {
+            limit: Some(1 << 30),
+            zswap: Some(None),
+            backend: Some(BackendSpec::None),
+            ..Overrides::default()
+        };
+        let e = format!("{:#}", resolve(None, &o).unwrap_err());
+        assert!(e.contains("no tier"), "{e}");
+        assert!(resolve(None, &Overrides::default()).is_err(), "no limit");
+        assert!(parse_compressor("zstd:99").is_err());
+        assert_eq!(parse_compressor("zstd:-3").unwrap(), Compressor::Zstd { level: -3 });
+    }
+}

@@ -1,0 +1,1208 @@
+//! The storage tiers below resident memory, after the kernel's swap-out path:
+//!
+//! ```text
+//! evicted folio ─▶ swap-alloc slot(s) (order 0, or order 4 for a 64 KiB folio)
+//!               ─▶ zswap.store(slot, folio)          (compressed, in the daemon; zswpout)
+//!                    └─ refused (pool limit, poor compression) ─▶ backend.write(slot) (pswpout)
+//! zswap over its limit ─▶ shrinker registry ─▶ zswap writeback shrinker
+//!                    ─▶ coldest entries, decompressed ─▶ backend.write(slot) (zswpwb)
+//! fault ─▶ zswap.load_shared(slot) (zswpin) | backend.read(slot) (pswpin)
+//! ```
+//!
+//! Every stored page is named by its swap-alloc slot, as in the kernel: zswap is keyed by the
+//! slot, and the backend holds the slot's page at `slot * 4096`. A slot is allocated before
+//! the page is stored anywhere, so writeback needs no allocation: it writes the page where its
+//! slot says. Reference counts are swap-alloc's (`dup` on fork, `put` when a page table entry
+//! lets go). Freeing a slot invalidates its zswap entry *before* the slot can be handed out
+//! again: the slot is pinned with the has-cache flag while its last reference is dropped and
+//! the entry invalidated (`put_slot`), so a new store under the same slot can never be removed
+//! by a late invalidation.
+//!
+//! A backend that fails (EIO, ENOSPC) loses nothing: a direct store that fails leaves the pages
+//! resident (the caller aborts their eviction), a writeback that fails leaves the entry in
+//! zswap; both are counted and the first of each is logged.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use shrinker::{Count, Scan, ShrinkControl, Shrinker, ShrinkerConfig, ShrinkerHandle};
+use swap_alloc::{DeviceConfig, DeviceId, DiscardHook, SwapDevice, SwapEntry};
+use zswap::{Compressor, LoadError, StoreError, Zswap};
+
+use crate::sys::{PAGE_SIZE, PAGE_SIZE_U64};
+
+/// Slot value meaning "the page was all zeros; nothing is stored".
+pub const ZERO_SLOT: u32 = u32::MAX;
+
+/// Pages of a large folio (order 4, 64 KiB).
+pub const FOLIO_PAGES: usize = 16;
+/// The order of a large folio.
+pub const FOLIO_ORDER: u32 = 4;
+
+/// Where the backing device lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendSpec {
+    /// No backing device: zswap only (pages zswap refuses stay resident).
+    None,
+    /// A swap file: the named path (created 0600, must not exist, removed at exit), or an
+    /// unnamed temporary file when `None`.
+    File(Option<PathBuf>),
+    /// A pmem-backed device: a DAX character device (`/dev/daxX.Y`), a file on a DAX mount
+    /// (mapped with `MAP_SYNC`), or else an ordinary file mapped shared ("simulated pmem").
+    /// A file is created 0600 (must not exist) and removed at exit.
+    Pmem(PathBuf),
+}
+
+impl BackendSpec {
+    /// Parses `none`, `file`, `file:PATH`, `pmem:PATH`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.split_once(':') {
+            None if s == "none" => Ok(BackendSpec::None),
+            None if s == "file" => Ok(BackendSpec::File(None)),
+            Some(("file", p)) if !p.is_empty() => Ok(BackendSpec::File(Some(PathBuf::from(p)))),
+            Some(("pmem", p)) if !p.is_empty() => Ok(BackendSpec::Pmem(PathBuf::from(p))),
+            _ => Err(format!(
+                "unknown backend {s:?}: expected none, file, file:PATH or pmem:PATH"
+            )),
+        }
+    }
+}
+
+/// An injected failure, for tests of the failure paths (`[backend] fail_writes_after`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailWrites {
+    /// Writes succeed for this many bytes, then every write fails.
+    pub after_bytes: u64,
+    /// The errno they fail with (`EIO` or `ENOSPC`).
+    pub errno: i32,
+}
+
+/// The tiers' configuration.
+#[derive(Debug, Clone)]
+pub struct TierConfig {
+    /// The compressed tier; `None` to write evicted pages straight to the backend.
+    pub zswap: Option<ZswapTier>,
+    /// The backing device.
+    pub backend: BackendSpec,
+    /// Size of the swap space (slots on the device, and the backend's size), bytes.
+    pub swap_bytes: u64,
+    /// Evict aligned runs of 16 pages as one order-4 folio.
+    pub large_folios: bool,
+    /// Punch freed clusters out of a swap file (the discard hook).
+    pub discard: bool,
+    /// Failure injection (tests).
+    pub fail_writes: Option<FailWrites>,
+    /// Directory for an unnamed swap file.
+    pub tmp_dir: PathBuf,
+}
+
+/// The compressed tier's settings.
+#[derive(Debug, Clone)]
+pub struct ZswapTier {
+    /// The compressor.
+    pub compressor: Compressor,
+    /// The pool's limit in bytes.
+    pub max_pool_bytes: u64,
+    /// Accept threshold, percent of the limit.
+    pub accept_threshold_percent: u8,
+    /// Compress large folios as one multi-page object (better ratio, costlier single loads).
+    pub multi_page: bool,
+    /// CRC32C of every page, checked on load.
+    pub crc: bool,
+    /// Writeback to the backend starts when the pool passes this percentage of its limit.
+    pub writeback_start_percent: u8,
+}
+
+impl Default for ZswapTier {
+    fn default() -> Self {
+        ZswapTier {
+            compressor: Compressor::Lz4,
+            max_pool_bytes: 256 << 20,
+            accept_threshold_percent: 90,
+            multi_page: false,
+            crc: true,
+            writeback_start_percent: 95,
+        }
+    }
+}
+
+/// The backing device's interface: page-granular reads and writes at byte offsets.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// `file` or `pmem` (and how it is mapped).
+    fn describe(&self) -> String;
+    /// Writes `data` (whole pages) at `offset`.
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Reads `out.len()` bytes at `offset`.
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()>;
+    /// The slots `[offset, offset + len)` are free: the backend may drop their contents.
+    fn discard(&self, _offset: u64, _len: u64) {}
+}
+
+fn create_private(path: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", path.display())))
+}
+
+/// A swap file, read and written with `pread`/`pwrite`.
+#[derive(Debug)]
+pub struct FileBackend {
+    file: File,
+    path: Option<PathBuf>,
+}
+
+impl FileBackend {
+    /// Creates `path` (must not exist) with mode 0600, or an unnamed `O_TMPFILE` in `dir`.
+    pub fn create(path: Option<&Path>, dir: &Path) -> io::Result<Self> {
+        let file = match path {
+            Some(p) => create_private(p)?,
+            None => std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+                .open(dir)
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("creating a temporary swap file in {}: {e}", dir.display()),
+                    )
+                })?,
+        };
+        Ok(FileBackend {
+            file,
+            path: path.map(Path::to_path_buf),
+        })
+    }
+}
+
+impl Backend for FileBackend {
+    fn describe(&self) -> String {
+        match &self.path {
+            Some(p) => format!("file {}", p.display()),
+            None => "file (unnamed)".into(),
+        }
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(data, offset)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(out, offset)
+    }
+    fn discard(&self, offset: u64, len: u64) {
+        // SAFETY: fallocate(2) on our own descriptor with integer arguments.
+        unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+    }
+}
+
+impl Drop for FileBackend {
+    fn drop(&mut self) {
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// A pmem-backed device mapped into the daemon and accessed by memory copy.
+pub struct PmemBackend {
+    base: *mut u8,
+    len: usize,
+    mode: &'static str,
+    path: PathBuf,
+    remove_at_exit: bool,
+    _file: File,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; every access copies bytes
+// of a range checked against `len`, and callers never access one slot from two threads at
+// once (a slot is written before it is published and read only while referenced).
+unsafe impl Send for PmemBackend {}
+// SAFETY: see `Send`.
+unsafe impl Sync for PmemBackend {}
+
+impl fmt::Debug for PmemBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PmemBackend")
+            .field("path", &self.path)
+            .field("len", &self.len)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+impl PmemBackend {
+    /// Opens a DAX character device, or creates `path` (must not exist) of `len` bytes,
+    /// fully allocated so that a store can never fault for lack of space, and maps it: with
+    /// `MAP_SYNC` where the file system is DAX, shared otherwise.
+    pub fn open(path: &Path, len: u64) -> io::Result<Self> {
+        let meta = std::fs::metadata(path).ok();
+        let is_dax_dev = meta.as_ref().is_some_and(|m| m.file_type().is_char_device());
+        let (file, len, remove) = if is_dax_dev {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(path)
+                .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", path.display())))?;
+            let size = dax_device_size(path).unwrap_or(len).min(len.max(1));
+            (f, size, false)
+        } else {
+            let f = create_private(path)?;
+            // SAFETY: fallocate(2) on our own descriptor.
+            let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
+            if rc != 0 {
+                let e = io::Error::last_os_error();
+                let _ = std::fs::remove_file(path);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("allocating {len} bytes for pmem file {}: {e}", path.display()),
+                ));
+            }
+            (f, len, true)
+        };
+        let len = len as usize;
+        let fd = file.as_raw_fd();
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: mmap(2) of our own descriptor, a fresh mapping chosen by the kernel.
+        let mut base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
+                fd,
+                0,
+            )
+        };
+        let mut mode = if is_dax_dev { "dax device" } else { "dax file, MAP_SYNC" };
+        if base == libc::MAP_FAILED {
+            // Not DAX: the seeds' "simulated pmem", an ordinary shared mapping of the file.
+            // SAFETY: as above.
+            base = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
+            mode = "simulated (shared file mapping)";
+        }
+        if base == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            if remove {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(io::Error::new(
+                e.kind(),
+                format!("mapping pmem {}: {e}", path.display()),
+            ));
+        }
+        Ok(PmemBackend {
+            base: base.cast(),
+            len,
+            mode,
+            path: path.to_path_buf(),
+            remove_at_exit: remove,
+            _file: file,
+        })
+    }
+
+    fn check(&self, offset: u64, n: usize) -> io::Result<usize> {
+        let off = usize::try_from(offset).unwrap_or(usize::MAX);
+        if off.checked_add(n).is_none_or(|end| end > self.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "pmem access of {n} bytes at {offset:#x} beyond its {} bytes",
+                    self.len
+                ),
+            ));
+        }
+        Ok(off)
+    }
+}
+
+fn dax_device_size(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    let s = std::fs::read_to_string(format!("/sys/bus/dax/devices/{name}/size")).ok()?;
+    s.trim().parse().ok()
+}
+
+impl Backend for PmemBackend {
+    fn describe(&self) -> String {
+        format!("pmem {} ({})", self.path.display(), self.mode)
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let off = self.check(offset, data.len())?;
+        // SAFETY: `off..off + len` lies in the mapping (checked); `data` does not overlap it.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(off), data.len()) };
+        Ok(())
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        let off = self.check(offset, out.len())?;
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(off), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+}
+
+impl Drop for PmemBackend {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `open`, unmapped once.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+        if self.remove_at_exit {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Failure injection around a backend (tests of the failure paths).
+#[derive(Debug)]
+struct Failing {
+    inner: Box<dyn Backend>,
+    fail: FailWrites,
+    written: AtomicU64,
+}
+
+impl Backend for Failing {
+    fn describe(&self) -> String {
+        format!(
+            "{} (writes fail with errno {} after {} bytes)",
+            self.inner.describe(),
+            self.fail.errno,
+            self.fail.after_bytes
+        )
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let before = self.written.fetch_add(data.len() as u64, Ordering::Relaxed);
+        if before + data.len() as u64 > self.fail.after_bytes {
+            return Err(io::Error::from_raw_os_error(self.fail.errno));
+        }
+        self.inner.write(offset, data)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn discard(&self, offset: u64, len: u64) {
+        self.inner.discard(offset, len)
+    }
+}
+
+/// The per-tier counters, named like /proc/vmstat.
+#[derive(Debug, Default)]
+pub struct TierStats {
+    /// Pages written to the backend by eviction (`pswpout`).
+    pub pswpout: AtomicU64,
+    /// Pages read from the backend by faults (`pswpin`).
+    pub pswpin: AtomicU64,
+    /// Pages written back from zswap to the backend (`zswpwb`).
+    pub zswpwb: AtomicU64,
+    /// Pages stored by eviction in zswap (`zswpout`).
+    pub zswpout: AtomicU64,
+    /// Pages read from zswap by faults (`zswpin`).
+    pub zswpin: AtomicU64,
+    /// Folios stored, by order 0..=9 (`swpout` per mTHP size).
+    pub swpout_by_order: [AtomicU64; 10],
+    /// Order-4 slot allocations that failed and fell back to single slots
+    /// (`swpout_fallback`).
+    pub swpout_fallback: AtomicU64,
+    /// Folios that zswap refused and went to the backend.
+    pub zswap_rejected: AtomicU64,
+    /// Backend writes that failed (pages stayed resident or in zswap).
+    pub backend_write_errors: AtomicU64,
+    /// Backend reads that failed.
+    pub backend_read_errors: AtomicU64,
+    /// Writeback attempts that failed (entries stayed in zswap).
+    pub writeback_errors: AtomicU64,
+    /// Evictions refused because no tier could take the pages (no space, no backend).
+    pub store_refused: AtomicU64,
+    /// Shrink passes the daemon ran.
+    pub shrink_calls: AtomicU64,
+    /// The largest zswap pool seen after an eviction batch, bytes.
+    pub pool_max_bytes: AtomicU64,
+    /// The compression ratio (stored bytes / pool bytes) when the pool was largest, as f64
+    /// bits.
+    pub ratio_at_max_bits: AtomicU64,
+}
+
+/// Why a store failed; the pages are not stored anywhere and keep no slot.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreFail {
+    /// No free slot on the device.
+    #[error("the swap space is full")]
+    NoSpace,
+    /// zswap refused the folio and there is no backend.
+    #[error("zswap refused the pages and there is no backing device: {0}")]
+    Refused(StoreError),
+    /// The backend failed.
+    #[error("writing to the backing device failed: {0}")]
+    Io(io::Error),
+}
+
+/// Where a page was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// The compressed pool.
+    Zswap,
+    /// The backing device.
+    Backend,
+}
+
+struct Discarder(Arc<dyn Backend>);
+impl DiscardHook for Discarder {
+    fn discard(&self, _device: DeviceId, first: u64, nr: u64) {
+        self.0.discard(first * PAGE_SIZE_U64, nr * PAGE_SIZE_U64);
+    }
+}
+
+/// The tiers: the slot device, zswap, the backend, and the shrinker registry that drives
+/// zswap's writeback.
+pub struct Tiers {
+    dev: SwapDevice,
+    zswap: Option<Arc<Zswap>>,
+    backend: Option<Arc<dyn Backend>>,
+    registry: shrinker::ShrinkerRegistry,
+    _zswap_shrinker: Option<ShrinkerHandle>,
+    /// Counters.
+    pub stats: Arc<TierStats>,
+    cfg: TierConfig,
+    write_error_logged: AtomicBool,
+    writeback_error_logged: Arc<AtomicBool>,
+}
+
+impl fmt::Debug for Tiers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tiers")
+            .field("nslots", &self.dev.nslots())
+            .field("zswap", &self.zswap.is_some())
+            .field("backend", &self.backend)
+            .finish()
+    }
+}
+
+/// zswap's writeback shrinker: `count_objects` is what zswap could write back, `scan_objects`
+/// writes that many of its coldest entries to the backend.
+struct ZswapShrinker {
+    zswap: Arc<Zswap>,
+    backend: Arc<dyn Backend>,
+    stats: Arc<TierStats>,
+    logged: Arc<AtomicBool>,
+}
+
+impl Shrinker for ZswapShrinker {
+    fn count_objects(&self, _sc: &ShrinkControl) -> Count {
+        match self.zswap.count_objects() {
+            0 => Count::Empty,
+            n => Count::Objects(n as u64),
+        }
+    }
+    fn scan_objects(&self, sc: &mut ShrinkControl) -> Scan {
+        let backend = &self.backend;
+        let mut first_error = None;
+        let r = self
+            .zswap
+            .scan_objects(sc.nr_to_scan as usize, &mut |entry: u64, page: &[u8]| {
+                backend.write(entry * PAGE_SIZE_U64, page).inspect_err(|e| {
+                    if first_error.is_none() {
+                        first_error = Some(e.to_string());
+                    }
+                })
+            });
+        sc.nr_scanned = r.scanned as u64;
+        self.stats
+            .zswpwb
+            .fetch_add(r.written_back as u64, Ordering::Relaxed);
+        if r.failed > 0 {
+            self.stats
+                .writeback_errors
+                .fetch_add(r.failed as u64, Ordering::Relaxed);
+            if !self.logged.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "uffd-daemon: zswap writeback to the backing device failed ({}); the pages stay in zswap",
+                    first_error.as_deref().unwrap_or("decompression failed")
+                );
+            }
+        }
+        if r.written_back == 0 {
+            Scan::Stop
+        } else {
+            Scan::Freed(r.written_back as u64)
+        }
+    }
+}
+
+impl Tiers {
+    /// Sets up the tiers.
+    pub fn new(cfg: TierConfig) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let nslots = (cfg.swap_bytes / PAGE_SIZE_U64).clamp(1024, u64::from(ZERO_SLOT - 1));
+        let swap_bytes = nslots * PAGE_SIZE_U64;
+        let backend: Option<Arc<dyn Backend>> = match &cfg.backend {
+            BackendSpec::None => None,
+            BackendSpec::File(path) => {
+                let b = FileBackend::create(path.as_deref(), &cfg.tmp_dir)
+                    .or_else(|e| {
+                        if path.is_none() {
+                            FileBackend::create(None, &std::env::temp_dir())
+                        } else {
+                            Err(e)
+                        }
+                    })
+                    .context("creating the swap file")?;
+                Some(Arc::new(b))
+            }
+            BackendSpec::Pmem(path) => Some(Arc::new(
+                PmemBackend::open(path, swap_bytes).context("setting up the pmem device")?,
+            )),
+        };
+        let backend: Option<Arc<dyn Backend>> = match (backend, cfg.fail_writes) {
+            (Some(b), Some(fail)) => {
+                let inner: Box<dyn Backend> = Box::new(ArcBackend(b));
+                Some(Arc::new(Failing {
+                    inner,
+                    fail,
+                    written: AtomicU64::new(0),
+                }))
+            }
+            (b, _) => b,
+        };
+        let mut dcfg = DeviceConfig::new(nslots);
+        if cfg.discard {
+            if let Some(b) = &backend {
+                dcfg = dcfg.discard(Arc::new(Discarder(Arc::clone(b))));
+            }
+        }
+        let dev = SwapDevice::new(dcfg).context("creating the swap slot device")?;
+        let zswap = match &cfg.zswap {
+            None => None,
+            Some(z) => {
+                let mut zc = zswap::Config::new(z.compressor);
+                zc.max_pool_bytes = z.max_pool_bytes;
+                zc.accept_threshold_percent = z.accept_threshold_percent;
+                zc.crc = z.crc;
+                if !z.multi_page {
+                    zc.multi_page_min_pages = 0;
+                }
+                Some(Arc::new(Zswap::new(zc).context("creating the zswap pool")?))
+            }
+        };
+        let stats = Arc::new(TierStats::default());
+        let registry = shrinker::ShrinkerRegistry::new(1).context("creating the shrinker registry")?;
+        let logged = Arc::new(AtomicBool::new(false));
+        let zswap_shrinker = match (&zswap, &backend) {
+            (Some(z), Some(b)) => Some(
+                registry
+                    .register(
+                        ShrinkerConfig::new("zswap-writeback").seeks(shrinker::DEFAULT_SEEKS),
+                        ZswapShrinker {
+                            zswap: Arc::clone(z),
+                            backend: Arc::clone(b),
+                            stats: Arc::clone(&stats),
+                            logged: Arc::clone(&logged),
+                        },
+                    )
+                    .context("registering the zswap shrinker")?,
+            ),
+            _ => None,
+        };
+        Ok(Tiers {
+            dev,
+            zswap,
+            backend,
+            registry,
+            _zswap_shrinker: zswap_shrinker,
+            stats,
+            cfg,
+            write_error_logged: AtomicBool::new(false),
+            writeback_error_logged: logged,
+        })
+    }
+
+    /// The shrinker registry (the daemon's other caches register here too).
+    pub fn registry(&self) -> &shrinker::ShrinkerRegistry {
+        &self.registry
+    }
+
+    /// A line for the log: what the tiers are.
+    pub fn describe(&self) -> String {
+        let z = match (&self.zswap, &self.cfg.zswap) {
+            (Some(_), Some(c)) => format!(
+                "zswap {} (pool limit {} MiB)",
+                c.compressor.name(),
+                c.max_pool_bytes >> 20
+            ),
+            _ => "no zswap".into(),
+        };
+        let b = match &self.backend {
+            Some(b) => b.describe(),
+            None => "no backing device".into(),
+        };
+        format!(
+            "{z}, {b}, {} MiB of swap slots",
+            self.dev.nslots() * PAGE_SIZE_U64 >> 20
+        )
+    }
+
+    /// Whether large folios are evicted whole.
+    pub fn large_folios(&self) -> bool {
+        self.cfg.large_folios
+    }
+
+    fn entry(&self, slot: u32) -> SwapEntry {
+        SwapEntry::new(self.dev.id(), u64::from(slot)).expect("slots fit in an entry")
+    }
+
+    /// Stores evicted units: each is `(order, data)` with `data` of `2^order` pages. Returns,
+    /// for each unit, the slot of each of its pages, or why it could not be stored (then it
+    /// holds no slot and is stored nowhere). Units are independent: one failing does not fail
+    /// the others.
+    pub fn store_units(&self, units: &[(u32, &[u8])]) -> Vec<Result<Vec<u32>, StoreFail>> {
+        // 1. Slots: contiguous for a folio, or one per page if its order cannot be served.
+        let mut slots: Vec<Option<Vec<u32>>> = Vec::with_capacity(units.len());
+        for &(order, data) in units {
+            let n = data.len() / PAGE_SIZE;
+            let got = match self.dev.alloc(order) {
+                Ok(e) => Some((0..n as u32).map(|i| e.offset() as u32 + i).collect()),
+                Err(_) if order > 0 => {
+                    self.stats.swpout_fallback.fetch_add(1, Ordering::Relaxed);
+                    let mut v = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        match self.dev.alloc(0) {
+                            Ok(e) => v.push(e.offset() as u32),
+                            Err(_) => break,
+                        }
+                    }
+                    if v.len() == n {
+                        Some(v)
+                    } else {
+                        self.put_fresh(&v);
+                        None
+                    }
+                }
+                Err(_) => None,
+            };
+            slots.push(got);
+        }
+        let mut out: Vec<Option<Result<Vec<u32>, StoreFail>>> = (0..units.len()).map(|_| None).collect();
+        // 2. zswap first; what it refuses goes to the backend.
+        let mut to_backend: Vec<(u32, usize, usize)> = Vec::new(); // (slot, unit, page)
+        for (u, (&(order, data), s)) in units.iter().zip(&slots).enumerate() {
+            let Some(s) = s else {
+                self.stats.store_refused.fetch_add(1, Ordering::Relaxed);
+                out[u] = Some(Err(StoreFail::NoSpace));
+                continue;
+            };
+            let contiguous = s.windows(2).all(|w| w[1] == w[0] + 1);
+            if let Some(z) = &self.zswap {
+                let stored = if contiguous {
+                    z.store(u64::from(s[0]), data)
+                } else {
+                    // Fallback slots: page by page, all or nothing.
+                    let mut r = Ok(());
+                    for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
+                        if let Err(e) = z.store(u64::from(s[i]), page) {
+                            for &done in &s[..i] {
+                                z.invalidate(u64::from(done), 1);
+                            }
+                            r = Err(e);
+                            break;
+                        }
+                    }
+                    r
+                };
+                match stored {
+                    Ok(()) => {
+                        self.stats
+                            .zswpout
+                            .fetch_add(s.len() as u64, Ordering::Relaxed);
+                        self.stats.swpout_by_order[order as usize].fetch_add(1, Ordering::Relaxed);
+                        out[u] = Some(Ok(s.clone()));
+                        continue;
+                    }
+                    Err(e) => {
+                        self.stats.zswap_rejected.fetch_add(1, Ordering::Relaxed);
+                        if self.backend.is_none() {
+                            self.stats.store_refused.fetch_add(1, Ordering::Relaxed);
+                            self.put_fresh(s);
+                            out[u] = Some(Err(StoreFail::Refused(e)));
+                            continue;
+                        }
+                    }
+                }
+            } else if self.backend.is_none() {
+                self.put_fresh(s);
+                out[u] = Some(Err(StoreFail::NoSpace));
+                continue;
+            }
+            for (i, &slot) in s.iter().enumerate() {
+                to_backend.push((slot, u, i));
+            }
+        }
+        // 3. Backend writes, one per run of consecutive slots.
+        if let Some(b) = &self.backend {
+            to_backend.sort_unstable_by_key(|&(slot, _, _)| slot);
+            let mut failed_units: Vec<(usize, io::Error)> = Vec::new();
+            let mut buf = Vec::new();
+            let mut i = 0;
+            while i < to_backend.len() {
+                let mut j = i + 1;
+                while j < to_backend.len() && to_backend[j].0 == to_backend[j - 1].0 + 1 {
+                    j += 1;
+                }
+                buf.clear();
+                for &(_, u, p) in &to_backend[i..j] {
+                    buf.extend_from_slice(&units[u].1[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]);
+                }
+                if let Err(e) = b.write(u64::from(to_backend[i].0) * PAGE_SIZE_U64, &buf) {
+                    for &(_, u, _) in &to_backend[i..j] {
+                        if !failed_units.iter().any(|(f, _)| *f == u) {
+                            let copy = match e.raw_os_error() {
+                                Some(code) => io::Error::from_raw_os_error(code),
+                                None => io::Error::new(e.kind(), e.to_string()),
+                            };
+                            failed_units.push((u, copy));
+                        }
+                    }
+                }
+                i = j;
+            }
+            for (u, e) in failed_units {
+                if out[u].is_none() {
+                    self.stats.backend_write_errors.fetch_add(1, Ordering::Relaxed);
+                    if !self.write_error_logged.swap(true, Ordering::Relaxed) {
+                        eprintln!(
+                            "uffd-daemon: writing to the backing device failed: {e}; the pages stay resident"
+                        );
+                    }
+                    if let Some(s) = &slots[u] {
+                        self.put_fresh(s);
+                    }
+                    out[u] = Some(Err(StoreFail::Io(e)));
+                }
+            }
+            for &(_, u, _) in &to_backend {
+                if out[u].is_none() {
+                    let s = slots[u].clone().unwrap_or_default();
+                    self.stats
+                        .pswpout
+                        .fetch_add(s.len() as u64, Ordering::Relaxed);
+                    self.stats.swpout_by_order[units[u].0 as usize].fetch_add(1, Ordering::Relaxed);
+                    out[u] = Some(Ok(s));
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or(Err(StoreFail::NoSpace)))
+            .collect()
+    }
+
+    /// Frees slots that were just allocated and hold nothing anywhere.
+    fn put_fresh(&self, slots: &[u32]) {
+        for &s in slots {
+            if let Err(e) = self.dev.put(self.entry(s)) {
+                eprintln!("uffd-daemon: BUG: freeing fresh slot {s}: {e}");
+            }
+        }
+    }
+
+    /// Reads the page of `slot` into `out` (one page), leaving it stored.
+    pub fn read(&self, slot: u32, out: &mut [u8]) -> io::Result<Tier> {
+        if let Some(z) = &self.zswap {
+            match z.load_shared(u64::from(slot), out) {
+                Ok(()) => {
+                    self.stats.zswpin.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Tier::Zswap);
+                }
+                Err(LoadError::NotFound { .. }) => {}
+                Err(e) => {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()));
+                }
+            }
+        }
+        match &self.backend {
+            Some(b) => match b.read(u64::from(slot) * PAGE_SIZE_U64, out) {
+                Ok(()) => {
+                    self.stats.pswpin.fetch_add(1, Ordering::Relaxed);
+                    Ok(Tier::Backend)
+                }
+                Err(e) => {
+                    self.stats.backend_read_errors.fetch_add(1, Ordering::Relaxed);
+                    Err(e)
+                }
+            },
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("slot {slot} is in no tier"),
+            )),
+        }
+    }
+
+    /// Adds a reference to a slot (`swap_duplicate`: a page shared after fork).
+    pub fn dup(&self, slot: u32) -> Result<(), swap_alloc::SwapError> {
+        self.dev.dup(self.entry(slot)).map(|_| ())
+    }
+
+    /// Drops a reference (`swap_free`). With the last one the slot's zswap entry is
+    /// invalidated while the has-cache flag pins the slot, and only then is the slot freed.
+    pub fn put(&self, slot: u32) -> Result<(), swap_alloc::SwapError> {
+        let e = self.entry(slot);
+        // Pin: nobody else frees (and nobody re-allocates) the slot until we clear the flag.
+        // Another sharer dropping its reference at the same time holds the flag briefly.
+        loop {
+            match self.dev.swapcache_prepare(e) {
+                Ok(()) => break,
+                Err(swap_alloc::SwapError::CacheExists { .. }) => std::thread::yield_now(),
+                Err(err) => return Err(err),
+            }
+        }
+        let r = self.dev.put(e);
+        if r.is_ok() {
+            if let Ok(st) = self.dev.slot(e) {
+                if st.count == 0 {
+                    if let Some(z) = &self.zswap {
+                        z.invalidate(u64::from(slot), 1);
+                    }
+                }
+            }
+        }
+        self.dev.swapcache_clear(e)?;
+        r.map(|_| ())
+    }
+
+    /// The reference count of a slot (0 when free).
+    pub fn count(&self, slot: u32) -> u16 {
+        self.dev.slot(self.entry(slot)).map(|s| s.count).unwrap_or(0)
+    }
+
+    /// Records the pool's size (and its ratio when largest); returns the size.
+    fn note_pool(&self, z: &Zswap) -> u64 {
+        let st = z.stats();
+        let pool = st.pool_total_size;
+        if pool > self.stats.pool_max_bytes.fetch_max(pool, Ordering::Relaxed) {
+            let stored = (st.stored_pages - st.same_filled_pages) as f64 * PAGE_SIZE as f64;
+            self.stats
+                .ratio_at_max_bits
+                .store((stored / pool as f64).to_bits(), Ordering::Relaxed);
+        }
+        pool
+    }
+
+    /// Bytes of zswap pool memory now.
+    pub fn pool_bytes(&self) -> u64 {
+        self.zswap.as_ref().map_or(0, |z| z.stats().pool_total_size)
+    }
+
+    /// Slots in use.
+    pub fn slots_in_use(&self) -> u64 {
+        self.dev.in_use()
+    }
+
+    /// Runs zswap's writeback through the shrinker registry while the pool is above its
+    /// writeback mark, down to the accept threshold. Returns the pages written back.
+    pub fn balance(&self) -> u64 {
+        let (Some(z), Some(zc)) = (&self.zswap, &self.cfg.zswap) else {
+            return 0;
+        };
+        if self.backend.is_none() {
+            self.note_pool(z);
+            return 0;
+        }
+        let pool = self.note_pool(z);
+        let start = zc.max_pool_bytes / 100 * u64::from(zc.writeback_start_percent);
+        if pool < start {
+            return 0;
+        }
+        let target = zc.max_pool_bytes / 100 * u64::from(zc.accept_threshold_percent.min(90));
+        let before = self.stats.zswpwb.load(Ordering::Relaxed);
+        // Priority from how far over the target we are: the further, the harder (0 is the
+        // most aggressive, the kernel's DEF_PRIORITY 12 the gentlest).
+        for _ in 0..64 {
+            let pool = z.stats().pool_total_size;
+            if pool <= target {
+                break;
+            }
+            self.stats.shrink_calls.fetch_add(1, Ordering::Relaxed);
+            let req = shrinker::ShrinkRequest::new(0);
+            match self.registry.shrink(&req) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            z.compact();
+        }
+        self.stats.zswpwb.load(Ordering::Relaxed) - before
+    }
+
+    /// Counters for the stats JSON: the tier counters plus zswap's pool figures.
+    pub fn to_json(&self, v: &mut serde_json::Value) {
+        let s = &self.stats;
+        let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        v["pswpout"] = ld(&s.pswpout).into();
+        v["pswpin"] = ld(&s.pswpin).into();
+        v["zswpout"] = ld(&s.zswpout).into();
+        v["zswpin"] = ld(&s.zswpin).into();
+        v["zswpwb"] = ld(&s.zswpwb).into();
+        for (o, c) in s.swpout_by_order.iter().enumerate() {
+            let n = ld(c);
+            if n > 0 {
+                v[format!("swpout_order{o}")] = n.into();
+            }
+        }
+        v["swpout_fallback"] = ld(&s.swpout_fallback).into();
+        v["zswap_rejected"] = ld(&s.zswap_rejected).into();
+        v["backend_write_errors"] = ld(&s.backend_write_errors).into();
+        v["backend_read_errors"] = ld(&s.backend_read_errors).into();
+        v["writeback_errors"] = ld(&s.writeback_errors).into();
+        v["store_refused"] = ld(&s.store_refused).into();
+        v["shrink_calls"] = ld(&s.shrink_calls).into();
+        v["zswap_pool_max_bytes"] = ld(&s.pool_max_bytes).into();
+        v["zswap_ratio_at_max"] = f64::from_bits(ld(&s.ratio_at_max_bits)).into();
+        v["swap_slots_in_use"] = self.dev.in_use().into();
+        v["swap_slots"] = self.dev.nslots().into();
+        if let Some(z) = &self.zswap {
+            let zs = z.stats();
+            v["zswap_stored_pages"] = zs.stored_pages.into();
+            v["zswap_pool_bytes"] = zs.pool_total_size.into();
+            v["zswap_compressed_bytes"] = zs.compressed_bytes.into();
+            v["zswap_same_filled_pages"] = zs.same_filled_pages.into();
+            v["zswap_reject_compress_poor"] = zs.reject_compress_poor.into();
+            v["zswap_reject_pool_limit"] = zs.reject_pool_limit.into();
+            let ratio = if zs.pool_total_size > 0 {
+                (zs.stored_pages - zs.same_filled_pages) as f64 * PAGE_SIZE as f64
+                    / zs.pool_total_size as f64
+            } else {
+                0.0
+            };
+            v["zswap_compression_ratio"] = ratio.into();
+        }
+    }
+
+    /// Full consistency check of the slot device (tests).
+    pub fn check_integrity(&self) -> Result<(), String> {
+        self.dev.check_integrity().map_err(|e| e.to_string())?;
+        if let Some(z) = &self.zswap {
+            z.check_integrity()?;
+        }
+        Ok(())
+    }
+
+    /// Whether `log` of a writeback failure was already printed (tests).
+    pub fn writeback_error_logged(&self) -> bool {
+        self.writeback_error_logged.load(Ordering::Relaxed)
+    }
+}
+
+/// An `Arc<dyn Backend>` as a backend (for wrapping).
+#[derive(Debug)]
+struct ArcBackend(Arc<dyn Backend>);
+impl Backend for ArcBackend {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write(offset, data)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.0.read(offset, out)
+    }
+    fn discard(&self, offset: u64, len: u64) {
+        self.0.discard(offset, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(tag: u64) -> Vec<u8> {
+        let mut p = vec![0u8; PAGE_SIZE];
+        crate::demo::fill_page(&mut p, tag, 7);
+        p
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("uffd-tiers-{name}-{}", std::process::id()))
+    }
+
+    fn cfg(zswap: Option<u64>, backend: BackendSpec) -> TierConfig {
+        TierConfig {
+            zswap: zswap.map(|max| ZswapTier {
+                max_pool_bytes: max,
+                ..ZswapTier::default()
+            }),
+            backend,
+            swap_bytes: 64 << 20,
+            large_folios: true,
+            discard: true,
+            fail_writes: None,
+            tmp_dir: std::env::temp_dir(),
+        }
+    }
+
+    fn setups() -> Vec<(&'static str, TierConfig)> {
+        let _ = std::fs::remove_file(tmp("pmem"));
+        vec![
+            ("zswap", cfg(Some(64 << 20), BackendSpec::None)),
+            ("zswap+file", cfg(Some(64 << 20), BackendSpec::File(None))),
+            ("file", cfg(None, BackendSpec::File(None))),
+            ("pmem", cfg(Some(1 << 20), BackendSpec::Pmem(tmp("pmem")))),
+        ]
+    }
+
+    /// Stores a folio and single pages in every setup, shares one (fork), frees, reuses slots,
+    /// and checks every byte read back.
+    #[test]
+    fn store_read_share_free_in_every_setup() {
+        for (name, c) in setups() {
+            let t = Tiers::new(c).unwrap();
+            let folio: Vec<u8> = (0..16).flat_map(page).collect();
+            let singles: Vec<Vec<u8>> = (100..104).map(page).collect();
+            let mut units: Vec<(u32, &[u8])> = vec![(4, &folio[..])];
+            units.extend(singles.iter().map(|p| (0u32, &p[..])));
+            let got = t.store_units(&units);
+            let slots: Vec<Vec<u32>> = got.into_iter().map(|r| r.unwrap()).collect();
+            assert_eq!(slots[0].len(), 16);
+            assert_eq!(slots[0][0] % 16, 0, "{name}: an order-4 folio is aligned");
+            let mut out = vec![0u8; PAGE_SIZE];
+            for (i, &s) in slots[0].iter().enumerate() {
+                t.read(s, &mut out).unwrap();
+                assert_eq!(out, page(i as u64), "{name}: folio page {i}");
+            }
+            // A shared page: two references, readable until the last goes.
+            let s = slots[1][0];
+            t.dup(s).unwrap();
+            assert_eq!(t.count(s), 2);
+            t.put(s).unwrap();
+            t.read(s, &mut out).unwrap();
+            assert_eq!(out, page(100), "{name}: a page still referenced stays readable");
+            t.put(s).unwrap();
+            assert_eq!(t.count(s), 0);
+            assert!(t.put(s).is_err(), "{name}: freeing a free slot is an error");
+            // The freed slot is reused for new data, which must not be lost to the old entry.
+            let fresh = page(999);
+            let again = t.store_units(&[(0, &fresh[..])]).pop().unwrap().unwrap();
+            t.read(again[0], &mut out).unwrap();
+            assert_eq!(out, fresh, "{name}");
+            t.check_integrity().unwrap();
+            let mut v = serde_json::json!({});
+            t.to_json(&mut v);
+            let out_pages = v["zswpout"].as_u64().unwrap() + v["pswpout"].as_u64().unwrap();
+            assert_eq!(out_pages, 21, "{name}: {v}");
+            assert_eq!(v["swpout_order4"].as_u64(), Some(1), "{name}: {v}");
+        }
+    }
+
+    /// zswap over its limit writes back through the shrinker; the pages are then read from
+    /// the backend.
+    #[test]
+    fn writeback_through_the_shrinker() {
+        let mut c = cfg(Some(1 << 20), BackendSpec::File(None));
+        c.large_folios = false;
+        let t = Tiers::new(c).unwrap();
+        let pages: Vec<Vec<u8>> = (0..1200).map(page).collect();
+        let mut slots = Vec::new();
+        for p in &pages {
+            slots.push(t.store_units(&[(0, &p[..])]).pop().unwrap().unwrap()[0]);
+            t.balance();
+        }
+        let wb = t.stats.zswpwb.load(Ordering::Relaxed);
+        assert!(wb > 0, "nothing was written back");
+        assert!(t.stats.shrink_calls.load(Ordering::Relaxed) > 0);
+        let mut out = vec![0u8; PAGE_SIZE];
+        let mut from_backend = 0;
+        for (i, &s) in slots.iter().enumerate() {
+            if t.read(s, &mut out).unwrap() == Tier::Backend {
+                from_backend += 1;
+            }
+            assert_eq!(out, pages[i], "page {i}");
+        }
+        assert!(from_backend > 0);
+        for &s in &slots {
+            t.put(s).unwrap();
+        }
+        assert_eq!(t.slots_in_use(), 0);
+        t.check_integrity().unwrap();
+    }
+
+    /// A failing backend: direct stores fail and hold no slot; failed writebacks leave the
+    /// entries in zswap, readable.
+    #[test]
+    fn failing_backend_loses_nothing() {
+        let mut c = cfg(None, BackendSpec::File(None));
+        c.fail_writes = Some(FailWrites {
+            after_bytes: 2 * PAGE_SIZE_U64,
+            errno: libc::ENOSPC,
+        });
+        let t = Tiers::new(c).unwrap();
+        let pages: Vec<Vec<u8>> = (0..4).map(page).collect();
+        let r: Vec<_> = pages
+            .iter()
+            .map(|p| t.store_units(&[(0, &p[..])]).pop().unwrap())
+            .collect();
+        assert!(r[0].is_ok() && r[1].is_ok());
+        assert!(matches!(r[2], Err(StoreFail::Io(ref e)) if e.raw_os_error() == Some(libc::ENOSPC)));
+        assert_eq!(t.slots_in_use(), 2, "a failed store holds no slot");
+        assert_eq!(t.stats.backend_write_errors.load(Ordering::Relaxed), 2);
+
+        let mut c = cfg(Some(1 << 20), BackendSpec::File(None));
+        c.fail_writes = Some(FailWrites {
+            after_bytes: 0,
+            errno: libc::EIO,
+        });
+        let t = Tiers::new(c).unwrap();
+        let pages: Vec<Vec<u8>> = (0..1200).map(page).collect();
+        let mut stored = Vec::new();
+        for (i, p) in pages.iter().enumerate() {
+            if let Ok(s) = t.store_units(&[(0, &p[..])]).pop().unwrap() {
+                stored.push((i, s[0]));
+            }
+            t.balance();
+        }
+        assert!(t.stats.writeback_errors.load(Ordering::Relaxed) > 0);
+        assert!(t.writeback_error_logged());
+        assert_eq!(t.stats.zswpwb.load(Ordering::Relaxed), 0);
+        let mut out = vec![0u8; PAGE_SIZE];
+        for &(i, s) in &stored {
+            assert_eq!(t.read(s, &mut out).unwrap(), Tier::Zswap);
+            assert_eq!(out, pages[i]);
+        }
+    }
+
+    #[test]
+    fn backend_specs() {
+        assert_eq!(BackendSpec::parse("none"), Ok(BackendSpec::None));
+        assert_eq!(BackendSpec::parse("file"), Ok(BackendSpec::File(None)));
+        assert_eq!(
+            BackendSpec::parse("pmem:/dev/dax0.0"),
+            Ok(BackendSpec::Pmem("/dev/dax0.0".into()))
+        );
+        assert!(BackendSpec::parse("pmem:").is_err());
+        assert!(BackendSpec::parse("nvme:/x").unwrap_err().contains("nvme"));
+    }
+
+    #[test]
+    fn pmem_refuses_an_existing_file_and_is_removed() {
+        let p = tmp("pmem-existing");
+        std::fs::write(&p, b"precious").unwrap();
+        let e = PmemBackend::open(&p, 1 << 20).unwrap_err();
+        assert!(e.to_string().contains(&p.display().to_string()), "{e}");
+        assert_eq!(std::fs::read(&p).unwrap(), b"precious");
+        std::fs::remove_file(&p).unwrap();
+        let b = PmemBackend::open(&p, 1 << 20).unwrap();
+        assert!(b.write((1 << 20) - 4096, &page(1)).is_ok());
+        assert!(b.write(1 << 20, &page(1)).is_err(), "beyond the device");
+        drop(b);
+        assert!(!p.exists());
+    }
+}

@@ -1,0 +1,277 @@
+//! The composed daemon, tier by tier: zswap only, zswap in front of a swap file, a swap file
+//! alone, and simulated pmem, each in front of real programs that check their data; and a
+//! backing device that fails (injected EIO, a real ENOSPC on a full tmpfs) losing nothing.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+mod common;
+use common::*;
+
+/// A tier setup: its name and the daemon arguments that select it.
+struct Setup {
+    name: &'static str,
+    args: Vec<String>,
+    /// Expect pages in zswap.
+    zswap: bool,
+    /// Expect pages on the backing device.
+    device: bool,
+    _pmem: Option<TempFile>,
+}
+
+struct TempFile(PathBuf);
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn setups() -> Vec<Setup> {
+    let pmem = std::env::temp_dir().join(format!("uffd-test-pmem-{}", std::process::id()));
+    let _ = std::fs::remove_file(&pmem);
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    vec![
+        Setup {
+            name: "zswap",
+            args: s(&["--backend", "none", "--zswap", "1G"]),
+            zswap: true,
+            device: false,
+            _pmem: None,
+        },
+        Setup {
+            // A pool far smaller than what is evicted: the shrinker writes back.
+            name: "zswap+file",
+            args: s(&["--backend", "file", "--zswap", "4M"]),
+            zswap: true,
+            device: true,
+            _pmem: None,
+        },
+        Setup {
+            name: "file",
+            args: s(&["--backend", "file", "--zswap", "off"]),
+            zswap: false,
+            device: true,
+            _pmem: None,
+        },
+        Setup {
+            name: "pmem",
+            args: vec![
+                "--backend".into(),
+                format!("pmem:{}", pmem.display()),
+                "--swap-size".into(),
+                "1G".into(),
+                "--zswap".into(),
+                "4M".into(),
+            ],
+            zswap: true,
+            device: true,
+            _pmem: Some(TempFile(pmem)),
+        },
+    ]
+}
+
+fn args_with<'a>(setup: &'a Setup, limit: &'a str) -> Vec<&'a str> {
+    let mut v: Vec<&str> = vec!["--limit", limit];
+    v.extend(setup.args.iter().map(String::as_str));
+    v
+}
+
+/// The counters show each tier doing its part.
+fn assert_tiers(run: &Run, setup: &Setup) {
+    let (zin, zout) = (run.get("zswpin"), run.get("zswpout"));
+    let device = run.get("pswpout") + run.get("zswpwb");
+    if setup.zswap {
+        assert!(zout > 0 && zin > 0, "{}: zswap was not used", setup.name);
+    } else {
+        assert_eq!(zout, 0, "{}: zswap is off", setup.name);
+    }
+    if setup.device {
+        assert!(device > 0, "{}: nothing reached the device", setup.name);
+        assert!(run.get("pswpin") > 0, "{}: nothing was read from the device", setup.name);
+    } else {
+        assert_eq!(device, 0, "{}: there is no device", setup.name);
+    }
+    assert_eq!(run.get("backend_write_errors"), 0, "{}", setup.name);
+    assert_eq!(run.get("writeback_errors"), 0, "{}", setup.name);
+}
+
+/// Fork (pages shared by parent and child in zswap and on the device), mremap, munmap and
+/// MADV_DONTNEED over evicted pages, read(2) into evicted pages, in every setup.
+#[test]
+fn checker_in_every_setup() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    for setup in setups() {
+        let run = run_with(&args_with(&setup, "8M"), setup.name, &[CHECKER, "all"]);
+        assert_eq!(run.status, 0, "{}: the checker found bad pages", setup.name);
+        assert!(run.stdout.contains("checker: ALL OK"), "{}", setup.name);
+        assert_paged(&run, 32 << 20);
+        assert_tiers(&run, &setup);
+        assert!(run.get("fork_events") >= 1 && run.get("remap_events") >= 2);
+        assert_eq!(run.get("swap_slots_in_use"), 0, "{}: slots leaked", setup.name);
+    }
+}
+
+#[test]
+fn stress_ng_verify_in_every_setup() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("stress-ng") {
+        return;
+    }
+    for setup in setups() {
+        let run = run_with(
+            &args_with(&setup, "64M"),
+            setup.name,
+            &[
+                "stress-ng", "--vm", "2", "--vm-bytes", "192M", "--vm-method", "rand-set",
+                "--verify", "--timeout", "6s",
+            ],
+        );
+        let all = format!("{}{}", run.stdout, run.stderr);
+        assert_eq!(run.status, 0, "{}: stress-ng failed", setup.name);
+        assert!(all.contains("successful run completed"), "{}", setup.name);
+        assert!(!all.contains("fail"), "{}: stress-ng reported a failure", setup.name);
+        assert_paged(&run, 64 << 20);
+        assert_tiers(&run, &setup);
+    }
+}
+
+#[test]
+fn python_in_every_setup() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("python3") {
+        return;
+    }
+    let script = r#"
+import sys
+n = 400_000
+d = {i: ("w%d-" % i) * 8 for i in range(n)}
+l = [bytes([i % 251]) * 300 for i in range(n // 4)]
+bad = sum(1 for i in range(n) if d[i] != ("w%d-" % i) * 8)
+bad += sum(1 for i, b in enumerate(l) if b != bytes([i % 251]) * 300)
+print("python: %d bad" % bad)
+sys.exit(1 if bad else 0)
+"#;
+    let python = real_python();
+    for setup in setups() {
+        let run = run_with(&args_with(&setup, "32M"), setup.name, &[&python, "-c", script]);
+        assert_eq!(run.status, 0, "{}", setup.name);
+        assert!(run.stdout.contains("python: 0 bad"), "{}: python's data did not verify", setup.name);
+        assert_paged(&run, 32 << 20);
+        assert_tiers(&run, &setup);
+    }
+}
+
+#[test]
+fn redis_in_every_setup() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("redis-server") || !have("python3") {
+        return;
+    }
+    for setup in setups() {
+        // About 60 MiB of values under 24 MiB.
+        let run = redis_under(&args_with(&setup, "24M"), setup.name, 30_000);
+        assert_paged(&run, 24 << 20);
+        assert_tiers(&run, &setup);
+    }
+}
+
+fn write_config(name: &str, text: &str) -> TempFile {
+    let p = std::env::temp_dir().join(format!("uffd-test-{name}-{}.toml", std::process::id()));
+    std::fs::write(&p, text).unwrap();
+    TempFile(p)
+}
+
+/// Writes to the device fail with EIO after a few MiB: evictions that need the device are
+/// given up (pages stay resident), writeback failures leave pages in zswap; the program's
+/// data is intact and the failure is in the counters and the log.
+#[test]
+fn failing_device_loses_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    for (name, zswap) in [("eio-direct", "off"), ("eio-writeback", "2M")] {
+        let cfg = write_config(
+            name,
+            &format!(
+                "[tiers]\nbackend = \"file\"\n[zswap]\nenabled = {}\nmax_pool = \"{}\"\n\
+                 [test]\nfail_writes_after = \"4M\"\nfail_errno = \"EIO\"\n",
+                zswap != "off",
+                if zswap == "off" { "4M" } else { zswap }
+            ),
+        );
+        let run = run_with(
+            &["--limit", "16M", "--config", &cfg.0.to_string_lossy()],
+            name,
+            &[DAEMON, "workload", "--size", "40M"],
+        );
+        assert_eq!(run.status, 0, "{name}: the workload found bad pages");
+        assert!(run.stdout.contains("0 bad pages"), "{name}");
+        let errors = run.get("backend_write_errors") + run.get("writeback_errors");
+        assert!(errors > 0, "{name}: the injected failure was not hit");
+        assert!(
+            run.stderr.contains("failed") && run.stderr.contains("Input/output error"),
+            "{name}: the failure is not in the log: {}",
+            run.stderr
+        );
+    }
+}
+
+/// A real ENOSPC: the swap file lives on a 4 MiB tmpfs.
+#[test]
+fn full_device_loses_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uffd-test-tmpfs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(mounted, "mounting a small tmpfs needs root (CI has it)");
+    let swap = dir.join("swap");
+    let run = run_with(
+        &[
+            "--limit",
+            "16M",
+            "--zswap",
+            "off",
+            "--backend",
+            &format!("file:{}", swap.display()),
+        ],
+        "enospc",
+        &[DAEMON, "workload", "--size", "40M"],
+    );
+    let _ = Command::new("umount").arg(&dir).status();
+    let _ = std::fs::remove_dir(&dir);
+    assert_eq!(run.status, 0, "the workload found bad pages");
+    assert!(run.stdout.contains("0 bad pages"));
+    assert!(run.get("backend_write_errors") > 0, "the device never filled");
+    assert!(run.stderr.contains("No space left on device"), "{}", run.stderr);
+    assert!(run.get("evicted_pages") > 0, "what fit was evicted");
+}
+
+#[test]
+fn bad_configuration_is_named() {
+    let cfg = write_config("bad", "[zswap]\nmax_pol = \"4M\"\n");
+    let out = Command::new(DAEMON)
+        .args(["run", "--limit", "16M", "--config"])
+        .arg(&cfg.0)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("max_pol"), "{err}");
+    let out = Command::new(DAEMON)
+        .args(["run", "--limit", "16M", "--backend", "tape:/dev/st0", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tape"));
+}

@@ -18,6 +18,8 @@ use std::time::Instant;
 use serde_json::json;
 use uffd_daemon::sys::{self, Fill, RawUffdMsg, Uffd, UffdEvent, PAGE_SIZE};
 
+use uffd_daemon::config::{AccessMode, Overrides, PolicyKind};
+
 use super::{Options, Report};
 
 /// Argument that makes the report binary act as the measured client.
@@ -117,6 +119,49 @@ pub fn client_main(args: &[String]) -> i32 {
             v["bad_pages"] = bad.into();
             v
         }
+        // A skewed workload for the replacement policy: `pages` pages, the first
+        // `pages / 8` hot. Every page is written once; then `touches` random touches go 90% to
+        // the hot pages and 10% to the rest, each checking the page's tag and writing it.
+        "skew" => {
+            let touches: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(200_000);
+            let base = map(pages * PAGE_SIZE);
+            let tag = |i: usize, gen: u64| ((i as u64).wrapping_mul(0x9E37_79B9) ^ gen) | 1;
+            let mut gens = vec![0u64; pages];
+            for i in 0..pages {
+                // SAFETY: within the mapping; each page gets a tag in its first and a
+                // compressible body.
+                unsafe {
+                    let p = base.add(i * PAGE_SIZE);
+                    std::ptr::write_bytes(p, (i % 7) as u8, PAGE_SIZE);
+                    std::ptr::write_volatile(p.cast::<u64>(), tag(i, 0));
+                }
+            }
+            let hot = (pages / 8).max(1);
+            let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+            let mut bad = 0u64;
+            let t = Instant::now();
+            for _ in 0..touches {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let i = if x % 10 != 0 {
+                    (x >> 8) as usize % hot
+                } else {
+                    hot + (x >> 8) as usize % (pages - hot).max(1)
+                };
+                // SAFETY: `i` is within the mapping.
+                unsafe {
+                    let p = base.add(i * PAGE_SIZE).cast::<u64>();
+                    if std::ptr::read_volatile(p) != tag(i, gens[i]) {
+                        bad += 1;
+                    }
+                    gens[i] += 1;
+                    std::ptr::write_volatile(p, tag(i, gens[i]));
+                }
+            }
+            let secs = t.elapsed().as_secs_f64();
+            json!({"touches": touches, "touches_per_s": touches as f64 / secs, "bad_pages": bad})
+        }
         other => {
             eprintln!("fault client: unknown mode {other}");
             return 2;
@@ -197,15 +242,31 @@ fn under_daemon(
     mode: &str,
     pages: usize,
 ) -> anyhow::Result<(serde_json::Value, serde_json::Value)> {
+    under_daemon_with(limit, mode, &[pages.to_string()], &Overrides::default())
+}
+
+fn under_daemon_with(
+    limit: u64,
+    mode: &str,
+    client_args: &[String],
+    o: &Overrides,
+) -> anyhow::Result<(serde_json::Value, serde_json::Value)> {
     let exe = std::env::current_exe()?;
     let stats_path =
         std::env::temp_dir().join(format!("uffd-bench-{}-{mode}.json", std::process::id()));
     let out_path =
         std::env::temp_dir().join(format!("uffd-bench-{}-{mode}.out", std::process::id()));
+    let r = uffd_daemon::config::resolve(
+        None,
+        &Overrides {
+            limit: Some(limit),
+            ..o.clone()
+        },
+    )?;
     let config = uffd_daemon::Config {
-        limit_bytes: limit,
-        swap_file: None,
-        swap_max_bytes: 16 << 30,
+        limit_bytes: r.limit,
+        tiers: r.tiers,
+        policy: r.policy,
         stats_json: Some(stats_path.clone()),
         verbose: false,
     };
@@ -215,7 +276,8 @@ fn under_daemon(
         &[
             "-c".into(),
             format!(
-                "exec \"$0\" {CLIENT_ARG} {mode} {pages} > {}",
+                "exec \"$0\" {CLIENT_ARG} {mode} {} > {}",
+                client_args.join(" "),
                 out_path.display()
             ),
             exe.to_string_lossy().into_owned(),
@@ -250,6 +312,40 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         "restored pages did not verify"
     );
 
+    // The replacement policy and its access source on a skewed workload: misses (restores)
+    // per 1000 touches, the machine-independent figure, and touches per second.
+    let skew_pages = (4 * limit / PAGE_SIZE as u64) as usize;
+    let touches = if opts.quick { 100_000 } else { 400_000 };
+    let mut policies = serde_json::Map::new();
+    for (name, kind, access) in [
+        ("clock/faults", PolicyKind::Clock, AccessMode::Faults),
+        ("mglru/faults", PolicyKind::Mglru, AccessMode::Faults),
+        ("clock/faults+wp", PolicyKind::Clock, AccessMode::FaultsWp),
+        ("mglru/faults+wp", PolicyKind::Mglru, AccessMode::FaultsWp),
+    ] {
+        let o = Overrides {
+            policy: Some(kind),
+            access: Some(access),
+            ..Overrides::default()
+        };
+        let (c, st) = under_daemon_with(
+            limit,
+            "skew",
+            &[skew_pages.to_string(), touches.to_string()],
+            &o,
+        )?;
+        anyhow::ensure!(c["bad_pages"].as_u64() == Some(0), "{name}: bad pages");
+        let misses = st["swapins"].as_u64().unwrap_or(0);
+        policies.insert(
+            name.into(),
+            json!({
+                "misses_per_1000_touches": misses as f64 * 1000.0 / touches as f64,
+                "touches_per_s": c["touches_per_s"],
+                "wp_access_faults": st["wp_access_faults"],
+                "evicted_pages": st["evicted_pages"],
+            }),
+        );
+    }
     let g = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0) as f64;
     let evict_mib_s = g(&s_restore, "evicted_pages") * PAGE_SIZE as f64
         / (1 << 20) as f64
@@ -272,6 +368,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         "faults_on_faulting_cpu_share": local_share,
         "handler_wakeups_per_fault": wakeups_per_fault,
         "daemon_stats_restore": s_restore,
+        "policy_skewed_90_10": policies,
         "limit_mib": limit >> 20,
     });
     let row = |name: &str, v: &serde_json::Value| {
@@ -292,7 +389,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     );
     table += &row("bare handler: UFFDIO_ZEROPAGE", &bare_zero);
     table += &row(
-        "daemon: restore from swap file",
+        "daemon: restore from zswap (lz4)",
         &json["fault_latency"]["daemon_restore"],
     );
     table += &row("bare handler: UFFDIO_COPY", &bare_copy);
@@ -308,5 +405,27 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         local_share * 100.0
     );
     table += &format!("handler wakeups per fault: {wakeups_per_fault:.2}\n");
+    table += &format!(
+        "\npolicy on a 90/10 skew ({} MiB, hot {} MiB, limit {} MiB, {touches} touches):\n{:<18} {:>14} {:>12} {:>12}\n",
+        (skew_pages * PAGE_SIZE) >> 20,
+        (skew_pages / 8 * PAGE_SIZE) >> 20,
+        limit >> 20,
+        "policy/access",
+        "misses/1000",
+        "touches/s",
+        "wp faults"
+    );
+    for (name, v) in &json["policy_skewed_90_10"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default()
+    {
+        table += &format!(
+            "{name:<18} {:>14.1} {:>12.0} {:>12}\n",
+            v["misses_per_1000_touches"].as_f64().unwrap_or(0.0),
+            v["touches_per_s"].as_f64().unwrap_or(0.0),
+            v["wp_access_faults"].as_u64().unwrap_or(0)
+        );
+    }
     Ok(Report { json, table })
 }

@@ -63,6 +63,9 @@ pub struct PolicyConfig {
     pub access: AccessMode,
     /// log2 of the most pages read ahead on a sequential fault (0: none).
     pub page_cluster: u32,
+    /// Shadow entries (refault detection) kept per address space: a refault further back
+    /// than the resident set cannot be acted on, so the limit in pages is enough.
+    pub max_shadows: usize,
 }
 
 impl Default for PolicyConfig {
@@ -71,6 +74,7 @@ impl Default for PolicyConfig {
             kind: PolicyKind::Mglru,
             access: AccessMode::Faults,
             page_cluster: 4,
+            max_shadows: 1 << 16,
         }
     }
 }
@@ -174,13 +178,20 @@ pub fn parse_access(s: &str) -> Result<AccessMode, String> {
     match s {
         "faults" => Ok(AccessMode::Faults),
         "faults+wp" | "wp" => Ok(AccessMode::FaultsWp),
-        _ => Err(format!("unknown access source {s:?}: expected faults or faults+wp")),
+        _ => Err(format!(
+            "unknown access source {s:?}: expected faults or faults+wp"
+        )),
     }
 }
 
 fn physical_memory() -> u64 {
     // SAFETY: sysconf with constant arguments.
-    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
     (pages.max(0) as u64) * (size.max(0) as u64)
 }
 
@@ -218,7 +229,9 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
     };
     let backend = match (&o.backend, &f.tiers.backend) {
         (Some(b), _) => b.clone(),
-        (None, Some(s)) => BackendSpec::parse(s).map_err(|e| anyhow::anyhow!("tiers.backend: {e}"))?,
+        (None, Some(s)) => {
+            BackendSpec::parse(s).map_err(|e| anyhow::anyhow!("tiers.backend: {e}"))?
+        }
         (None, None) => BackendSpec::File(None),
     };
     let swap_bytes = o
@@ -233,7 +246,8 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
     let zswap = if zswap_on {
         let mut z = ZswapTier::default();
         if let Some(c) = &f.zswap.compressor {
-            z.compressor = parse_compressor(c).map_err(|e| anyhow::anyhow!("zswap.compressor: {e}"))?;
+            z.compressor =
+                parse_compressor(c).map_err(|e| anyhow::anyhow!("zswap.compressor: {e}"))?;
         }
         if let Some(c) = o.compressor {
             z.compressor = c;
@@ -243,7 +257,10 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
             _ => physical_memory() / 5,
         };
         if z.max_pool_bytes < 1 << 20 {
-            bail!("zswap pool limit {} is too small: at least 1M", z.max_pool_bytes);
+            bail!(
+                "zswap pool limit {} is too small: at least 1M",
+                z.max_pool_bytes
+            );
         }
         if let Some(p) = f.zswap.accept_threshold_percent {
             if p > 100 {
@@ -293,6 +310,7 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
     if let Some(k) = o.policy {
         policy.kind = k;
     }
+    policy.max_shadows = ((limit / 4096) as usize).clamp(1024, 1 << 20);
     if let Some(a) = o.access {
         policy.access = a;
     }
@@ -371,10 +389,16 @@ mod tests {
     #[test]
     fn errors_name_what_is_wrong() {
         let p = write("limit = \"64M\"\n[zswap]\ncompresor = \"lz4\"\n");
-        let e = format!("{:#}", resolve(Some(&p.0), &Overrides::default()).unwrap_err());
+        let e = format!(
+            "{:#}",
+            resolve(Some(&p.0), &Overrides::default()).unwrap_err()
+        );
         assert!(e.contains("compresor"), "{e}");
         let p = write("limit = \"64Q\"\n");
-        let e = format!("{:#}", resolve(Some(&p.0), &Overrides::default()).unwrap_err());
+        let e = format!(
+            "{:#}",
+            resolve(Some(&p.0), &Overrides::default()).unwrap_err()
+        );
         assert!(e.contains("limit") && e.contains("unit"), "{e}");
         let p = write("[tiers]\nbackend = \"tape:/dev/st0\"\n");
         let o = Overrides {
@@ -393,6 +417,9 @@ mod tests {
         assert!(e.contains("no tier"), "{e}");
         assert!(resolve(None, &Overrides::default()).is_err(), "no limit");
         assert!(parse_compressor("zstd:99").is_err());
-        assert_eq!(parse_compressor("zstd:-3").unwrap(), Compressor::Zstd { level: -3 });
+        assert_eq!(
+            parse_compressor("zstd:-3").unwrap(),
+            Compressor::Zstd { level: -3 }
+        );
     }
 }

@@ -15,12 +15,12 @@ use anyhow::{bail, Context};
 use parking_lot::{Condvar, Mutex};
 
 use crate::agent_conn::AgentConn;
+use crate::config::{AccessMode, PolicyConfig};
 use crate::fault;
 use crate::maps;
 use crate::mm::{Mm, MmState};
 use crate::protocol::{self, Message, HELLO_FORK_CHILD, MAX_PACKET};
 use crate::reclaim;
-use crate::config::{AccessMode, PolicyConfig};
 use crate::stats::{Histogram, Stats};
 use crate::sys::{self, PidFd, Uffd, PAGE_SIZE_U64};
 use crate::tiers::{TierConfig, Tiers};
@@ -827,7 +827,8 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             if let Some(own) = maps::rss_anon_bytes(me) {
                 let pool = shared.tiers.pool_bytes();
                 let s = &shared.stats;
-                s.daemon_rss_anon_max_bytes.fetch_max(own, Ordering::Relaxed);
+                s.daemon_rss_anon_max_bytes
+                    .fetch_max(own, Ordering::Relaxed);
                 s.daemon_overhead_max_bytes
                     .fetch_max(own.saturating_sub(pool), Ordering::Relaxed);
             }

@@ -248,17 +248,17 @@ fn serve_fault(
             match shared.tiers.read(slot, &mut page[..PAGE_SIZE]) {
                 Ok(t) => tier = Some(t),
                 Err(e) => {
-                // The stored copy cannot be read: never hand the program wrong bytes.
-                eprintln!(
+                    // The stored copy cannot be read: never hand the program wrong bytes.
+                    eprintln!(
                     "uffd-daemon: cannot read back page {addr:#x} of pid {:?} from slot {slot}: {e}; \
                      stopping the process",
                     mm.pid()
                 );
-                if let Some(pid) = mm.pid() {
-                    // SAFETY: kill(2) with integer arguments.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-                return true;
+                    if let Some(pid) = mm.pid() {
+                        // SAFETY: kill(2) with integer arguments.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                    return true;
                 }
             }
             let mut n = 1;

@@ -3,17 +3,28 @@
 //! `uffd-daemon run --limit 256M -- program args` starts the program with a small agent inside
 //! it (an `LD_PRELOAD` library, `agent/agent.c`) and keeps the resident anonymous memory of its
 //! whole process tree under the limit, like a cgroup with swap, by evicting cold pages to a
-//! swap file and serving them back on fault through userfaultfd.
+//! compressed pool (zswap) and from there to a swap file or a pmem device, and serving them
+//! back on fault through userfaultfd.
 //!
 //! # Design (the kernel's reclaim path, split across two processes)
 //!
 //! ```text
-//! program ──page fault──▶ userfaultfd ──▶ fault.rs handler ──▶ store.read | zero
+//! program ──page fault──▶ userfaultfd ──▶ fault.rs handler ──▶ zswap | backend | zero
 //!    ▲                                         │  UFFDIO_COPY / UFFDIO_ZEROPAGE (wakes)
-//!    └─────────────────────────────────────────┘
-//! reclaim.rs (over the limit): clock picks victims ─▶ UFFDIO_WRITEPROTECT ─▶ process_vm_readv
-//!    ─▶ store.store ─▶ agent: UFFDIO_MOVE into its scratch + MADV_DONTNEED ─▶ Evicted
+//!    └─────────────────────────────────────────┘  (+ readahead on sequential faults)
+//! reclaim.rs (over the limit): mglru picks victims ─▶ UFFDIO_WRITEPROTECT ─▶ process_vm_readv
+//!    ─▶ tiers.rs: swap-alloc slot ─▶ zswap.store (or the backend) ─▶ agent: UFFDIO_MOVE into
+//!    its scratch + MADV_DONTNEED ─▶ Evicted
+//! zswap near its limit ─▶ shrinker registry ─▶ zswap writeback to the backend (tiers.rs)
 //! ```
+//!
+//! * **Tiers** (`tiers.rs`): every stored page is named by its slot on a `swap-alloc` device
+//!   (order 4 for an aligned 64 KiB folio); `zswap` is keyed by slot; the backend (a swap file,
+//!   or a pmem-backed device) holds slot `s` at `s * 4096`, so writeback needs no allocation.
+//!   Reference counts are swap-alloc's (fork shares a slot, count 2).
+//! * **Policy** (`mm.rs`): each address space has an `mglru` (or clock) policy holding its
+//!   resident pages, fed by faults and, optionally, write-protect faults
+//!   (`config.rs`, ARCHITECTURE.md for the measured choice).
 //!
 //! * The **agent** creates the uffd inside the client and hands it over (SCM_RIGHTS); only it
 //!   can drop pages (no remote `MADV_DONTNEED` exists) and only it can `UFFDIO_MOVE`.
@@ -41,11 +52,18 @@
 //! # Example
 //!
 //! ```no_run
+//! use uffd_daemon::config::{resolve, Overrides};
 //! use uffd_daemon::{run, Config};
+//! // 64 MiB resident; zswap (lz4, a 256 MiB pool) in front of an unnamed swap file.
+//! let r = resolve(None, &Overrides {
+//!     limit: Some(64 << 20),
+//!     zswap: Some(Some(256 << 20)),
+//!     ..Overrides::default()
+//! }).unwrap();
 //! let config = Config {
-//!     limit_bytes: 64 << 20,
-//!     swap_file: None,
-//!     swap_max_bytes: 8 << 30,
+//!     limit_bytes: r.limit,
+//!     tiers: r.tiers,
+//!     policy: r.policy,
 //!     stats_json: None,
 //!     verbose: false,
 //! };

@@ -44,7 +44,7 @@ enum Cmd {
         /// The zswap pool limit (e.g. 512M), or `off` to write evicted pages straight to the
         /// backing device. Default: on, 20% of RAM as the kernel's max_pool_percent.
         #[arg(long, value_parser = parse_zswap)]
-        zswap: Option<Option<u64>>,
+        zswap: Option<ZswapArg>,
         /// zswap's compressor: lz4, zstd, zstd:LEVEL, deflate, deflate-iaa. Default lz4.
         #[arg(long, value_parser = config::parse_compressor)]
         compressor: Option<zswap::Compressor>,
@@ -89,10 +89,14 @@ enum Cmd {
     },
 }
 
-fn parse_zswap(s: &str) -> Result<Option<u64>, String> {
+/// `--zswap SIZE|off`.
+#[derive(Debug, Clone, Copy)]
+struct ZswapArg(Option<u64>);
+
+fn parse_zswap(s: &str) -> Result<ZswapArg, String> {
     match s {
-        "off" | "none" => Ok(None),
-        _ => parse_size(s).map(Some),
+        "off" | "none" => Ok(ZswapArg(None)),
+        _ => parse_size(s).map(|n| ZswapArg(Some(n))),
     }
 }
 
@@ -127,7 +131,7 @@ fn real_main() -> anyhow::Result<i32> {
                 limit,
                 backend: backend.or(swap_file.map(|p| BackendSpec::File(Some(p)))),
                 swap_size,
-                zswap,
+                zswap: zswap.map(|z| z.0),
                 compressor,
                 policy,
                 access,

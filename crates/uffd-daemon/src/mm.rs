@@ -42,7 +42,7 @@ pub fn new_policy(cfg: &PolicyConfig) -> BoxedPolicy {
             mglru::Mglru::new(mglru::Config {
                 // Shadow entries per address space, for refault detection; bounded so that
                 // they stay a small part of the metadata.
-                max_shadows: 1 << 16,
+                max_shadows: cfg.max_shadows,
                 ..mglru::Config::default()
             })
             .expect("the default mglru configuration is valid"),
@@ -221,7 +221,13 @@ impl MmState {
 
     /// Inserts a page as resident (fault fill, readahead, a page discovered present, an
     /// eviction given up) and hands it to the policy. `referenced`: its accessed bit.
-    pub fn make_resident(&mut self, shared: &Shared, addr: u64, arrival: Arrival, referenced: bool) {
+    pub fn make_resident(
+        &mut self,
+        shared: &Shared,
+        addr: u64,
+        arrival: Arrival,
+        referenced: bool,
+    ) {
         match self.pages.insert(addr, Page::Resident { referenced }) {
             Some(old) if old.is_resident() => {}
             _ => {
@@ -241,7 +247,9 @@ impl MmState {
         self.pages.insert(addr, Page::Resident { referenced: true });
         let id = page_id(addr);
         if !self.policy.contains(id) {
-            let _ = self.policy.add(id, Hint::new(PageType::Anon, Arrival::Fault));
+            let _ = self
+                .policy
+                .add(id, Hint::new(PageType::Anon, Arrival::Fault));
         }
     }
 
@@ -425,7 +433,11 @@ impl MmState {
             );
             in_policy += usize::from(held);
         }
-        assert_eq!(in_policy, self.policy.len(), "the policy holds pages the table does not");
+        assert_eq!(
+            in_policy,
+            self.policy.len(),
+            "the policy holds pages the table does not"
+        );
     }
 
     /// Chooses up to `max` victims with the policy and marks them `Evicting { batch }`;

@@ -254,14 +254,18 @@ impl PmemBackend {
     /// `MAP_SYNC` where the file system is DAX, shared otherwise.
     pub fn open(path: &Path, len: u64) -> io::Result<Self> {
         let meta = std::fs::metadata(path).ok();
-        let is_dax_dev = meta.as_ref().is_some_and(|m| m.file_type().is_char_device());
+        let is_dax_dev = meta
+            .as_ref()
+            .is_some_and(|m| m.file_type().is_char_device());
         let (file, len, remove) = if is_dax_dev {
             let f = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
                 .custom_flags(libc::O_CLOEXEC)
                 .open(path)
-                .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", path.display())))?;
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("opening {}: {e}", path.display()))
+                })?;
             let size = dax_device_size(path).unwrap_or(len).min(len.max(1));
             (f, size, false)
         } else {
@@ -273,7 +277,10 @@ impl PmemBackend {
                 let _ = std::fs::remove_file(path);
                 return Err(io::Error::new(
                     e.kind(),
-                    format!("allocating {len} bytes for pmem file {}: {e}", path.display()),
+                    format!(
+                        "allocating {len} bytes for pmem file {}: {e}",
+                        path.display()
+                    ),
                 ));
             }
             (f, len, true)
@@ -292,7 +299,11 @@ impl PmemBackend {
                 0,
             )
         };
-        let mut mode = if is_dax_dev { "dax device" } else { "dax file, MAP_SYNC" };
+        let mut mode = if is_dax_dev {
+            "dax device"
+        } else {
+            "dax file, MAP_SYNC"
+        };
         if base == libc::MAP_FAILED {
             // Not DAX: the seeds' "simulated pmem", an ordinary shared mapping of the file.
             // SAFETY: as above.
@@ -432,6 +443,8 @@ pub struct TierStats {
     pub shrink_calls: AtomicU64,
     /// The largest zswap pool seen after an eviction batch, bytes.
     pub pool_max_bytes: AtomicU64,
+    /// Pool pages released by the compaction shrinker.
+    pub compacted_pages: AtomicU64,
     /// The compression ratio (stored bytes / pool bytes) when the pool was largest, as f64
     /// bits.
     pub ratio_at_max_bits: AtomicU64,
@@ -474,7 +487,7 @@ pub struct Tiers {
     zswap: Option<Arc<Zswap>>,
     backend: Option<Arc<dyn Backend>>,
     registry: shrinker::ShrinkerRegistry,
-    _zswap_shrinker: Option<ShrinkerHandle>,
+    _shrinkers: Vec<ShrinkerHandle>,
     /// Counters.
     pub stats: Arc<TierStats>,
     cfg: TierConfig,
@@ -543,6 +556,38 @@ impl Shrinker for ZswapShrinker {
     }
 }
 
+/// zsmalloc's compaction shrinker (`zs_shrinker_count` / `zs_shrinker_scan`): the objects are
+/// the pool pages that compaction could give back.
+struct CompactShrinker {
+    zswap: Arc<Zswap>,
+    stats: Arc<TierStats>,
+}
+
+impl Shrinker for CompactShrinker {
+    fn count_objects(&self, _sc: &ShrinkControl) -> Count {
+        let st = self.zswap.stats();
+        let slack = st.pool_total_size.saturating_sub(st.compressed_bytes) / PAGE_SIZE_U64;
+        // Partly filled spans are normal; only whole pages of slack beyond one span per
+        // class are worth a pass.
+        match slack.saturating_sub(64) {
+            0 => Count::Objects(0),
+            n => Count::Objects(n),
+        }
+    }
+    fn scan_objects(&self, sc: &mut ShrinkControl) -> Scan {
+        let freed = self.zswap.compact() / PAGE_SIZE_U64;
+        self.stats
+            .compacted_pages
+            .fetch_add(freed, Ordering::Relaxed);
+        sc.nr_scanned = sc.nr_to_scan;
+        if freed == 0 {
+            Scan::Stop
+        } else {
+            Scan::Freed(freed)
+        }
+    }
+}
+
 impl Tiers {
     /// Sets up the tiers.
     pub fn new(cfg: TierConfig) -> anyhow::Result<Self> {
@@ -599,8 +644,23 @@ impl Tiers {
             }
         };
         let stats = Arc::new(TierStats::default());
-        let registry = shrinker::ShrinkerRegistry::new(1).context("creating the shrinker registry")?;
+        let registry =
+            shrinker::ShrinkerRegistry::new(1).context("creating the shrinker registry")?;
         let logged = Arc::new(AtomicBool::new(false));
+        let mut shrinkers = Vec::new();
+        if let Some(z) = &zswap {
+            shrinkers.push(
+                registry
+                    .register(
+                        ShrinkerConfig::new("zswap-compact").seeks(shrinker::DEFAULT_SEEKS),
+                        CompactShrinker {
+                            zswap: Arc::clone(z),
+                            stats: Arc::clone(&stats),
+                        },
+                    )
+                    .context("registering the compaction shrinker")?,
+            );
+        }
         let zswap_shrinker = match (&zswap, &backend) {
             (Some(z), Some(b)) => Some(
                 registry
@@ -617,12 +677,13 @@ impl Tiers {
             ),
             _ => None,
         };
+        shrinkers.extend(zswap_shrinker);
         Ok(Tiers {
             dev,
             zswap,
             backend,
             registry,
-            _zswap_shrinker: zswap_shrinker,
+            _shrinkers: shrinkers,
             stats,
             cfg,
             write_error_logged: AtomicBool::new(false),
@@ -651,7 +712,7 @@ impl Tiers {
         };
         format!(
             "{z}, {b}, {} MiB of swap slots",
-            self.dev.nslots() * PAGE_SIZE_U64 >> 20
+            (self.dev.nslots() * PAGE_SIZE_U64) >> 20
         )
     }
 
@@ -695,7 +756,8 @@ impl Tiers {
             };
             slots.push(got);
         }
-        let mut out: Vec<Option<Result<Vec<u32>, StoreFail>>> = (0..units.len()).map(|_| None).collect();
+        let mut out: Vec<Option<Result<Vec<u32>, StoreFail>>> =
+            (0..units.len()).map(|_| None).collect();
         // 2. zswap first; what it refuses goes to the backend.
         let mut to_backend: Vec<(u32, usize, usize)> = Vec::new(); // (slot, unit, page)
         for (u, (&(order, data), s)) in units.iter().zip(&slots).enumerate() {
@@ -780,7 +842,9 @@ impl Tiers {
             }
             for (u, e) in failed_units {
                 if out[u].is_none() {
-                    self.stats.backend_write_errors.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .backend_write_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     if !self.write_error_logged.swap(true, Ordering::Relaxed) {
                         eprintln!(
                             "uffd-daemon: writing to the backing device failed: {e}; the pages stay resident"
@@ -838,7 +902,9 @@ impl Tiers {
                     Ok(Tier::Backend)
                 }
                 Err(e) => {
-                    self.stats.backend_read_errors.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .backend_read_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     Err(e)
                 }
             },
@@ -883,7 +949,10 @@ impl Tiers {
 
     /// The reference count of a slot (0 when free).
     pub fn count(&self, slot: u32) -> u16 {
-        self.dev.slot(self.entry(slot)).map(|s| s.count).unwrap_or(0)
+        self.dev
+            .slot(self.entry(slot))
+            .map(|s| s.count)
+            .unwrap_or(0)
     }
 
     /// Records the pool's size (and its ratio when largest); returns the size.
@@ -915,10 +984,6 @@ impl Tiers {
         let (Some(z), Some(zc)) = (&self.zswap, &self.cfg.zswap) else {
             return 0;
         };
-        if self.backend.is_none() {
-            self.note_pool(z);
-            return 0;
-        }
         let pool = self.note_pool(z);
         let start = zc.max_pool_bytes / 100 * u64::from(zc.writeback_start_percent);
         if pool < start {
@@ -934,12 +999,17 @@ impl Tiers {
                 break;
             }
             self.stats.shrink_calls.fetch_add(1, Ordering::Relaxed);
-            let req = shrinker::ShrinkRequest::new(0);
+            // The kernel's arithmetic scans about 2 * count >> priority objects (seeks 2):
+            // pick the priority that asks for about what must go to reach the target.
+            let n = z.count_objects().max(1) as u64;
+            let need = ((pool - target) as f64 / pool.max(1) as f64 * n as f64).max(1.0);
+            let ratio = (2.0 * n as f64 / need).max(1.0);
+            let priority = (ratio.log2().floor() as u32).min(shrinker::DEF_PRIORITY);
+            let req = shrinker::ShrinkRequest::new(priority);
             match self.registry.shrink(&req) {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {}
             }
-            z.compact();
         }
         self.stats.zswpwb.load(Ordering::Relaxed) - before
     }
@@ -967,6 +1037,7 @@ impl Tiers {
         v["store_refused"] = ld(&s.store_refused).into();
         v["shrink_calls"] = ld(&s.shrink_calls).into();
         v["zswap_pool_max_bytes"] = ld(&s.pool_max_bytes).into();
+        v["zswap_compacted_pages"] = ld(&s.compacted_pages).into();
         v["zswap_ratio_at_max"] = f64::from_bits(ld(&s.ratio_at_max_bits)).into();
         v["swap_slots_in_use"] = self.dev.in_use().into();
         v["swap_slots"] = self.dev.nslots().into();
@@ -1085,7 +1156,11 @@ mod tests {
             assert_eq!(t.count(s), 2);
             t.put(s).unwrap();
             t.read(s, &mut out).unwrap();
-            assert_eq!(out, page(100), "{name}: a page still referenced stays readable");
+            assert_eq!(
+                out,
+                page(100),
+                "{name}: a page still referenced stays readable"
+            );
             t.put(s).unwrap();
             assert_eq!(t.count(s), 0);
             assert!(t.put(s).is_err(), "{name}: freeing a free slot is an error");
@@ -1151,7 +1226,9 @@ mod tests {
             .map(|p| t.store_units(&[(0, &p[..])]).pop().unwrap())
             .collect();
         assert!(r[0].is_ok() && r[1].is_ok());
-        assert!(matches!(r[2], Err(StoreFail::Io(ref e)) if e.raw_os_error() == Some(libc::ENOSPC)));
+        assert!(
+            matches!(r[2], Err(StoreFail::Io(ref e)) if e.raw_os_error() == Some(libc::ENOSPC))
+        );
         assert_eq!(t.slots_in_use(), 2, "a failed store holds no slot");
         assert_eq!(t.stats.backend_write_errors.load(Ordering::Relaxed), 2);
 

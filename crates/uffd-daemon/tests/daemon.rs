@@ -295,7 +295,8 @@ fn stat_reports_a_running_daemon_and_strangers_are_refused() {
         "the daemon must refuse an existing swap file"
     );
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("creating swap file"),
+        String::from_utf8_lossy(&out.stderr).contains("creating the swap file")
+            && String::from_utf8_lossy(&out.stderr).contains("File exists"),
         "a clear error"
     );
     assert_eq!(std::fs::read(&swap).expect("file"), b"precious");

@@ -41,7 +41,7 @@ fn setups() -> Vec<Setup> {
         Setup {
             // A pool far smaller than what is evicted: the shrinker writes back.
             name: "zswap+file",
-            args: s(&["--backend", "file", "--zswap", "4M"]),
+            args: s(&["--backend", "file", "--zswap", "1M"]),
             zswap: true,
             device: true,
             _pmem: None,
@@ -61,7 +61,7 @@ fn setups() -> Vec<Setup> {
                 "--swap-size".into(),
                 "1G".into(),
                 "--zswap".into(),
-                "4M".into(),
+                "1M".into(),
             ],
             zswap: true,
             device: true,
@@ -87,7 +87,11 @@ fn assert_tiers(run: &Run, setup: &Setup) {
     }
     if setup.device {
         assert!(device > 0, "{}: nothing reached the device", setup.name);
-        assert!(run.get("pswpin") > 0, "{}: nothing was read from the device", setup.name);
+        assert!(
+            run.get("pswpin") > 0,
+            "{}: nothing was read from the device",
+            setup.name
+        );
     } else {
         assert_eq!(device, 0, "{}: there is no device", setup.name);
     }
@@ -110,7 +114,12 @@ fn checker_in_every_setup() {
         assert_paged(&run, 32 << 20);
         assert_tiers(&run, &setup);
         assert!(run.get("fork_events") >= 1 && run.get("remap_events") >= 2);
-        assert_eq!(run.get("swap_slots_in_use"), 0, "{}: slots leaked", setup.name);
+        assert_eq!(
+            run.get("swap_slots_in_use"),
+            0,
+            "{}: slots leaked",
+            setup.name
+        );
     }
 }
 
@@ -125,14 +134,26 @@ fn stress_ng_verify_in_every_setup() {
             &args_with(&setup, "64M"),
             setup.name,
             &[
-                "stress-ng", "--vm", "2", "--vm-bytes", "192M", "--vm-method", "rand-set",
-                "--verify", "--timeout", "6s",
+                "stress-ng",
+                "--vm",
+                "2",
+                "--vm-bytes",
+                "192M",
+                "--vm-method",
+                "rand-set",
+                "--verify",
+                "--timeout",
+                "6s",
             ],
         );
         let all = format!("{}{}", run.stdout, run.stderr);
         assert_eq!(run.status, 0, "{}: stress-ng failed", setup.name);
         assert!(all.contains("successful run completed"), "{}", setup.name);
-        assert!(!all.contains("fail"), "{}: stress-ng reported a failure", setup.name);
+        assert!(
+            !all.contains("fail"),
+            "{}: stress-ng reported a failure",
+            setup.name
+        );
         assert_paged(&run, 64 << 20);
         assert_tiers(&run, &setup);
     }
@@ -146,7 +167,7 @@ fn python_in_every_setup() {
     }
     let script = r#"
 import sys
-n = 400_000
+n = 600_000
 d = {i: ("w%d-" % i) * 8 for i in range(n)}
 l = [bytes([i % 251]) * 300 for i in range(n // 4)]
 bad = sum(1 for i in range(n) if d[i] != ("w%d-" % i) * 8)
@@ -156,10 +177,20 @@ sys.exit(1 if bad else 0)
 "#;
     let python = real_python();
     for setup in setups() {
-        let run = run_with(&args_with(&setup, "32M"), setup.name, &[&python, "-c", script]);
+        // (48 MiB: malloc's arenas fill a few MiB before the scanner registers them, the
+        // slack assert_paged allows; ARCHITECTURE.md, accounting.)
+        let run = run_with(
+            &args_with(&setup, "48M"),
+            setup.name,
+            &[&python, "-c", script],
+        );
         assert_eq!(run.status, 0, "{}", setup.name);
-        assert!(run.stdout.contains("python: 0 bad"), "{}: python's data did not verify", setup.name);
-        assert_paged(&run, 32 << 20);
+        assert!(
+            run.stdout.contains("python: 0 bad"),
+            "{}: python's data did not verify",
+            setup.name
+        );
+        assert_paged(&run, 48 << 20);
         assert_tiers(&run, &setup);
     }
 }
@@ -252,8 +283,15 @@ fn full_device_loses_nothing() {
     let _ = std::fs::remove_dir(&dir);
     assert_eq!(run.status, 0, "the workload found bad pages");
     assert!(run.stdout.contains("0 bad pages"));
-    assert!(run.get("backend_write_errors") > 0, "the device never filled");
-    assert!(run.stderr.contains("No space left on device"), "{}", run.stderr);
+    assert!(
+        run.get("backend_write_errors") > 0,
+        "the device never filled"
+    );
+    assert!(
+        run.stderr.contains("No space left on device"),
+        "{}",
+        run.stderr
+    );
     assert!(run.get("evicted_pages") > 0, "what fit was evicted");
 }
 
@@ -270,7 +308,15 @@ fn bad_configuration_is_named() {
     assert_eq!(out.status.code(), Some(2));
     assert!(err.contains("max_pol"), "{err}");
     let out = Command::new(DAEMON)
-        .args(["run", "--limit", "16M", "--backend", "tape:/dev/st0", "--", "true"])
+        .args([
+            "run",
+            "--limit",
+            "16M",
+            "--backend",
+            "tape:/dev/st0",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("tape"));

@@ -420,7 +420,10 @@ fn shared_load_keeps_the_entries() {
     assert_eq!(two, folio[14 * PAGE_SIZE..16 * PAGE_SIZE]);
     assert_eq!(z.stats().stored_pages, 16);
     assert!(z.load_shared(80, &mut page).is_err(), "80 was never stored");
-    assert!(z.load_shared(79, &mut two).is_err(), "79..81 is partly stored");
+    assert!(
+        z.load_shared(79, &mut two).is_err(),
+        "79..81 is partly stored"
+    );
     z.load(67, &mut page).unwrap();
     assert!(!z.contains(67));
     assert_eq!(z.stats().zswpin, 5);

@@ -124,7 +124,6 @@ pub fn assert_paged(run: &Run, limit_bytes: u64) {
     );
 }
 
-
 /// The Python interpreter itself, not a version manager's shell shim (the shim's forks of a
 /// shell would count their copy-on-write pages twice; see ARCHITECTURE.md, accounting).
 pub fn real_python() -> String {
@@ -158,11 +157,21 @@ pub fn redis_under(args: &[&str], name: &str, keys: usize) -> Run {
             "--bind",
             "127.0.0.1",
         ])
-        .args(["--save", "", "--appendonly", "no", "--protected-mode", "yes"])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "yes",
+        ])
         .stdout(Stdio::null())
         .spawn()
         .expect("starting redis under the daemon");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/redis_fill_check.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/redis_fill_check.py"
+    );
     let client = Command::new(real_python())
         .args([script, &port.to_string(), &keys.to_string(), "2048"])
         .output()

@@ -164,6 +164,8 @@ pub struct Plan {
     pub swap_bytes: u64,
     /// kzswap `max_pool_percent` (the pool about as large as the limit).
     pub zswap_pool_percent: u32,
+    /// Which daemon ran: its path and the source it was built from.
+    pub daemon_build: String,
 }
 
 impl Plan {
@@ -191,6 +193,7 @@ impl Plan {
             run_timeout: Duration::from_secs(if quick { 180 } else { 300 }),
             swap_bytes: (8 * limit).max(2 << 30),
             zswap_pool_percent: ((limit as f64 * 100.0 / ram as f64).round() as u32).max(1),
+            daemon_build: String::new(),
         }
     }
 }
@@ -354,6 +357,35 @@ fn find_daemon(o: &Options, self_exe: &Path) -> Result<PathBuf> {
     Ok(daemon)
 }
 
+/// Names the daemon binary and, when built here, the commit of its source (and whether
+/// crates/uffd-daemon had uncommitted changes).
+fn daemon_build(daemon: &Path, given: bool) -> String {
+    if given {
+        return format!("{} (given with --daemon)", daemon.display());
+    }
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(workspace_root())
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "?".into());
+    let dirty = git(&["status", "--porcelain", "--", "crates"]).is_some_and(|s| !s.is_empty());
+    format!(
+        "{} built from commit {head}{}",
+        daemon.display(),
+        if dirty {
+            " plus uncommitted changes under crates/"
+        } else {
+            ""
+        }
+    )
+}
+
 fn kernel_prerequisites(s: Setup) -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -403,6 +435,9 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
     } else {
         Ok(PathBuf::new())
     };
+    if let Ok(d) = &daemon {
+        plan.daemon_build = daemon_build(d, o.daemon.is_some());
+    }
     let workdir = PathBuf::from("/var/tmp/uffd-compare-run");
     if workdir.exists() {
         std::fs::remove_dir_all(&workdir)

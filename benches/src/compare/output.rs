@@ -257,6 +257,72 @@ pub fn table(rows: &[Row], workloads: &[Workload]) -> String {
     out
 }
 
+/// A second table: where the pages went and what memory the tiers took.
+pub fn extra_table(rows: &[Row]) -> String {
+    const COLS: [&str; 11] = [
+        "workload",
+        "setup",
+        "fill",
+        "zswpout",
+        "zswpwb",
+        "pswpout",
+        "pool / zram peak MiB",
+        "ratio",
+        "daemon RSS peak MiB",
+        "memcg peak MiB (kmem)",
+        "OOM kills",
+    ];
+    let mut out = format!("| {} |\n|{}\n", COLS.join(" | "), "---|".repeat(COLS.len()));
+    for r in rows.iter().filter(|r| r.status != "unavailable") {
+        let g = |k: &str| r.metrics.get(k).copied();
+        let f = |v: Option<f64>| v.map_or("-".to_string(), num);
+        let fill = match r.workload {
+            Workload::Random | Workload::Sequential => {
+                g("fill_mib_s").map(|v| format!("{} MiB/s", num(v)))
+            }
+            Workload::Redis => g("set_rps").map(|v| format!("{} SET/s", num(v))),
+            Workload::StressNg => None,
+        };
+        let d = r.setup.is_daemon();
+        let pick = |dk: &str, kk: &str| if d { g(dk) } else { g(kk) };
+        let pool = if d {
+            g("d_zswap_pool_max_mib").or(g("d_zswap_pool_mib"))
+        } else {
+            g("zram_mem_used_max_mib")
+        };
+        let ratio = if d {
+            g("d_zswap_compression_ratio").filter(|v| *v > 0.0)
+        } else {
+            g("zram_orig_mib")
+                .zip(g("zram_compr_mib"))
+                .filter(|(_, c)| *c > 0.0)
+                .map(|(o, c)| o / c)
+        };
+        let rss = g("d_daemon_rss_max_mib").or(g("d_daemon_rss_anon_max_mib"));
+        let memcg = g("cg_max_usage_mib")
+            .map(|u| format!("{} ({})", num(u), f(g("cg_kmem_max_usage_mib"))));
+        let oom = match (g("oom_restarts"), g("oom_kill_cgroup")) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let cells = [
+            r.workload.name().to_string(),
+            r.setup.name().to_string(),
+            fill.unwrap_or_else(|| "-".into()),
+            f(pick("d_zswpout", "k_zswpout")),
+            f(pick("d_zswpwb", "k_zswpwb")),
+            f(pick("d_pswpout", "k_pswpout")),
+            f(pool),
+            f(ratio),
+            f(rss),
+            memcg.unwrap_or_else(|| "-".into()),
+            f(oom),
+        ];
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    out
+}
+
 /// The invocation, as a command to paste.
 pub fn command_line(args: &[String]) -> String {
     let mut s = String::from("cargo run --release -p bench --bin compare --");
@@ -299,6 +365,7 @@ pub fn json(
     json!({
         "command": command,
         "kernel": kernel_release(),
+        "daemon": plan.daemon_build,
         "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "plan": plan_json(plan),
         "unavailable": unavailable.iter().map(|(s, why)| json!({"setup": s.name(), "reason": why})).collect::<Vec<_>>(),
@@ -440,7 +507,19 @@ pub fn write_doc(
         plan.swap_bytes >> 20,
         plan.zswap_pool_percent,
     );
+    if !plan.daemon_build.is_empty() {
+        let _ = writeln!(g, "Daemon: {}.\n", plan.daemon_build);
+    }
     g.push_str(&table(rows, workloads));
+    g.push('\n');
+    let _ = writeln!(
+        g,
+        "Where the pages went (pages; daemon: its counters, kernel: /proc/vmstat deltas), the \
+         compressed pool's peak (daemon: zswap_pool_max_bytes; kernel zram: mem_used_max), the \
+         daemon's own RSS peak, the memory cgroup's peak usage (kernel memory in brackets) and \
+         OOM kills (stress-ng's count of workers it restarted, or the group's oom_kill):\n"
+    );
+    g.push_str(&extra_table(rows));
     g.push('\n');
     let setups: Vec<Setup> = {
         let mut v: Vec<Setup> = rows.iter().map(|r| r.setup).collect();

@@ -420,6 +420,14 @@ pub fn run_one(
                 "pswpin",
                 "evicted_pages",
                 "faults",
+                "zswap_compression_ratio",
+                "store_refused",
+                "zswap_reject_pool_limit",
+                "throttled_faults",
+                "evict_aborts",
+                "backend_errors",
+                "drop_timeouts",
+                "protocol_errors",
             ] {
                 if let Some(v) = g(k) {
                     m.insert(format!("d_{k}"), v);
@@ -427,8 +435,11 @@ pub fn run_one(
             }
             for k in [
                 "zswap_pool_bytes",
+                "zswap_pool_max_bytes",
                 "metadata_bytes",
                 "daemon_rss_max_bytes",
+                "daemon_rss_anon_max_bytes",
+                "daemon_overhead_max_bytes",
                 "rss_anon_max_bytes",
             ] {
                 if let Some(v) = g(k) {

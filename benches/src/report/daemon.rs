@@ -67,6 +67,26 @@ fn touch_timed(base: *mut u8, pages: usize, write: bool) -> Vec<u64> {
     lat
 }
 
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Reads one byte of each page in `order`, timing each access.
+fn touch_timed_order(base: *mut u8, order: &[usize]) -> Vec<u64> {
+    let mut lat = Vec::with_capacity(order.len());
+    for &i in order {
+        let t = Instant::now();
+        // SAFETY: the caller's indices are within the mapping.
+        unsafe { std::ptr::read_volatile(base.add(i * PAGE_SIZE)) };
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    lat
+}
+
 fn summary(mut lat: Vec<u64>, elapsed_s: f64) -> serde_json::Value {
     let n = lat.len();
     lat.sort_unstable();
@@ -103,8 +123,12 @@ pub fn client_main(args: &[String]) -> i32 {
             }
             let fill_s = t.elapsed().as_secs_f64();
             let probe = pages / 2; // the first half was evicted long ago
+            // In a scattered order (a stride coprime with the count), so that every touch is
+            // a single fault: sequential touches would be served by readahead.
+            let stride = (1..).map(|k| 7919 * k).find(|s| gcd(*s, probe) == 1).unwrap_or(1);
+            let order: Vec<usize> = (0..probe).map(|k| k * stride % probe).collect();
             let t = Instant::now();
-            let lat = touch_timed(base, probe, false);
+            let lat = touch_timed_order(base, &order);
             let mut bad = 0;
             for i in 0..probe {
                 // SAFETY: within the mapping.

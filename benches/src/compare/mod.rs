@@ -411,11 +411,26 @@ fn kernel_prerequisites(s: Setup) -> Result<(), String> {
     }
 }
 
+/// Scratch directory of the runs (on the disk of /var/tmp, like the swap files).
+const WORKDIR: &str = "/var/tmp/uffd-compare-run";
+
 fn run_main(args: &[String]) -> Result<ExitCode> {
     let o = parse_options(args)?;
     proc::install_signal_handlers();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
+    // A previous run killed outright may have left its workload (and daemon) running.
+    if let Some(pgid) = std::fs::read_to_string(Path::new(WORKDIR).join(run::PGID_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+    {
+        let n = proc::kill_leftover_group(pgid);
+        if n > 0 {
+            eprintln!(
+                "compare: leftover from a previous run: killed {n} process(es) of group {pgid}"
+            );
+        }
+    }
     if root {
         for what in kernel::recover_leftovers().context("undoing a previous run's leftovers")? {
             eprintln!("compare: leftover from a previous run: {what}");
@@ -438,7 +453,7 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
     if let Ok(d) = &daemon {
         plan.daemon_build = daemon_build(d, o.daemon.is_some());
     }
-    let workdir = PathBuf::from("/var/tmp/uffd-compare-run");
+    let workdir = PathBuf::from(WORKDIR);
     if workdir.exists() {
         std::fs::remove_dir_all(&workdir)
             .with_context(|| format!("clean {}", workdir.display()))?;

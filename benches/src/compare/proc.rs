@@ -239,6 +239,57 @@ impl Drop for Spawned {
     }
 }
 
+/// Kills what is left of a process group a previous run spawned (its driver was killed
+/// outright): every process whose process group is `pgid`, provided one of them is a process
+/// this driver starts (the daemon, `__wrap`, a workload). Returns how many were killed.
+pub fn kill_leftover_group(pgid: i32) -> usize {
+    let mut members = Vec::new();
+    let mut ours = false;
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+                continue;
+            };
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
+            // Fields after the name: state, ppid, pgrp.
+            if rest
+                .split_whitespace()
+                .nth(2)
+                .and_then(|s| s.parse::<i32>().ok())
+                != Some(pgid)
+            {
+                continue;
+            }
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            ours |= [
+                "uffd-daemon",
+                "__wrap",
+                "__usemem",
+                "stress-ng",
+                "redis-server",
+            ]
+            .iter()
+            .any(|n| cmd.contains(n));
+            members.push(p);
+        }
+    }
+    if !ours {
+        return 0;
+    }
+    for &p in &members {
+        // SAFETY: kill(2) of a member of the process group a previous run of this driver
+        // created, identified by its recorded id and its command line.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    members.len()
+}
+
 /// What `__wrap` writes: the workload's own process tree, measured from inside the setup.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WrapReport {

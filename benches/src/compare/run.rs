@@ -55,6 +55,9 @@ impl RunResult {
     }
 }
 
+/// In the work directory while a run's process group lives: its id.
+pub const PGID_FILE: &str = "current.pgid";
+
 /// Paths and binaries shared by all runs.
 #[derive(Debug)]
 pub struct Ctx {
@@ -317,6 +320,8 @@ pub fn run_one(
     let vm0 = kernel::vmstat();
     let t0 = Instant::now();
     let mut child = proc::spawn(&argv, &out, &err)?;
+    // Lets the next run kill this group if the driver is killed outright.
+    let _ = std::fs::write(ctx.file(PGID_FILE), child.pid.to_string());
     let mut deadline = t0 + ctx.plan.run_timeout;
     let mut session = None;
     if w == Workload::Redis {
@@ -337,6 +342,7 @@ pub fn run_one(
         }
     }
     let ended = child.wait(deadline);
+    let _ = std::fs::remove_file(ctx.file(PGID_FILE));
     let wall = t0.elapsed().as_secs_f64();
     let vm1 = kernel::vmstat();
     let delta = |k: &str| {

@@ -35,7 +35,7 @@ const LEFT: f64 = 80.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 60.0;
-const PALETTE: [&str; 4] = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1"];
+const PALETTE: [&str; 4] = ["#59a14f", "#e15759", "#76b7b2", "#b07aa1"];
 
 /// Escapes text for SVG element content and attribute values.
 pub fn escape(s: &str) -> String {

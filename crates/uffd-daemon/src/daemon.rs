@@ -821,6 +821,11 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             .fetch_max(rss_total, Ordering::Relaxed);
         // The daemon's own memory: all of it, and what is beyond the zswap pool (metadata:
         // page tables, policy, zswap's index, slot maps; and buffers). Every 20 ms.
+        if tick % 250 == 0 {
+            // Give back what the allocator holds free (metadata that shrank after a peak).
+            // SAFETY: malloc_trim only releases free memory of the allocator.
+            unsafe { libc::malloc_trim(0) };
+        }
         if tick % 10 == 0 {
             // SAFETY: getpid cannot fail.
             let me = unsafe { libc::getpid() };

@@ -182,6 +182,9 @@ struct Class {
     span_bytes: usize,
     spans: Vec<Option<Span>>,
     free_span_ids: Vec<u32>,
+    /// The memory of the last span freed, kept for the next one (a class that frees and
+    /// allocates a span in turn does not map and unmap each time).
+    spare: Option<SpanMem>,
     /// Spans with at least one free object slot.
     partial: Vec<u32>,
     table: Vec<Slot>,
@@ -216,6 +219,7 @@ impl Class {
             span_bytes,
             spans: Vec::new(),
             free_span_ids: Vec::new(),
+            spare: None,
             partial: Vec::new(),
             table: Vec::new(),
             table_free: FREE_OWNER,
@@ -260,7 +264,10 @@ impl Class {
             Some(&id) => id,
             None => {
                 let span = Span {
-                    mem: SpanMem::new(self.span_bytes),
+                    mem: match self.spare.take() {
+                        Some(m) => m,
+                        None => SpanMem::new(self.span_bytes),
+                    },
                     owner: vec![FREE_OWNER; self.objs_per_span].into_boxed_slice(),
                     free_objs: (0..self.objs_per_span as u16).rev().collect(),
                     inuse: 0,
@@ -315,7 +322,9 @@ impl Class {
         if now_empty {
             // zsmalloc frees an empty zspage at once.
             self.partial_remove(span_id);
-            self.spans[span_id as usize] = None;
+            if let Some(span) = self.spans[span_id as usize].take() {
+                self.spare = Some(span.mem);
+            }
             self.free_span_ids.push(span_id);
             return self.span_bytes;
         }

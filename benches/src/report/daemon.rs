@@ -123,9 +123,12 @@ pub fn client_main(args: &[String]) -> i32 {
             }
             let fill_s = t.elapsed().as_secs_f64();
             let probe = pages / 2; // the first half was evicted long ago
-            // In a scattered order (a stride coprime with the count), so that every touch is
-            // a single fault: sequential touches would be served by readahead.
-            let stride = (1..).map(|k| 7919 * k).find(|s| gcd(*s, probe) == 1).unwrap_or(1);
+                                   // In a scattered order (a stride coprime with the count), so that every touch is
+                                   // a single fault: sequential touches would be served by readahead.
+            let stride = (1..)
+                .map(|k| 7919 * k)
+                .find(|s| gcd(*s, probe) == 1)
+                .unwrap_or(1);
             let order: Vec<usize> = (0..probe).map(|k| k * stride % probe).collect();
             let t = Instant::now();
             let lat = touch_timed_order(base, &order);

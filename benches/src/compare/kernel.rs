@@ -297,16 +297,11 @@ impl KernelSwap {
         self.setup
     }
 
-    /// zram's `mm_stat` (orig_data_size, compr_data_size, mem_used_total, mem_limit,
-    /// mem_used_max, ...), when zram.
-    pub fn zram_mm_stat(&self) -> Option<Vec<u64>> {
+    /// The path of zram's `mm_stat` (orig_data_size, compr_data_size, mem_used_total, ...),
+    /// when zram.
+    pub fn zram_mm_stat_path(&self) -> Option<PathBuf> {
         let z = self.state.zram.as_ref()?;
-        let s = fs::read_to_string(format!("/sys/block/zram{}/mm_stat", z.dev)).ok()?;
-        Some(
-            s.split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect(),
-        )
+        Some(PathBuf::from(format!("/sys/block/zram{}/mm_stat", z.dev)))
     }
 
     fn teardown(&mut self) -> Result<()> {
@@ -450,6 +445,60 @@ impl Drop for Cgroup {
         if let Err(e) = remove_cgroup(&self.path) {
             eprintln!("compare: removing cgroup: {e:#}");
         }
+    }
+}
+
+/// Peaks of a zram device while a workload runs, sampled every 100 ms by a thread.
+#[derive(Debug)]
+pub struct ZramSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<ZramPeak>,
+}
+
+/// What [`ZramSampler`] saw.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ZramPeak {
+    /// Largest `orig_data_size` (bytes stored, uncompressed).
+    pub orig: u64,
+    /// `compr_data_size` at that moment.
+    pub compr_at_peak: u64,
+    /// Largest `mem_used_total` (memory zram took, allocator overhead included).
+    pub mem_used: u64,
+}
+
+impl ZramSampler {
+    /// Starts sampling `mm_stat`.
+    pub fn start(mm_stat: PathBuf) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak = ZramPeak::default();
+            loop {
+                let v: Vec<u64> = fs::read_to_string(&mm_stat)
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                if v.len() >= 3 {
+                    if v[0] > peak.orig {
+                        peak.orig = v[0];
+                        peak.compr_at_peak = v[1];
+                    }
+                    peak.mem_used = peak.mem_used.max(v[2]);
+                }
+                if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    return peak;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        ZramSampler { stop, thread }
+    }
+
+    /// Stops and returns the peaks.
+    pub fn finish(self) -> ZramPeak {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
     }
 }
 

@@ -182,7 +182,7 @@ impl Plan {
             usemem_seconds: if quick { 2.0 } else { 5.0 },
             final_check: true,
             stress_bytes: 2 * limit,
-            stress_seconds: if quick { 5 } else { 20 },
+            stress_seconds: if quick { 5 } else { 30 },
             redis_keys,
             redis_value_bytes: 2048,
             redis_gets: if quick {

@@ -126,7 +126,7 @@ pub fn aggregate(results: &[RunResult], workloads: &[Workload], setups: &[Setup]
 pub fn num(v: f64) -> String {
     if !v.is_finite() {
         "-".into()
-    } else if v.abs() >= 1000.0 {
+    } else if v.abs() >= 1000.0 || (v.fract() == 0.0 && v.abs() < 1e15) {
         format!("{v:.0}")
     } else if v.abs() >= 10.0 {
         format!("{v:.1}")
@@ -288,16 +288,14 @@ pub fn extra_table(rows: &[Row]) -> String {
         let pool = if d {
             g("d_zswap_pool_max_mib").or(g("d_zswap_pool_mib"))
         } else {
-            g("zram_mem_used_max_mib")
+            g("zram_mem_used_peak_mib")
         };
         let ratio = if d {
-            g("d_zswap_compression_ratio").filter(|v| *v > 0.0)
+            g("d_zswap_ratio_at_max")
         } else {
-            g("zram_orig_mib")
-                .zip(g("zram_compr_mib"))
-                .filter(|(_, c)| *c > 0.0)
-                .map(|(o, c)| o / c)
-        };
+            g("zram_ratio_at_peak")
+        }
+        .filter(|v| *v > 0.0);
         let rss = g("d_daemon_rss_max_mib").or(g("d_daemon_rss_anon_max_mib"));
         let memcg = g("cg_max_usage_mib")
             .map(|u| format!("{} ({})", num(u), f(g("cg_kmem_max_usage_mib"))));
@@ -325,7 +323,11 @@ pub fn extra_table(rows: &[Row]) -> String {
 
 /// The invocation, as a command to paste.
 pub fn command_line(args: &[String]) -> String {
-    let mut s = String::from("cargo run --release -p bench --bin compare --");
+    let mut s = match std::env::var("CARGO_TARGET_DIR") {
+        Ok(dir) if !dir.contains(char::is_whitespace) => format!("CARGO_TARGET_DIR={dir} "),
+        _ => String::new(),
+    };
+    s.push_str("cargo run --release -p bench --bin compare --");
     for a in args {
         if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"$&|;<>*?".contains(c)) {
             let _ = write!(s, " '{}'", a.replace('\'', "'\\''"));
@@ -515,7 +517,8 @@ pub fn write_doc(
     let _ = writeln!(
         g,
         "Where the pages went (pages; daemon: its counters, kernel: /proc/vmstat deltas), the \
-         compressed pool's peak (daemon: zswap_pool_max_bytes; kernel zram: mem_used_max), the \
+         compressed pool's peak and the compression ratio then (daemon: zswap_pool_max_bytes, \
+         zswap_ratio_at_max; kernel zram: mem_used_total, orig/compr sampled every 100 ms), the \
          daemon's own RSS peak, the memory cgroup's peak usage (kernel memory in brackets) and \
          OOM kills (stress-ng's count of workers it restarted, or the group's oom_kill):\n"
     );
@@ -606,7 +609,7 @@ mod tests {
         assert!(rows[0].check.starts_with("MISMATCH"));
         assert_eq!(rows[1].metrics["throughput"], 20.0);
         let t = table(&rows, &[Workload::Random]);
-        assert!(t.contains("20.0 touches/s"), "{t}");
+        assert!(t.contains("| 20 touches/s"), "{t}");
         let svg = plot(Workload::Random, &rows, &Plan::new(256 << 20, true));
         assert!(svg.contains("kswap"));
     }
@@ -618,9 +621,8 @@ mod tests {
             "kswap,zram".to_string(),
             "a b".to_string(),
         ];
-        assert_eq!(
-            command_line(&a),
-            "cargo run --release -p bench --bin compare -- --setups kswap,zram 'a b'"
-        );
+        // Prefixed with CARGO_TARGET_DIR=... when that is set.
+        assert!(command_line(&a)
+            .ends_with("cargo run --release -p bench --bin compare -- --setups kswap,zram 'a b'"));
     }
 }

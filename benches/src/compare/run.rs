@@ -317,6 +317,9 @@ pub fn run_one(
         v
     };
 
+    let zram = kswap
+        .and_then(KernelSwap::zram_mm_stat_path)
+        .map(kernel::ZramSampler::start);
     let vm0 = kernel::vmstat();
     let t0 = Instant::now();
     let mut child = proc::spawn(&argv, &out, &err)?;
@@ -345,6 +348,7 @@ pub fn run_one(
     let _ = std::fs::remove_file(ctx.file(PGID_FILE));
     let wall = t0.elapsed().as_secs_f64();
     let vm1 = kernel::vmstat();
+    let zram_peak = zram.map(kernel::ZramSampler::finish);
     let delta = |k: &str| {
         vm1.get(k)
             .unwrap_or(&0)
@@ -412,8 +416,10 @@ pub fn run_one(
             if let Some(v) = g("swapins") {
                 m.insert("swapins".into(), v);
             }
+            // Pages written to the backing device: the daemon counts zswap's writeback
+            // (zswpwb) apart from direct writes (pswpout); the kernel counts both in pswpout.
             let dev = g("pswpout")
-                .map(|p| p * 4096.0)
+                .map(|p| (p + g("zswpwb").unwrap_or(0.0)) * 4096.0)
                 .or_else(|| g("bytes_written"));
             if let Some(v) = dev {
                 m.insert("dev_write_mib".into(), v / (1 << 20) as f64);
@@ -426,7 +432,7 @@ pub fn run_one(
                 "pswpin",
                 "evicted_pages",
                 "faults",
-                "zswap_compression_ratio",
+                "zswap_ratio_at_max",
                 "store_refused",
                 "zswap_reject_pool_limit",
                 "throttled_faults",
@@ -483,13 +489,14 @@ pub fn run_one(
             m.insert("cg_max_usage_mib".into(), mib(c.max_usage));
             m.insert("cg_kmem_max_usage_mib".into(), mib(c.kmem_max_usage));
         }
-        if let Some(st) = kswap.and_then(KernelSwap::zram_mm_stat) {
-            if st.len() >= 5 {
-                m.insert("zram_orig_mib".into(), st[0] as f64 / (1 << 20) as f64);
-                m.insert("zram_compr_mib".into(), st[1] as f64 / (1 << 20) as f64);
+        if let Some(p) = zram_peak {
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            m.insert("zram_orig_peak_mib".into(), mib(p.orig));
+            m.insert("zram_mem_used_peak_mib".into(), mib(p.mem_used));
+            if p.compr_at_peak > 0 {
                 m.insert(
-                    "zram_mem_used_max_mib".into(),
-                    st[4] as f64 / (1 << 20) as f64,
+                    "zram_ratio_at_peak".into(),
+                    p.orig as f64 / p.compr_at_peak as f64,
                 );
             }
         }

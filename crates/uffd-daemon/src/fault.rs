@@ -86,13 +86,20 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
     let mut msgs = [RawUffdMsg::default(); 64];
     let mut deferred: Vec<Pending> = Vec::new();
     let mut page = vec![0u8; FOLIO_PAGES * PAGE_SIZE];
-    let zeros = vec![0u8; PAGE_SIZE];
+    let zeros = vec![0u8; FOLIO_PAGES * PAGE_SIZE];
     let mut served: u64 = 0;
-    let mut ra = Readahead {
-        prev: 0,
-        prev_end: 0,
-        window: 1,
-    };
+    let mut ra = [
+        Readahead {
+            prev: 0,
+            prev_end: 0,
+            window: 1,
+        },
+        Readahead {
+            prev: 0,
+            prev_end: 0,
+            window: 1,
+        },
+    ];
     loop {
         let timeout = if deferred.is_empty() { -1 } else { 1 };
         let ready = match sys::poll_read(&[mm.uffd.raw(), mm.stop.raw(), mm.retry.raw()], timeout) {
@@ -159,8 +166,9 @@ fn serve_fault(
     page: &mut [u8],
     zeros: &[u8],
     served: &mut u64,
-    ra: &mut Readahead,
+    ra: &mut [Readahead; 2],
 ) -> bool {
+    let [ra, zra] = ra;
     let stats = &shared.stats;
     let addr = p.address;
     if mm.in_agent_region(addr) {
@@ -220,6 +228,8 @@ fn serve_fault(
     // Pages filled from the fault address on (more than one with readahead) and their old
     // states.
     let mut run: Vec<(u64, Page)> = Vec::new();
+    // Never-written pages filled with zeros from the fault address on (fault-around).
+    let mut zero_run = 1usize;
     let mut tier = None;
     let (fill, filled) = match prior {
         Some(Page::Evicted { slot })
@@ -234,7 +244,7 @@ fn serve_fault(
             } else {
                 1
             };
-            if shared.resident() + window > shared.high_pages {
+            if shared.resident() + window > shared.limit_pages {
                 window = 1;
             }
             run.push((addr, Page::Evicted { slot }));
@@ -288,12 +298,41 @@ fn serve_fault(
                 r => r,
             }
         }
-        Some(Page::Evicted { .. })
-        | Some(Page::Dropping { .. })
-        | Some(Page::Inherited { .. })
-        | None => {
+        None => {
+            // Fault-around of never-written memory on a sequential pattern (the kernel's
+            // anonymous mTHP does the same with a 64 KiB folio on the first touch): the
+            // window grows like readahead's, and a run stops at the first page the table
+            // knows. UFFDIO_COPY never overwrites a present page, and a run that leaves the
+            // VMA fails as a whole and falls back to the faulting page.
+            let max = 1usize << shared.policy.page_cluster;
+            let mut window = zra.next_window(addr, max);
+            if shared.resident() + window > shared.limit_pages {
+                window = 1;
+            }
+            let mut n = 1;
+            while n < window && !st.pages.contains_key(&(addr + n as u64 * PAGE_SIZE_U64)) {
+                n += 1;
+            }
+            if n > 1 {
+                match mm.uffd.copy_run(addr, &zeros[..n * PAGE_SIZE]) {
+                    (_, 0) => {
+                        let r = mm.uffd.copy_run(addr, &zeros[..PAGE_SIZE]);
+                        (r.0, r.1.max(1))
+                    }
+                    (r, k) => {
+                        zero_run = k;
+                        (r.map(|_| Fill::Filled), k)
+                    }
+                }
+            } else if write {
+                (mm.uffd.copy(addr, &zeros[..PAGE_SIZE]), 1)
+            } else {
+                (mm.uffd.zeropage(addr), 1)
+            }
+        }
+        Some(Page::Evicted { .. }) | Some(Page::Dropping { .. }) | Some(Page::Inherited { .. }) => {
             if write {
-                (mm.uffd.copy(addr, zeros), 1)
+                (mm.uffd.copy(addr, &zeros[..PAGE_SIZE]), 1)
             } else {
                 (mm.uffd.zeropage(addr), 1)
             }
@@ -303,7 +342,7 @@ fn serve_fault(
             // example a MADV_FREE page it reclaimed after the REMOVE we already applied).
             // Its contents are zeros by the kernel's own rules.
             if write {
-                (mm.uffd.copy(addr, zeros), 1)
+                (mm.uffd.copy(addr, &zeros[..PAGE_SIZE]), 1)
             } else {
                 (mm.uffd.zeropage(addr), 1)
             }
@@ -357,6 +396,9 @@ fn serve_fault(
         st.release(shared, a, old);
         st.make_resident(shared, a, Arrival::Cold, false);
     }
+    for i in 1..zero_run as u64 {
+        st.make_resident(shared, addr + i * PAGE_SIZE_U64, Arrival::Cold, false);
+    }
     drop(st);
 
     let ns = p.read_at.elapsed().as_nanos() as u64;
@@ -384,6 +426,9 @@ fn serve_fault(
         }
     } else {
         Stats::add(&stats.zero_fills, 1);
+        Stats::add(&stats.fault_around_pages, zero_run as u64 - 1);
+        zra.prev = addr;
+        zra.prev_end = addr + zero_run as u64 * PAGE_SIZE_U64;
         shared.lat_zero.record(ns);
     }
     Stats::add(&stats.fault_service_ns, ns);

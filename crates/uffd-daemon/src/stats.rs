@@ -96,6 +96,8 @@ counters! {
     readahead_pages,
     /// Faults that restored a whole aligned 64 KiB folio at once.
     swpin_folios,
+    /// Never-written pages filled with zeros ahead of a sequential zero-fill fault.
+    fault_around_pages,
     /// Restores served from the compressed pool.
     fault_zswap,
     /// Restores served from the backing device.

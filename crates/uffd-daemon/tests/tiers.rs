@@ -190,7 +190,8 @@ sys.exit(1 if bad else 0)
             "{}: python's data did not verify",
             setup.name
         );
-        assert_paged(&run, 48 << 20);
+        // (malloc fills a dict's table before the scanner registers it: ARCHITECTURE.md.)
+        assert_paged_within(&run, 48 << 20, (48 << 20) / 4096 / 3);
         assert_tiers(&run, &setup);
     }
 }

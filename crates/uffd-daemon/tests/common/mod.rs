@@ -93,6 +93,12 @@ pub fn run_with(args: &[&str], name: &str, program: &[&str]) -> Run {
 }
 
 pub fn assert_paged(run: &Run, limit_bytes: u64) {
+    let limit_pages = limit_bytes / 4096;
+    assert_paged_within(run, limit_bytes, limit_pages / 6 + 64);
+}
+
+/// `assert_paged` with an explicit slack above the limit, in pages.
+pub fn assert_paged_within(run: &Run, limit_bytes: u64, slack_pages: u64) {
     for key in [
         "faults",
         "zero_fills",
@@ -118,7 +124,7 @@ pub fn assert_paged(run: &Run, limit_bytes: u64) {
     // MiB above the limit for a moment before reclaim catches up (ARCHITECTURE.md).
     let limit_pages = limit_bytes / 4096;
     assert!(
-        run.get("resident_pages_max") <= limit_pages + limit_pages / 6 + 64,
+        run.get("resident_pages_max") <= limit_pages + slack_pages,
         "resident pages peaked at {} for a limit of {limit_pages}",
         run.get("resident_pages_max")
     );

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mglru::Arrival;
+use parking_lot::MutexGuard;
 
 use crate::daemon::{self, Shared};
 use crate::mm::{Mm, Page, ZERO_SLOT};
@@ -194,6 +195,7 @@ fn serve_fault(
             Some(Page::Resident { referenced }) => {
                 // Protection armed by the access source: this write is an access.
                 *referenced = true;
+                st.young.insert(addr);
                 Stats::add(&stats.wp_access_faults, 1);
             }
             _ => {}
@@ -255,47 +257,64 @@ fn serve_fault(
                     _ => break,
                 }
             }
-            match shared.tiers.read(slot, &mut page[..PAGE_SIZE]) {
-                Ok(t) => tier = Some(t),
+            // The reads and the copy run without the state lock when the page is `Evicted`:
+            // only this thread changes an evicted page (reclaim takes resident pages only),
+            // so its state and its slot stay put, and reclaim and the scanner are not held
+            // up for a decompression and a UFFDIO_COPY. (A `Dropping` page can be settled by
+            // reclaim meanwhile: that rare path keeps the lock.)
+            let io = |run: &mut Vec<(u64, Page)>, page: &mut [u8]| {
+                let t = shared.tiers.read(slot, &mut page[..PAGE_SIZE])?;
+                let mut n = 1;
+                while n < run.len() {
+                    let out = &mut page[n * PAGE_SIZE..(n + 1) * PAGE_SIZE];
+                    let ok = match run[n].1 {
+                        Page::Evicted { slot: ZERO_SLOT } => {
+                            out.fill(0);
+                            true
+                        }
+                        Page::Evicted { slot: s } => shared.tiers.read(s, out).is_ok(),
+                        _ => false,
+                    };
+                    if !ok {
+                        break;
+                    }
+                    n += 1;
+                }
+                run.truncate(n);
+                let r = match mm.uffd.copy_run(addr, &page[..n * PAGE_SIZE]) {
+                    // A run can cross into another VMA (ENOENT: one UFFDIO_COPY stays within
+                    // one VMA) or meet a present page: fall back to the faulting page alone.
+                    (_, 0) if n > 1 => {
+                        run.truncate(1);
+                        mm.uffd.copy_run(addr, &page[..PAGE_SIZE])
+                    }
+                    r => r,
+                };
+                Ok::<_, std::io::Error>((r, t))
+            };
+            let done = if matches!(prior, Some(Page::Evicted { .. })) {
+                MutexGuard::unlocked(&mut st, || io(&mut run, page))
+            } else {
+                io(&mut run, page)
+            };
+            match done {
+                Ok((r, t)) => {
+                    tier = Some(t);
+                    r
+                }
                 Err(e) => {
                     // The stored copy cannot be read: never hand the program wrong bytes.
                     eprintln!(
-                    "uffd-daemon: cannot read back page {addr:#x} of pid {:?} from slot {slot}: {e}; \
-                     stopping the process",
-                    mm.pid()
-                );
+                        "uffd-daemon: cannot read back page {addr:#x} of pid {:?} from slot {slot}: {e}; \
+                         stopping the process",
+                        mm.pid()
+                    );
                     if let Some(pid) = mm.pid() {
                         // SAFETY: kill(2) with integer arguments.
                         unsafe { libc::kill(pid, libc::SIGKILL) };
                     }
                     return true;
                 }
-            }
-            let mut n = 1;
-            while n < run.len() {
-                let out = &mut page[n * PAGE_SIZE..(n + 1) * PAGE_SIZE];
-                let ok = match run[n].1 {
-                    Page::Evicted { slot: ZERO_SLOT } => {
-                        out.fill(0);
-                        true
-                    }
-                    Page::Evicted { slot: s } => shared.tiers.read(s, out).is_ok(),
-                    _ => false,
-                };
-                if !ok {
-                    break;
-                }
-                n += 1;
-            }
-            run.truncate(n);
-            match mm.uffd.copy_run(addr, &page[..n * PAGE_SIZE]) {
-                // A run can cross into another VMA (ENOENT: one UFFDIO_COPY stays within one
-                // VMA) or meet a present page: fall back to the faulting page alone.
-                (_, 0) if n > 1 => {
-                    run.truncate(1);
-                    mm.uffd.copy_run(addr, &page[..PAGE_SIZE])
-                }
-                r => r,
             }
         }
         None => {
@@ -314,7 +333,12 @@ fn serve_fault(
                 n += 1;
             }
             if n > 1 {
-                match mm.uffd.copy_run(addr, &zeros[..n * PAGE_SIZE]) {
+                // (Unlocked: a never-seen page changes only here, or is found present by the
+                // scanner, which the bookkeeping below tolerates.)
+                let r = MutexGuard::unlocked(&mut st, || {
+                    mm.uffd.copy_run(addr, &zeros[..n * PAGE_SIZE])
+                });
+                match r {
                     (_, 0) => {
                         let r = mm.uffd.copy_run(addr, &zeros[..PAGE_SIZE]);
                         (r.0, r.1.max(1))
@@ -387,13 +411,21 @@ fn serve_fault(
         }
     }
     if let Some(old) = prior {
-        st.pages.remove(&addr);
-        st.release(shared, addr, old);
+        // (Unchanged: see the unlocked read above.)
+        if let Some(now) = st.pages.remove(&addr) {
+            debug_assert!(
+                now == old || now.is_resident(),
+                "{addr:#x}: {old:?} became {now:?}"
+            );
+            st.release(shared, addr, now);
+        }
     }
     st.make_resident(shared, addr, Arrival::Fault, true);
     for &(a, old) in run.iter().skip(1) {
-        st.pages.remove(&a);
-        st.release(shared, a, old);
+        if let Some(now) = st.pages.remove(&a) {
+            debug_assert_eq!(now, old, "{a:#x} changed while it was restored");
+            st.release(shared, a, now);
+        }
         st.make_resident(shared, a, Arrival::Cold, false);
     }
     for i in 1..zero_run as u64 {

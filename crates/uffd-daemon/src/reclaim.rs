@@ -110,7 +110,14 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let batch = mm
         .next_batch
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let t_pick = std::time::Instant::now();
     let victims = pick_victims(shared, mm, batch, max);
+    let pick_ns = t_pick.elapsed().as_nanos() as u64;
+    Stats::add(&shared.stats.reclaim_pick_ns, pick_ns);
+    shared
+        .stats
+        .reclaim_pick_max_ns
+        .fetch_max(pick_ns, std::sync::atomic::Ordering::Relaxed);
     if victims.is_empty() {
         return 0;
     }

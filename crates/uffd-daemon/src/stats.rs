@@ -78,6 +78,11 @@ counters! {
     fault_service_ns,
     /// Times a fault waited for reclaim because the limit was reached.
     throttled_faults,
+    /// Reclaim time choosing victims (the policy, under the address space's state lock:
+    /// faults of that address space wait meanwhile), in nanoseconds.
+    reclaim_pick_ns,
+    /// The longest single choice of victims, in nanoseconds.
+    reclaim_pick_max_ns,
     /// Reclaim time write-protecting victims, in nanoseconds.
     reclaim_wp_ns,
     /// Reclaim time reading victims (`process_vm_readv`), in nanoseconds.

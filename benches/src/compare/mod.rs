@@ -548,7 +548,15 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
         }
     }
     let interrupted = proc::interrupted();
-    let _ = std::fs::remove_dir(&ctx.workdir); // kept when it holds outputs of failed runs
+    // Scratch files go; the directory stays only when it holds outputs of failed runs.
+    if let Ok(rd) = std::fs::read_dir(&ctx.workdir) {
+        for e in rd.flatten() {
+            if !e.file_name().to_string_lossy().starts_with("failed-") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(&ctx.workdir);
 
     let rows = output::aggregate(&results, &o.workloads, &o.setups);
     let table = output::table(&rows, &o.workloads);

@@ -416,10 +416,10 @@ pub fn run_one(
             if let Some(v) = g("swapins") {
                 m.insert("swapins".into(), v);
             }
-            // Pages written to the backing device: the daemon counts zswap's writeback
-            // (zswpwb) apart from direct writes (pswpout); the kernel counts both in pswpout.
+            // Pages written to the backing device: pswpout, which counts zswap's writeback
+            // (zswpwb) as well as direct writes, as the kernel's does.
             let dev = g("pswpout")
-                .map(|p| (p + g("zswpwb").unwrap_or(0.0)) * 4096.0)
+                .map(|p| p * 4096.0)
                 .or_else(|| g("bytes_written"));
             if let Some(v) = dev {
                 m.insert("dev_write_mib".into(), v / (1 << 20) as f64);

@@ -414,7 +414,8 @@ impl Backend for Failing {
 /// The per-tier counters, named like /proc/vmstat.
 #[derive(Debug, Default)]
 pub struct TierStats {
-    /// Pages written to the backend by eviction (`pswpout`).
+    /// Pages written to the backend, by eviction and by zswap writeback (`pswpout`: the
+    /// kernel counts a writeback as a swap-out too).
     pub pswpout: AtomicU64,
     /// Pages read from the backend by faults (`pswpin`).
     pub pswpin: AtomicU64,
@@ -536,6 +537,9 @@ impl Shrinker for ZswapShrinker {
         sc.nr_scanned = r.scanned as u64;
         self.stats
             .zswpwb
+            .fetch_add(r.written_back as u64, Ordering::Relaxed);
+        self.stats
+            .pswpout
             .fetch_add(r.written_back as u64, Ordering::Relaxed);
         if r.failed > 0 {
             self.stats
@@ -1172,7 +1176,8 @@ mod tests {
             t.check_integrity().unwrap();
             let mut v = serde_json::json!({});
             t.to_json(&mut v);
-            let out_pages = v["zswpout"].as_u64().unwrap() + v["pswpout"].as_u64().unwrap();
+            let out_pages = v["zswpout"].as_u64().unwrap() + v["pswpout"].as_u64().unwrap()
+                - v["zswpwb"].as_u64().unwrap();
             assert_eq!(out_pages, 21, "{name}: {v}");
             assert_eq!(v["swpout_order4"].as_u64(), Some(1), "{name}: {v}");
         }

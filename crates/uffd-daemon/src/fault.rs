@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mglru::Arrival;
-use parking_lot::MutexGuard;
 
 use crate::daemon::{self, Shared};
 use crate::mm::{Mm, Page, ZERO_SLOT};
@@ -257,11 +256,10 @@ fn serve_fault(
                     _ => break,
                 }
             }
-            // The reads and the copy run without the state lock when the page is `Evicted`:
-            // only this thread changes an evicted page (reclaim takes resident pages only),
-            // so its state and its slot stay put, and reclaim and the scanner are not held
-            // up for a decompression and a UFFDIO_COPY. (A `Dropping` page can be settled by
-            // reclaim meanwhile: that rare path keeps the lock.)
+            // (Under the state lock. Dropping it for the read and the copy of an `Evicted`
+            // page is possible, since only this thread changes an evicted page, but measured
+            // no better: reclaim then takes the lock between each fault's copy and its
+            // bookkeeping, and the handler waits for a choice of victims.)
             let io = |run: &mut Vec<(u64, Page)>, page: &mut [u8]| {
                 let t = shared.tiers.read(slot, &mut page[..PAGE_SIZE])?;
                 let mut n = 1;
@@ -292,11 +290,7 @@ fn serve_fault(
                 };
                 Ok::<_, std::io::Error>((r, t))
             };
-            let done = if matches!(prior, Some(Page::Evicted { .. })) {
-                MutexGuard::unlocked(&mut st, || io(&mut run, page))
-            } else {
-                io(&mut run, page)
-            };
+            let done = io(&mut run, page);
             match done {
                 Ok((r, t)) => {
                     tier = Some(t);
@@ -333,19 +327,17 @@ fn serve_fault(
                 n += 1;
             }
             if n > 1 {
-                // (Unlocked: a never-seen page changes only here, or is found present by the
-                // scanner, which the bookkeeping below tolerates.)
-                let r = MutexGuard::unlocked(&mut st, || {
-                    mm.uffd.copy_run(addr, &zeros[..n * PAGE_SIZE])
-                });
+                let r = mm.uffd.copy_run(addr, &zeros[..n * PAGE_SIZE]);
                 match r {
                     (_, 0) => {
                         let r = mm.uffd.copy_run(addr, &zeros[..PAGE_SIZE]);
                         (r.0, r.1.max(1))
                     }
-                    (r, k) => {
+                    // k pages were filled (maybe not all n: a run stops at a present page or
+                    // when an event is queued): they are resident whatever the status says.
+                    (_, k) => {
                         zero_run = k;
-                        (r.map(|_| Fill::Filled), k)
+                        (Ok(Fill::Filled), k)
                     }
                 }
             } else if write {

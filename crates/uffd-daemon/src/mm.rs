@@ -43,11 +43,6 @@ pub fn new_policy(cfg: &PolicyConfig) -> BoxedPolicy {
                 // Shadow entries per address space, for refault detection; bounded so that
                 // they stay a small part of the metadata.
                 max_shadows: cfg.max_shadows,
-                // The look-around tests the neighbours of every candidate, which here is a
-                // walk of the page table per victim (the kernel's amortises an rmap walk it
-                // has already paid for): measured 3.9 us per victim with it, under the
-                // state lock that faults wait on.
-                look_around: std::env::var_os("UFFD_LOOK_AROUND").is_some(),
                 ..mglru::Config::default()
             })
             .expect("the default mglru configuration is valid"),

@@ -99,73 +99,9 @@ enum Found {
     Moved(Handle),
 }
 
-/// A span's memory: whole pages mapped for it alone and unmapped when it is freed, as
-/// zsmalloc takes its zspages from the page allocator. With the C allocator, freed spans stay
-/// in its free lists and the process keeps them resident: a pool that shrank would not give
-/// its memory back.
-struct SpanMem {
-    ptr: std::ptr::NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: `SpanMem` owns its mapping exclusively, like a `Box<[u8]>`.
-unsafe impl Send for SpanMem {}
-// SAFETY: shared access only reads through `&[u8]`.
-unsafe impl Sync for SpanMem {}
-
-impl SpanMem {
-    fn new(len: usize) -> SpanMem {
-        // SAFETY: a fresh private anonymous mapping; checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        match std::ptr::NonNull::new(p.cast::<u8>()) {
-            Some(ptr) if p != libc::MAP_FAILED => SpanMem { ptr, len },
-            _ => std::alloc::handle_alloc_error(
-                std::alloc::Layout::from_size_align(len, 4096).expect("span layout"),
-            ),
-        }
-    }
-}
-
-impl std::ops::Deref for SpanMem {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` maps `len` readable bytes for the life of `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl std::ops::DerefMut for SpanMem {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for SpanMem {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
-impl std::fmt::Debug for SpanMem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SpanMem({} bytes)", self.len)
-    }
-}
-
 #[derive(Debug)]
 struct Span {
-    mem: SpanMem,
+    mem: Box<[u8]>,
     /// Handle-table index owning each object slot, or `FREE_OWNER`.
     owner: Box<[u32]>,
     free_objs: Vec<u16>,
@@ -182,9 +118,6 @@ struct Class {
     span_bytes: usize,
     spans: Vec<Option<Span>>,
     free_span_ids: Vec<u32>,
-    /// The memory of the last span freed, kept for the next one (a class that frees and
-    /// allocates a span in turn does not map and unmap each time).
-    spare: Option<SpanMem>,
     /// Spans with at least one free object slot.
     partial: Vec<u32>,
     table: Vec<Slot>,
@@ -219,7 +152,6 @@ impl Class {
             span_bytes,
             spans: Vec::new(),
             free_span_ids: Vec::new(),
-            spare: None,
             partial: Vec::new(),
             table: Vec::new(),
             table_free: FREE_OWNER,
@@ -264,10 +196,7 @@ impl Class {
             Some(&id) => id,
             None => {
                 let span = Span {
-                    mem: match self.spare.take() {
-                        Some(m) => m,
-                        None => SpanMem::new(self.span_bytes),
-                    },
+                    mem: vec![0u8; self.span_bytes].into_boxed_slice(),
                     owner: vec![FREE_OWNER; self.objs_per_span].into_boxed_slice(),
                     free_objs: (0..self.objs_per_span as u16).rev().collect(),
                     inuse: 0,
@@ -322,9 +251,7 @@ impl Class {
         if now_empty {
             // zsmalloc frees an empty zspage at once.
             self.partial_remove(span_id);
-            if let Some(span) = self.spans[span_id as usize].take() {
-                self.spare = Some(span.mem);
-            }
+            self.spans[span_id as usize] = None;
             self.free_span_ids.push(span_id);
             return self.span_bytes;
         }

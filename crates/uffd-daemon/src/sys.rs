@@ -349,21 +349,10 @@ impl Uffd {
         }
     }
 
-    /// `UFFDIO_COPY` of one page from `src` (in the daemon) to `dst` (in the client), waking
+    /// `UFFDIO_COPY` of `src` (whole pages, in the daemon) to `dst` (in the client), waking
     /// the faulting threads.
     pub fn copy(&self, dst: u64, src: &[u8]) -> io::Result<Fill> {
-        debug_assert_eq!(src.len() % PAGE_SIZE, 0);
-        let mut c = UffdioCopy {
-            dst,
-            src: src.as_ptr() as u64,
-            len: src.len() as u64,
-            mode: 0,
-            copy: 0,
-        };
-        // SAFETY: `c` is a valid `struct uffdio_copy`; the kernel reads `len` bytes from `src`,
-        // which is a live slice of that length.
-        let rc = unsafe { libc::ioctl(self.raw(), UFFDIO_COPY, &mut c) };
-        Self::fill_result(rc)
+        self.copy_run(dst, src).0
     }
 
     /// `UFFDIO_COPY` of a run of pages, waking the faulting threads. Returns the outcome and

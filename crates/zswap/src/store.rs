@@ -1082,18 +1082,7 @@ impl Zswap {
     /// kernel's behaviour with a swap cache it does not keep). All or nothing: on any error the
     /// entries stay as they were and `out` holds unspecified bytes.
     pub fn load(&self, entry: u64, out: &mut [u8]) -> Result<(), LoadError> {
-        let len = out.len();
-        if len == 0 || len % PAGE_SIZE != 0 || len / PAGE_SIZE > MAX_FOLIO_PAGES {
-            return Err(LoadError::InvalidLength { entry, len });
-        }
-        let nr = len / PAGE_SIZE;
-        if entry.checked_add(nr as u64).is_none() {
-            return Err(LoadError::InvalidLength { entry, len });
-        }
-        let (slot, mut w) = self.take_worker()?;
-        let result = self.load_locked(entry, out, &mut w);
-        self.put_worker(slot, w);
-        result
+        self.load_with(entry, out, true)
     }
 
     /// Reads the pages at `entry..entry + out.len() / 4096` and leaves them stored (a
@@ -1102,6 +1091,10 @@ impl Zswap {
     /// it has put the page where it belongs). Counted in `zswpin`. All or nothing like
     /// [`Zswap::load`].
     pub fn load_shared(&self, entry: u64, out: &mut [u8]) -> Result<(), LoadError> {
+        self.load_with(entry, out, false)
+    }
+
+    fn load_with(&self, entry: u64, out: &mut [u8], exclusive: bool) -> Result<(), LoadError> {
         let len = out.len();
         if len == 0 || len % PAGE_SIZE != 0 || len / PAGE_SIZE > MAX_FOLIO_PAGES {
             return Err(LoadError::InvalidLength { entry, len });
@@ -1111,12 +1104,20 @@ impl Zswap {
             return Err(LoadError::InvalidLength { entry, len });
         }
         let (slot, mut w) = self.take_worker()?;
-        let result = self.read_locked(entry, out, &mut w);
+        let result = self.load_locked(entry, out, &mut w, exclusive);
         self.put_worker(slot, w);
         result
     }
 
-    fn read_locked(&self, entry: u64, out: &mut [u8], w: &mut Worker) -> Result<(), LoadError> {
+    /// Decodes the pages under their shard locks (after any writeback of them has ended);
+    /// with `exclusive`, frees them before the locks are dropped.
+    fn load_locked(
+        &self,
+        entry: u64,
+        out: &mut [u8],
+        w: &mut Worker,
+        exclusive: bool,
+    ) -> Result<(), LoadError> {
         let nr = out.len() / PAGE_SIZE;
         let mut guards = loop {
             let mut guards = self.lock_range(entry, nr);
@@ -1131,30 +1132,13 @@ impl Zswap {
             let e = map.get(&key).ok_or(LoadError::NotFound { entry: key })?;
             self.decode(w, key, e, page)?;
         }
-        bump(&self.counters.zswpin, nr as u64);
-        Ok(())
-    }
-
-    fn load_locked(&self, entry: u64, out: &mut [u8], w: &mut Worker) -> Result<(), LoadError> {
-        let nr = out.len() / PAGE_SIZE;
-        let mut guards = loop {
-            let mut guards = self.lock_range(entry, nr);
-            match self.find_writeback(&mut guards, entry, nr) {
-                Some((k, id)) => self.wait_writeback(guards, k, id),
-                None => break guards,
-            }
-        };
-        for (i, page) in out.chunks_exact_mut(PAGE_SIZE).enumerate() {
-            let key = entry + i as u64;
-            let map = self.guard_for(&mut guards, key);
-            let e = map.get(&key).ok_or(LoadError::NotFound { entry: key })?;
-            self.decode(w, key, e, page)?;
-        }
-        let mut lru = self.lru.lock();
-        for i in 0..nr as u64 {
-            let map = self.guard_for(&mut guards, entry + i);
-            if let Some(e) = map.remove(&(entry + i)) {
-                self.release_entry(&mut lru, &e);
+        if exclusive {
+            let mut lru = self.lru.lock();
+            for i in 0..nr as u64 {
+                let map = self.guard_for(&mut guards, entry + i);
+                if let Some(e) = map.remove(&(entry + i)) {
+                    self.release_entry(&mut lru, &e);
+                }
             }
         }
         bump(&self.counters.zswpin, nr as u64);

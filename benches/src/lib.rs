@@ -5,4 +5,5 @@
 //! each section lives in its own module under `report/`.
 
 pub mod compare;
+pub mod metadata;
 pub mod report;

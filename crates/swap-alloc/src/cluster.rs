@@ -49,11 +49,63 @@ pub(crate) struct ClusterInner {
     /// Which list the cluster is on.
     pub(crate) state: ClusterState,
     /// One word per slot: `SLOT_FREE`, `SLOT_BAD`, or a count with the has-cache flag.
-    pub(crate) map: Box<[u16]>,
+    /// Allocated while the cluster has slots in use (see [`SlotMap`]).
+    pub(crate) map: SlotMap,
     /// Acquisitions of this cluster's lock (statistics, counted under the lock).
     pub(crate) lock_count: u64,
     /// Successful allocations per order in this cluster (statistics).
     pub(crate) swpout: [u64; NR_ORDERS],
+}
+
+/// Zeros for reading the map of a cluster that has none.
+static ZEROS: [u16; crate::device::MAX_CLUSTER_SLOTS] = [SLOT_FREE; crate::device::MAX_CLUSTER_SLOTS];
+
+/// A cluster's slot map, allocated on first write and released when the cluster is empty
+/// again (the kernel's dynamically allocated swap table, which replaced the fixed
+/// `swap_map` in 6.18's swap-table series): an 8 GiB device with a few hundred MiB in use
+/// costs its in-use clusters' maps, not 2 bytes per slot of the whole device. Reads of an
+/// unallocated map see every slot free.
+#[derive(Debug)]
+pub(crate) struct SlotMap {
+    slots: Option<Box<[u16]>>,
+    len: usize,
+}
+
+impl SlotMap {
+    /// An unallocated map of `len` free slots.
+    pub(crate) fn new(len: usize) -> SlotMap {
+        assert!(len <= ZEROS.len());
+        SlotMap { slots: None, len }
+    }
+
+    /// Frees the words; every slot must be free.
+    pub(crate) fn release(&mut self) {
+        debug_assert!(self.iter().all(|&v| v == SLOT_FREE));
+        self.slots = None;
+    }
+
+    /// Heap bytes held.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.slots.as_ref().map_or(0, |s| s.len() * 2)
+    }
+}
+
+impl std::ops::Deref for SlotMap {
+    type Target = [u16];
+    fn deref(&self) -> &[u16] {
+        match &self.slots {
+            Some(s) => s,
+            None => &ZEROS[..self.len],
+        }
+    }
+}
+
+impl std::ops::DerefMut for SlotMap {
+    fn deref_mut(&mut self) -> &mut [u16] {
+        let len = self.len;
+        self.slots
+            .get_or_insert_with(|| vec![SLOT_FREE; len].into_boxed_slice())
+    }
 }
 
 /// A list of clusters.
@@ -120,6 +172,12 @@ pub(crate) struct Lists {
 }
 
 impl Lists {
+    /// Heap bytes of the lists.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.links.capacity() * std::mem::size_of::<Link>()
+            + self.heads.capacity() * std::mem::size_of::<Head>()
+    }
+
     pub(crate) fn new(nclusters: usize) -> Self {
         Self {
             links: vec![

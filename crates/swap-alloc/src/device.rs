@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64 as StatU64, AtomicUsize, Ordering}
 use crossbeam_utils::CachePadded;
 
 use crate::cluster::{
-    ClusterInner, ClusterState, ListId, Lists, MAX_SLOT_COUNT, NR_ORDERS, SLOT_BAD,
+    ClusterInner, ClusterState, ListId, Lists, SlotMap, MAX_SLOT_COUNT, NR_ORDERS, SLOT_BAD,
     SLOT_COUNT_MASK, SLOT_FREE, SLOT_HAS_CACHE,
 };
 use crate::entry::{DeviceId, SwapEntry};
@@ -268,7 +268,7 @@ impl SwapDevice {
         let mut lists = Lists::new(nclusters);
         let mut clusters = Vec::with_capacity(nclusters);
         for idx in 0..nclusters {
-            let mut map = vec![SLOT_FREE; cs].into_boxed_slice();
+            let mut map = SlotMap::new(cs);
             let mut count = 0u32;
             if idx == nclusters - 1 && bad_slots > 0 {
                 let valid = cs - bad_slots as usize;
@@ -591,6 +591,10 @@ impl SwapDevice {
                 }
             }
         }
+        if ci.count == 0 {
+            // Scanned (and so allocated) but still unused.
+            ci.map.release();
+        }
         self.relocate(idx, ci, found.is_some());
         (found, next)
     }
@@ -754,6 +758,7 @@ impl SwapDevice {
         }
         ci.count -= nr;
         if ci.count == 0 {
+            ci.map.release();
             self.free_cluster(idx, ci);
         } else if ci.state != ClusterState::Nonfull {
             // The kernel's partial_free_cluster.
@@ -984,6 +989,20 @@ impl SwapDevice {
         self.discard_clusters(&self.cpu().stats)
     }
 
+    /// Heap bytes of the device's metadata: the cluster array, the lists, the per-CPU state
+    /// and the slot maps of the clusters in use. Takes each cluster lock in turn (not
+    /// counted in the lock statistics).
+    pub fn metadata_bytes(&self) -> usize {
+        let maps: usize = self
+            .clusters
+            .iter()
+            .map(|c| c.lock().map.heap_bytes())
+            .sum();
+        maps + std::mem::size_of_val(&*self.clusters)
+            + std::mem::size_of_val(&*self.percpu)
+            + self.lists.lock().heap_bytes()
+    }
+
     /// Slots in use, exact: sums the cluster counts under their locks. (Not counted in the
     /// lock statistics.)
     pub fn in_use(&self) -> u64 {
@@ -1095,6 +1114,14 @@ impl SwapDevice {
                 )));
             }
             total += u64::from(used);
+            if (ci.count == 0) != (ci.map.heap_bytes() == 0) {
+                return Err(corrupt(format!(
+                    "cluster {idx}: count {} with {} bytes of slot map (a map is held exactly \
+                     while slots are in use)",
+                    ci.count,
+                    ci.map.heap_bytes()
+                )));
+            }
             let class = self.class(usize::from(ci.order));
             let want = ListId::for_state(ci.state, class).index();
             let ok_count = match ci.state {

@@ -268,7 +268,7 @@ pub fn retire(shared: &Shared, mm: &Arc<Mm>) {
         #[cfg(debug_assertions)]
         st.check_integrity();
         let pages = std::mem::take(&mut st.pages);
-        for (a, p) in pages {
+        for (a, p) in pages.iter() {
             st.release(shared, a, p);
         }
     }
@@ -305,7 +305,7 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) {
                         let mut st = mm.state.lock();
                         st.add_range(gs, ge);
                         for a in present {
-                            if !st.pages.contains_key(&a) {
+                            if !st.pages.contains(a) {
                                 st.make_resident(shared, a, mglru::Arrival::Cold, false);
                             }
                         }

@@ -184,16 +184,16 @@ fn serve_fault(
         // protecting it, so a stale write-protect fault can never unprotect a page that a new
         // eviction has just protected.
         let mut st = mm.state.lock();
-        match st.pages.get_mut(&addr) {
+        match st.pages.get(addr) {
             Some(Page::Evicting { .. }) | Some(Page::Dropping { .. }) => {
                 // The eviction in flight wakes this writer when it is done (see module docs):
                 // after the drop it refaults and gets the stored copy; if kept, it is
                 // unprotected.
                 return true;
             }
-            Some(Page::Resident { referenced }) => {
+            Some(Page::Resident { .. }) => {
                 // Protection armed by the access source: this write is an access.
-                *referenced = true;
+                st.pages.insert(addr, Page::Resident { referenced: true });
                 st.young.insert(addr);
                 Stats::add(&stats.wp_access_faults, 1);
             }
@@ -205,7 +205,7 @@ fn serve_fault(
     }
 
     let mut st = mm.state.lock();
-    let prior = st.pages.get(&addr).copied();
+    let prior = st.pages.get(addr);
     // Throttle like the kernel's direct reclaim: at the limit, a fault that would add a
     // resident page waits (its thread is blocked in the kernel anyway) while reclaim makes
     // room; the handler keeps reading events meanwhile. Faults of the daemon's own threads
@@ -251,8 +251,8 @@ fn serve_fault(
             run.push((addr, Page::Evicted { slot }));
             for i in 1..window as u64 {
                 let a = addr + i * PAGE_SIZE_U64;
-                match st.pages.get(&a) {
-                    Some(&q @ Page::Evicted { .. }) => run.push((a, q)),
+                match st.pages.get(a) {
+                    Some(q @ Page::Evicted { .. }) => run.push((a, q)),
                     _ => break,
                 }
             }
@@ -323,7 +323,7 @@ fn serve_fault(
                 window = 1;
             }
             let mut n = 1;
-            while n < window && !st.pages.contains_key(&(addr + n as u64 * PAGE_SIZE_U64)) {
+            while n < window && !st.pages.contains(addr + n as u64 * PAGE_SIZE_U64) {
                 n += 1;
             }
             if n > 1 {
@@ -404,7 +404,7 @@ fn serve_fault(
     }
     if let Some(old) = prior {
         // (Unchanged: see the unlocked read above.)
-        if let Some(now) = st.pages.remove(&addr) {
+        if let Some(now) = st.pages.remove(addr) {
             debug_assert!(
                 now == old || now.is_resident(),
                 "{addr:#x}: {old:?} became {now:?}"
@@ -414,7 +414,7 @@ fn serve_fault(
     }
     st.make_resident(shared, addr, Arrival::Fault, true);
     for &(a, old) in run.iter().skip(1) {
-        if let Some(now) = st.pages.remove(&a) {
+        if let Some(now) = st.pages.remove(a) {
             debug_assert_eq!(now, old, "{a:#x} changed while it was restored");
             st.release(shared, a, now);
         }

@@ -79,6 +79,7 @@ pub mod demo;
 mod fault;
 pub mod maps;
 mod mm;
+pub mod pagetable;
 pub mod protocol;
 mod reclaim;
 pub mod stats;

@@ -13,7 +13,7 @@
 //! reader of the uffd, which sees faults and events in the kernel's order) and the reclaim
 //! thread never disagree. A page is counted resident in every state but `Evicted`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
@@ -25,7 +25,7 @@ use crate::config::{PolicyConfig, PolicyKind};
 use crate::daemon::Shared;
 use crate::sys::{EventFd, PidFd, Uffd, PAGE_SIZE_U64};
 
-pub use crate::tiers::ZERO_SLOT;
+pub use crate::pagetable::{Page, PageTable, ZERO_SLOT};
 
 /// The policy's id of the page at `addr`.
 pub fn page_id(addr: u64) -> PageId {
@@ -51,63 +51,10 @@ pub fn new_policy(cfg: &PolicyConfig) -> BoxedPolicy {
     }
 }
 
-/// The state of one managed page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Page {
-    /// Present in the client, and held by the replacement policy.
-    Resident {
-        /// The accessed bit the policy's access source tests and clears: set by the fault
-        /// that brought the page in, and by a write-protect fault when the access source
-        /// arms write protection.
-        referenced: bool,
-    },
-    /// Chosen for eviction by batch `batch`: write-protected, contents being read and stored.
-    Evicting {
-        /// The reclaim batch that owns it.
-        batch: u64,
-    },
-    /// Contents stored in `slot`; the agent has been asked to drop the page.
-    Dropping {
-        /// Store slot (or [`ZERO_SLOT`]).
-        slot: u32,
-    },
-    /// Stored in `slot`, and maybe still present too: a page that was `Dropping` when its
-    /// address space forked or was mremapped. A missing fault is served from the slot; a
-    /// write-protect fault just lifts the protection (no eviction of this address is in
-    /// flight); reclaim leaves it alone.
-    Inherited {
-        /// Store slot (or [`ZERO_SLOT`]).
-        slot: u32,
-    },
-    /// Not present in the client; contents in `slot`.
-    Evicted {
-        /// Store slot (or [`ZERO_SLOT`]).
-        slot: u32,
-    },
-}
-
-impl Page {
-    /// Whether the page counts as resident.
-    pub fn is_resident(self) -> bool {
-        !matches!(self, Page::Evicted { .. })
-    }
-    /// The store slot, if the page holds one.
-    pub fn slot(self) -> Option<u32> {
-        match self {
-            Page::Dropping { slot } | Page::Inherited { slot } | Page::Evicted { slot }
-                if slot != ZERO_SLOT =>
-            {
-                Some(slot)
-            }
-            _ => None,
-        }
-    }
-}
-
 /// The page table and ranges of one address space.
 pub struct MmState {
     /// Managed pages by address.
-    pub pages: BTreeMap<u64, Page>,
+    pub pages: PageTable,
     /// The replacement policy: holds exactly the pages in state `Resident`.
     pub policy: BoxedPolicy,
     /// Pages whose `referenced` bit may be set (a superset, cleaned as the access source
@@ -215,7 +162,7 @@ impl MmState {
     /// An empty address space.
     pub fn new(policy: &PolicyConfig) -> Self {
         MmState {
-            pages: BTreeMap::new(),
+            pages: PageTable::new(),
             policy: new_policy(policy),
             young: BTreeSet::new(),
             resident: 0,
@@ -264,9 +211,9 @@ impl MmState {
 
     /// Forgets pages in `[start, end)` (REMOVE, UNMAP): their memory is gone or zero now.
     pub fn forget_range(&mut self, shared: &Shared, start: u64, end: u64) -> usize {
-        let keys: Vec<u64> = self.pages.range(start..end).map(|(&k, _)| k).collect();
+        let keys: Vec<u64> = self.pages.range(start..end).map(|(k, _)| k).collect();
         for &k in &keys {
-            if let Some(p) = self.pages.remove(&k) {
+            if let Some(p) = self.pages.remove(k) {
                 self.release(shared, k, p);
             }
         }
@@ -350,11 +297,10 @@ impl MmState {
         let moved: Vec<(u64, Page)> = self
             .pages
             .range(from..from + len)
-            .map(|(&k, &p)| (k, p))
             .collect();
         let mut had_wp = false;
         for (k, p) in &moved {
-            self.pages.remove(k);
+            self.pages.remove(*k);
             if matches!(p, Page::Resident { .. }) {
                 self.policy.remove(page_id(*k));
             }
@@ -395,7 +341,7 @@ impl MmState {
         let mut child = MmState::new(&shared.policy);
         child.ranges = self.ranges.clone();
         child.refused = self.refused.clone();
-        for (&addr, &p) in &self.pages {
+        for (addr, p) in self.pages.iter() {
             let cp = match p {
                 // Present in the parent at fork: the child has a copy-on-write copy.
                 Page::Resident { .. } | Page::Evicting { .. } => {
@@ -426,7 +372,7 @@ impl MmState {
     /// Full consistency check (tests, debug builds).
     #[cfg_attr(not(debug_assertions), allow(dead_code))]
     pub fn check_integrity(&self) {
-        let resident = self.pages.values().filter(|p| p.is_resident()).count();
+        let resident = self.pages.iter().filter(|(_, p)| p.is_resident()).count();
         assert_eq!(
             resident, self.resident,
             "resident counter disagrees with the page table"
@@ -435,7 +381,7 @@ impl MmState {
             assert!(w[0].1 < w[1].0, "ranges overlap or touch: {:x?}", w);
         }
         let mut in_policy = 0;
-        for (&k, p) in &self.pages {
+        for (k, p) in self.pages.iter() {
             assert_eq!(k % PAGE_SIZE_U64, 0, "page {k:#x} is not aligned");
             let held = self.policy.contains(page_id(k));
             assert_eq!(
@@ -444,7 +390,7 @@ impl MmState {
                 "page {k:#x} in state {p:?}: the policy holds exactly the Resident pages"
             );
             in_policy += usize::from(held);
-            if *p == (Page::Resident { referenced: true }) {
+            if p == (Page::Resident { referenced: true }) {
                 assert!(
                     self.young.contains(&k),
                     "page {k:#x} is referenced but not indexed"
@@ -478,7 +424,7 @@ impl MmState {
         let mut victims = Vec::with_capacity(ids.len());
         for id in ids {
             let addr = id << 12;
-            match self.pages.get(&addr) {
+            match self.pages.get(addr) {
                 Some(Page::Resident { .. }) => {
                     self.pages.insert(addr, Page::Evicting { batch });
                     victims.push(addr);
@@ -502,7 +448,7 @@ impl MmState {
 
 /// The access source over the page table: the `referenced` bit of `Resident` pages.
 struct PageBits<'a> {
-    pages: &'a mut BTreeMap<u64, Page>,
+    pages: &'a mut PageTable,
     young: &'a mut BTreeSet<u64>,
     /// Address ranges whose bits were tested (merged when adjacent).
     cleared: Vec<(u64, u64)>,
@@ -514,10 +460,10 @@ impl AccessSource for PageBits<'_> {
         let candidates: Vec<u64> = self.young.range(start..end).copied().collect();
         for a in candidates {
             self.young.remove(&a);
-            if let Some(Page::Resident { referenced }) = self.pages.get_mut(&a) {
-                if std::mem::replace(referenced, false) {
-                    young(page_id(a));
-                }
+            if let Some(Page::Resident { referenced: true }) = self.pages.get(a) {
+                self.pages
+                    .insert(a, Page::Resident { referenced: false });
+                young(page_id(a));
             }
         }
         self.note_cleared(start, end);
@@ -527,10 +473,10 @@ impl AccessSource for PageBits<'_> {
     fn test_and_clear_page(&mut self, page: PageId) -> bool {
         let a = page << 12;
         self.young.remove(&a);
-        let hit = match self.pages.get_mut(&a) {
-            Some(Page::Resident { referenced }) => std::mem::replace(referenced, false),
-            _ => false,
-        };
+        let hit = self.pages.get(a) == Some(Page::Resident { referenced: true });
+        if hit {
+            self.pages.insert(a, Page::Resident { referenced: false });
+        }
         self.note_cleared(a, a + PAGE_SIZE_U64);
         hit
     }

@@ -79,7 +79,7 @@ fn abort_pages(shared: &Shared, mm: &Mm, batch: u64, addrs: &[u64]) {
     {
         let mut st = mm.state.lock();
         for &a in addrs {
-            if st.pages.get(&a) == Some(&Page::Evicting { batch }) {
+            if st.pages.get(a) == Some(Page::Evicting { batch }) {
                 st.back_to_resident(a);
             }
         }
@@ -208,7 +208,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
             if refused.binary_search(&a).is_ok() {
                 continue; // given back above
             }
-            if st.pages.get(&a) == Some(&Page::Evicting { batch }) {
+            if st.pages.get(a) == Some(Page::Evicting { batch }) {
                 st.pages.insert(a, Page::Dropping { slot: slots[i] });
                 to_drop.push(a);
                 drop_slots.push(slots[i]);
@@ -261,7 +261,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
             let mut st = mm.state.lock();
             for (i, &a) in to_drop.iter().enumerate() {
                 let slot = drop_slots[i];
-                if st.pages.get(&a) == Some(&Page::Dropping { slot }) {
+                if st.pages.get(a) == Some(Page::Dropping { slot }) {
                     st.pages.insert(a, Page::Inherited { slot });
                 }
             }
@@ -282,7 +282,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         let mut st = mm.state.lock();
         for (i, &a) in to_drop.iter().enumerate() {
             let slot = drop_slots[i];
-            if st.pages.get(&a) != Some(&Page::Dropping { slot }) {
+            if st.pages.get(a) != Some(Page::Dropping { slot }) {
                 continue; // refaulted or removed meanwhile: already accounted for
             }
             if status[i] == 0 {

@@ -21,6 +21,10 @@ pub(crate) struct BloomFilter {
 }
 
 impl BloomFilter {
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.bits.capacity() * 8
+    }
+
     pub(crate) fn new() -> Self {
         Self {
             bits: vec![0; (1usize << BLOOM_FILTER_SHIFT) / 64],

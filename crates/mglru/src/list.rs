@@ -155,12 +155,87 @@ impl ListHead {
     }
 }
 
+/// Page ids per index chunk (log2).
+const CHUNK_SHIFT: u32 = 6;
+const CHUNK: usize = 1 << CHUNK_SHIFT;
+
+#[derive(Debug)]
+struct Chunk {
+    slots: [u32; CHUNK],
+    used: u32,
+}
+
+/// The page-id index: a radix of 64-entry chunks of slot numbers, keyed by `page >> 6`.
+///
+/// Page ids are meant to be page frame numbers (the daemon's are addresses shifted by 12),
+/// dense within mappings: a resident set of `n` pages then costs about 4 bytes per page id
+/// its chunks cover, against about 30 for a hash map of (id, slot) pairs with its growth
+/// slack. A sparse id space costs a chunk (264 bytes) per isolated id.
+#[derive(Debug, Default)]
+pub(crate) struct PageIndex {
+    chunks: IdMap<Box<Chunk>>,
+    len: usize,
+}
+
+impl PageIndex {
+    fn split(page: PageId) -> (u64, usize) {
+        (page >> CHUNK_SHIFT, (page as usize) & (CHUNK - 1))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn get(&self, page: PageId) -> Option<u32> {
+        let (c, i) = Self::split(page);
+        let v = self.chunks.get(&c)?.slots[i];
+        (v != NIL).then_some(v)
+    }
+
+    /// Sets the slot of `page`, which must not be present.
+    pub(crate) fn insert(&mut self, page: PageId, slot: u32) {
+        debug_assert_ne!(slot, NIL);
+        let (c, i) = Self::split(page);
+        let chunk = self.chunks.entry(c).or_insert_with(|| {
+            Box::new(Chunk {
+                slots: [NIL; CHUNK],
+                used: 0,
+            })
+        });
+        debug_assert_eq!(chunk.slots[i], NIL, "page {page} indexed twice");
+        chunk.slots[i] = slot;
+        chunk.used += 1;
+        self.len += 1;
+    }
+
+    pub(crate) fn remove(&mut self, page: PageId) -> Option<u32> {
+        let (c, i) = Self::split(page);
+        let chunk = self.chunks.get_mut(&c)?;
+        let v = std::mem::replace(&mut chunk.slots[i], NIL);
+        if v == NIL {
+            return None;
+        }
+        chunk.used -= 1;
+        self.len -= 1;
+        if chunk.used == 0 {
+            self.chunks.remove(&c);
+        }
+        Some(v)
+    }
+
+    /// Heap bytes: the chunks and the map's table.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.chunks.len() * std::mem::size_of::<Chunk>()
+            + self.chunks.capacity() * (std::mem::size_of::<(u64, Box<Chunk>)>() + 1)
+    }
+}
+
 /// A slab of nodes with a page-id index and a free list of slots.
 #[derive(Debug)]
 pub(crate) struct Slab<N> {
     pub(crate) nodes: Vec<N>,
     free: Vec<u32>,
-    pub(crate) index: IdMap<u32>,
+    index: PageIndex,
 }
 
 impl<N> Default for Slab<N> {
@@ -168,7 +243,7 @@ impl<N> Default for Slab<N> {
         Self {
             nodes: Vec::new(),
             free: Vec::new(),
-            index: IdMap::default(),
+            index: PageIndex::default(),
         }
     }
 }
@@ -179,7 +254,7 @@ impl<N> Slab<N> {
     }
 
     pub(crate) fn get(&self, page: PageId) -> Option<u32> {
-        self.index.get(&page).copied()
+        self.index.get(page)
     }
 
     /// Inserts a node for `page` (which must not be present) and returns its slot.
@@ -188,6 +263,11 @@ impl<N> Slab<N> {
             self.nodes[i as usize] = node;
             i
         } else {
+            if self.nodes.len() == self.nodes.capacity() {
+                // Grow by an eighth, not by doubling: a resident set just past a power of
+                // two would otherwise hold nearly twice its nodes' memory.
+                self.nodes.reserve_exact((self.nodes.len() / 8).max(64));
+            }
             self.nodes.push(node);
             (self.nodes.len() - 1) as u32
         };
@@ -197,15 +277,54 @@ impl<N> Slab<N> {
 
     /// Frees the slot of `page`; the node must already be unlinked.
     pub(crate) fn remove(&mut self, page: PageId) -> Option<u32> {
-        let i = self.index.remove(&page)?;
+        let i = self.index.remove(page)?;
         self.free.push(i);
         Some(i)
+    }
+
+    /// Heap bytes: nodes, free list and index.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.nodes.capacity() * std::mem::size_of::<N>()
+            + self.free.capacity() * 4
+            + self.index.heap_bytes()
     }
 }
 
 #[cfg(all(test, not(mglru_loom)))]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The radix index against a map: ids dense, at chunk edges and far apart; chunks
+        /// freed when empty.
+        #[test]
+        fn page_index_matches_a_map(ops in prop::collection::vec(
+            (any::<bool>(), prop_oneof![0u64..200, (0u64..4).prop_map(|i| u64::MAX - i), 1u64 << 40..(1u64 << 40) + 70]),
+            1..500,
+        )) {
+            let mut index = PageIndex::default();
+            let mut model = std::collections::HashMap::new();
+            let mut next = 0u32;
+            for (add, page) in ops {
+                if add && !model.contains_key(&page) {
+                    index.insert(page, next);
+                    model.insert(page, next);
+                    next += 1;
+                } else {
+                    prop_assert_eq!(index.remove(page), model.remove(&page));
+                }
+                prop_assert_eq!(index.len(), model.len());
+                for (&p, &v) in &model {
+                    prop_assert_eq!(index.get(p), Some(v));
+                }
+                prop_assert!(index.chunks.values().all(|c| c.used > 0));
+                let used: u32 = index.chunks.values().map(|c| c.used).sum();
+                prop_assert_eq!(used as usize, model.len());
+            }
+        }
+    }
+
 
     #[derive(Debug, Default)]
     struct N(Links);

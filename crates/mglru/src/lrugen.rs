@@ -54,6 +54,13 @@ pub struct Config {
     pub look_around: bool,
     /// Most shadow entries kept; the oldest are dropped first.
     pub max_shadows: usize,
+    /// Whether shadow entries are dropped as soon as they can no longer make a refault
+    /// recent (evicted more than `refault_window` generations before the oldest): the
+    /// controller ignores such refaults, so an embedder that only acts on recent ones keeps
+    /// about one generation's evictions instead of `max_shadows` (the kernel reclaims old
+    /// shadow nodes through a shrinker instead). [`Mglru::refault`] and the `refaults`
+    /// counter then no longer see refaults further back. Off by default.
+    pub drop_stale_shadows: bool,
     /// Whether the first accessed bit seen on a faulted page is taken as the fault's own access
     /// rather than a reuse: the page is not promoted for it (the walk clears it and leaves the
     /// page where it is; the eviction-time check gives it one more generation). This is the
@@ -108,6 +115,7 @@ impl Config {
             bloom_filter: true,
             look_around: true,
             max_shadows: 1 << 20,
+            drop_stale_shadows: false,
             look_twice: false,
             refault_window: 0,
             young_bound_aging: false,
@@ -233,9 +241,10 @@ pub struct Stats {
 #[derive(Debug, Clone, Copy)]
 struct Shadow {
     seq: u64,
+    /// Which FIFO slot is this entry's (wrapping; the FIFO holds far fewer than 2^32).
+    stamp: u32,
     page_type: PageType,
     refs: u8,
-    stamp: u64,
 }
 
 #[derive(Debug)]
@@ -346,8 +355,8 @@ pub struct Mglru {
     /// Resident pages per region.
     regions: IdMap<u32>,
     shadows: IdMap<Shadow>,
-    shadow_fifo: VecDeque<(PageId, u64)>,
-    next_stamp: u64,
+    shadow_fifo: VecDeque<(PageId, u32)>,
+    next_stamp: u32,
     tiers: [[TierStats; MAX_NR_TIERS]; 2],
     /// Per generation index and type, reset when the index is reused.
     gen_evicted: [[u64; 2]; MAX_NR_GENS],
@@ -1064,7 +1073,7 @@ impl Mglru {
         self.evicted += 1;
         // lru_gen_eviction: the token holds min_seq and the references.
         let stamp = self.next_stamp;
-        self.next_stamp += 1;
+        self.next_stamp = self.next_stamp.wrapping_add(1);
         self.shadows.insert(
             page,
             Shadow {
@@ -1089,11 +1098,42 @@ impl Mglru {
                 self.shadows.remove(&page);
             }
         }
+        if self.cfg.drop_stale_shadows {
+            // The FIFO is in eviction order, and a type's eviction seq never decreases.
+            while let Some(&(page, stamp)) = self.shadow_fifo.front() {
+                match self.shadows.get(&page) {
+                    Some(s) if s.stamp == stamp => {
+                        if s.seq + self.cfg.refault_window >= self.min_seq[s.page_type.idx()] {
+                            break;
+                        }
+                        self.shadows.remove(&page);
+                    }
+                    _ => {}
+                }
+                self.shadow_fifo.pop_front();
+            }
+        }
         if self.shadow_fifo.len() > 4 * self.shadows.len() + 1024 {
             let shadows = &self.shadows;
             self.shadow_fifo
                 .retain(|(p, st)| shadows.get(p).is_some_and(|s| s.stamp == *st));
         }
+        // Give back what a past peak left: both grow by doubling and never shrink alone.
+        if self.shadows.capacity() > 4 * self.shadows.len() + 1024 {
+            self.shadows.shrink_to(2 * self.shadows.len());
+        }
+        if self.shadow_fifo.capacity() > 4 * self.shadow_fifo.len() + 1024 {
+            self.shadow_fifo.shrink_to(2 * self.shadow_fifo.len());
+        }
+    }
+
+    /// Heap bytes of the metadata: nodes, the page index, regions, shadow entries, filters.
+    pub fn metadata_bytes(&self) -> usize {
+        self.slab.heap_bytes()
+            + self.regions.capacity() * (std::mem::size_of::<(PageId, u32)>() + 1)
+            + self.shadows.capacity() * (std::mem::size_of::<(PageId, Shadow)>() + 1)
+            + self.shadow_fifo.capacity() * std::mem::size_of::<(PageId, u32)>()
+            + self.filters.iter().map(BloomFilter::heap_bytes).sum::<usize>()
     }
 
     /// Shadow entries held.
@@ -1219,6 +1259,10 @@ impl Policy for Mglru {
     fn remove(&mut self, page: PageId) -> bool {
         Mglru::remove(self, page)
     }
+    fn metadata_bytes(&self) -> usize {
+        Mglru::metadata_bytes(self)
+    }
+
     fn evict(&mut self, n: usize, source: &mut dyn AccessSource) -> Vec<PageId> {
         Mglru::evict(self, n, source)
     }

@@ -148,4 +148,8 @@ pub trait Policy {
     /// Chooses and removes up to `n` victims, aging as the policy needs, testing accessed bits
     /// through `source`. Fewer are returned only when too few pages are evictable.
     fn evict(&mut self, n: usize, source: &mut dyn AccessSource) -> Vec<PageId>;
+
+    /// Heap bytes of the policy's own metadata (nodes, index, shadow entries), for an
+    /// embedder's accounting.
+    fn metadata_bytes(&self) -> usize;
 }

@@ -194,7 +194,6 @@ fn serve_fault(
             Some(Page::Resident { .. }) => {
                 // Protection armed by the access source: this write is an access.
                 st.pages.insert(addr, Page::Resident { referenced: true });
-                st.young.insert(addr);
                 Stats::add(&stats.wp_access_faults, 1);
             }
             _ => {}

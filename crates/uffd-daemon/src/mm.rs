@@ -13,7 +13,6 @@
 //! reader of the uffd, which sees faults and events in the kernel's order) and the reclaim
 //! thread never disagree. A page is counted resident in every state but `Evicted`.
 
-use std::collections::BTreeSet;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
@@ -43,6 +42,9 @@ pub fn new_policy(cfg: &PolicyConfig) -> BoxedPolicy {
                 // Shadow entries per address space, for refault detection; bounded so that
                 // they stay a small part of the metadata.
                 max_shadows: cfg.max_shadows,
+                // The controller acts on recent refaults only: keep only the shadows that
+                // can still make one (metadata stays a fraction of the limit in pages).
+                drop_stale_shadows: true,
                 ..mglru::Config::default()
             })
             .expect("the default mglru configuration is valid"),
@@ -57,10 +59,6 @@ pub struct MmState {
     pub pages: PageTable,
     /// The replacement policy: holds exactly the pages in state `Resident`.
     pub policy: BoxedPolicy,
-    /// Pages whose `referenced` bit may be set (a superset, cleaned as the access source
-    /// tests them): the aging walk and the eviction-time check look here instead of walking
-    /// the page table, so their cost follows the pages accessed, not the pages managed.
-    pub young: BTreeSet<u64>,
     /// Pages counted resident.
     pub resident: usize,
     /// Registered ranges `[start, end)`, sorted and disjoint.
@@ -164,7 +162,6 @@ impl MmState {
         MmState {
             pages: PageTable::new(),
             policy: new_policy(policy),
-            young: BTreeSet::new(),
             resident: 0,
             ranges: Vec::new(),
             refused: Vec::new(),
@@ -180,9 +177,6 @@ impl MmState {
         arrival: Arrival,
         referenced: bool,
     ) {
-        if referenced {
-            self.young.insert(addr);
-        }
         match self.pages.insert(addr, Page::Resident { referenced }) {
             Some(old) if old.is_resident() => {}
             _ => {
@@ -200,7 +194,6 @@ impl MmState {
     /// a state that took it out of the policy (`Evicting`, `Dropping`).
     pub fn back_to_resident(&mut self, addr: u64) {
         self.pages.insert(addr, Page::Resident { referenced: true });
-        self.young.insert(addr);
         let id = page_id(addr);
         if !self.policy.contains(id) {
             let _ = self
@@ -321,9 +314,6 @@ impl MmState {
                 other => other,
             };
             self.pages.insert(nk, np);
-            if np == (Page::Resident { referenced: true }) {
-                self.young.insert(nk);
-            }
             if matches!(np, Page::Resident { .. }) {
                 let _ = self
                     .policy
@@ -390,12 +380,6 @@ impl MmState {
                 "page {k:#x} in state {p:?}: the policy holds exactly the Resident pages"
             );
             in_policy += usize::from(held);
-            if p == (Page::Resident { referenced: true }) {
-                assert!(
-                    self.young.contains(&k),
-                    "page {k:#x} is referenced but not indexed"
-                );
-            }
         }
         assert_eq!(
             in_policy,
@@ -408,15 +392,9 @@ impl MmState {
     /// returns them sorted, and the ranges the access source cleared bits in (to re-arm
     /// write protection when the access source uses it).
     pub fn pick_victims(&mut self, batch: u64, max: usize) -> (Vec<u64>, Vec<(u64, u64)>) {
-        let MmState {
-            pages,
-            policy,
-            young,
-            ..
-        } = self;
+        let MmState { pages, policy, .. } = self;
         let mut src = PageBits {
             pages,
-            young,
             cleared: Vec::new(),
         };
         let ids = policy.evict(max, &mut src);
@@ -449,7 +427,6 @@ impl MmState {
 /// The access source over the page table: the `referenced` bit of `Resident` pages.
 struct PageBits<'a> {
     pages: &'a mut PageTable,
-    young: &'a mut BTreeSet<u64>,
     /// Address ranges whose bits were tested (merged when adjacent).
     cleared: Vec<(u64, u64)>,
 }
@@ -457,22 +434,15 @@ struct PageBits<'a> {
 impl AccessSource for PageBits<'_> {
     fn test_and_clear_young(&mut self, range: Range<PageId>, young: &mut dyn FnMut(PageId)) {
         let (start, end) = (range.start << 12, range.end.saturating_mul(4096));
-        let candidates: Vec<u64> = self.young.range(start..end).copied().collect();
-        for a in candidates {
-            self.young.remove(&a);
-            if let Some(Page::Resident { referenced: true }) = self.pages.get(a) {
-                self.pages
-                    .insert(a, Page::Resident { referenced: false });
-                young(page_id(a));
-            }
-        }
+        // Within one 2 MiB table for the walk's PMD-sized regions: a scan of its words.
+        self.pages
+            .take_referenced(start..end, |a| young(page_id(a)));
         self.note_cleared(start, end);
     }
 
     /// The eviction-time check of one page: a direct lookup, not a range walk.
     fn test_and_clear_page(&mut self, page: PageId) -> bool {
         let a = page << 12;
-        self.young.remove(&a);
         let hit = self.pages.get(a) == Some(Page::Resident { referenced: true });
         if hit {
             self.pages.insert(a, Page::Resident { referenced: false });

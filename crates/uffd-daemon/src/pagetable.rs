@@ -210,6 +210,32 @@ impl PageTable {
         Some(old)
     }
 
+    /// Clears the `referenced` bit of the `Resident` pages in `range` that have it, calling
+    /// `young` with each one's address, in address order (the access source's walk).
+    pub fn take_referenced(&mut self, range: Range<u64>, mut young: impl FnMut(u64)) {
+        let Range { start, end } = range;
+        if start >= end {
+            return;
+        }
+        let want = Page::RESIDENT | 8;
+        let first = start >> TABLE_ADDR_SHIFT;
+        let last = (end - 1) >> TABLE_ADDR_SHIFT;
+        for (&t, table) in self.tables.range_mut(first..=last) {
+            let lo = if t == first { split(start).1 } else { 0 };
+            let hi = if t == last {
+                (((end - 1) >> PAGE_SHIFT) as usize & (TABLE_PAGES - 1)) + 1
+            } else {
+                TABLE_PAGES
+            };
+            for (i, w) in table.words[lo..hi].iter_mut().enumerate() {
+                if *w == want {
+                    *w = Page::RESIDENT;
+                    young(join(t, lo + i));
+                }
+            }
+        }
+    }
+
     /// The pages with addresses in `range`, in address order.
     pub fn range(&self, range: Range<u64>) -> impl Iterator<Item = (u64, Page)> + '_ {
         let Range { start, end } = range;
@@ -262,6 +288,7 @@ mod tests {
         Insert(u64, Page),
         Remove(u64),
         Range(u64, u64),
+        TakeReferenced(u64, u64),
     }
 
     // Addresses from a few 2 MiB tables, their edges, and far apart.
@@ -278,6 +305,7 @@ mod tests {
             4 => (addr_strategy(), page_strategy()).prop_map(|(a, p)| Op::Insert(a, p)),
             3 => addr_strategy().prop_map(Op::Remove),
             1 => (addr_strategy(), addr_strategy()).prop_map(|(a, b)| Op::Range(a, b)),
+            1 => (addr_strategy(), addr_strategy()).prop_map(|(a, b)| Op::TakeReferenced(a, b)),
         ]
     }
 
@@ -297,6 +325,18 @@ mod tests {
                         } else {
                             Vec::new()
                         };
+                        prop_assert_eq!(got, want);
+                    }
+                    Op::TakeReferenced(a, b) => {
+                        let mut got = Vec::new();
+                        table.take_referenced(a..b, |x| got.push(x));
+                        let mut want = Vec::new();
+                        for (&k, v) in model.range_mut(a..b.max(a)) {
+                            if *v == (Page::Resident { referenced: true }) {
+                                *v = Page::Resident { referenced: false };
+                                want.push(k);
+                            }
+                        }
                         prop_assert_eq!(got, want);
                     }
                 }

@@ -183,6 +183,12 @@ impl Policy for ActiveInactive {
         true
     }
 
+    fn metadata_bytes(&self) -> usize {
+        self.slab.heap_bytes()
+            + self.shadows.capacity() * (std::mem::size_of::<(PageId, u64)>() + 1)
+            + self.shadow_fifo.capacity() * std::mem::size_of::<(PageId, u64)>()
+    }
+
     fn evict(&mut self, n: usize, source: &mut dyn AccessSource) -> Vec<PageId> {
         let mut victims = Vec::with_capacity(n.min(self.len()));
         while victims.len() < n && !self.is_empty() {

@@ -60,6 +60,10 @@ impl Policy for Lru {
         true
     }
 
+    fn metadata_bytes(&self) -> usize {
+        self.slab.heap_bytes()
+    }
+
     fn evict(&mut self, n: usize, _source: &mut dyn AccessSource) -> Vec<PageId> {
         let mut victims = Vec::with_capacity(n.min(self.len()));
         while victims.len() < n {

@@ -65,7 +65,10 @@ pub fn measure(live: &dyn Fn() -> isize) -> anyhow::Result<Vec<Row>> {
                 uffd_daemon::pagetable::Page::Evicted { slot: i as u32 },
             );
         }
-        rows.push(row("baseline: BTreeMap<u64, Page> page table", live() - before));
+        rows.push(row(
+            "baseline: BTreeMap<u64, Page> page table",
+            live() - before,
+        ));
         drop(table);
     }
 
@@ -88,7 +91,9 @@ pub fn measure(live: &dyn Fn() -> isize) -> anyhow::Result<Vec<Row>> {
                         bits.clear(v);
                     }
                 }
-                policy.add(p, Hint::fault(PageType::Anon)).expect("not resident");
+                policy
+                    .add(p, Hint::fault(PageType::Anon))
+                    .expect("not resident");
             }
             bits.set(p);
         };

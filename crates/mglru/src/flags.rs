@@ -18,7 +18,7 @@
 //! never lose each other's effect. Each generation change returns the old generation, so the
 //! caller can account the move in a batch of per-generation count deltas ([`GenBatch`]).
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU32, Ordering};
 use crate::MAX_NR_TIERS;
 
 const GEN_SHIFT: u32 = 0;
@@ -42,16 +42,17 @@ pub(crate) fn tier_from_refs(refs: usize) -> usize {
 
 /// The atomic flags word of one page.
 #[derive(Debug)]
-pub struct PageFlags(AtomicU64);
+pub struct PageFlags(AtomicU32);
 
 impl PageFlags {
     /// A page on the list of generation `gen`, with no references.
     pub fn new(gen: usize) -> Self {
-        Self(AtomicU64::new(((gen as u64) + 1) << GEN_SHIFT))
+        Self(AtomicU32::new(((gen as u32) + 1) << GEN_SHIFT))
     }
 
+    // The word is 32 bits (8 are used), computed on as u64: a node stays at 24 bytes.
     fn load(&self) -> u64 {
-        self.0.load(Ordering::Acquire)
+        u64::from(self.0.load(Ordering::Acquire))
     }
 
     fn gen_of(word: u64) -> Option<usize> {
@@ -89,12 +90,13 @@ impl PageFlags {
         let mut old = self.load();
         loop {
             let Some(new) = f(old) else { return old };
+            let new = u32::try_from(new).expect("page flags fit in 32 bits");
             match self
                 .0
-                .compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange_weak(old as u32, new, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return old,
-                Err(cur) => old = cur,
+                Err(cur) => old = u64::from(cur),
             }
         }
     }

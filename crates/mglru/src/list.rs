@@ -325,7 +325,6 @@ mod tests {
         }
     }
 
-
     #[derive(Debug, Default)]
     struct N(Links);
     impl Linked for N {

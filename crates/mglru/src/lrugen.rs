@@ -257,6 +257,10 @@ struct Node {
     page_type: PageType,
 }
 
+// A node per resident page: keep it at three words.
+#[cfg(not(mglru_loom))]
+const _: () = assert!(std::mem::size_of::<Node>() == 24);
+
 impl Linked for Node {
     fn links(&self) -> &Links {
         &self.links
@@ -1133,7 +1137,11 @@ impl Mglru {
             + self.regions.capacity() * (std::mem::size_of::<(PageId, u32)>() + 1)
             + self.shadows.capacity() * (std::mem::size_of::<(PageId, Shadow)>() + 1)
             + self.shadow_fifo.capacity() * std::mem::size_of::<(PageId, u32)>()
-            + self.filters.iter().map(BloomFilter::heap_bytes).sum::<usize>()
+            + self
+                .filters
+                .iter()
+                .map(BloomFilter::heap_bytes)
+                .sum::<usize>()
     }
 
     /// Shadow entries held.

@@ -430,7 +430,10 @@ fn stale_shadows_are_dropped_when_asked() {
         for p in 0..6000 {
             if let Some(r) = l.refault(p) {
                 kept += 1;
-                assert!(r.distance <= window, "page {p}: shadow {r:?} is stale (min_seq {min})");
+                assert!(
+                    r.distance <= window,
+                    "page {p}: shadow {r:?} is stale (min_seq {min})"
+                );
             } else if let Some(r) = keep.refault(p) {
                 // Dropped only if it could not be recent any more.
                 assert!(r.distance > window, "page {p}: recent shadow {r:?} dropped");

@@ -57,7 +57,17 @@ fn config() -> impl Strategy<Value = Config> {
         any::<bool>(),
     )
         .prop_map(
-            |(gens, swappiness, fault_placement, bloom, look, look_twice, window, young_bound, drop_stale)| {
+            |(
+                gens,
+                swappiness,
+                fault_placement,
+                bloom,
+                look,
+                look_twice,
+                window,
+                young_bound,
+                drop_stale,
+            )| {
                 Config {
                     max_nr_gens: gens,
                     swappiness,

@@ -58,7 +58,8 @@ pub(crate) struct ClusterInner {
 }
 
 /// Zeros for reading the map of a cluster that has none.
-static ZEROS: [u16; crate::device::MAX_CLUSTER_SLOTS] = [SLOT_FREE; crate::device::MAX_CLUSTER_SLOTS];
+static ZEROS: [u16; crate::device::MAX_CLUSTER_SLOTS] =
+    [SLOT_FREE; crate::device::MAX_CLUSTER_SLOTS];
 
 /// A cluster's slot map, allocated on first write and released when the cluster is empty
 /// again (the kernel's dynamically allocated swap table, which replaced the fixed

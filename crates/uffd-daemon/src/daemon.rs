@@ -826,6 +826,23 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             // SAFETY: malloc_trim only releases free memory of the allocator.
             unsafe { libc::malloc_trim(0) };
         }
+        if tick % 50 == 0 {
+            // Every 100 ms: the metadata structures' own count of their bytes.
+            let mut bytes = shared.tiers.metadata_bytes();
+            let mut managed = 0;
+            for m in shared.mms.lock().iter() {
+                let st = m.state.lock();
+                bytes += st.pages.heap_bytes() + st.policy.metadata_bytes();
+                managed += st.pages.len();
+            }
+            let s = &shared.stats;
+            if bytes as u64 > s.daemon_metadata_max_bytes.load(Ordering::Relaxed) {
+                s.daemon_metadata_max_bytes
+                    .store(bytes as u64, Ordering::Relaxed);
+                s.daemon_metadata_managed_pages
+                    .store(managed as u64, Ordering::Relaxed);
+            }
+        }
         if tick % 10 == 0 {
             // SAFETY: getpid cannot fail.
             let me = unsafe { libc::getpid() };

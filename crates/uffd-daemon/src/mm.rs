@@ -287,10 +287,7 @@ impl MmState {
     /// returns whether any was write-protected so that the caller lifts the protection at the
     /// new address, under the state lock.
     pub fn remap(&mut self, shared: &Shared, from: u64, to: u64, len: u64) -> bool {
-        let moved: Vec<(u64, Page)> = self
-            .pages
-            .range(from..from + len)
-            .collect();
+        let moved: Vec<(u64, Page)> = self.pages.range(from..from + len).collect();
         let mut had_wp = false;
         for (k, p) in &moved {
             self.pages.remove(*k);

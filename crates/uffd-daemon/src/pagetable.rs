@@ -117,7 +117,11 @@ struct Table {
 }
 
 fn split(addr: u64) -> (u64, usize) {
-    debug_assert_eq!(addr % (1 << PAGE_SHIFT), 0, "unaligned page address {addr:#x}");
+    debug_assert_eq!(
+        addr % (1 << PAGE_SHIFT),
+        0,
+        "unaligned page address {addr:#x}"
+    );
     (
         addr >> TABLE_ADDR_SHIFT,
         ((addr >> PAGE_SHIFT) as usize) & (TABLE_PAGES - 1),
@@ -246,14 +250,14 @@ impl PageTable {
             .into_iter()
             .flatten()
             .flat_map(move |(&t, table)| {
-            table.words.iter().enumerate().filter_map(move |(i, &w)| {
-                let addr = join(t, i);
-                if w == 0 || addr < start || addr >= end {
-                    return None;
-                }
-                Page::decode(w).map(|p| (addr, p))
+                table.words.iter().enumerate().filter_map(move |(i, &w)| {
+                    let addr = join(t, i);
+                    if w == 0 || addr < start || addr >= end {
+                        return None;
+                    }
+                    Page::decode(w).map(|p| (addr, p))
+                })
             })
-        })
     }
 
     /// Every page, in address order.

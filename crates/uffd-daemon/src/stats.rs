@@ -115,6 +115,11 @@ counters! {
     daemon_rss_anon_max_bytes,
     /// The daemon's largest anonymous RSS beyond the zswap pool: metadata and buffers, bytes.
     daemon_overhead_max_bytes,
+    /// The largest total of the metadata structures' heap bytes (page tables, policies, the
+    /// slot device, zswap's index and handle table), counted by the structures themselves.
+    daemon_metadata_max_bytes,
+    /// Pages the daemon managed at that moment (resident and stored).
+    daemon_metadata_managed_pages,
 }
 
 impl Stats {

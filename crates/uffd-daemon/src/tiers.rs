@@ -977,6 +977,11 @@ impl Tiers {
         self.zswap.as_ref().map_or(0, |z| z.stats().pool_total_size)
     }
 
+    /// Heap bytes of the tiers' metadata: the slot device and zswap's index (not its pool).
+    pub fn metadata_bytes(&self) -> usize {
+        self.dev.metadata_bytes()
+    }
+
     /// Slots in use.
     pub fn slots_in_use(&self) -> u64 {
         self.dev.in_use()

@@ -153,6 +153,7 @@ pub use baseline::{ActiveInactive, Clock, Lru};
 pub use error::{Error, ReplayError};
 pub use lrugen::{
     Config, FaultPlacement, GenerationStats, Mglru, Refault, Stats, TierStats, WalkStats,
+    SHADOW_TOKEN_BITS,
 };
 pub use policy::{AccessKind, AccessSource, Arrival, Hint, NoAccess, PageId, PageType, Policy};
 pub use replay::{AccessBits, ReplayResult};

@@ -257,6 +257,11 @@ struct Node {
     page_type: PageType,
 }
 
+/// Bits of a shadow token ([`Mglru::take_shadow`]): the page type, its references (3 bits)
+/// and the low 24 bits of the generation it was evicted from.
+pub const SHADOW_TOKEN_BITS: u32 = 28;
+const TOKEN_SEQ_BITS: u32 = SHADOW_TOKEN_BITS - 4;
+
 // A node per resident page: keep it at three words.
 #[cfg(not(mglru_loom))]
 const _: () = assert!(std::mem::size_of::<Node>() == 24);
@@ -507,9 +512,56 @@ impl Mglru {
         if self.contains(page) {
             return Err(Error::AlreadyResident(page));
         }
+        let shadow = self.shadows.remove(&page);
+        self.add_with(page, hint, shadow)
+    }
+
+    /// Takes the shadow entry of an evicted page out of the LRU, as a token of
+    /// [`SHADOW_TOKEN_BITS`] bits for the embedder to keep where the page was (the kernel's
+    /// `lru_gen_eviction` returns it for the page cache's or swap cache's slot), and give back
+    /// to [`Mglru::add_refault`] when the page returns. `None` if it has none.
+    pub fn take_shadow(&mut self, page: PageId) -> Option<u32> {
+        let s = self.shadows.remove(&page)?;
+        let seq = (s.seq & ((1 << TOKEN_SEQ_BITS) - 1)) as u32;
+        Some((seq << 4) | (u32::from(s.refs) << 1) | s.page_type.idx() as u32)
+    }
+
+    /// [`Mglru::add`] for a page whose shadow entry the embedder kept (a token from
+    /// [`Mglru::take_shadow`]; the kernel's `lru_gen_refault`). The generation it was evicted
+    /// from is known modulo 2^24 generations: a refault further back than that may be
+    /// taken for a nearer one.
+    pub fn add_refault(
+        &mut self,
+        page: PageId,
+        hint: Hint,
+        token: u32,
+    ) -> Result<Option<Refault>, Error> {
+        if self.contains(page) {
+            return Err(Error::AlreadyResident(page));
+        }
+        self.shadows.remove(&page);
+        let page_type = PageType::from_idx((token & 1) as usize);
+        let mask = (1u64 << TOKEN_SEQ_BITS) - 1;
+        let min = self.min_seq[page_type.idx()];
+        let distance = min.wrapping_sub(u64::from(token >> 4)) & mask;
+        let shadow = Shadow {
+            seq: min.saturating_sub(distance),
+            stamp: 0,
+            page_type,
+            refs: ((token >> 1) & 7) as u8,
+        };
+        self.add_with(page, hint, Some(shadow))
+    }
+
+    fn add_with(
+        &mut self,
+        page: PageId,
+        hint: Hint,
+        shadow: Option<Shadow>,
+    ) -> Result<Option<Refault>, Error> {
         let ty = hint.page_type.idx();
         let mut workingset = false;
-        let refault = self.shadows.remove(&page).map(|shadow| {
+        let refault = shadow.map(|shadow| {
             let rf = self.refault_of(&shadow);
             self.refaults += 1;
             if rf.recent {
@@ -1257,6 +1309,12 @@ impl Policy for Mglru {
     }
     fn add(&mut self, page: PageId, hint: Hint) -> Result<(), Error> {
         Mglru::add(self, page, hint).map(|_| ())
+    }
+    fn take_shadow(&mut self, page: PageId) -> Option<u32> {
+        Mglru::take_shadow(self, page)
+    }
+    fn add_refault(&mut self, page: PageId, hint: Hint, token: u32) -> Result<(), Error> {
+        Mglru::add_refault(self, page, hint, token).map(|_| ())
     }
     fn access(&mut self, page: PageId, kind: AccessKind) -> bool {
         match kind {

@@ -139,6 +139,21 @@ pub trait Policy {
     /// Makes `page` resident. A page with a shadow entry is a refault and is detected as one.
     fn add(&mut self, page: PageId, hint: Hint) -> Result<(), Error>;
 
+    /// Takes the shadow entry of a page just evicted, as a token of at most
+    /// [`crate::SHADOW_TOKEN_BITS`] bits the embedder keeps where the page went (the kernel
+    /// keeps it in the page cache's slot) and hands back to [`Policy::add_refault`]. Policies
+    /// without shadow entries return `None`.
+    fn take_shadow(&mut self, page: PageId) -> Option<u32> {
+        let _ = page;
+        None
+    }
+
+    /// [`Policy::add`] for a page coming back with the token [`Policy::take_shadow`] gave.
+    fn add_refault(&mut self, page: PageId, hint: Hint, token: u32) -> Result<(), Error> {
+        let _ = token;
+        self.add(page, hint)
+    }
+
     /// Records an access to a resident page; false if the page is not resident.
     fn access(&mut self, page: PageId, kind: AccessKind) -> bool;
 

@@ -591,3 +591,60 @@ fn trace_replays() {
     assert_eq!(m.len(), cap);
     m.check_integrity().unwrap();
 }
+
+#[test]
+fn shadow_tokens_kept_by_the_embedder_behave_like_internal_shadows() {
+    // Two LRUs see the same accesses, faults and evictions; one keeps its shadow entries, the
+    // other hands them out as tokens right after each eviction and gets them back on the
+    // refault. Their generations, refault decisions and counters must stay identical.
+    let mut inner = lru_with(Config::default());
+    let mut outer = lru_with(Config::default());
+    let mut bits_a = mglru::AccessBits::new();
+    let mut bits_b = mglru::AccessBits::new();
+    let mut tokens = std::collections::HashMap::new();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for step in 0..200_000u32 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // 80% of the touches on a fifth of the pages.
+        let p = if x % 10 < 8 { x % 800 } else { x % 4000 };
+        if inner.contains(p) {
+            assert!(outer.contains(p));
+            bits_a.set(p);
+            bits_b.set(p);
+            continue;
+        }
+        if inner.len() >= 1000 {
+            let va = inner.evict(16, &mut bits_a);
+            let vb = outer.evict(16, &mut bits_b);
+            assert_eq!(va, vb, "step {step}");
+            for v in vb {
+                bits_a.clear(v);
+                bits_b.clear(v);
+                let t = outer.take_shadow(v).expect("a victim has a shadow");
+                assert!(t < 1 << mglru::SHADOW_TOKEN_BITS);
+                assert!(outer.refault(v).is_none(), "taken out");
+                tokens.insert(v, t);
+            }
+        }
+        let ra = inner.add(p, Hint::fault(ANON)).unwrap();
+        let rb = match tokens.remove(&p) {
+            Some(t) => outer.add_refault(p, Hint::fault(ANON), t).unwrap(),
+            None => outer.add(p, Hint::fault(ANON)).unwrap(),
+        };
+        assert_eq!(ra, rb, "step {step}, page {p}");
+        assert_eq!(inner.generation(p), outer.generation(p));
+        bits_a.set(p);
+        bits_b.set(p);
+    }
+    let untimed = |l: &Mglru| {
+        let mut s = l.stats();
+        s.walk_totals.nanos = 0;
+        s.last_walk.nanos = 0;
+        s
+    };
+    assert_eq!(untimed(&inner), untimed(&outer));
+    assert!(inner.stats().refaults > 10_000);
+    assert_eq!(outer.nr_shadows(), 0);
+}

@@ -828,19 +828,28 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
         }
         if tick % 50 == 0 {
             // Every 100 ms: the metadata structures' own count of their bytes.
-            let mut bytes = shared.tiers.metadata_bytes();
-            let mut managed = 0;
+            let (slots, zswap) = shared.tiers.metadata_bytes();
+            let (mut table, mut policy, mut managed) = (0, 0, 0);
             for m in shared.mms.lock().iter() {
                 let st = m.state.lock();
-                bytes += st.pages.heap_bytes() + st.policy.metadata_bytes();
+                table += st.pages.heap_bytes();
+                policy += st.policy.metadata_bytes();
                 managed += st.pages.len();
             }
+            let bytes = (slots + zswap + table + policy) as u64;
             let s = &shared.stats;
-            if bytes as u64 > s.daemon_metadata_max_bytes.load(Ordering::Relaxed) {
-                s.daemon_metadata_max_bytes
-                    .store(bytes as u64, Ordering::Relaxed);
-                s.daemon_metadata_managed_pages
-                    .store(managed as u64, Ordering::Relaxed);
+            if bytes > s.daemon_metadata_max_bytes.load(Ordering::Relaxed) {
+                let parts = [
+                    (&s.daemon_metadata_max_bytes, bytes),
+                    (&s.daemon_metadata_managed_pages, managed as u64),
+                    (&s.daemon_metadata_pagetable_bytes, table as u64),
+                    (&s.daemon_metadata_policy_bytes, policy as u64),
+                    (&s.daemon_metadata_slots_bytes, slots as u64),
+                    (&s.daemon_metadata_zswap_bytes, zswap as u64),
+                ];
+                for (c, v) in parts {
+                    c.store(v, Ordering::Relaxed);
+                }
             }
         }
         if tick % 10 == 0 {

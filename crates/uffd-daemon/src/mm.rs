@@ -14,7 +14,7 @@
 //! thread never disagree. A page is counted resident in every state but `Evicted`.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use mglru::{AccessSource, Arrival, Hint, PageId, PageType, Policy};
 use parking_lot::Mutex;
@@ -108,7 +108,7 @@ pub struct Mm {
     /// The handler thread.
     pub handler: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Next reclaim batch id.
-    pub next_batch: AtomicU64,
+    pub next_batch: AtomicU32,
     /// When the maps were last scanned (monitor ticks).
     pub last_scan_tick: AtomicU64,
 }
@@ -137,7 +137,7 @@ impl Mm {
             retired: AtomicBool::new(false),
             pidfd: Mutex::new(None),
             handler: Mutex::new(None),
-            next_batch: AtomicU64::new(1),
+            next_batch: AtomicU32::new(1),
             last_scan_tick: AtomicU64::new(0),
         })
     }
@@ -177,6 +177,7 @@ impl MmState {
         arrival: Arrival,
         referenced: bool,
     ) {
+        let shadow = self.pages.shadow(addr);
         match self.pages.insert(addr, Page::Resident { referenced }) {
             Some(old) if old.is_resident() => {}
             _ => {
@@ -186,7 +187,11 @@ impl MmState {
         }
         let id = page_id(addr);
         if !self.policy.contains(id) {
-            let _ = self.policy.add(id, Hint::new(PageType::Anon, arrival));
+            let hint = Hint::new(PageType::Anon, arrival);
+            let _ = match shadow {
+                Some(token) => self.policy.add_refault(id, hint, token),
+                None => self.policy.add(id, hint),
+            };
         }
     }
 
@@ -388,7 +393,7 @@ impl MmState {
     /// Chooses up to `max` victims with the policy and marks them `Evicting { batch }`;
     /// returns them sorted, and the ranges the access source cleared bits in (to re-arm
     /// write protection when the access source uses it).
-    pub fn pick_victims(&mut self, batch: u64, max: usize) -> (Vec<u64>, Vec<(u64, u64)>) {
+    pub fn pick_victims(&mut self, batch: u32, max: usize) -> (Vec<u64>, Vec<(u64, u64)>) {
         let MmState { pages, policy, .. } = self;
         let mut src = PageBits {
             pages,
@@ -402,6 +407,10 @@ impl MmState {
             match self.pages.get(addr) {
                 Some(Page::Resident { .. }) => {
                     self.pages.insert(addr, Page::Evicting { batch });
+                    // The policy's shadow entry lives in the page's word until it returns.
+                    if let Some(token) = self.policy.take_shadow(id) {
+                        self.pages.set_shadow(addr, token);
+                    }
                     victims.push(addr);
                 }
                 other => debug_assert!(false, "policy returned {addr:#x} in state {other:?}"),

@@ -24,8 +24,8 @@ pub enum Page {
     },
     /// Chosen for eviction by batch `batch`: write-protected, contents being read and stored.
     Evicting {
-        /// The reclaim batch that owns it (below 2^60).
-        batch: u64,
+        /// The reclaim batch that owns it (numbers wrap at 2^32: far more than ever in flight).
+        batch: u32,
     },
     /// Contents stored in `slot`; the agent has been asked to drop the page.
     Dropping {
@@ -65,21 +65,22 @@ impl Page {
         }
     }
 
-    // The word: 0 is "no page"; the low 3 bits are the state, the rest its field.
+    // The word: 0 is "no page"; the low 3 bits are the state; `Resident`'s bit 3 is the
+    // referenced bit; the other states keep their batch or slot in the high 32 bits and the
+    // policy's shadow entry (token + 1, 0 for none) in bits 3..32.
     const RESIDENT: u64 = 1;
     const EVICTING: u64 = 2;
     const DROPPING: u64 = 3;
     const INHERITED: u64 = 4;
     const EVICTED: u64 = 5;
     const TAG: u64 = 7;
+    const SHADOW_SHIFT: u32 = 3;
+    const SHADOW_MASK: u64 = ((1 << 29) - 1) << Self::SHADOW_SHIFT;
 
     fn encode(self) -> u64 {
         match self {
             Page::Resident { referenced } => Self::RESIDENT | (u64::from(referenced) << 3),
-            Page::Evicting { batch } => {
-                assert!(batch < 1 << 60, "reclaim batch number {batch} out of range");
-                Self::EVICTING | (batch << 3)
-            }
+            Page::Evicting { batch } => Self::EVICTING | (u64::from(batch) << 32),
             Page::Dropping { slot } => Self::DROPPING | (u64::from(slot) << 32),
             Page::Inherited { slot } => Self::INHERITED | (u64::from(slot) << 32),
             Page::Evicted { slot } => Self::EVICTED | (u64::from(slot) << 32),
@@ -93,7 +94,7 @@ impl Page {
             Self::RESIDENT => Page::Resident {
                 referenced: word & 8 != 0,
             },
-            Self::EVICTING => Page::Evicting { batch: word >> 3 },
+            Self::EVICTING => Page::Evicting { batch: slot },
             Self::DROPPING => Page::Dropping { slot },
             Self::INHERITED => Page::Inherited { slot },
             Self::EVICTED => Page::Evicted { slot },
@@ -182,7 +183,9 @@ impl PageTable {
         self.get(addr).is_some()
     }
 
-    /// Sets the page at `addr`; returns what was there.
+    /// Sets the page at `addr`; returns what was there. A shadow entry set on the page
+    /// stays while it moves between the states that are out of the policy (`Evicting`,
+    /// `Dropping`, `Inherited`, `Evicted`) and goes when it becomes `Resident`.
     pub fn insert(&mut self, addr: u64, page: Page) -> Option<Page> {
         let (t, i) = split(addr);
         let table = self.tables.entry(t).or_insert_with(|| {
@@ -191,13 +194,47 @@ impl PageTable {
                 used: 0,
             })
         });
-        let old = Page::decode(table.words[i]);
-        table.words[i] = page.encode();
+        let word = table.words[i];
+        let old = Page::decode(word);
+        let mut new = page.encode();
+        if !matches!(page, Page::Resident { .. }) && !matches!(old, Some(Page::Resident { .. })) {
+            new |= word & Page::SHADOW_MASK;
+        }
+        table.words[i] = new;
         if old.is_none() {
             table.used += 1;
             self.len += 1;
         }
         old
+    }
+
+    /// Keeps the replacement policy's shadow entry (a token below 2^28,
+    /// [`mglru::SHADOW_TOKEN_BITS`]) in the word of a page that left the policy, as the kernel
+    /// keeps it in the swap cache's slot: it costs no memory of its own. Returns false (and
+    /// keeps nothing) if the page is absent or `Resident`.
+    pub fn set_shadow(&mut self, addr: u64, token: u32) -> bool {
+        const _: () = assert!(mglru::SHADOW_TOKEN_BITS < 29);
+        let (t, i) = split(addr);
+        let Some(table) = self.tables.get_mut(&t) else {
+            return false;
+        };
+        let w = &mut table.words[i];
+        if *w == 0 || *w & Page::TAG == Page::RESIDENT || token >= 1 << mglru::SHADOW_TOKEN_BITS {
+            return false;
+        }
+        *w = (*w & !Page::SHADOW_MASK) | ((u64::from(token) + 1) << Page::SHADOW_SHIFT);
+        true
+    }
+
+    /// The shadow entry kept with the page at `addr`, if any.
+    pub fn shadow(&self, addr: u64) -> Option<u32> {
+        let (t, i) = split(addr);
+        let w = self.tables.get(&t)?.words[i];
+        if w & Page::TAG == Page::RESIDENT {
+            return None;
+        }
+        let field = (w & Page::SHADOW_MASK) >> Page::SHADOW_SHIFT;
+        (field != 0).then(|| field as u32 - 1)
     }
 
     /// Removes the page at `addr`; returns it.
@@ -280,7 +317,7 @@ mod tests {
     fn page_strategy() -> impl Strategy<Value = Page> {
         prop_oneof![
             any::<bool>().prop_map(|referenced| Page::Resident { referenced }),
-            (0u64..1 << 60).prop_map(|batch| Page::Evicting { batch }),
+            any::<u32>().prop_map(|batch| Page::Evicting { batch }),
             any::<u32>().prop_map(|slot| Page::Dropping { slot }),
             any::<u32>().prop_map(|slot| Page::Inherited { slot }),
             any::<u32>().prop_map(|slot| Page::Evicted { slot }),
@@ -293,6 +330,7 @@ mod tests {
         Remove(u64),
         Range(u64, u64),
         TakeReferenced(u64, u64),
+        SetShadow(u64, u32),
     }
 
     // Addresses from a few 2 MiB tables, their edges, and far apart.
@@ -310,6 +348,7 @@ mod tests {
             3 => addr_strategy().prop_map(Op::Remove),
             1 => (addr_strategy(), addr_strategy()).prop_map(|(a, b)| Op::Range(a, b)),
             1 => (addr_strategy(), addr_strategy()).prop_map(|(a, b)| Op::TakeReferenced(a, b)),
+            2 => (addr_strategy(), 0u32..1 << 28).prop_map(|(a, t)| Op::SetShadow(a, t)),
         ]
     }
 
@@ -318,10 +357,28 @@ mod tests {
         fn matches_a_btreemap(ops in prop::collection::vec(op_strategy(), 1..400)) {
             let mut table = PageTable::new();
             let mut model: std::collections::BTreeMap<u64, Page> = Default::default();
+            let mut shadows: std::collections::BTreeMap<u64, u32> = Default::default();
             for op in ops {
                 match op {
-                    Op::Insert(a, p) => prop_assert_eq!(table.insert(a, p), model.insert(a, p)),
-                    Op::Remove(a) => prop_assert_eq!(table.remove(a), model.remove(&a)),
+                    Op::Insert(a, p) => {
+                        let old = model.insert(a, p);
+                        prop_assert_eq!(table.insert(a, p), old);
+                        let out = |p: Option<Page>| p.is_some_and(|p| !matches!(p, Page::Resident { .. }));
+                        if !(out(Some(p)) && out(old)) {
+                            shadows.remove(&a);
+                        }
+                    }
+                    Op::Remove(a) => {
+                        prop_assert_eq!(table.remove(a), model.remove(&a));
+                        shadows.remove(&a);
+                    }
+                    Op::SetShadow(a, t) => {
+                        let ok = model.get(&a).is_some_and(|p| !matches!(p, Page::Resident { .. }));
+                        prop_assert_eq!(table.set_shadow(a, t), ok);
+                        if ok {
+                            shadows.insert(a, t);
+                        }
+                    }
                     Op::Range(a, b) => {
                         let got: Vec<_> = table.range(a..b).collect();
                         let want: Vec<_> = if a < b {
@@ -347,6 +404,7 @@ mod tests {
                 prop_assert_eq!(table.len(), model.len());
                 for (&a, &p) in &model {
                     prop_assert_eq!(table.get(a), Some(p));
+                    prop_assert_eq!(table.shadow(a), shadows.get(&a).copied());
                 }
                 let all: Vec<_> = table.iter().collect();
                 let want: Vec<_> = model.iter().map(|(&k, &v)| (k, v)).collect();

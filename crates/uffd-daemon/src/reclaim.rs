@@ -28,7 +28,7 @@ pub const BATCH_PAGES: usize = 256;
 
 /// Picks up to `max` victims of `mm` with its policy; marks them `Evicting { batch }`. With
 /// the write-protect access source, re-arms protection where the aging cleared bits.
-fn pick_victims(shared: &Shared, mm: &Mm, batch: u64, max: usize) -> Vec<u64> {
+fn pick_victims(shared: &Shared, mm: &Mm, batch: u32, max: usize) -> Vec<u64> {
     let mut st = mm.state.lock();
     let (victims, cleared) = st.pick_victims(batch, max);
     if shared.wp_access() && !cleared.is_empty() {
@@ -75,7 +75,7 @@ fn units_of(victims: &[u64], zero: &[bool], large: bool) -> Vec<(usize, u32)> {
 
 /// Gives pages of a failed batch back: still-`Evicting` pages become resident again and lose
 /// their write protection (which wakes writers waiting on them).
-fn abort_pages(shared: &Shared, mm: &Mm, batch: u64, addrs: &[u64]) {
+fn abort_pages(shared: &Shared, mm: &Mm, batch: u32, addrs: &[u64]) {
     {
         let mut st = mm.state.lock();
         for &a in addrs {

@@ -120,6 +120,14 @@ counters! {
     daemon_metadata_max_bytes,
     /// Pages the daemon managed at that moment (resident and stored).
     daemon_metadata_managed_pages,
+    /// Of `daemon_metadata_max_bytes`: the page tables.
+    daemon_metadata_pagetable_bytes,
+    /// Of `daemon_metadata_max_bytes`: the replacement policies (nodes, index, shadows).
+    daemon_metadata_policy_bytes,
+    /// Of `daemon_metadata_max_bytes`: the slot device.
+    daemon_metadata_slots_bytes,
+    /// Of `daemon_metadata_max_bytes`: zswap's index, LRU and pool bookkeeping.
+    daemon_metadata_zswap_bytes,
 }
 
 impl Stats {

@@ -977,9 +977,10 @@ impl Tiers {
         self.zswap.as_ref().map_or(0, |z| z.stats().pool_total_size)
     }
 
-    /// Heap bytes of the tiers' metadata: the slot device and zswap's index (not its pool).
-    pub fn metadata_bytes(&self) -> usize {
-        self.dev.metadata_bytes()
+    /// Heap bytes of the tiers' metadata: the slot device's, and zswap's (index, LRU and
+    /// pool bookkeeping, not the compressed bytes).
+    pub fn metadata_bytes(&self) -> (usize, usize) {
+        (self.dev.metadata_bytes(), 0)
     }
 
     /// Slots in use.

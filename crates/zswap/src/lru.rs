@@ -35,6 +35,11 @@ impl Lru {
         }
     }
 
+    /// Heap bytes held (from capacities).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.nodes.capacity() * std::mem::size_of::<Node>()
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.len
     }

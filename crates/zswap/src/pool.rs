@@ -304,6 +304,18 @@ impl Class {
         self.table_free = idx;
     }
 
+    /// Heap bytes of the class's bookkeeping (handle table, span list and each live span's
+    /// slot arrays), from capacities; not the spans' memory.
+    fn metadata_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let live = self.spans.len() - self.free_span_ids.len();
+        self.table.capacity() * size_of::<Slot>()
+            + self.spans.capacity() * size_of::<Option<Span>>()
+            + self.free_span_ids.capacity() * size_of::<u32>()
+            + self.partial.capacity() * size_of::<u32>()
+            + live * self.objs_per_span * (size_of::<u32>() + size_of::<u16>())
+    }
+
     /// Free object slots in this class's partly filled spans.
     fn free_slots(&self) -> usize {
         self.partial
@@ -500,6 +512,12 @@ impl Pool {
     /// Sum of the stored objects' lengths.
     pub fn object_bytes(&self) -> u64 {
         self.classes.iter().map(|c| c.lock().object_bytes).sum()
+    }
+
+    /// Heap bytes of the pool's bookkeeping: handle tables, span lists, per-span slot arrays
+    /// (computed from capacities; the spans' memory is [`Pool::total_bytes`]).
+    pub fn metadata_bytes(&self) -> usize {
+        self.classes.iter().map(|c| c.lock().metadata_bytes()).sum()
     }
 
     /// Number of stored objects.

@@ -252,6 +252,11 @@ pub struct Stats {
     pub zswpin: u64,
     /// Pages released by compaction.
     pub pages_compacted: u64,
+    /// Heap bytes of the store's per-entry metadata, computed from capacities (not measured
+    /// with an allocator, so the same on every machine): the index, the LRU, the multi-page
+    /// objects' headers and the pool's handle tables and span bookkeeping. Not included: the
+    /// spans' memory (`pool_total_size`) and the per-worker buffers.
+    pub metadata_bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -298,6 +303,14 @@ struct Shared {
     pages: u16,
     /// Entries (or prepared, not yet inserted pages) pointing at it.
     refs: AtomicU32,
+}
+
+/// Heap bytes of one multi-page object with `chunks` pool chunks: the `Arc` allocation (two
+/// counts and the `Shared`) and its chunk list.
+fn shared_heap_bytes(chunks: usize) -> u64 {
+    (2 * std::mem::size_of::<usize>()
+        + std::mem::size_of::<Shared>()
+        + chunks * std::mem::size_of::<Handle>()) as u64
 }
 
 #[derive(Debug)]
@@ -351,6 +364,8 @@ pub struct Zswap {
     /// Lock order: a shard lock (or two, in index order), then this, then a pool class lock.
     lru: Mutex<Lru>,
     next_id: AtomicU64,
+    /// Heap bytes of the live multi-page objects' headers (`Arc<Shared>` and chunk lists).
+    shared_meta: AtomicU64,
     pool_reached_full: AtomicBool,
     counters: Counters,
     /// Reused compression contexts, per CPU slot.
@@ -483,6 +498,7 @@ impl Zswap {
             shards,
             lru: Mutex::new(Lru::new()),
             next_id: AtomicU64::new(1),
+            shared_meta: AtomicU64::new(0),
             pool_reached_full: AtomicBool::new(false),
             counters: Counters::default(),
             contexts,
@@ -656,6 +672,8 @@ impl Zswap {
             }
             Payload::Shared { obj, .. } => {
                 if obj.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    self.shared_meta
+                        .fetch_sub(shared_heap_bytes(obj.chunks.len()), Ordering::Relaxed);
                     for &h in obj.chunks.iter() {
                         let _ = self.pool.free(h);
                     }
@@ -759,6 +777,8 @@ impl Zswap {
                         }
                     }
                 }
+                self.shared_meta
+                    .fetch_add(shared_heap_bytes(chunks.len()), Ordering::Relaxed);
                 let obj = Arc::new(Shared {
                     chunks: chunks.into_boxed_slice(),
                     pages: k as u16,
@@ -1317,7 +1337,24 @@ impl Zswap {
             zswpout_by_order: by_order,
             zswpin: get(&c.zswpin),
             pages_compacted: self.pool.compacted_pages(),
+            metadata_bytes: self.metadata_bytes(),
         }
+    }
+
+    /// See [`Stats::metadata_bytes`].
+    fn metadata_bytes(&self) -> u64 {
+        // hashbrown: buckets = capacity * 8 / 7 (a power of two), one control byte each.
+        let bucket = std::mem::size_of::<(u64, Entry)>() + 1;
+        let mut bytes = 0usize;
+        for shard in self.shards.iter() {
+            let cap = shard.map.lock().capacity();
+            if cap > 0 {
+                bytes += (cap * 8 / 7).next_power_of_two() * bucket + 16;
+            }
+        }
+        bytes += self.lru.lock().heap_bytes();
+        bytes += self.shared_meta.load(Ordering::Relaxed) as usize;
+        (bytes + self.pool.metadata_bytes()) as u64
     }
 
     /// Full consistency check of index, LRU and pool (for tests; takes every lock in turn).

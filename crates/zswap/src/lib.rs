@@ -100,6 +100,7 @@ mod batch;
 mod compress;
 #[doc(hidden)]
 pub mod fuzzing;
+mod index;
 mod lru;
 mod pool;
 #[doc(hidden)]

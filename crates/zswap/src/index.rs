@@ -332,13 +332,14 @@ impl Index {
         };
         let off = (key & OFFSET_MASK) as usize;
         let pos = (chunk.id << CHUNK_SHIFT) | off as u32;
-        let old = std::mem::replace(&mut chunk.entries[off], Entry::EMPTY);
+        let mut old = std::mem::replace(&mut chunk.entries[off], Entry::EMPTY);
         let old = if old.is_empty() {
             chunk.count += 1;
             None
         } else {
             if old.on_lru() {
                 lru.remove(pos);
+                old.meta &= !ON_LRU;
             }
             Some(old)
         };
@@ -448,5 +449,176 @@ impl Index {
             ));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::AtomicU32;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Kind {
+        Same,
+        Compressed,
+        Shared,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u64, Kind, u64),
+        Remove(u64),
+        Unlink(u64),
+        Relink(u64),
+    }
+
+    /// Dense small keys, keys across a region (shard) boundary, keys past the dense top level
+    /// (the sparse `BTreeMap`), and keys at the top of the u64 range.
+    fn key() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            0u64..300,
+            (ENTRIES_PER_SHARD - 70)..(ENTRIES_PER_SHARD + 70),
+            (DENSE_CHUNKS << 15)..((DENSE_CHUNKS << 15) + 200),
+            (u64::MAX - 140)..=u64::MAX,
+        ]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let kind = prop_oneof![Just(Kind::Same), Just(Kind::Compressed), Just(Kind::Shared)];
+        prop_oneof![
+            4 => (key(), kind, any::<u64>()).prop_map(|(k, kind, v)| Op::Insert(k, kind, v)),
+            3 => key().prop_map(Op::Remove),
+            1 => key().prop_map(Op::Unlink),
+            1 => key().prop_map(Op::Relink),
+        ]
+    }
+
+    fn make(kind: Kind, v: u64, shared: &Arc<Shared>) -> Entry {
+        let payload = match kind {
+            Kind::Same => Payload::Same(v),
+            Kind::Compressed => Payload::Compressed(Handle::from_raw(v)),
+            Kind::Shared => Payload::Shared {
+                obj: Arc::clone(shared),
+                slot: (v % 512) as u16,
+            },
+        };
+        Entry::new(payload, v as u32)
+    }
+
+    fn matches(e: &Entry, kind: Kind, v: u64, shared: &Arc<Shared>) -> bool {
+        e.crc() == v as u32
+            && match (e.payload(), kind) {
+                (PayloadRef::Same(w), Kind::Same) => w == v,
+                (PayloadRef::Compressed(h), Kind::Compressed) => h.raw() == v,
+                (PayloadRef::Shared(o, slot), Kind::Shared) => {
+                    Arc::ptr_eq(&o, shared) && slot == (v % 512) as u16
+                }
+                _ => false,
+            }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// The index and its LRU links against a `BTreeMap` of key -> (kind, value, on LRU)
+        /// and a list of LRU keys: entries, chunk allocation and freeing, LRU membership and
+        /// order, and the multi-page objects' reference counts.
+        #[test]
+        fn index_matches_btreemap(shard_bits in 0u32..3, ops in proptest::collection::vec(op(), 1..120)) {
+            let shards = 1usize << shard_bits;
+            let shard_of = |k: u64| ((k / ENTRIES_PER_SHARD) as usize) & (shards - 1);
+            let mut index: Vec<Index> = (0..shards).map(|_| Index::new(shards)).collect();
+            let mut lru = Lru::new();
+            let shared = Arc::new(Shared { chunks: Box::new([]), pages: 1, refs: AtomicU32::new(0) });
+            let mut model: BTreeMap<u64, (Kind, u64, bool)> = BTreeMap::new();
+            let mut order: std::collections::VecDeque<u64> = Default::default();
+            for op in &ops {
+                match *op {
+                    Op::Insert(k, kind, v) => {
+                        let ix = &mut index[shard_of(k)];
+                        prop_assert!(ix.ensure_chunk(k, &mut lru));
+                        let old = ix.insert(k, make(kind, v, &shared), &mut lru);
+                        let was = model.insert(k, (kind, v, kind != Kind::Same));
+                        prop_assert_eq!(old.is_some(), was.is_some());
+                        if let (Some(old), Some((ok, ov, _))) = (old, was) {
+                            prop_assert!(matches(&old, ok, ov, &shared));
+                            prop_assert!(!old.on_lru());
+                        }
+                        order.retain(|&x| x != k);
+                        if kind != Kind::Same {
+                            order.push_front(k);
+                        }
+                    }
+                    Op::Remove(k) => {
+                        let ix = &mut index[shard_of(k)];
+                        let got = ix.remove(k, &mut lru);
+                        let want = model.remove(&k);
+                        prop_assert_eq!(got.is_some(), want.is_some());
+                        if let (Some(e), Some((kind, v, _))) = (got, want) {
+                            prop_assert!(matches(&e, kind, v, &shared));
+                            prop_assert!(!e.on_lru());
+                        }
+                        order.retain(|&x| x != k);
+                    }
+                    Op::Unlink(k) => {
+                        index[shard_of(k)].lru_unlink(k, &mut lru);
+                        if let Some(m) = model.get_mut(&k) {
+                            m.2 = false;
+                        }
+                        order.retain(|&x| x != k);
+                    }
+                    Op::Relink(k) => {
+                        index[shard_of(k)].lru_relink(k, &mut lru);
+                        if let Some(m) = model.get_mut(&k) {
+                            if m.0 != Kind::Same && !m.2 {
+                                m.2 = true;
+                                order.push_front(k);
+                            }
+                        }
+                    }
+                }
+                // Entries, chunks and LRU agree with the model.
+                let mut seen = 0;
+                let mut chunks = 0;
+                for ix in &index {
+                    let entries = ix.entries_checked(&lru).map_err(TestCaseError::fail)?;
+                    chunks += ix.chunk_count();
+                    for (k, e, pos) in entries {
+                        seen += 1;
+                        let m = model.get(&k).copied();
+                        prop_assert!(m.is_some(), "index holds {} the model does not", k);
+                        let Some((kind, v, on)) = m else { continue };
+                        prop_assert!(matches(e, kind, v, &shared));
+                        prop_assert_eq!(e.on_lru(), on);
+                        prop_assert_eq!(ix.pos(k), Some(pos));
+                    }
+                }
+                prop_assert_eq!(seen, model.len());
+                let want_chunks: std::collections::BTreeSet<u64> =
+                    model.keys().map(|k| k >> CHUNK_SHIFT).collect();
+                prop_assert_eq!(chunks, want_chunks.len());
+                prop_assert_eq!(lru.live_chunks(), chunks);
+                for (&k, &(kind, v, _)) in &model {
+                    let e = index[shard_of(k)].get(k);
+                    prop_assert!(e.is_some_and(|e| matches(e, kind, v, &shared)));
+                }
+                let walk: Vec<u64> = lru
+                    .check()
+                    .map_err(TestCaseError::fail)?
+                    .into_iter()
+                    .map(|pos| {
+                        let id = pos >> CHUNK_SHIFT;
+                        lru.chunk_base(id).unwrap_or(u64::MAX) + u64::from(pos & (CHUNK_ENTRIES as u32 - 1))
+                    })
+                    .collect();
+                prop_assert_eq!(walk, order.iter().copied().collect::<Vec<_>>());
+                let shared_entries = model.values().filter(|m| m.0 == Kind::Shared).count();
+                prop_assert_eq!(Arc::strong_count(&shared), 1 + shared_entries);
+            }
+            drop(index);
+            prop_assert_eq!(Arc::strong_count(&shared), 1, "dropping the index drops its references");
+        }
     }
 }

@@ -303,11 +303,11 @@ pub(crate) enum Payload {
 /// reference; the chunks are freed when the last one goes.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    chunks: Box<[Handle]>,
+    pub(crate) chunks: Box<[Handle]>,
     /// Pages it decompresses to.
-    pages: u16,
+    pub(crate) pages: u16,
     /// Entries (or prepared, not yet inserted pages) pointing at it.
-    refs: AtomicU32,
+    pub(crate) refs: AtomicU32,
 }
 
 /// Heap bytes of one multi-page object with `chunks` pool chunks: the `Arc` allocation (two

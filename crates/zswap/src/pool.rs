@@ -688,7 +688,15 @@ impl Pool {
     /// Heap bytes of the pool's bookkeeping: handle tables, span lists, per-span slot arrays
     /// (computed from capacities; the spans' memory is [`Pool::total_bytes`]).
     pub fn metadata_bytes(&self) -> usize {
-        self.classes.iter().map(|c| c.lock().metadata_bytes()).sum()
+        self.usage().1 as usize
+    }
+
+    /// ([`Pool::object_bytes`], [`Pool::metadata_bytes`]) in one pass over the classes.
+    pub(crate) fn usage(&self) -> (u64, u64) {
+        self.classes.iter().fold((0, 0), |(o, m), c| {
+            let c = c.lock();
+            (o + c.object_bytes, m + c.metadata_bytes() as u64)
+        })
     }
 
     /// Number of stored objects.

@@ -1303,10 +1303,11 @@ impl Zswap {
         for (o, a) in by_order.iter_mut().zip(c.zswpout_by_order.iter()) {
             *o = get(a);
         }
+        let (compressed_bytes, pool_metadata) = self.pool.usage();
         Stats {
             stored_pages: get(&c.stored_pages),
             pool_total_size: self.pool.total_bytes(),
-            compressed_bytes: self.pool.object_bytes(),
+            compressed_bytes,
             same_filled_pages: get(&c.same_filled_pages),
             reject_compress_poor: get(&c.reject_compress_poor),
             reject_compress_fail: get(&c.reject_compress_fail),
@@ -1319,19 +1320,20 @@ impl Zswap {
             zswpout_by_order: by_order,
             zswpin: get(&c.zswpin),
             pages_compacted: self.pool.compacted_pages(),
-            metadata_bytes: self.metadata_bytes(),
+            metadata_bytes: self.index_metadata_bytes() + pool_metadata,
         }
     }
 
-    /// See [`Stats::metadata_bytes`].
-    fn metadata_bytes(&self) -> u64 {
+    /// [`Stats::metadata_bytes`] but for the pool's part: index chunks and top levels, LRU
+    /// links, multi-page object headers.
+    fn index_metadata_bytes(&self) -> u64 {
         let mut bytes = std::mem::size_of_val::<[Shard]>(&self.shards);
         for shard in self.shards.iter() {
             bytes += shard.map.lock().heap_bytes();
         }
         bytes += self.lru.lock().heap_bytes();
         bytes += self.shared_meta.load(Ordering::Relaxed) as usize;
-        (bytes + self.pool.metadata_bytes()) as u64
+        bytes as u64
     }
 
     /// Full consistency check of index, LRU and pool (for tests; takes every lock in turn).

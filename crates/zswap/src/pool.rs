@@ -40,8 +40,10 @@ impl Handle {
     fn class(self) -> usize {
         (self.0 >> 52) as usize
     }
+    /// The handle's whole 20-bit generation field: a slot keeps [`GEN_BITS`] of it, so a
+    /// handle with any higher bit set (forged) never matches a slot.
     fn gen(self) -> u32 {
-        ((self.0 >> 32) as u32) & GEN_MASK
+        ((self.0 >> 32) as u32) & ((1 << 20) - 1)
     }
     fn idx(self) -> u32 {
         self.0 as u32

@@ -1056,6 +1056,8 @@ impl Tiers {
             v["zswap_stored_pages"] = zs.stored_pages.into();
             v["zswap_pool_bytes"] = zs.pool_total_size.into();
             v["zswap_compressed_bytes"] = zs.compressed_bytes.into();
+            // Index, LRU and pool bookkeeping (zswap's `Stats::metadata_bytes`, from capacities).
+            v["zswap_metadata_bytes"] = zs.metadata_bytes.into();
             v["zswap_same_filled_pages"] = zs.same_filled_pages.into();
             v["zswap_reject_compress_poor"] = zs.reject_compress_poor.into();
             v["zswap_reject_pool_limit"] = zs.reject_pool_limit.into();

@@ -14,8 +14,14 @@
 //!
 //! - **Entries keyed by swap entry, one per page**, in an index split into shards by 64 MiB of
 //!   swap space (`mm/zswap.c` keeps one tree per `SWAP_ADDRESS_SPACE_PAGES`). Each shard is a
-//!   hash map behind its own mutex: the index is *not* lock-free, so it has no lock-free claims;
-//!   the loom model in `tests/loom_store.rs` checks the writeback / load / store protocol instead.
+//!   two-level radix keyed by the entry number, as the kernel's xarray: chunks of 64 entries
+//!   of 16 bytes (payload word, CRC, flags), allocated on first use and freed when empty, under
+//!   a vector of chunk pointers (a `BTreeMap` for entries beyond about 2^28 · shards / 64). The
+//!   LRU has no nodes: its 8-byte links are kept per index position (chunk id, offset). Each
+//!   shard is behind its own mutex: the index is *not* lock-free, so it has no lock-free claims;
+//!   the loom models in `tests/loom_store.rs` check the writeback / load / store protocol
+//!   instead. Metadata: 24 bytes per entry slot for index and LRU, plus the pool's 8-byte
+//!   handle slot per object ([`Stats::metadata_bytes`]).
 //! - **Large folios stored whole** (the 2024 series "mm: zswap swap-out of large folios"): a
 //!   folio of 1 to 512 pages is compressed with reused contexts and then inserted under the
 //!   shard locks at once. All or nothing: if any page is refused, every object already
@@ -69,9 +75,13 @@
 //! 2. A store is all or nothing; a failed load or a failed writeback leaves the entries stored.
 //! 3. An entry marked as under writeback is removed or replaced only by that writeback.
 //! 4. Lock order: shard locks (in index order) → LRU lock → pool class lock (compaction alone
-//!    holds two class locks, a class and then larger ones).
+//!    holds two class locks, a class and then larger ones). `scan_objects` peeks at the LRU's
+//!    tail under the LRU lock alone, drops it, and takes the entry only after re-checking under
+//!    its shard lock and then the LRU lock that it is still stored, on the LRU and the tail.
 //! 5. A multi-page object's reference count equals the number of entries pointing at it; its
 //!    pool chunks are freed exactly when it drops to zero.
+//! 6. An entry is flagged as on the LRU exactly while its index position is linked; an index
+//!    chunk lives exactly while it holds an entry (and holds its LRU chunk id that long).
 //!
 //! # Example
 //!
@@ -100,6 +110,7 @@ mod batch;
 mod compress;
 #[doc(hidden)]
 pub mod fuzzing;
+mod index;
 mod lru;
 mod pool;
 #[doc(hidden)]

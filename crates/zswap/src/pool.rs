@@ -13,6 +13,7 @@
 
 use crate::sync::Mutex;
 use crate::PAGE_SIZE;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Smallest object slot.
@@ -23,7 +24,8 @@ pub(crate) const CLASS_DELTA: usize = 16;
 pub(crate) const MAX_OBJECT: usize = PAGE_SIZE - 1;
 
 const NR_CLASSES: usize = (PAGE_SIZE - MIN_ALLOC) / CLASS_DELTA + 1;
-const GEN_BITS: u32 = 20;
+/// Generation bits kept in a handle-table slot (and compared with a handle's).
+const GEN_BITS: u32 = 15;
 const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
 const FREE_OWNER: u32 = u32::MAX;
 
@@ -38,8 +40,10 @@ impl Handle {
     fn class(self) -> usize {
         (self.0 >> 52) as usize
     }
+    /// The handle's whole 20-bit generation field: a slot keeps [`GEN_BITS`] of it, so a
+    /// handle with any higher bit set (forged) never matches a slot.
     fn gen(self) -> u32 {
-        ((self.0 >> 32) as u32) & GEN_MASK
+        ((self.0 >> 32) as u32) & ((1 << 20) - 1)
     }
     fn idx(self) -> u32 {
         self.0 as u32
@@ -69,8 +73,15 @@ pub enum PoolError {
         /// Largest allowed.
         max: usize,
     },
+    /// The size class holds as many spans as a handle-table slot can name (2^24).
+    #[error("size class of {class_size}-byte objects is full (2^24 spans)")]
+    ClassFull {
+        /// The class's object size.
+        class_size: usize,
+    },
 }
 
+/// A handle-table slot, decoded from its 8-byte [`PackedSlot`].
 #[derive(Debug, Clone, Copy)]
 enum Slot {
     Free {
@@ -91,6 +102,35 @@ enum Slot {
     },
 }
 
+/// Spans per class a slot can name.
+const MAX_SPANS: usize = 1 << 24;
+const TAG_SHIFT: u32 = 62;
+const TAG_FREE: u64 = 0;
+const TAG_USED: u64 = 1;
+const TAG_MOVED: u64 = 2;
+const SLOT_GEN_SHIFT: u32 = 47;
+
+/// A handle-table slot in 8 bytes: tag (2 bits), generation (15), and for a used slot the span
+/// (24 bits), object index (11: at most 16 pages of 32-byte objects) and length (12); for a
+/// free slot the next free index. A moved slot's target handle lives in `Class::moved` (only
+/// compaction across classes makes them, for the few objects of each class's last spans).
+#[derive(Debug, Clone, Copy)]
+struct PackedSlot(u64);
+
+const _: () = assert!((16 * PAGE_SIZE / MIN_ALLOC) <= 1 << 11 && MAX_OBJECT < 1 << 12);
+
+impl PackedSlot {
+    fn tag(self) -> u64 {
+        self.0 >> TAG_SHIFT
+    }
+    fn gen(self) -> u32 {
+        ((self.0 >> SLOT_GEN_SHIFT) as u32) & GEN_MASK
+    }
+    fn head(tag: u64, gen: u32) -> u64 {
+        (tag << TAG_SHIFT) | (u64::from(gen & GEN_MASK) << SLOT_GEN_SHIFT)
+    }
+}
+
 /// Where a handle's slot leads.
 enum Found {
     /// (span, object index, length) in this class.
@@ -99,16 +139,55 @@ enum Found {
     Moved(Handle),
 }
 
+/// A span: `span_bytes` of object memory followed by a bitmap of its used object slots (one bit
+/// per slot; the owner of a slot is found from the handle table when compaction needs it).
 #[derive(Debug)]
 struct Span {
     mem: Box<[u8]>,
-    /// Handle-table index owning each object slot, or `FREE_OWNER`.
-    owner: Box<[u32]>,
-    free_objs: Vec<u16>,
     inuse: u32,
     /// Position in `Class::partial` when the span has both used and free slots... or is empty
-    /// and about to be released; `None` when full.
-    partial_pos: Option<u32>,
+    /// and about to be released; `NOT_PARTIAL` when full.
+    partial_pos: u32,
+}
+
+const NOT_PARTIAL: u32 = u32::MAX;
+
+impl Span {
+    fn bitmap(&self, span_bytes: usize) -> &[u8] {
+        &self.mem[span_bytes..]
+    }
+    fn is_used(&self, span_bytes: usize, obj: u16) -> bool {
+        self.bitmap(span_bytes)
+            .get(obj as usize / 8)
+            .is_some_and(|b| b & (1 << (obj % 8)) != 0)
+    }
+    fn set_used(&mut self, span_bytes: usize, obj: u16, used: bool) {
+        let b = &mut self.mem[span_bytes + obj as usize / 8];
+        if used {
+            *b |= 1 << (obj % 8);
+        } else {
+            *b &= !(1 << (obj % 8));
+        }
+    }
+    /// First free object slot below `objs`.
+    fn first_free(&self, span_bytes: usize, objs: usize) -> Option<u16> {
+        let (i, b) = self
+            .bitmap(span_bytes)
+            .iter()
+            .enumerate()
+            .find(|(_, &b)| b != 0xff)?;
+        let obj = i * 8 + b.trailing_ones() as usize;
+        (obj < objs).then_some(obj as u16)
+    }
+    /// First used object slot.
+    fn first_used(&self, span_bytes: usize) -> Option<u16> {
+        let (i, b) = self
+            .bitmap(span_bytes)
+            .iter()
+            .enumerate()
+            .find(|(_, &b)| b != 0)?;
+        Some((i * 8 + b.trailing_zeros() as usize) as u16)
+    }
 }
 
 #[derive(Debug)]
@@ -120,7 +199,9 @@ struct Class {
     free_span_ids: Vec<u32>,
     /// Spans with at least one free object slot.
     partial: Vec<u32>,
-    table: Vec<Slot>,
+    table: Vec<PackedSlot>,
+    /// Targets of the slots compaction moved to a larger class, by slot index.
+    moved: HashMap<u32, Handle>,
     table_free: u32,
     objects: u64,
     object_bytes: u64,
@@ -154,6 +235,7 @@ impl Class {
             free_span_ids: Vec::new(),
             partial: Vec::new(),
             table: Vec::new(),
+            moved: HashMap::new(),
             table_free: FREE_OWNER,
             objects: 0,
             object_bytes: 0,
@@ -168,13 +250,14 @@ impl Class {
         else {
             return;
         };
-        let Some(pos) = span.partial_pos.take() else {
+        let pos = std::mem::replace(&mut span.partial_pos, NOT_PARTIAL);
+        if pos == NOT_PARTIAL {
             return;
-        };
+        }
         self.partial.swap_remove(pos as usize);
         if let Some(&moved) = self.partial.get(pos as usize) {
             if let Some(Some(s)) = self.spans.get_mut(moved as usize) {
-                s.partial_pos = Some(pos);
+                s.partial_pos = pos;
             }
         }
     }
@@ -182,25 +265,32 @@ impl Class {
     fn partial_add(&mut self, span_id: u32) {
         let pos = self.partial.len() as u32;
         if let Some(Some(span)) = self.spans.get_mut(span_id as usize) {
-            if span.partial_pos.is_none() {
-                span.partial_pos = Some(pos);
+            if span.partial_pos == NOT_PARTIAL {
+                span.partial_pos = pos;
                 self.partial.push(span_id);
             }
         }
     }
 
-    /// Allocates an object slot; returns (span id, object index, new span bytes).
-    fn alloc_obj(&mut self) -> (u32, u16, usize) {
+    /// Bytes of a span's used-slot bitmap.
+    fn bitmap_bytes(&self) -> usize {
+        self.objs_per_span.div_ceil(8)
+    }
+
+    /// Allocates an object slot; returns (span id, object index, new span bytes), or None when
+    /// the class already has [`MAX_SPANS`] spans.
+    fn alloc_obj(&mut self) -> Option<(u32, u16, usize)> {
         let mut grown = 0;
         let span_id = match self.partial.last() {
             Some(&id) => id,
             None => {
+                if self.free_span_ids.is_empty() && self.spans.len() >= MAX_SPANS {
+                    return None;
+                }
                 let span = Span {
-                    mem: vec![0u8; self.span_bytes].into_boxed_slice(),
-                    owner: vec![FREE_OWNER; self.objs_per_span].into_boxed_slice(),
-                    free_objs: (0..self.objs_per_span as u16).rev().collect(),
+                    mem: vec![0u8; self.span_bytes + self.bitmap_bytes()].into_boxed_slice(),
                     inuse: 0,
-                    partial_pos: None,
+                    partial_pos: NOT_PARTIAL,
                 };
                 grown = self.span_bytes;
                 let id = match self.free_span_ids.pop() {
@@ -209,6 +299,10 @@ impl Class {
                         id
                     }
                     None => {
+                        if self.spans.len() == self.spans.capacity() {
+                            // Grow by an eighth: less slack than doubling, still amortised O(1).
+                            self.spans.reserve_exact((self.spans.len() / 8).max(16));
+                        }
                         self.spans.push(Some(span));
                         (self.spans.len() - 1) as u32
                     }
@@ -217,20 +311,22 @@ impl Class {
                 id
             }
         };
+        let (span_bytes, objs) = (self.span_bytes, self.objs_per_span);
         let (obj, full) = {
             let Some(Some(span)) = self.spans.get_mut(span_id as usize) else {
                 unreachable!("partial list names a live span");
             };
-            let Some(obj) = span.free_objs.pop() else {
+            let Some(obj) = span.first_free(span_bytes, objs) else {
                 unreachable!("a span on the partial list has a free slot");
             };
+            span.set_used(span_bytes, obj, true);
             span.inuse += 1;
-            (obj, span.free_objs.is_empty())
+            (obj, span.inuse as usize == objs)
         };
         if full {
             self.partial_remove(span_id);
         }
-        (span_id, obj, grown)
+        Some((span_id, obj, grown))
     }
 
     /// Frees an object slot; returns span bytes released.
@@ -239,9 +335,8 @@ impl Class {
             let Some(Some(span)) = self.spans.get_mut(span_id as usize) else {
                 return 0;
             };
-            let was_full = span.free_objs.is_empty();
-            span.owner[obj as usize] = FREE_OWNER;
-            span.free_objs.push(obj);
+            let was_full = span.inuse as usize == self.objs_per_span;
+            span.set_used(self.span_bytes, obj, false);
             span.inuse -= 1;
             (span.inuse == 0, was_full)
         };
@@ -263,15 +358,64 @@ impl Class {
         start..start + self.size
     }
 
+    /// Slot `idx` of the handle table, decoded.
+    fn slot(&self, idx: u32) -> Option<Slot> {
+        let p = *self.table.get(idx as usize)?;
+        let gen = p.gen();
+        Some(match p.tag() {
+            TAG_USED => Slot::Used {
+                span: ((p.0 >> 23) & (MAX_SPANS as u64 - 1)) as u32,
+                obj: ((p.0 >> 12) & 0x7ff) as u16,
+                len: (p.0 & 0xfff) as u16,
+                gen,
+            },
+            TAG_MOVED => Slot::Moved {
+                to: self.moved.get(&idx).copied().unwrap_or(Handle(u64::MAX)),
+                gen,
+            },
+            _ => Slot::Free {
+                next_free: p.0 as u32,
+                gen,
+            },
+        })
+    }
+
+    /// Writes slot `idx` of the handle table.
+    fn set_slot(&mut self, idx: u32, slot: Slot) {
+        let packed = match slot {
+            Slot::Free { next_free, gen } => PackedSlot::head(TAG_FREE, gen) | u64::from(next_free),
+            Slot::Used {
+                span,
+                obj,
+                len,
+                gen,
+            } => {
+                debug_assert!((span as usize) < MAX_SPANS && obj < 1 << 11 && len < 1 << 12);
+                PackedSlot::head(TAG_USED, gen)
+                    | (u64::from(span) << 23)
+                    | (u64::from(obj) << 12)
+                    | u64::from(len)
+            }
+            Slot::Moved { to, gen } => {
+                self.moved.insert(idx, to);
+                PackedSlot::head(TAG_MOVED, gen)
+            }
+        };
+        if !matches!(slot, Slot::Moved { .. }) && self.table[idx as usize].tag() == TAG_MOVED {
+            self.moved.remove(&idx);
+        }
+        self.table[idx as usize] = PackedSlot(packed);
+    }
+
     fn lookup(&self, h: Handle) -> Result<Found, PoolError> {
-        match self.table.get(h.idx() as usize) {
-            Some(&Slot::Used {
+        match self.slot(h.idx()) {
+            Some(Slot::Used {
                 span,
                 obj,
                 len,
                 gen,
             }) if gen == h.gen() => Ok(Found::At(span, obj, len)),
-            Some(&Slot::Moved { to, gen }) if gen == h.gen() => Ok(Found::Moved(to)),
+            Some(Slot::Moved { to, gen }) if gen == h.gen() => Ok(Found::Moved(to)),
             _ => Err(PoolError::BadHandle(h.0)),
         }
     }
@@ -280,16 +424,19 @@ impl Class {
     fn take_table_slot(&mut self) -> (u32, u32) {
         if self.table_free != FREE_OWNER {
             let idx = self.table_free;
-            let Slot::Free { next_free, gen } = self.table[idx as usize] else {
+            let Some(Slot::Free { next_free, gen }) = self.slot(idx) else {
                 unreachable!("the handle free list only links free slots");
             };
             self.table_free = next_free;
             (idx, gen.wrapping_add(1) & GEN_MASK)
         } else {
-            self.table.push(Slot::Free {
-                next_free: FREE_OWNER,
-                gen: 0,
-            });
+            if self.table.len() == self.table.capacity() {
+                // Grow by an eighth: less slack than doubling, still amortised O(1).
+                self.table.reserve_exact((self.table.len() / 8).max(64));
+            }
+            self.table.push(PackedSlot(
+                PackedSlot::head(TAG_FREE, 0) | u64::from(FREE_OWNER),
+            ));
             ((self.table.len() - 1) as u32, 0)
         }
     }
@@ -297,11 +444,43 @@ impl Class {
     /// Puts handle-table slot `idx` (of generation `gen`) on the free list.
     fn put_table_slot(&mut self, idx: u32, gen: u32) {
         let free_head = self.table_free;
-        self.table[idx as usize] = Slot::Free {
-            next_free: free_head,
-            gen,
-        };
+        self.set_slot(
+            idx,
+            Slot::Free {
+                next_free: free_head,
+                gen,
+            },
+        );
         self.table_free = idx;
+    }
+
+    /// Heap bytes of the class's bookkeeping (handle table, span list and each live span's
+    /// slot arrays), from capacities; not the spans' memory.
+    fn metadata_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let live = self.spans.len() - self.free_span_ids.len();
+        // A hash map's bucket: key, value and a control byte, at up to 7/8 load.
+        let moved = self.moved.capacity() * 8 / 7 * (size_of::<(u32, Handle)>() + 1);
+        self.table.capacity() * size_of::<PackedSlot>()
+            + moved
+            + self.spans.capacity() * size_of::<Option<Span>>()
+            + self.free_span_ids.capacity() * size_of::<u32>()
+            + self.partial.capacity() * size_of::<u32>()
+            + live * self.bitmap_bytes()
+    }
+
+    /// The handle-table index owning each object slot (`span * objs_per_span + obj`), or
+    /// `FREE_OWNER`: built from the table when compaction needs it, instead of kept per span.
+    fn owner_map(&self) -> Vec<u32> {
+        let mut owners = vec![FREE_OWNER; self.spans.len() * self.objs_per_span];
+        for idx in 0..self.table.len() as u32 {
+            if let Some(Slot::Used { span, obj, .. }) = self.slot(idx) {
+                if let Some(o) = owners.get_mut(span as usize * self.objs_per_span + obj as usize) {
+                    *o = idx;
+                }
+            }
+        }
+        owners
     }
 
     /// Free object slots in this class's partly filled spans.
@@ -309,7 +488,7 @@ impl Class {
         self.partial
             .iter()
             .filter_map(|&id| self.spans.get(id as usize).and_then(Option::as_ref))
-            .map(|s| s.free_objs.len())
+            .map(|s| self.objs_per_span - s.inuse as usize)
             .sum()
     }
 }
@@ -378,20 +557,26 @@ impl Pool {
         }
         let ci = usize::from(self.class_of_size[class_index(data.len())]);
         let mut class = self.classes[ci].lock();
-        let (span_id, obj, grown) = class.alloc_obj();
+        let Some((span_id, obj, grown)) = class.alloc_obj() else {
+            return Err(PoolError::ClassFull {
+                class_size: class.size,
+            });
+        };
         let range = class.obj_range(obj);
         let (idx, gen) = class.take_table_slot();
-        class.table[idx as usize] = Slot::Used {
-            span: span_id,
-            obj,
-            len: data.len() as u16,
-            gen,
-        };
+        class.set_slot(
+            idx,
+            Slot::Used {
+                span: span_id,
+                obj,
+                len: data.len() as u16,
+                gen,
+            },
+        );
         {
             let Some(Some(span)) = class.spans.get_mut(span_id as usize) else {
                 unreachable!("alloc_obj returned a live span");
             };
-            span.owner[obj as usize] = idx;
             span.mem[range.start..range.start + data.len()].copy_from_slice(data);
         }
         class.objects += 1;
@@ -502,6 +687,20 @@ impl Pool {
         self.classes.iter().map(|c| c.lock().object_bytes).sum()
     }
 
+    /// Heap bytes of the pool's bookkeeping: handle tables, span lists, per-span slot arrays
+    /// (computed from capacities; the spans' memory is [`Pool::total_bytes`]).
+    pub fn metadata_bytes(&self) -> usize {
+        self.usage().1 as usize
+    }
+
+    /// ([`Pool::object_bytes`], [`Pool::metadata_bytes`]) in one pass over the classes.
+    pub(crate) fn usage(&self) -> (u64, u64) {
+        self.classes.iter().fold((0, 0), |(o, m), c| {
+            let c = c.lock();
+            (o + c.object_bytes, m + c.metadata_bytes() as u64)
+        })
+    }
+
     /// Number of stored objects.
     pub fn objects(&self) -> u64 {
         self.classes.iter().map(|c| c.lock().objects).sum()
@@ -559,6 +758,9 @@ impl Pool {
     fn migrate_up(&self, ci: usize) -> usize {
         let mut src = self.classes[ci].lock();
         let mut released = 0;
+        // Built once: only this function changes `src` while it holds its lock, and it only
+        // moves objects out.
+        let mut owners: Option<Vec<u32>> = None;
         while let Some(&span_id) = src.partial.iter().min_by_key(|&&id| {
             src.spans
                 .get(id as usize)
@@ -588,10 +790,14 @@ impl Pool {
             if need > 0 || pad > budget {
                 break;
             }
+            if owners.is_none() {
+                owners = Some(src.owner_map());
+            }
+            let owners = owners.as_deref().unwrap_or_default();
             for (cj, take) in plan {
                 let mut dst = self.classes[cj].lock();
                 for _ in 0..take {
-                    match move_up(&mut src, span_id, &mut dst, cj) {
+                    match move_up(&mut src, owners, span_id, &mut dst, cj) {
                         Some(bytes) => released += bytes,
                         None => break,
                     }
@@ -632,28 +838,51 @@ impl Pool {
             let class = lock.lock();
             let mut objects = 0u64;
             let mut bytes = 0u64;
-            for (idx, slot) in class.table.iter().enumerate() {
-                if let Slot::Moved { to, .. } = *slot {
-                    if to.class() <= ci {
-                        return Err(format!("class {ci}: handle {idx} forwards down to {to:?}"));
+            let mut owners = vec![FREE_OWNER; class.spans.len() * class.objs_per_span];
+            let mut nr_moved = 0;
+            for idx in 0..class.table.len() as u32 {
+                match class.slot(idx) {
+                    Some(Slot::Moved { to, .. }) => {
+                        if to.class() <= ci {
+                            return Err(format!(
+                                "class {ci}: handle {idx} forwards down to {to:?}"
+                            ));
+                        }
+                        nr_moved += 1;
+                        moved.push(to);
                     }
-                    moved.push(to);
+                    Some(Slot::Used { span, obj, len, .. }) => {
+                        let s = class.spans.get(span as usize).and_then(Option::as_ref);
+                        let s =
+                            s.ok_or(format!("class {ci}: handle {idx} names dead span {span}"))?;
+                        let at = span as usize * class.objs_per_span + obj as usize;
+                        if obj as usize >= class.objs_per_span
+                            || !s.is_used(class.span_bytes, obj)
+                            || owners[at] != FREE_OWNER
+                        {
+                            return Err(format!(
+                                "class {ci}: handle {idx} names slot {span}/{obj}, free or \
+                                 named twice"
+                            ));
+                        }
+                        owners[at] = idx;
+                        if len as usize > class.size {
+                            return Err(format!(
+                                "class {ci}: object of {len} in class {}",
+                                class.size
+                            ));
+                        }
+                        objects += 1;
+                        bytes += u64::from(len);
+                    }
+                    _ => {}
                 }
-                if let Slot::Used { span, obj, len, .. } = *slot {
-                    let s = class.spans.get(span as usize).and_then(Option::as_ref);
-                    let s = s.ok_or(format!("class {ci}: handle {idx} names dead span {span}"))?;
-                    if s.owner.get(obj as usize) != Some(&(idx as u32)) {
-                        return Err(format!("class {ci}: slot {span}/{obj} not owned by {idx}"));
-                    }
-                    if len as usize > class.size {
-                        return Err(format!(
-                            "class {ci}: object of {len} in class {}",
-                            class.size
-                        ));
-                    }
-                    objects += 1;
-                    bytes += u64::from(len);
-                }
+            }
+            if nr_moved != class.moved.len() {
+                return Err(format!(
+                    "class {ci}: {nr_moved} forwarding slots, {} targets",
+                    class.moved.len()
+                ));
             }
             if objects != class.objects || bytes != class.object_bytes {
                 return Err(format!(
@@ -664,21 +893,27 @@ impl Pool {
             for (id, s) in class.spans.iter().enumerate() {
                 let Some(s) = s else { continue };
                 total += class.span_bytes as u64;
-                let owned = s.owner.iter().filter(|&&o| o != FREE_OWNER).count();
-                if owned as u32 != s.inuse || s.inuse == 0 {
+                let bits: u32 = s
+                    .bitmap(class.span_bytes)
+                    .iter()
+                    .map(|b| b.count_ones())
+                    .sum();
+                let owned = owners[id * class.objs_per_span..(id + 1) * class.objs_per_span]
+                    .iter()
+                    .filter(|&&o| o != FREE_OWNER)
+                    .count();
+                if owned as u32 != s.inuse || bits != s.inuse || s.inuse == 0 {
                     return Err(format!(
-                        "class {ci}: span {id} inuse {} owned {owned}",
+                        "class {ci}: span {id} inuse {} owned {owned} bitmap {bits}",
                         s.inuse
                     ));
                 }
-                if s.inuse as usize + s.free_objs.len() != class.objs_per_span {
-                    return Err(format!("class {ci}: span {id} free list size wrong"));
-                }
                 let partial = s.inuse as usize != class.objs_per_span;
-                match s.partial_pos {
-                    Some(p) if partial && class.partial.get(p as usize) == Some(&(id as u32)) => {}
-                    None if !partial => {}
-                    _ => return Err(format!("class {ci}: span {id} partial list wrong")),
+                let p = s.partial_pos;
+                let listed =
+                    p != NOT_PARTIAL && class.partial.get(p as usize) == Some(&(id as u32));
+                if partial != listed || (!partial && p != NOT_PARTIAL) {
+                    return Err(format!("class {ci}: span {id} partial list wrong"));
                 }
                 used += u64::from(s.inuse);
             }
@@ -704,20 +939,27 @@ impl Pool {
 }
 
 /// Moves one object of span `span_id` of `src` into a free slot of a partly filled span of
-/// `dst` (class index `cj`), leaving a forwarding slot under the old handle. Returns the span
-/// bytes released in `src` (0 or a span), or None when there is nothing to move or no room.
-fn move_up(src: &mut Class, span_id: u32, dst: &mut Class, cj: usize) -> Option<usize> {
+/// `dst` (class index `cj`), leaving a forwarding slot under the old handle. `owners` is
+/// `src`'s [`Class::owner_map`]. Returns the span bytes released in `src` (0 or a span), or None
+/// when there is nothing to move or no room.
+fn move_up(
+    src: &mut Class,
+    owners: &[u32],
+    span_id: u32,
+    dst: &mut Class,
+    cj: usize,
+) -> Option<usize> {
     if dst.partial.is_empty() {
         return None;
     }
     let span = src.spans.get(span_id as usize).and_then(Option::as_ref)?;
-    let obj = span.owner.iter().position(|&o| o != FREE_OWNER)? as u16;
-    let owner = span.owner[obj as usize];
-    let Some(Slot::Used { len, gen, .. }) = src.table.get(owner as usize).copied() else {
-        unreachable!("an owned slot has a used handle");
+    let obj = span.first_used(src.span_bytes)?;
+    let owner = owners[span_id as usize * src.objs_per_span + obj as usize];
+    let Some(Slot::Used { len, gen, .. }) = src.slot(owner) else {
+        unreachable!("a used object slot has a used handle");
     };
     let from = src.obj_range(obj).start;
-    let (dspan, dobj, grown) = dst.alloc_obj();
+    let (dspan, dobj, grown) = dst.alloc_obj()?;
     debug_assert_eq!(grown, 0, "a partly filled span was available");
     let (didx, dgen) = dst.take_table_slot();
     let to = dst.obj_range(dobj).start;
@@ -728,19 +970,24 @@ fn move_up(src: &mut Class, span_id: u32, dst: &mut Class, cj: usize) -> Option<
         unreachable!("both spans are live");
     };
     d.mem[to..to + len as usize].copy_from_slice(&s.mem[from..from + len as usize]);
-    d.owner[dobj as usize] = didx;
-    dst.table[didx as usize] = Slot::Used {
-        span: dspan,
-        obj: dobj,
-        len,
-        gen: dgen,
-    };
+    dst.set_slot(
+        didx,
+        Slot::Used {
+            span: dspan,
+            obj: dobj,
+            len,
+            gen: dgen,
+        },
+    );
     dst.objects += 1;
     dst.object_bytes += u64::from(len);
-    src.table[owner as usize] = Slot::Moved {
-        to: Handle::new(cj, dgen, didx),
-        gen,
-    };
+    src.set_slot(
+        owner,
+        Slot::Moved {
+            to: Handle::new(cj, dgen, didx),
+            gen,
+        },
+    );
     src.objects -= 1;
     src.object_bytes -= u64::from(len);
     Some(src.free_obj(span_id, obj))
@@ -748,6 +995,7 @@ fn move_up(src: &mut Class, span_id: u32, dst: &mut Class, cj: usize) -> Option<
 
 fn compact_class(class: &mut Class) -> usize {
     let mut released = 0;
+    let mut owners: Option<Vec<u32>> = None;
     loop {
         if class.partial.len() < 2 {
             return released;
@@ -783,29 +1031,28 @@ fn compact_class(class: &mut Class) -> usize {
         if free_elsewhere < src_inuse {
             return released;
         }
+        let owners = owners.get_or_insert_with(|| class.owner_map());
+        let (span_bytes, objs) = (class.span_bytes, class.objs_per_span);
         // Move objects from src to dst until src is empty or dst is full.
         loop {
             let dst_full = class.spans[dst as usize]
                 .as_ref()
-                .is_none_or(|s| s.free_objs.is_empty());
+                .is_none_or(|s| s.inuse as usize == objs);
             let src_obj = class.spans[src as usize]
                 .as_ref()
-                .and_then(|s| s.owner.iter().position(|&o| o != FREE_OWNER));
+                .and_then(|s| s.first_used(span_bytes));
             let Some(src_obj) = src_obj else { break };
             if dst_full {
                 break;
             }
-            let src_obj = src_obj as u16;
-            let owner = class.spans[src as usize]
-                .as_ref()
-                .map_or(FREE_OWNER, |s| s.owner[src_obj as usize]);
-            let Some(Slot::Used { len, gen, .. }) = class.table.get(owner as usize).copied() else {
-                unreachable!("an owned slot has a used handle");
+            let owner = owners[src as usize * objs + src_obj as usize];
+            let Some(Slot::Used { len, gen, .. }) = class.slot(owner) else {
+                unreachable!("a used object slot has a used handle");
             };
             // Take a slot in dst.
             let Some(dst_obj) = class.spans[dst as usize]
-                .as_mut()
-                .and_then(|s| s.free_objs.pop())
+                .as_ref()
+                .and_then(|s| s.first_free(span_bytes, objs))
             else {
                 break;
             };
@@ -817,27 +1064,32 @@ fn compact_class(class: &mut Class) -> usize {
             }
             if let Some(d) = class.spans[dst as usize].as_mut() {
                 d.mem[to.start..to.start + len as usize].copy_from_slice(&tmp[..len as usize]);
-                d.owner[dst_obj as usize] = owner;
+                d.set_used(span_bytes, dst_obj, true);
                 d.inuse += 1;
             }
+            owners[dst as usize * objs + dst_obj as usize] = owner;
+            owners[src as usize * objs + src_obj as usize] = FREE_OWNER;
             let dst_now_full = class.spans[dst as usize]
                 .as_ref()
-                .is_some_and(|s| s.free_objs.is_empty());
+                .is_some_and(|s| s.inuse as usize == objs);
             if dst_now_full {
                 class.partial_remove(dst);
             }
-            class.table[owner as usize] = Slot::Used {
-                span: dst,
-                obj: dst_obj,
-                len,
-                gen,
-            };
+            class.set_slot(
+                owner,
+                Slot::Used {
+                    span: dst,
+                    obj: dst_obj,
+                    len,
+                    gen,
+                },
+            );
             released += class.free_obj(src, src_obj);
         }
         if class.spans[src as usize].is_some()
             && class.spans[dst as usize]
                 .as_ref()
-                .is_some_and(|s| !s.free_objs.is_empty())
+                .is_some_and(|s| (s.inuse as usize) < objs)
         {
             // dst not full yet src not empty cannot happen; guard against looping forever.
             return released;

@@ -2,12 +2,12 @@
 
 use crate::batch::{compress_part, BatchPool, Job, PageRules, Part, PartError, Reply};
 use crate::compress::{CodecError, Compressor, PageCodec, SCRATCH_SIZE};
-use crate::lru::Lru;
+use crate::index::{Entry, Index, PayloadRef};
+use crate::lru::{Lru, CHUNK_ENTRIES};
 use crate::pool::{Handle, Pool, PoolError, MAX_OBJECT};
 use crate::sync::{current_cpu, nr_cpus, AtomicU32, Condvar, Mutex, MutexGuard, PlainMutex};
 use crate::PAGE_SIZE;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -17,7 +17,6 @@ pub const MAX_FOLIO_PAGES: usize = 512;
 pub const MAX_ORDER: usize = 9;
 /// Swap entries per index shard: 64 MiB of swap space, the kernel's `SWAP_ADDRESS_SPACE_PAGES`.
 pub const ENTRIES_PER_SHARD: u64 = 1 << 14;
-const NIL: u32 = u32::MAX;
 
 /// How a pool is built. `Config::default()` is lz4, a 256 MiB pool limit, accept
 /// threshold 90%, CRC on, spans of up to 8 pages, one thread per store, 64 index shards,
@@ -143,6 +142,12 @@ pub enum StoreError {
     /// The pool refused an object.
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// The index has no room for another chunk of 64 entries (about 2^26 chunks are live).
+    #[error("index full: no chunk left for swap entry {entry:#x}")]
+    IndexFull {
+        /// First swap entry of the folio.
+        entry: u64,
+    },
 }
 
 /// Why a load failed. The entries are left as they were after any of these.
@@ -252,6 +257,11 @@ pub struct Stats {
     pub zswpin: u64,
     /// Pages released by compaction.
     pub pages_compacted: u64,
+    /// Heap bytes of the store's per-entry metadata, computed from capacities (not measured
+    /// with an allocator, so the same on every machine): the index, the LRU, the multi-page
+    /// objects' headers and the pool's handle tables and span bookkeeping. Not included: the
+    /// spans' memory (`pool_total_size`) and the per-worker buffers.
+    pub metadata_bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -279,7 +289,7 @@ fn drop_count(c: &AtomicU64, n: u64) {
 }
 
 #[derive(Debug, Clone)]
-enum Payload {
+pub(crate) enum Payload {
     /// A page that is this word repeated.
     Same(u64),
     /// A compressed page in the pool.
@@ -292,55 +302,30 @@ enum Payload {
 /// the pool as chunks of at most [`MAX_OBJECT`] bytes. Each entry pointing at it holds one
 /// reference; the chunks are freed when the last one goes.
 #[derive(Debug)]
-struct Shared {
-    chunks: Box<[Handle]>,
+pub(crate) struct Shared {
+    pub(crate) chunks: Box<[Handle]>,
     /// Pages it decompresses to.
-    pages: u16,
+    pub(crate) pages: u16,
     /// Entries (or prepared, not yet inserted pages) pointing at it.
-    refs: AtomicU32,
+    pub(crate) refs: AtomicU32,
 }
 
-#[derive(Debug)]
-struct Entry {
-    /// Unique over the store's life; never `u64::MAX`.
-    id: u64,
-    payload: Payload,
-    crc: u32,
-    /// LRU node, or `NIL` when not on the LRU (same-filled, or taken by writeback).
-    lru: u32,
-    /// Set while `scan_objects` writes this entry back: nobody else removes or replaces it.
-    writeback: bool,
+/// Heap bytes of one multi-page object with `chunks` pool chunks: the `Arc` allocation (two
+/// counts and the `Shared`) and its chunk list.
+fn shared_heap_bytes(chunks: usize) -> u64 {
+    (2 * std::mem::size_of::<usize>()
+        + std::mem::size_of::<Shared>()
+        + chunks * std::mem::size_of::<Handle>()) as u64
 }
 
 #[derive(Debug)]
 struct Shard {
-    map: Mutex<EntryMap>,
+    map: Mutex<Index>,
     /// Signalled when an entry's writeback ends.
     done: Condvar,
 }
 
-type ShardGuard<'a> = MutexGuard<'a, EntryMap>;
-
-/// Swap entries are small integers the caller allocates, not attacker-chosen keys: a
-/// multiplicative (Fibonacci) hash spreads them at a fraction of SipHash's cost.
-#[derive(Debug, Default, Clone, Copy)]
-struct EntryHasher(u64);
-
-impl Hasher for EntryHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(29) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type EntryMap = HashMap<u64, Entry, BuildHasherDefault<EntryHasher>>;
+type ShardGuard<'a> = MutexGuard<'a, Index>;
 
 /// A compressed page store. See the crate documentation.
 #[derive(Debug)]
@@ -350,7 +335,8 @@ pub struct Zswap {
     shards: Box<[Shard]>,
     /// Lock order: a shard lock (or two, in index order), then this, then a pool class lock.
     lru: Mutex<Lru>,
-    next_id: AtomicU64,
+    /// Heap bytes of the live multi-page objects' headers (`Arc<Shared>` and chunk lists).
+    shared_meta: AtomicU64,
     pool_reached_full: AtomicBool,
     counters: Counters,
     /// Reused compression contexts, per CPU slot.
@@ -461,7 +447,7 @@ impl Zswap {
         contexts[0].lock().push(first);
         let shards = (0..config.index_shards)
             .map(|_| Shard {
-                map: Mutex::new(EntryMap::default()),
+                map: Mutex::new(Index::new(config.index_shards)),
                 done: Condvar::new(),
             })
             .collect();
@@ -482,7 +468,7 @@ impl Zswap {
             config,
             shards,
             lru: Mutex::new(Lru::new()),
-            next_id: AtomicU64::new(1),
+            shared_meta: AtomicU64::new(0),
             pool_reached_full: AtomicBool::new(false),
             counters: Counters::default(),
             contexts,
@@ -516,32 +502,34 @@ impl Zswap {
         &self,
         guards: &'g mut [(usize, ShardGuard<'a>)],
         key: u64,
-    ) -> &'g mut EntryMap {
+    ) -> &'g mut Index {
         let s = self.shard_of(key);
         let pos = guards.iter().position(|(i, _)| *i == s).unwrap_or(0);
         &mut guards[pos].1
     }
 
-    /// Drops `guards`, waits until the writeback of entry `id` at `key` is over.
-    fn wait_writeback(&self, guards: Vec<(usize, ShardGuard<'_>)>, key: u64, id: u64) {
+    /// Drops `guards`, waits until the writeback of the entry at `key` is over (an entry under
+    /// writeback is removed or replaced only by its writeback, so no id is needed to tell it
+    /// from a later one).
+    fn wait_writeback(&self, guards: Vec<(usize, ShardGuard<'_>)>, key: u64) {
         drop(guards);
         let shard = &self.shards[self.shard_of(key)];
         let mut map = shard.map.lock();
-        while map.get(&key).is_some_and(|e| e.id == id && e.writeback) {
+        while map.get(key).is_some_and(Entry::writeback) {
             map = shard.done.wait(map);
         }
     }
 
-    /// First entry in `start..start+nr` under writeback, as (key, id).
+    /// First entry in `start..start+nr` under writeback.
     fn find_writeback(
         &self,
         guards: &mut [(usize, ShardGuard<'_>)],
         start: u64,
         nr: usize,
-    ) -> Option<(u64, u64)> {
-        (start..start + nr as u64).find_map(|k| {
+    ) -> Option<u64> {
+        (start..start + nr as u64).find(|&k| {
             let map = self.guard_for(guards, k);
-            map.get(&k).filter(|e| e.writeback).map(|e| (k, e.id))
+            map.get(k).is_some_and(Entry::writeback)
         })
     }
 
@@ -656,6 +644,8 @@ impl Zswap {
             }
             Payload::Shared { obj, .. } => {
                 if obj.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    self.shared_meta
+                        .fetch_sub(shared_heap_bytes(obj.chunks.len()), Ordering::Relaxed);
                     for &h in obj.chunks.iter() {
                         let _ = self.pool.free(h);
                     }
@@ -759,6 +749,8 @@ impl Zswap {
                         }
                     }
                 }
+                self.shared_meta
+                    .fetch_add(shared_heap_bytes(chunks.len()), Ordering::Relaxed);
                 let obj = Arc::new(Shared {
                     chunks: chunks.into_boxed_slice(),
                     pages: k as u16,
@@ -813,7 +805,10 @@ impl Zswap {
             });
         }
         let prepared = self.prepare_folio(folio)?;
-        self.insert(entry, prepared);
+        if let Err(prepared) = self.insert(entry, prepared) {
+            self.release_prepared(&prepared);
+            return Err(StoreError::IndexFull { entry });
+        }
         let order = nr.trailing_zeros() as usize;
         bump(&self.counters.zswpout, nr as u64);
         bump(&self.counters.zswpout_by_order[order], 1);
@@ -960,52 +955,56 @@ impl Zswap {
         }
     }
 
-    fn insert(&self, entry: u64, prepared: Vec<Prepared>) {
+    /// Inserts the prepared pages at `entry..`, all or nothing: their index chunks are made
+    /// first, and if the index has no chunk id left (`MAX_CHUNKS` chunks of 64 entries, far
+    /// beyond any memory to hold them) nothing is inserted and the pages are handed back.
+    fn insert(&self, entry: u64, prepared: Vec<Prepared>) -> Result<(), Vec<Prepared>> {
         let nr = prepared.len();
+        let end = entry + nr as u64;
         let mut guards = loop {
             let mut guards = self.lock_range(entry, nr);
             match self.find_writeback(&mut guards, entry, nr) {
-                Some((k, id)) => self.wait_writeback(guards, k, id),
+                Some(k) => self.wait_writeback(guards, k),
                 None => break guards,
             }
         };
         let mut lru = self.lru.lock();
+        let chunk_starts = || {
+            std::iter::successors(Some(entry), |&k| {
+                Some((k | (CHUNK_ENTRIES as u64 - 1)) + 1).filter(|&n| n < end)
+            })
+        };
+        for k in chunk_starts() {
+            if !self.guard_for(&mut guards, k).ensure_chunk(k, &mut lru) {
+                for k in chunk_starts() {
+                    self.guard_for(&mut guards, k).free_if_empty(k, &mut lru);
+                }
+                return Err(prepared);
+            }
+        }
         let mut same = 0u64;
         for (i, p) in prepared.into_iter().enumerate() {
             let key = entry + i as u64;
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let node = match p.payload {
-                Payload::Compressed(_) | Payload::Shared { .. } => lru.push_head(key, id),
-                Payload::Same(_) => {
-                    same += 1;
-                    NIL
-                }
-            };
-            let new = Entry {
-                id,
-                payload: p.payload,
-                crc: p.crc,
-                lru: node,
-                writeback: false,
-            };
+            if let Payload::Same(_) = p.payload {
+                same += 1;
+            }
             let map = self.guard_for(&mut guards, key);
-            if let Some(old) = map.insert(key, new) {
-                self.release_entry(&mut lru, &old);
+            if let Some(old) = map.insert(key, Entry::new(p.payload, p.crc), &mut lru) {
+                self.release_entry(old);
             }
         }
         bump(&self.counters.stored_pages, nr as u64);
         bump(&self.counters.same_filled_pages, same);
+        Ok(())
     }
 
-    /// Frees what `e` holds and drops it from the counters (the entry is already out of the map).
-    fn release_entry(&self, lru: &mut Lru, e: &Entry) {
-        if e.lru != NIL {
-            lru.remove(e.lru, e.id);
-        }
-        if let Payload::Same(_) = e.payload {
+    /// Frees what `e` holds and drops it from the counters (the entry is already out of the
+    /// index and off the LRU).
+    fn release_entry(&self, e: Entry) {
+        if e.is_same() {
             drop_count(&self.counters.same_filled_pages, 1);
         }
-        self.release_payload(&e.payload);
+        self.release_payload(&e.into_payload());
         drop_count(&self.counters.stored_pages, 1);
     }
 
@@ -1020,19 +1019,19 @@ impl Zswap {
             cached,
             ..
         } = w;
-        match &e.payload {
-            Payload::Same(word) => fill_word(out, *word),
-            Payload::Compressed(h) => {
+        match e.payload() {
+            PayloadRef::Same(word) => fill_word(out, word),
+            PayloadRef::Compressed(h) => {
                 self.pool
-                    .read(*h, scratch)
+                    .read(h, scratch)
                     .map_err(|source| LoadError::Pool { entry: key, source })?;
                 if let Err(source) = codec.decompress(scratch, out) {
                     bump(&self.counters.decompress_fail, 1);
                     return Err(LoadError::Corrupt { entry: key, source });
                 }
             }
-            Payload::Shared { obj, slot } => {
-                if !cached.as_ref().is_some_and(|c| Arc::ptr_eq(c, obj)) {
+            PayloadRef::Shared(obj, slot) => {
+                if !cached.as_ref().is_some_and(|c| Arc::ptr_eq(c, &obj)) {
                     *cached = None;
                     scratch.clear();
                     for &h in obj.chunks.iter() {
@@ -1045,9 +1044,9 @@ impl Zswap {
                         bump(&self.counters.decompress_fail, 1);
                         return Err(LoadError::Corrupt { entry: key, source });
                     }
-                    *cached = Some(Arc::clone(obj));
+                    *cached = Some(Arc::clone(&obj));
                 }
-                let start = usize::from(*slot) * PAGE_SIZE;
+                let start = usize::from(slot) * PAGE_SIZE;
                 match unit.get(start..start + PAGE_SIZE) {
                     Some(page) => out.copy_from_slice(page),
                     None => {
@@ -1066,11 +1065,11 @@ impl Zswap {
         }
         if self.config.crc {
             let computed = crc32c::crc32c(out);
-            if computed != e.crc {
+            if computed != e.crc() {
                 bump(&self.counters.decompress_fail, 1);
                 return Err(LoadError::CrcMismatch {
                     entry: key,
-                    stored: e.crc,
+                    stored: e.crc(),
                     computed,
                 });
             }
@@ -1122,22 +1121,22 @@ impl Zswap {
         let mut guards = loop {
             let mut guards = self.lock_range(entry, nr);
             match self.find_writeback(&mut guards, entry, nr) {
-                Some((k, id)) => self.wait_writeback(guards, k, id),
+                Some(k) => self.wait_writeback(guards, k),
                 None => break guards,
             }
         };
         for (i, page) in out.chunks_exact_mut(PAGE_SIZE).enumerate() {
             let key = entry + i as u64;
             let map = self.guard_for(&mut guards, key);
-            let e = map.get(&key).ok_or(LoadError::NotFound { entry: key })?;
+            let e = map.get(key).ok_or(LoadError::NotFound { entry: key })?;
             self.decode(w, key, e, page)?;
         }
         if exclusive {
             let mut lru = self.lru.lock();
             for i in 0..nr as u64 {
                 let map = self.guard_for(&mut guards, entry + i);
-                if let Some(e) = map.remove(&(entry + i)) {
-                    self.release_entry(&mut lru, &e);
+                if let Some(e) = map.remove(entry + i, &mut lru) {
+                    self.release_entry(e);
                 }
             }
         }
@@ -1157,15 +1156,15 @@ impl Zswap {
             let mut guards = loop {
                 let mut guards = self.lock_range(start, step);
                 match self.find_writeback(&mut guards, start, step) {
-                    Some((k, id)) => self.wait_writeback(guards, k, id),
+                    Some(k) => self.wait_writeback(guards, k),
                     None => break guards,
                 }
             };
             let mut lru = self.lru.lock();
             for key in start..start + step as u64 {
                 let map = self.guard_for(&mut guards, key);
-                if let Some(e) = map.remove(&key) {
-                    self.release_entry(&mut lru, &e);
+                if let Some(e) = map.remove(key, &mut lru) {
+                    self.release_entry(e);
                     removed += 1;
                 }
             }
@@ -1176,10 +1175,7 @@ impl Zswap {
 
     /// Whether a page is stored at `entry`.
     pub fn contains(&self, entry: u64) -> bool {
-        self.shards[self.shard_of(entry)]
-            .map
-            .lock()
-            .contains_key(&entry)
+        self.shards[self.shard_of(entry)].map.lock().contains(entry)
     }
 
     /// Shrinker `count_objects`: entries that writeback could free now (on the LRU).
@@ -1198,25 +1194,38 @@ impl Zswap {
         // retries them.
         let mut failed = Vec::new();
         for _ in 0..nr_to_scan {
-            let Some((key, id)) = self.lru.lock().pop_tail() else {
+            // Peek at the coldest entry, then verify under its shard lock and the LRU lock
+            // (lock order) that it is still stored there, on the LRU, and still the coldest.
+            let Some((key, pos)) = self.lru.lock().tail() else {
                 break;
             };
             result.scanned += 1;
             let shard = &self.shards[self.shard_of(key)];
             let mut map = shard.map.lock();
-            let e = match map.get_mut(&key) {
-                Some(e) if e.id == id && !e.writeback => e,
-                // Loaded, invalidated or replaced since it was popped.
-                _ => continue,
+            let stored_there = map.pos(key) == Some(pos)
+                && map.get(key).is_some_and(|e| e.on_lru() && !e.writeback());
+            if !stored_there {
+                // Loaded, invalidated or taken by another scan since the peek.
+                continue;
+            }
+            {
+                let mut lru = self.lru.lock();
+                if lru.tail().map(|(_, p)| p) != Some(pos) {
+                    // Not the coldest any more (taken and stored again meanwhile).
+                    continue;
+                }
+                map.lru_unlink(key, &mut lru);
+            }
+            let Some(e) = map.get_mut(key) else {
+                continue;
             };
-            e.lru = NIL;
-            e.writeback = true;
+            e.set_writeback(true);
             if worker.is_none() {
                 match self.take_worker() {
                     Ok(w) => worker = Some(w),
                     Err(_) => {
-                        self.end_writeback(map, &shard.done, key, id, false);
-                        failed.push((key, id));
+                        self.end_writeback(map, &shard.done, key, false);
+                        failed.push(key);
                         result.failed += 1;
                         break;
                     }
@@ -1225,32 +1234,31 @@ impl Zswap {
             let Some((_, w)) = worker.as_mut() else {
                 break;
             };
-            let decoded = self.decode(w, key, e, &mut page);
+            let decoded = match map.get(key) {
+                Some(e) => self.decode(w, key, e, &mut page),
+                None => Err(LoadError::NotFound { entry: key }),
+            };
             drop(map);
             // If the writer panics, the guard ends the writeback as failed so that nobody waits
             // forever on the entry; the panic then goes on to the caller.
-            let guard = UnwindGuard {
-                zswap: self,
-                key,
-                id,
-            };
+            let guard = UnwindGuard { zswap: self, key };
             let ok = decoded.is_ok() && writer.write_page(key, &page).is_ok();
             std::mem::forget(guard);
             let map = shard.map.lock();
-            self.end_writeback(map, &shard.done, key, id, ok);
+            self.end_writeback(map, &shard.done, key, ok);
             if ok {
                 result.written_back += 1;
             } else {
-                failed.push((key, id));
+                failed.push(key);
                 result.failed += 1;
             }
         }
-        for (key, id) in failed {
+        for key in failed {
+            // Back at the head unless loaded, replaced (a new entry is already on the LRU) or
+            // under another writeback meanwhile.
             let mut map = self.shards[self.shard_of(key)].map.lock();
-            if let Some(e) = map.get_mut(&key) {
-                if e.id == id && e.lru == NIL && !e.writeback {
-                    e.lru = self.lru.lock().push_head(key, id);
-                }
+            if map.get(key).is_some_and(|e| !e.writeback()) {
+                map.lru_relink(key, &mut self.lru.lock());
             }
         }
         if let Some((slot, w)) = worker {
@@ -1259,25 +1267,19 @@ impl Zswap {
         result
     }
 
-    fn end_writeback(
-        &self,
-        mut map: ShardGuard<'_>,
-        done: &Condvar,
-        key: u64,
-        id: u64,
-        written: bool,
-    ) {
+    fn end_writeback(&self, mut map: ShardGuard<'_>, done: &Condvar, key: u64, written: bool) {
         if written {
-            if let Some(e) = map.remove(&key) {
-                debug_assert_eq!(e.id, id, "an entry under writeback is never replaced");
-                let mut lru = self.lru.lock();
-                self.release_entry(&mut lru, &e);
+            let mut lru = self.lru.lock();
+            if let Some(e) = map.remove(key, &mut lru) {
+                debug_assert!(e.writeback(), "an entry under writeback is never replaced");
+                drop(lru);
+                self.release_entry(e);
                 bump(&self.counters.written_back_pages, 1);
             }
         } else {
             bump(&self.counters.reject_reclaim_fail, 1);
-            if let Some(e) = map.get_mut(&key) {
-                e.writeback = false;
+            if let Some(e) = map.get_mut(key) {
+                e.set_writeback(false);
             }
         }
         drop(map);
@@ -1301,10 +1303,11 @@ impl Zswap {
         for (o, a) in by_order.iter_mut().zip(c.zswpout_by_order.iter()) {
             *o = get(a);
         }
+        let (compressed_bytes, pool_metadata) = self.pool.usage();
         Stats {
             stored_pages: get(&c.stored_pages),
             pool_total_size: self.pool.total_bytes(),
-            compressed_bytes: self.pool.object_bytes(),
+            compressed_bytes,
             same_filled_pages: get(&c.same_filled_pages),
             reject_compress_poor: get(&c.reject_compress_poor),
             reject_compress_fail: get(&c.reject_compress_fail),
@@ -1317,7 +1320,20 @@ impl Zswap {
             zswpout_by_order: by_order,
             zswpin: get(&c.zswpin),
             pages_compacted: self.pool.compacted_pages(),
+            metadata_bytes: self.index_metadata_bytes() + pool_metadata,
         }
+    }
+
+    /// [`Stats::metadata_bytes`] but for the pool's part: index chunks and top levels, LRU
+    /// links, multi-page object headers.
+    fn index_metadata_bytes(&self) -> u64 {
+        let mut bytes = std::mem::size_of_val::<[Shard]>(&self.shards);
+        for shard in self.shards.iter() {
+            bytes += shard.map.lock().heap_bytes();
+        }
+        bytes += self.lru.lock().heap_bytes();
+        bytes += self.shared_meta.load(Ordering::Relaxed) as usize;
+        bytes as u64
     }
 
     /// Full consistency check of index, LRU and pool (for tests; takes every lock in turn).
@@ -1329,38 +1345,67 @@ impl Zswap {
         let mut single = 0u64;
         // Multi-page objects by address: (object, entries pointing at it, slots seen).
         let mut shared: HashMap<*const Shared, (Arc<Shared>, u32, Vec<bool>)> = HashMap::new();
+        let mut linked = std::collections::HashSet::new();
+        let mut index_chunks = 0;
         for shard in self.shards.iter() {
             let map = shard.map.lock();
-            for (k, e) in map.iter() {
+            let lru = self.lru.lock();
+            let entries = map.entries_checked(&lru)?;
+            drop(lru);
+            index_chunks += map.chunk_count();
+            for (k, e, pos) in entries {
                 stored += 1;
-                if e.writeback {
+                if e.writeback() {
                     return Err(format!("entry {k:#x} left under writeback"));
                 }
-                match &e.payload {
-                    Payload::Compressed(h) => {
+                match e.payload() {
+                    PayloadRef::Compressed(h) => {
                         self.pool
-                            .object_len(*h)
+                            .object_len(h)
                             .map_err(|err| format!("entry {k:#x}: {err}"))?;
                         single += 1;
                     }
-                    Payload::Shared { obj, slot } => {
-                        let (_, refs, seen) = shared.entry(Arc::as_ptr(obj)).or_insert_with(|| {
-                            (Arc::clone(obj), 0, vec![false; usize::from(obj.pages)])
-                        });
+                    PayloadRef::Shared(obj, slot) => {
+                        let (_, refs, seen) =
+                            shared.entry(Arc::as_ptr(&obj)).or_insert_with(|| {
+                                (Arc::clone(&obj), 0, vec![false; usize::from(obj.pages)])
+                            });
                         *refs += 1;
-                        match seen.get_mut(usize::from(*slot)) {
+                        match seen.get_mut(usize::from(slot)) {
                             Some(s) if !*s => *s = true,
                             _ => return Err(format!("entry {k:#x}: slot {slot} bad or shared")),
                         }
                     }
-                    Payload::Same(_) => same += 1,
+                    PayloadRef::Same(_) => same += 1,
                 }
-                if !matches!(e.payload, Payload::Same(_)) {
-                    if e.lru == NIL {
-                        return Err(format!("entry {k:#x} is off the LRU"));
-                    }
+                if e.is_same() == e.on_lru() {
+                    return Err(format!(
+                        "entry {k:#x}: same-filled {} but on the LRU {}",
+                        e.is_same(),
+                        e.on_lru()
+                    ));
+                }
+                if e.on_lru() {
                     on_lru += 1;
+                    linked.insert(pos);
                 }
+            }
+        }
+        {
+            let lru = self.lru.lock();
+            let walk = lru.check()?;
+            if walk.len() != linked.len() || walk.iter().any(|p| !linked.contains(p)) {
+                return Err(format!(
+                    "{} entries flagged on the LRU, the list links {} other positions",
+                    linked.len(),
+                    walk.iter().filter(|p| !linked.contains(p)).count()
+                ));
+            }
+            if lru.live_chunks() != index_chunks {
+                return Err(format!(
+                    "index holds {index_chunks} chunks, LRU {} chunk ids",
+                    lru.live_chunks()
+                ));
             }
         }
         let mut chunks = 0u64;
@@ -1406,15 +1451,15 @@ impl Zswap {
     #[doc(hidden)]
     /// The handle of a multi-page object is that of its first chunk.
     pub fn debug_handle(&self, entry: u64) -> Option<Handle> {
-        match &self.shards[self.shard_of(entry)]
+        match self.shards[self.shard_of(entry)]
             .map
             .lock()
-            .get(&entry)?
-            .payload
+            .get(entry)?
+            .payload()
         {
-            Payload::Compressed(h) => Some(*h),
-            Payload::Shared { obj, .. } => obj.chunks.first().copied(),
-            Payload::Same(_) => None,
+            PayloadRef::Compressed(h) => Some(h),
+            PayloadRef::Shared(obj, _) => obj.chunks.first().copied(),
+            PayloadRef::Same(_) => None,
         }
     }
 
@@ -1424,23 +1469,22 @@ impl Zswap {
         self.shards[self.shard_of(entry)]
             .map
             .lock()
-            .get(&entry)
-            .is_some_and(|e| matches!(e.payload, Payload::Shared { .. }))
+            .get(entry)
+            .is_some_and(Entry::is_shared)
     }
 
     /// Corrupts a stored byte of `entry` (see [`Pool::corrupt`]); for a multi-page object, a
     /// byte of chunk `offset / 4095` (modulo the chunks). For fuzzing and tests only.
     #[doc(hidden)]
     pub fn debug_corrupt(&self, entry: u64, offset: usize, mask: u8) -> bool {
-        let h = match &self.shards[self.shard_of(entry)].map.lock().get(&entry) {
-            Some(Entry {
-                payload: Payload::Compressed(h),
-                ..
-            }) => *h,
-            Some(Entry {
-                payload: Payload::Shared { obj, .. },
-                ..
-            }) => match obj
+        let h = match self.shards[self.shard_of(entry)]
+            .map
+            .lock()
+            .get(entry)
+            .map(Entry::payload)
+        {
+            Some(PayloadRef::Compressed(h)) => h,
+            Some(PayloadRef::Shared(obj, _)) => match obj
                 .chunks
                 .get((offset / MAX_OBJECT) % obj.chunks.len().max(1))
             {
@@ -1458,9 +1502,9 @@ impl Zswap {
     #[doc(hidden)]
     pub fn debug_set_handle(&self, entry: u64, raw: u64) -> bool {
         let mut map = self.shards[self.shard_of(entry)].map.lock();
-        match map.get_mut(&entry) {
+        match map.get_mut(entry) {
             Some(e) => {
-                e.payload = Payload::Compressed(Handle::from_raw(raw));
+                e.set_handle(raw);
                 true
             }
             None => false,
@@ -1472,18 +1516,19 @@ impl Zswap {
 struct UnwindGuard<'a> {
     zswap: &'a Zswap,
     key: u64,
-    id: u64,
 }
 
 impl Drop for UnwindGuard<'_> {
     fn drop(&mut self) {
         let shard = &self.zswap.shards[self.zswap.shard_of(self.key)];
         let mut map = shard.map.lock();
-        if let Some(e) = map.get_mut(&self.key) {
-            if e.id == self.id && e.writeback {
-                e.writeback = false;
-                e.lru = self.zswap.lru.lock().push_head(self.key, self.id);
-            }
+        let was_under_writeback = map.get_mut(self.key).is_some_and(|e| {
+            let w = e.writeback();
+            e.set_writeback(false);
+            w
+        });
+        if was_under_writeback {
+            map.lru_relink(self.key, &mut self.zswap.lru.lock());
         }
         drop(map);
         shard.done.notify_all();

@@ -167,3 +167,44 @@ fn shared_object_released_from_two_shards() {
         assert_eq!(s.pool_total_size, 0, "leaked pool memory");
     });
 }
+
+/// Two scans racing each other and a store of a newer entry: `scan_objects` peeks at the LRU's
+/// tail without the shard lock, then re-checks under the shard lock and the LRU lock that the
+/// entry is still there, on the LRU and still the coldest. Each entry is written back at most
+/// once, only the two cold entries are taken, and nothing is lost.
+#[test]
+fn scan_vs_scan_vs_store() {
+    model(|| {
+        let zswap = Arc::new(small_store());
+        zswap.store(1, &page(5)).expect("store");
+        zswap.store(2, &page(6)).expect("store");
+        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let scan = || {
+            let (zswap, written) = (zswap.clone(), written.clone());
+            spawn(move || {
+                zswap.scan_objects(1, &mut |k: u64, _: &[u8]| {
+                    written.lock().expect("device").push(k);
+                    Ok(())
+                })
+            })
+        };
+        let (t, u) = (scan(), scan());
+        zswap.store(3, &page(7)).expect("store");
+        let done = t.join().expect("t").written_back + u.join().expect("u").written_back;
+        let mut w = written.lock().expect("device").clone();
+        w.sort_unstable();
+        assert_eq!(w.len(), done);
+        assert!(w.windows(2).all(|p| p[0] != p[1]), "written twice: {w:?}");
+        assert!(
+            w.iter().all(|&k| k == 1 || k == 2),
+            "not the coldest: {w:?}"
+        );
+        for k in 1..=3 {
+            assert!(
+                zswap.contains(k) != w.contains(&k),
+                "entry {k} lost or kept twice"
+            );
+        }
+        zswap.check_integrity().expect("consistent");
+    });
+}

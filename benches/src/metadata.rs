@@ -175,7 +175,10 @@ pub fn measure(live: &dyn Fn() -> isize) -> anyhow::Result<Vec<Row>> {
         }
         let stats = z.stats();
         rows.push(row(
-            "zswap, beyond the pool's spans",
+            &format!(
+                "zswap, beyond the pool's spans (own estimate {} B)",
+                stats.metadata_bytes
+            ),
             live() - before - stats.pool_total_size as isize,
         ));
         drop(z);

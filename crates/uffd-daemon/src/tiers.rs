@@ -980,7 +980,12 @@ impl Tiers {
     /// Heap bytes of the tiers' metadata: the slot device's, and zswap's (index, LRU and
     /// pool bookkeeping, not the compressed bytes).
     pub fn metadata_bytes(&self) -> (usize, usize) {
-        (self.dev.metadata_bytes(), 0)
+        (
+            self.dev.metadata_bytes(),
+            self.zswap
+                .as_ref()
+                .map_or(0, |z| z.stats().metadata_bytes as usize),
+        )
     }
 
     /// Slots in use.

@@ -68,9 +68,9 @@ impl Readahead {
 /// includes its own wakeup, which is what polling saves (about 40 us across CPUs on the
 /// 2-vCPU VM this was measured on, about the window itself).
 ///
-/// At most half the CPUs (at least one) poll at once, over all the handlers of the process, so
-/// that polling never takes every CPU from the clients and from reclaim; a handler that finds
-/// the budget taken sleeps at once.
+/// At most half the CPUs poll at once, over all the handlers of the process, so that polling
+/// never takes every CPU from the clients and from reclaim (on one CPU, none: the client could
+/// not run while the handler polled); a handler that finds the budget taken sleeps at once.
 #[derive(Debug)]
 struct Spin {
     /// `[fault] spin_us`; zero turns polling off.
@@ -151,9 +151,8 @@ struct SpinSlot;
 impl SpinSlot {
     fn take() -> Option<SpinSlot> {
         static MAX: OnceLock<usize> = OnceLock::new();
-        let max = *MAX.get_or_init(|| {
-            (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1)
-        });
+        let max =
+            *MAX.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()) / 2);
         if SPINNING.fetch_add(1, Ordering::Relaxed) < max {
             Some(SpinSlot)
         } else {
@@ -657,5 +656,52 @@ fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent) {
                 mm.id
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Duration = Duration::from_micros(1);
+
+    #[test]
+    fn spin_window_follows_the_haltpoll_rule() {
+        let mut s = Spin::new(50 * US);
+        assert_eq!(s.limit, Duration::ZERO, "no polling before the first fault");
+        // A sleep that a longer window would have covered grows it: from a quarter of the
+        // maximum, doubling, never past the maximum.
+        s.adjust(30 * US);
+        assert_eq!(s.limit, 12_500 * Duration::from_nanos(1));
+        s.adjust(30 * US);
+        assert_eq!(s.limit, 25 * US);
+        s.adjust(90 * US);
+        assert_eq!(s.limit, 50 * US);
+        s.adjust(90 * US);
+        assert_eq!(s.limit, 50 * US);
+        // A message within the window changes nothing.
+        s.adjust(10 * US);
+        assert_eq!(s.limit, 50 * US);
+        // Long sleeps (the client stopped faulting) halve it, then turn polling off.
+        s.adjust(1000 * US);
+        assert_eq!(s.limit, 25 * US);
+        s.adjust(1000 * US);
+        assert_eq!(s.limit, 12_500 * Duration::from_nanos(1));
+        s.adjust(1000 * US);
+        assert_eq!(s.limit, Duration::ZERO);
+        // Off stays off.
+        let mut off = Spin::new(Duration::ZERO);
+        off.adjust(Duration::ZERO);
+        off.adjust(1000 * US);
+        assert_eq!(off.limit, Duration::ZERO);
+    }
+
+    #[test]
+    fn at_most_half_the_cpus_poll() {
+        let max = std::thread::available_parallelism().map_or(1, |n| n.get()) / 2;
+        let slots: Vec<_> = std::iter::from_fn(SpinSlot::take).take(max + 1).collect();
+        assert_eq!(slots.len(), max);
+        drop(slots);
+        assert_eq!(SpinSlot::take().is_some(), max > 0, "slots are given back");
     }
 }

@@ -68,7 +68,7 @@ impl Readahead {
 /// includes its own wakeup, which is what polling saves (about 40 us across CPUs on the
 /// 2-vCPU VM this was measured on, about the window itself).
 ///
-/// At most half the CPUs poll at once, over all the handlers of the process, so that polling
+/// At most half the machine's online CPUs poll at once, over all the handlers of the process, so that polling
 /// never takes every CPU from the clients and from reclaim (on one CPU, none: the client could
 /// not run while the handler polled); a handler that finds the budget taken sleeps at once.
 #[derive(Debug)]
@@ -151,8 +151,7 @@ struct SpinSlot;
 impl SpinSlot {
     fn take() -> Option<SpinSlot> {
         static MAX: OnceLock<usize> = OnceLock::new();
-        let max =
-            *MAX.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()) / 2);
+        let max = *MAX.get_or_init(|| sys::nr_cpus() / 2);
         if SPINNING.fetch_add(1, Ordering::Relaxed) < max {
             Some(SpinSlot)
         } else {
@@ -698,7 +697,7 @@ mod tests {
 
     #[test]
     fn at_most_half_the_cpus_poll() {
-        let max = std::thread::available_parallelism().map_or(1, |n| n.get()) / 2;
+        let max = sys::nr_cpus() / 2;
         let slots: Vec<_> = std::iter::from_fn(SpinSlot::take).take(max + 1).collect();
         assert_eq!(slots.len(), max);
         drop(slots);

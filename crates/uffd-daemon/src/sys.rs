@@ -552,6 +552,14 @@ pub fn current_cpu() -> usize {
     }
 }
 
+/// CPUs online in the machine (not only those this process may run on: the clients may run on
+/// the others).
+pub fn nr_cpus() -> usize {
+    // SAFETY: sysconf with a constant argument.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    n.max(1) as usize
+}
+
 /// The CPU a thread last ran on, from `/proc/<pid>/task/<tid>/stat` (field 39).
 pub fn thread_last_cpu(pid: i32, tid: u32) -> Option<usize> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;

@@ -68,9 +68,10 @@ impl Readahead {
 /// includes its own wakeup, which is what polling saves (about 40 us across CPUs on the
 /// 2-vCPU VM this was measured on, about the window itself).
 ///
-/// At most half the machine's online CPUs poll at once, over all the handlers of the process, so that polling
-/// never takes every CPU from the clients and from reclaim (on one CPU, none: the client could
-/// not run while the handler polled); a handler that finds the budget taken sleeps at once.
+/// At most half the machine's online CPUs poll at once, over all the handlers of the process,
+/// so that polling never takes every CPU from the clients and from reclaim (on one CPU, none:
+/// the client could not run while the handler polled); a handler that finds the budget taken
+/// sleeps at once.
 #[derive(Debug)]
 struct Spin {
     /// `[fault] spin_us`; zero turns polling off.

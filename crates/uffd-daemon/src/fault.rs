@@ -62,7 +62,7 @@ impl Readahead {
 /// the maximum) when the handler slept but the message came within reach of the maximum; it
 /// halves, and drops to zero below a quarter of the maximum, when the handler slept longer.
 /// So a client that stops faulting costs one window, and one that never faults costs nothing:
-/// the handler polls only after a fault.
+/// the handler polls only after a fault, and not while the resident pages are over the limit.
 ///
 /// "Within reach" is twice the maximum, not the maximum: the time a sleeping handler measures
 /// includes its own wakeup, which is what polling saves (about 40 us across CPUs on the
@@ -223,9 +223,12 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
     let mut after_fault: Option<Instant> = None;
     loop {
         let mut n = 0;
-        // Poll without sleeping after a fault, unless faults wait for reclaim (which then
-        // needs the CPU) or for an event.
-        if let Some(since) = after_fault.filter(|_| deferred.is_empty()) {
+        // Poll without sleeping after a fault, unless faults wait for reclaim or for an event,
+        // or the resident pages are over the limit: reclaim (and the scanner registering
+        // memory the program filled) then need the CPU more than the next fault does.
+        if let Some(since) =
+            after_fault.filter(|_| deferred.is_empty() && shared.resident() < shared.limit_pages)
+        {
             n = match spin.poll(mm, &mut msgs, since, &shared.stats) {
                 Ok(n) => n,
                 Err(e) => {

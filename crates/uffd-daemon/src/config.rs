@@ -26,6 +26,8 @@
 //! [fault]
 //! spin_us = 50                   # after a fault, poll the uffd this long at most before
 //!                                # sleeping (adaptive, 0: always sleep); at most 1000
+//! cpu_latency_us = 0             # opt-in, machine-wide: hold /dev/cpu_dma_latency at this
+//!                                # value while a handler runs (0: idle CPUs poll, not halt)
 //! ```
 //!
 //! Unknown keys are refused with their name, so a typo never silently means "default".
@@ -73,6 +75,10 @@ pub struct PolicyConfig {
     /// Longest time a fault handler polls its uffd without sleeping after a fault (the
     /// adaptive window grows up to it; zero: never spin). `[fault] spin_us`.
     pub fault_spin: std::time::Duration,
+    /// A CPU latency limit in microseconds that each fault handler holds through
+    /// `/dev/cpu_dma_latency` while it runs (`[fault] cpu_latency_us`; machine-wide, so off
+    /// unless asked for).
+    pub fault_cpu_latency_us: Option<u32>,
 }
 
 /// Default of `[fault] spin_us`.
@@ -80,6 +86,9 @@ pub const DEFAULT_SPIN_US: u64 = 50;
 
 /// Largest `[fault] spin_us` accepted.
 pub const MAX_SPIN_US: u64 = 1000;
+
+/// Largest `[fault] cpu_latency_us` accepted (above, no idle state is excluded anyway).
+pub const MAX_CPU_LATENCY_US: u32 = 100_000;
 
 impl Default for PolicyConfig {
     fn default() -> Self {
@@ -89,6 +98,7 @@ impl Default for PolicyConfig {
             page_cluster: 4,
             max_shadows: 1 << 16,
             fault_spin: std::time::Duration::from_micros(DEFAULT_SPIN_US),
+            fault_cpu_latency_us: None,
         }
     }
 }
@@ -142,6 +152,7 @@ struct FilePolicy {
 #[serde(deny_unknown_fields)]
 struct FileFault {
     spin_us: Option<u64>,
+    cpu_latency_us: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -335,6 +346,12 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
         }
         policy.fault_spin = std::time::Duration::from_micros(us);
     }
+    if let Some(us) = f.fault.cpu_latency_us {
+        if us > MAX_CPU_LATENCY_US {
+            bail!("fault.cpu_latency_us = {us}: 0 to {MAX_CPU_LATENCY_US}");
+        }
+        policy.fault_cpu_latency_us = Some(us);
+    }
     if let Some(k) = o.policy {
         policy.kind = k;
     }
@@ -392,7 +409,7 @@ mod tests {
         let p = write(
             "limit = \"64M\"\n[tiers]\nbackend = \"pmem:/tmp/x\"\nswap_size = \"1G\"\n\
              [zswap]\ncompressor = \"zstd:3\"\nmax_pool = \"32M\"\n[policy]\nname = \"clock\"\npage_cluster = 2\n\
-             [fault]\nspin_us = 0\n",
+             [fault]\nspin_us = 0\ncpu_latency_us = 0\n",
         );
         let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
         assert_eq!(r.limit, 64 << 20);
@@ -404,6 +421,21 @@ mod tests {
         assert_eq!(r.policy.kind, PolicyKind::Clock);
         assert_eq!(r.policy.page_cluster, 2);
         assert_eq!(r.policy.fault_spin, std::time::Duration::ZERO);
+        assert_eq!(r.policy.fault_cpu_latency_us, Some(0));
+        assert_eq!(
+            resolve(
+                None,
+                &Overrides {
+                    limit: Some(1 << 30),
+                    ..Overrides::default()
+                }
+            )
+            .unwrap()
+            .policy
+            .fault_cpu_latency_us,
+            None,
+            "machine-wide, so off unless asked for"
+        );
         let o = Overrides {
             limit: Some(1 << 30),
             zswap: Some(None),

@@ -22,6 +22,12 @@
 //! name = "mglru"                 # mglru | clock
 //! access = "faults"              # faults | faults+wp
 //! page_cluster = 4               # readahead up to 2^page_cluster pages on sequential faults
+//!
+//! [fault]
+//! spin_us = 50                   # after a fault, poll the uffd this long at most before
+//!                                # sleeping (adaptive, 0: always sleep); at most 1000
+//! cpu_latency_us = 0             # opt-in, machine-wide: hold /dev/cpu_dma_latency at this
+//!                                # value while a handler runs (0: idle CPUs poll, not halt)
 //! ```
 //!
 //! Unknown keys are refused with their name, so a typo never silently means "default".
@@ -66,7 +72,23 @@ pub struct PolicyConfig {
     /// Shadow entries (refault detection) kept per address space: a refault further back
     /// than the resident set cannot be acted on, so the limit in pages is enough.
     pub max_shadows: usize,
+    /// Longest time a fault handler polls its uffd without sleeping after a fault (the
+    /// adaptive window grows up to it; zero: never spin). `[fault] spin_us`.
+    pub fault_spin: std::time::Duration,
+    /// A CPU latency limit in microseconds that each fault handler holds through
+    /// `/dev/cpu_dma_latency` while it runs (`[fault] cpu_latency_us`; machine-wide, so off
+    /// unless asked for).
+    pub fault_cpu_latency_us: Option<u32>,
 }
+
+/// Default of `[fault] spin_us`.
+pub const DEFAULT_SPIN_US: u64 = 50;
+
+/// Largest `[fault] spin_us` accepted.
+pub const MAX_SPIN_US: u64 = 1000;
+
+/// Largest `[fault] cpu_latency_us` accepted (above, no idle state is excluded anyway).
+pub const MAX_CPU_LATENCY_US: u32 = 100_000;
 
 impl Default for PolicyConfig {
     fn default() -> Self {
@@ -75,6 +97,8 @@ impl Default for PolicyConfig {
             access: AccessMode::Faults,
             page_cluster: 4,
             max_shadows: 1 << 16,
+            fault_spin: std::time::Duration::from_micros(DEFAULT_SPIN_US),
+            fault_cpu_latency_us: None,
         }
     }
 }
@@ -89,6 +113,8 @@ struct FileConfig {
     zswap: FileZswap,
     #[serde(default)]
     policy: FilePolicy,
+    #[serde(default)]
+    fault: FileFault,
     #[serde(default)]
     test: FileTest,
 }
@@ -120,6 +146,13 @@ struct FilePolicy {
     name: Option<String>,
     access: Option<String>,
     page_cluster: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileFault {
+    spin_us: Option<u64>,
+    cpu_latency_us: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -307,6 +340,18 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
         }
         policy.page_cluster = p;
     }
+    if let Some(us) = f.fault.spin_us {
+        if us > MAX_SPIN_US {
+            bail!("fault.spin_us = {us}: 0 to {MAX_SPIN_US}");
+        }
+        policy.fault_spin = std::time::Duration::from_micros(us);
+    }
+    if let Some(us) = f.fault.cpu_latency_us {
+        if us > MAX_CPU_LATENCY_US {
+            bail!("fault.cpu_latency_us = {us}: 0 to {MAX_CPU_LATENCY_US}");
+        }
+        policy.fault_cpu_latency_us = Some(us);
+    }
     if let Some(k) = o.policy {
         policy.kind = k;
     }
@@ -363,7 +408,8 @@ mod tests {
     fn file_and_overrides() {
         let p = write(
             "limit = \"64M\"\n[tiers]\nbackend = \"pmem:/tmp/x\"\nswap_size = \"1G\"\n\
-             [zswap]\ncompressor = \"zstd:3\"\nmax_pool = \"32M\"\n[policy]\nname = \"clock\"\npage_cluster = 2\n",
+             [zswap]\ncompressor = \"zstd:3\"\nmax_pool = \"32M\"\n[policy]\nname = \"clock\"\npage_cluster = 2\n\
+             [fault]\nspin_us = 0\ncpu_latency_us = 0\n",
         );
         let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
         assert_eq!(r.limit, 64 << 20);
@@ -374,6 +420,22 @@ mod tests {
         assert_eq!(z.max_pool_bytes, 32 << 20);
         assert_eq!(r.policy.kind, PolicyKind::Clock);
         assert_eq!(r.policy.page_cluster, 2);
+        assert_eq!(r.policy.fault_spin, std::time::Duration::ZERO);
+        assert_eq!(r.policy.fault_cpu_latency_us, Some(0));
+        assert_eq!(
+            resolve(
+                None,
+                &Overrides {
+                    limit: Some(1 << 30),
+                    ..Overrides::default()
+                }
+            )
+            .unwrap()
+            .policy
+            .fault_cpu_latency_us,
+            None,
+            "machine-wide, so off unless asked for"
+        );
         let o = Overrides {
             limit: Some(1 << 30),
             zswap: Some(None),
@@ -416,6 +478,12 @@ mod tests {
         let e = format!("{:#}", resolve(None, &o).unwrap_err());
         assert!(e.contains("no tier"), "{e}");
         assert!(resolve(None, &Overrides::default()).is_err(), "no limit");
+        let p = write("limit = \"64M\"\n[fault]\nspin_us = 5000\n");
+        let e = format!(
+            "{:#}",
+            resolve(Some(&p.0), &Overrides::default()).unwrap_err()
+        );
+        assert!(e.contains("fault.spin_us") && e.contains("1000"), "{e}");
         assert!(parse_compressor("zstd:99").is_err());
         assert_eq!(
             parse_compressor("zstd:-3").unwrap(),

@@ -74,6 +74,11 @@ counters! {
     faults_cpu_known,
     /// Voluntary context switches of the fault handler threads (each is a wakeup).
     handler_wakeups,
+    /// Batches of uffd messages a handler found while polling without sleeping after a fault
+    /// (`[fault] spin_us`): each is a wakeup saved.
+    spin_hits,
+    /// Time the handlers spent polling without sleeping, in nanoseconds (CPU time they burnt).
+    spin_ns,
     /// Sum of fault service times in nanoseconds (from reading the message to the wake).
     fault_service_ns,
     /// Times a fault waited for reclaim because the limit was reached.

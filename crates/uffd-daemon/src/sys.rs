@@ -552,6 +552,35 @@ pub fn current_cpu() -> usize {
     }
 }
 
+/// A PM QoS CPU latency request (`/dev/cpu_dma_latency`), in force while this value lives:
+/// idle CPUs of the whole machine then avoid idle states that take longer than the limit to
+/// leave (0: they poll instead of halting). The kernel drops the request when the file closes.
+#[derive(Debug)]
+pub struct CpuLatencyRequest {
+    _file: std::fs::File,
+}
+
+impl CpuLatencyRequest {
+    /// Asks for an exit latency of at most `us` microseconds.
+    pub fn new(us: u32) -> io::Result<Self> {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/cpu_dma_latency")?;
+        let value = i32::try_from(us).unwrap_or(i32::MAX);
+        file.write_all(&value.to_ne_bytes())?;
+        Ok(CpuLatencyRequest { _file: file })
+    }
+}
+
+/// CPUs online in the machine (not only those this process may run on: the clients may run on
+/// the others).
+pub fn nr_cpus() -> usize {
+    // SAFETY: sysconf with a constant argument.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    n.max(1) as usize
+}
+
 /// The CPU a thread last ran on, from `/proc/<pid>/task/<tid>/stat` (field 39).
 pub fn thread_last_cpu(pid: i32, tid: u32) -> Option<usize> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;

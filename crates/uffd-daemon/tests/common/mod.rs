@@ -97,6 +97,25 @@ pub fn assert_paged(run: &Run, limit_bytes: u64) {
     assert_paged_within(run, limit_bytes, limit_pages / 6 + 64);
 }
 
+/// The daemon's own count of its metadata: the parts add up, and the whole stays a small
+/// fraction of the managed memory (a loose guard: 3% of it plus 4 MiB of fixed parts; measured
+/// 0.6-1.5% on the comparison workloads, ARCHITECTURE.md, metadata).
+pub fn assert_metadata(run: &Run) {
+    let total = run.get("daemon_metadata_max_bytes");
+    let managed = run.get("daemon_metadata_managed_pages");
+    assert!(total > 0 && managed > 0, "no metadata sample");
+    let parts: u64 = ["pagetable", "policy", "slots", "zswap"]
+        .iter()
+        .map(|p| run.get(&format!("daemon_metadata_{p}_bytes")))
+        .sum();
+    assert_eq!(parts, total, "the metadata parts do not add up");
+    let bound = managed * 4096 * 3 / 100 + (4 << 20);
+    assert!(
+        total <= bound,
+        "metadata {total} bytes for {managed} managed pages (bound {bound})"
+    );
+}
+
 /// `assert_paged` with an explicit slack above the limit, in pages.
 pub fn assert_paged_within(run: &Run, limit_bytes: u64, slack_pages: u64) {
     for key in [
@@ -113,6 +132,7 @@ pub fn assert_paged_within(run: &Run, limit_bytes: u64, slack_pages: u64) {
         );
     }
     assert!(run.get("evicted_pages") > 0, "nothing was evicted");
+    assert_metadata(run);
     assert!(
         run.get("bytes_written") > 0 && run.get("bytes_read") > 0,
         "nothing went through the swap file"

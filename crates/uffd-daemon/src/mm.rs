@@ -39,11 +39,10 @@ pub fn new_policy(cfg: &PolicyConfig) -> BoxedPolicy {
     match cfg.kind {
         PolicyKind::Mglru => Box::new(
             mglru::Mglru::new(mglru::Config {
-                // Shadow entries per address space, for refault detection; bounded so that
-                // they stay a small part of the metadata.
+                // Shadow entries leave the policy with their victims (`take_shadow`, kept in
+                // the page table's word); these bounds only matter for a shadow that stays
+                // behind (a victim whose word is gone before the policy is asked for it).
                 max_shadows: cfg.max_shadows,
-                // The controller acts on recent refaults only: keep only the shadows that
-                // can still make one (metadata stays a fraction of the limit in pages).
                 drop_stale_shadows: true,
                 ..mglru::Config::default()
             })

@@ -137,26 +137,10 @@ struct Mapping {
 
 impl Mapping {
     fn new(pages: usize) -> Result<Self, String> {
-        // SAFETY: a fresh private anonymous mapping; the result is checked before use.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                pages * PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(format!(
-                "mmap of {} bytes: {}",
-                pages * PAGE,
-                std::io::Error::last_os_error()
-            ));
-        }
+        let base = uffd_daemon::sys::map_anonymous(pages * PAGE)
+            .map_err(|e| format!("mmap of {} bytes: {e}", pages * PAGE))?;
         Ok(Self {
-            base: p.cast(),
+            base: base.cast(),
             pages,
         })
     }

@@ -26,19 +26,7 @@ use super::{Options, Report};
 pub const CLIENT_ARG: &str = "__fault-client";
 
 fn map(bytes: usize) -> *mut u8 {
-    // SAFETY: anonymous private mapping, checked.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED, "mmap");
-    p.cast()
+    uffd_daemon::sys::map_anonymous(bytes).expect("mmap")
 }
 
 fn percentile(sorted: &[u64], q: f64) -> u64 {

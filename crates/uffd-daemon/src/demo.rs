@@ -42,26 +42,15 @@ pub fn check_page(page: &[u8], index: u64, generation: u64) -> bool {
 pub fn workload(size: u64, seed: u64) -> u64 {
     const PAGE: usize = 4096;
     let pages = (size as usize / PAGE).max(1);
-    // SAFETY: an anonymous private mapping; checked for failure below.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            pages * PAGE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
+    let base = match crate::sys::map_anonymous(pages * PAGE) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("workload: mmap of {size} bytes failed: {e}");
+            return u64::MAX;
+        }
     };
-    if base == libc::MAP_FAILED {
-        eprintln!(
-            "workload: mmap of {size} bytes failed: {}",
-            std::io::Error::last_os_error()
-        );
-        return u64::MAX;
-    }
     // SAFETY: the mapping is `pages * PAGE` bytes, readable and writable, and ours alone.
-    let mem = unsafe { std::slice::from_raw_parts_mut(base.cast::<u8>(), pages * PAGE) };
+    let mem = unsafe { std::slice::from_raw_parts_mut(base, pages * PAGE) };
     let mut generation = vec![0u64; pages];
     let t0 = Instant::now();
     for (i, p) in mem.chunks_exact_mut(PAGE).enumerate() {
@@ -113,7 +102,7 @@ pub fn workload(size: u64, seed: u64) -> u64 {
         bad
     );
     // SAFETY: unmapping the mapping made above; `mem` is not used after this.
-    unsafe { libc::munmap(base, pages * PAGE) };
+    unsafe { libc::munmap(base.cast(), pages * PAGE) };
     bad
 }
 

@@ -56,7 +56,6 @@ pub const REQUIRED_FEATURES: u64 = UFFD_FEATURE_PAGEFAULT_FLAG_WP
 
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1 << 0;
 const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
-const UFFDIO_COPY_MODE_DONTWAKE: u64 = 1 << 0;
 const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 
 const fn iowr(nr: u64, size: usize) -> u64 {
@@ -378,20 +377,6 @@ impl Uffd {
         (r, pages)
     }
 
-    /// `UFFDIO_COPY` without waking (used before a batched wake).
-    pub fn copy_nowake(&self, dst: u64, src: &[u8]) -> io::Result<Fill> {
-        let mut c = UffdioCopy {
-            dst,
-            src: src.as_ptr() as u64,
-            len: src.len() as u64,
-            mode: UFFDIO_COPY_MODE_DONTWAKE,
-            copy: 0,
-        };
-        // SAFETY: as in `copy`.
-        let rc = unsafe { libc::ioctl(self.raw(), UFFDIO_COPY, &mut c) };
-        Self::fill_result(rc)
-    }
-
     /// `UFFDIO_ZEROPAGE` of one page, waking the faulting threads.
     pub fn zeropage(&self, dst: u64) -> io::Result<Fill> {
         let mut z = UffdioZeropage {
@@ -428,6 +413,27 @@ impl Uffd {
 }
 
 /// Waits until one of `fds` is readable or `timeout_ms` passes; returns the readable mask.
+/// A fresh private anonymous read-write mapping of `bytes` (the demo's, the checker's and the
+/// benchmark clients' memory).
+pub fn map_anonymous(bytes: usize) -> io::Result<*mut u8> {
+    // SAFETY: a new private anonymous mapping at an address of the kernel's choosing touches no
+    // existing memory; the result is checked before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}
+
 pub fn poll_read(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()

@@ -30,19 +30,7 @@ struct Region {
 }
 
 fn map(bytes: usize) -> *mut u8 {
-    // SAFETY: anonymous private mapping; checked below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED, "mmap failed");
-    p.cast()
+    uffd_daemon::sys::map_anonymous(bytes).expect("mmap failed")
 }
 
 impl Region {

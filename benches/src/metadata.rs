@@ -82,7 +82,6 @@ pub fn measure(live: &dyn Fn() -> isize) -> anyhow::Result<Vec<Row>> {
         let before = live();
         let mut policy = mglru::Mglru::new(mglru::Config {
             max_shadows: RESIDENT,
-            drop_stale_shadows: true,
             ..mglru::Config::default()
         })?;
         let mut bits = mglru::AccessBits::new();

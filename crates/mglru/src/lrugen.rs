@@ -54,13 +54,6 @@ pub struct Config {
     pub look_around: bool,
     /// Most shadow entries kept; the oldest are dropped first.
     pub max_shadows: usize,
-    /// Whether shadow entries are dropped as soon as they can no longer make a refault
-    /// recent (evicted more than `refault_window` generations before the oldest): the
-    /// controller ignores such refaults, so an embedder that only acts on recent ones keeps
-    /// about one generation's evictions instead of `max_shadows` (the kernel reclaims old
-    /// shadow nodes through a shrinker instead). [`Mglru::refault`] and the `refaults`
-    /// counter then no longer see refaults further back. Off by default.
-    pub drop_stale_shadows: bool,
     /// Whether the first accessed bit seen on a faulted page is taken as the fault's own access
     /// rather than a reuse: the page is not promoted for it (the walk clears it and leaves the
     /// page where it is; the eviction-time check gives it one more generation). This is the
@@ -115,7 +108,6 @@ impl Config {
             bloom_filter: true,
             look_around: true,
             max_shadows: 1 << 20,
-            drop_stale_shadows: false,
             look_twice: false,
             refault_window: 0,
             young_bound_aging: false,
@@ -1152,21 +1144,6 @@ impl Mglru {
             };
             if self.shadows.get(&page).is_some_and(|s| s.stamp == stamp) {
                 self.shadows.remove(&page);
-            }
-        }
-        if self.cfg.drop_stale_shadows {
-            // The FIFO is in eviction order, and a type's eviction seq never decreases.
-            while let Some(&(page, stamp)) = self.shadow_fifo.front() {
-                match self.shadows.get(&page) {
-                    Some(s) if s.stamp == stamp => {
-                        if s.seq + self.cfg.refault_window >= self.min_seq[s.page_type.idx()] {
-                            break;
-                        }
-                        self.shadows.remove(&page);
-                    }
-                    _ => {}
-                }
-                self.shadow_fifo.pop_front();
             }
         }
         if self.shadow_fifo.len() > 4 * self.shadows.len() + 1024 {

@@ -400,51 +400,6 @@ fn shadows_are_bounded() {
 }
 
 #[test]
-fn stale_shadows_are_dropped_when_asked() {
-    // Pages faulted over several generations, then evicted as the generations age: with
-    // `drop_stale_shadows`, only the shadows that can still make a recent refault remain.
-    for window in [0, 1] {
-        let cfg = Config {
-            drop_stale_shadows: true,
-            refault_window: window,
-            ..Config::default()
-        };
-        let mut l = lru_with(cfg.clone());
-        let mut keep = lru_with(Config {
-            drop_stale_shadows: false,
-            ..cfg
-        });
-        for round in 0..6u64 {
-            for p in round * 1000..(round + 1) * 1000 {
-                // Active: they start young, so eviction must age and min_seq moves on.
-                l.add(p, Hint::new(ANON, Arrival::Active)).unwrap();
-                keep.add(p, Hint::new(ANON, Arrival::Active)).unwrap();
-            }
-            l.evict(700, &mut NoAccess);
-            keep.evict(700, &mut NoAccess);
-        }
-        assert_eq!(keep.nr_shadows(), 4200, "every eviction kept");
-        assert!(l.nr_shadows() < keep.nr_shadows(), "window {window}");
-        let min = l.min_seq(ANON);
-        let mut kept = 0;
-        for p in 0..6000 {
-            if let Some(r) = l.refault(p) {
-                kept += 1;
-                assert!(
-                    r.distance <= window,
-                    "page {p}: shadow {r:?} is stale (min_seq {min})"
-                );
-            } else if let Some(r) = keep.refault(p) {
-                // Dropped only if it could not be recent any more.
-                assert!(r.distance > window, "page {p}: recent shadow {r:?} dropped");
-            }
-        }
-        assert_eq!(kept, l.nr_shadows());
-        assert!(kept > 0);
-    }
-}
-
-#[test]
 fn lru_evicts_least_recent() {
     let mut l = Lru::new();
     for p in 0..5 {

@@ -54,20 +54,9 @@ fn config() -> impl Strategy<Value = Config> {
         any::<bool>(),
         0u64..=2,
         any::<bool>(),
-        any::<bool>(),
     )
         .prop_map(
-            |(
-                gens,
-                swappiness,
-                fault_placement,
-                bloom,
-                look,
-                look_twice,
-                window,
-                young_bound,
-                drop_stale,
-            )| {
+            |(gens, swappiness, fault_placement, bloom, look, look_twice, window, young_bound)| {
                 Config {
                     max_nr_gens: gens,
                     swappiness,
@@ -79,7 +68,6 @@ fn config() -> impl Strategy<Value = Config> {
                     look_twice,
                     refault_window: window,
                     young_bound_aging: young_bound,
-                    drop_stale_shadows: drop_stale,
                 }
             },
         )
@@ -103,14 +91,7 @@ proptest! {
                         prop_assert!(r.is_err());
                     } else {
                         let refault = r.unwrap();
-                        let was_evicted = evicted_ever.remove(&p);
-                        if cfg.drop_stale_shadows {
-                            // Only shadows that can still make a recent refault are kept
-                            // (pruned when eviction or aging runs).
-                            prop_assert!(refault.is_none() || was_evicted);
-                        } else {
-                            prop_assert_eq!(refault.is_some(), was_evicted);
-                        }
+                        prop_assert_eq!(refault.is_some(), evicted_ever.remove(&p));
                         model.insert(p, ty);
                         let seq = lru.generation(p).unwrap();
                         match arrival {
@@ -158,9 +139,7 @@ proptest! {
                             prop_assert_eq!(ty, Some(PageType::File));
                         }
                         bits.clear(v);
-                        if !cfg.drop_stale_shadows {
-                            prop_assert!(lru.refault(v).is_some(), "no shadow for {}", v);
-                        }
+                        prop_assert!(lru.refault(v).is_some(), "no shadow for {}", v);
                         evicted_ever.insert(v);
                     }
                 }

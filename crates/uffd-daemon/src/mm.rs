@@ -40,10 +40,9 @@ pub fn new_policy(cfg: &PolicyConfig) -> BoxedPolicy {
         PolicyKind::Mglru => Box::new(
             mglru::Mglru::new(mglru::Config {
                 // Shadow entries leave the policy with their victims (`take_shadow`, kept in
-                // the page table's word); these bounds only matter for a shadow that stays
+                // the page table's word); the bound only matters for a shadow that stays
                 // behind (a victim whose word is gone before the policy is asked for it).
                 max_shadows: cfg.max_shadows,
-                drop_stale_shadows: true,
                 ..mglru::Config::default()
             })
             .expect("the default mglru configuration is valid"),

@@ -4,7 +4,8 @@
 //! JSON keys (each keyed by design):
 //! - `ops_per_sec`: alloc+free pairs per second, median of the repetitions, for orders 0 and 4
 //!   at 1 and 2 threads (`order0_1t`, `order0_2t`, `order4_1t`, `order4_2t`); designs
-//!   `cluster`, `global_lock`, `slot_cache`.
+//!   `cluster`, `nonfull_first` (the same allocator refilling partly used clusters first, as
+//!   the daemon configures it), `global_lock`, `slot_cache`.
 //! - `ops_per_cpu_sec`: the same pairs per second of CPU time the worker threads got, and
 //!   `cpu_parallelism`, their CPU time over wall time (below the thread count when the
 //!   machine is busy: then the wall-time figures say little about scaling).
@@ -14,7 +15,7 @@
 //!   run, and `device_lock_per_alloc_mixed_workload` the random mixed-order workload.
 //! - `order4_fallback_rate`: the share of order-4 allocations that fail in a random mixed
 //!   order-0/order-4 workload at 50, 80 and 95 percent fill (median over seeds); designs
-//!   `cluster` and `order_unaware`.
+//!   `cluster`, `nonfull_first` and `order_unaware`.
 //! - `ratios`: the goals computed from the figures above.
 
 use std::sync::Arc;
@@ -27,7 +28,9 @@ use swap_alloc::{DeviceConfig, SwapDevice};
 
 use super::{Options, Report};
 
-const DESIGNS: [&str; 3] = ["cluster", "global_lock", "slot_cache"];
+const DESIGNS: [&str; 4] = ["cluster", "nonfull_first", "global_lock", "slot_cache"];
+/// `nonfull_first`'s threshold: what the daemon uses.
+const NONFULL_MIN_FREE: usize = 64;
 const CLUSTERS: u64 = 256;
 const CS: usize = 512;
 
@@ -35,6 +38,12 @@ fn make(design: &str, nslots: u64, cpus: usize) -> anyhow::Result<Arc<dyn SlotAl
     Ok(match design {
         "cluster" => Arc::new(SwapDevice::new(
             DeviceConfig::new(nslots).cluster_slots(CS).nr_cpus(cpus),
+        )?),
+        "nonfull_first" => Arc::new(SwapDevice::new(
+            DeviceConfig::new(nslots)
+                .cluster_slots(CS)
+                .nr_cpus(cpus)
+                .nonfull_first(NONFULL_MIN_FREE),
         )?),
         "global_lock" => Arc::new(GlobalLockDevice::new(nslots as usize)),
         "slot_cache" => Arc::new(SlotCacheDevice::new(nslots as usize, CS, cpus)),
@@ -109,7 +118,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     let fills = [50u32, 80, 95];
     let mut fb: Map<String, Value> = Map::new();
     let mut fb_locks: Map<String, Value> = Map::new();
-    for design in ["cluster", "order_unaware"] {
+    for design in ["cluster", "nonfull_first", "order_unaware"] {
         let mut per_fill = Map::new();
         let mut per_fill_locks = Map::new();
         for fill in fills {
@@ -117,10 +126,10 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             let mut locks = Vec::new();
             for seed in 0..seeds {
                 let cfg = DeviceConfig::new(fb_slots).cluster_slots(CS).nr_cpus(1);
-                let dev = if design == "cluster" {
-                    SwapDevice::new(cfg)?
-                } else {
-                    order_unaware(cfg)?
+                let dev = match design {
+                    "cluster" => SwapDevice::new(cfg)?,
+                    "nonfull_first" => SwapDevice::new(cfg.nonfull_first(NONFULL_MIN_FREE))?,
+                    _ => order_unaware(cfg)?,
                 };
                 let f = fallback(
                     &dev,
@@ -177,12 +186,12 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         "alloc+free pairs/s (median of {reps}), device {nslots} slots, FIFO window per thread\n"
     ));
     table.push_str(&format!(
-        "{:<12} {:>12} {:>12} {:>12} {:>12}   {:>14} {:>8}\n",
+        "{:<14} {:>12} {:>12} {:>12} {:>12}   {:>14} {:>8}\n",
         "design", "order0 1t", "order0 2t", "order4 1t", "order4 2t", "devlock/alloc", "par 2t"
     ));
     for d in DESIGNS {
         table.push_str(&format!(
-            "{:<12} {:>12.0} {:>12.0} {:>12.0} {:>12.0}   {:>14.4} {:>8.2}\n",
+            "{:<14} {:>12.0} {:>12.0} {:>12.0} {:>12.0}   {:>14.4} {:>8.2}\n",
             d,
             f(&ops[d]["order0_1t"]),
             f(&ops[d]["order0_2t"]),
@@ -195,7 +204,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     table.push_str("\nthe same per CPU-second the workers got\n");
     for d in DESIGNS {
         table.push_str(&format!(
-            "{:<12} {:>12.0} {:>12.0} {:>12.0} {:>12.0}\n",
+            "{:<14} {:>12.0} {:>12.0} {:>12.0} {:>12.0}\n",
             d,
             f(&per_cpu[d]["order0_1t"]),
             f(&per_cpu[d]["order0_2t"]),
@@ -210,7 +219,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         "{:<14} {:>8} {:>8} {:>8}\n",
         "design", "50%", "80%", "95%"
     ));
-    for d in ["cluster", "order_unaware"] {
+    for d in ["cluster", "nonfull_first", "order_unaware"] {
         table.push_str(&format!(
             "{:<14} {:>8.4} {:>8.4} {:>8.4}\n",
             d,

@@ -86,6 +86,11 @@ pub struct DeviceConfig {
     /// Size of the per-CPU arrays (default: the number of online CPUs; rounded up to a power
     /// of two).
     pub nr_cpus: Option<usize>,
+    /// Prefer partly used clusters over free ones (the kernel's order since 6.18 for devices
+    /// without discard), taking a partly used cluster only once at least this many of its slots
+    /// are free. `None` (the default): free clusters first, as before 6.18. See
+    /// [`DeviceConfig::nonfull_first`].
+    pub nonfull_first: Option<usize>,
     /// `false` only for the order-unaware baseline.
     pub(crate) order_aware: bool,
 }
@@ -98,6 +103,7 @@ impl fmt::Debug for DeviceConfig {
             .field("rotational", &self.rotational)
             .field("discard", &self.discard.is_some())
             .field("nr_cpus", &self.nr_cpus)
+            .field("nonfull_first", &self.nonfull_first)
             .field("order_aware", &self.order_aware)
             .finish()
     }
@@ -112,6 +118,7 @@ impl DeviceConfig {
             rotational: false,
             discard: None,
             nr_cpus: None,
+            nonfull_first: None,
             order_aware: true,
         }
     }
@@ -137,6 +144,19 @@ impl DeviceConfig {
     /// Sets the size of the per-CPU arrays.
     pub fn nr_cpus(mut self, n: usize) -> Self {
         self.nr_cpus = Some(n);
+        self
+    }
+
+    /// Refill partly used clusters before taking free ones, so that the slots in use stay
+    /// packed into few clusters (what an index keyed by slot, such as zswap's, pays for in
+    /// holes). The kernel has done this since 6.18 for devices without discard, moving a
+    /// cluster to its nonfull list on the first slot freed; here a cluster goes there only once
+    /// `min_free` of its slots are free (1 is the kernel's rule), and until then waits on the
+    /// frag list, which allocation only walks when nothing else is left. With a `min_free` of a
+    /// few dozen, each list visit yields that many slots, where the kernel's rule can cost a
+    /// device-lock round trip per slot when frees trickle in one at a time.
+    pub fn nonfull_first(mut self, min_free: usize) -> Self {
+        self.nonfull_first = Some(min_free);
         self
     }
 }
@@ -196,6 +216,9 @@ pub struct SwapDevice {
     max_order: u32,
     rotational: bool,
     order_aware: bool,
+    /// `DeviceConfig::nonfull_first`, 0 when off (then a cluster goes to its nonfull list on
+    /// its first free slot, as in the kernel).
+    nonfull_min_free: u32,
     discard: Option<Arc<dyn DiscardHook>>,
     /// Slots of the last cluster beyond `nslots` (marked `SLOT_BAD`).
     bad_slots: u64,
@@ -244,6 +267,15 @@ impl SwapDevice {
                     "cluster_slots is {cs}; it must be a power of two from 2 to {MAX_CLUSTER_SLOTS}"
                 ),
             });
+        }
+        if let Some(n) = config.nonfull_first {
+            if !(1..=cs).contains(&n) {
+                return Err(SwapError::InvalidConfig {
+                    reason: format!(
+                        "nonfull_first is {n}; it must be from 1 to the cluster size {cs}"
+                    ),
+                });
+            }
         }
         if config.nslots == 0 || config.nslots > SwapEntry::MAX_OFFSET {
             return Err(SwapError::InvalidConfig {
@@ -314,6 +346,7 @@ impl SwapDevice {
             max_order,
             rotational: config.rotational,
             order_aware: config.order_aware,
+            nonfull_min_free: config.nonfull_first.map_or(0, |n| n as u32),
             discard: config.discard,
             bad_slots,
             clusters: clusters.into_boxed_slice(),
@@ -455,9 +488,9 @@ impl SwapDevice {
     }
 
     /// After an allocation attempt: put the cluster on the list its new count calls for (the
-    /// kernel's `relocate_cluster`). Differs in one point: a cluster on `nonfull` that just
-    /// served an allocation stays there (the kernel moves it to `frag`), which saves a device
-    /// lock round trip whenever a free lands in a CPU's current cluster.
+    /// kernel's `relocate_cluster`). Differs in one point: without `nonfull_first`, a cluster
+    /// on `nonfull` that just served an allocation stays there (the kernel moves it to `frag`),
+    /// which saves a device lock round trip whenever a free lands in a CPU's current cluster.
     fn relocate(&self, idx: usize, ci: &mut ClusterInner, found: bool) {
         if ci.state == ClusterState::Discard {
             return;
@@ -468,8 +501,15 @@ impl SwapDevice {
                 self.free_cluster(idx, ci);
             }
         } else if count < self.cluster_slots {
-            let keep =
-                ci.state == ClusterState::Frag || (found && ci.state == ClusterState::Nonfull);
+            // With `nonfull_first`, a cluster that serves allocations leaves the nonfull list
+            // once fewer than half the threshold of its slots are free (and `slots_freed`
+            // puts it back at the full threshold): the gap keeps a cluster whose frees and
+            // allocations alternate from moving between lists on every operation.
+            let free = self.cluster_slots - count;
+            let keep = ci.state == ClusterState::Frag
+                || (found
+                    && ci.state == ClusterState::Nonfull
+                    && free >= self.nonfull_min_free as usize / 2);
             if !keep {
                 self.move_cluster(idx, ci, ClusterState::Frag);
             }
@@ -666,6 +706,16 @@ impl SwapDevice {
     ) -> Option<u64> {
         let nclusters = self.clusters.len();
         loop {
+            if self.nonfull_min_free > 0 && (1usize << order) < self.cluster_slots {
+                // Partly used clusters first (see `DeviceConfig::nonfull_first`).
+                for _ in 0..nclusters {
+                    match self.try_list(ListId::Nonfull(class), order, usage, class, hints) {
+                        Some(Some(found)) => return Some(found),
+                        Some(None) => {}
+                        None => break,
+                    }
+                }
+            }
             // A free cluster: never fails for a cluster-sized or smaller order.
             if let Some(found) = self.try_list(ListId::Free, order, usage, class, hints) {
                 if found.is_some() {
@@ -760,9 +810,15 @@ impl SwapDevice {
         if ci.count == 0 {
             ci.map.release();
             self.free_cluster(idx, ci);
-        } else if ci.state != ClusterState::Nonfull {
+        } else if ci.state == ClusterState::Nonfull {
+            // Already there.
+        } else if self.cluster_slots - ci.count as usize >= self.nonfull_min_free as usize {
             // The kernel's partial_free_cluster.
             self.move_cluster(idx, ci, ClusterState::Nonfull);
+        } else if ci.state == ClusterState::Full {
+            // Too few free slots to be worth a list visit yet: on the frag list, which the
+            // allocator walks only when nothing else is left.
+            self.move_cluster(idx, ci, ClusterState::Frag);
         }
     }
 

@@ -529,3 +529,56 @@ fn shared_types_are_send_and_sync() {
     check::<GlobalLockDevice>();
     check::<SlotCacheDevice>();
 }
+
+/// Fills 16 clusters, frees a scattered third of the slots, then allocates as many again:
+/// returns how many clusters hold slots afterwards, and the device-lock acquisitions per
+/// allocation of the refill.
+fn refill(cfg: DeviceConfig) -> (usize, f64) {
+    set_cpu_hint(Some(0));
+    let d = SwapDevice::new(cfg).unwrap();
+    let held: Vec<SwapEntry> = (0..16 * 64).map(|_| d.alloc(0).unwrap()).collect();
+    let mut kept = Vec::new();
+    let mut freed = 0;
+    for (i, x) in held.into_iter().enumerate() {
+        if (i * 7919) % 3 == 0 {
+            assert_eq!(d.put(x), Ok(true));
+            freed += 1;
+        } else {
+            kept.push(x);
+        }
+    }
+    let locks = d.stats().device_lock;
+    for _ in 0..freed {
+        kept.push(d.alloc(0).unwrap());
+    }
+    let per_alloc = (d.stats().device_lock - locks) as f64 / freed as f64;
+    d.check_integrity().unwrap();
+    let clusters: HashSet<u64> = kept.iter().map(|x| x.offset() / 64).collect();
+    set_cpu_hint(None);
+    (clusters.len(), per_alloc)
+}
+
+#[test]
+fn nonfull_first_refills_holes_before_free_clusters() {
+    let base = || DeviceConfig::new(64 * 64).cluster_slots(64).nr_cpus(2);
+    // Free clusters first (the default, the kernel before 6.18): the refill takes new clusters.
+    let (spread, _) = refill(base());
+    assert!(spread > 16, "free-first refill stayed in {spread} clusters");
+    // Nonfull first: every hole is refilled, and the slots stay in the 16 clusters.
+    let (packed, per_alloc) = refill(base().nonfull_first(8));
+    assert_eq!(packed, 16);
+    // Each visit of a partly used cluster yields its ~21 free slots, not one.
+    assert!(
+        per_alloc < 0.2,
+        "{per_alloc} device-lock acquisitions per allocation"
+    );
+    // The kernel's rule (a cluster is nonfull from its first free slot) packs as well.
+    assert_eq!(refill(base().nonfull_first(1)).0, 16);
+    // Out-of-range thresholds are refused, naming the field.
+    for bad in [0, 65] {
+        match SwapDevice::new(base().nonfull_first(bad)) {
+            Err(SwapError::InvalidConfig { reason }) => assert!(reason.contains("nonfull_first")),
+            other => panic!("nonfull_first({bad}) gave {other:?}"),
+        }
+    }
+}

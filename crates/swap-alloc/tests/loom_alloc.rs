@@ -48,7 +48,29 @@ fn assert_all_distinct(entries: &[SwapEntry]) {
 #[test]
 fn alloc_alloc_free_three_threads() {
     model("alloc_alloc_free_three_threads", || {
-        let dev = device(6);
+        alloc_alloc_free(device(6))
+    });
+}
+
+/// The same with `nonfull_first`: the freed slot's cluster is on the nonfull list, which both
+/// allocators try before the free clusters.
+#[test]
+fn alloc_alloc_free_three_threads_nonfull_first() {
+    model("alloc_alloc_free_three_threads_nonfull_first", || {
+        alloc_alloc_free(Arc::new(
+            SwapDevice::new(
+                DeviceConfig::new(6)
+                    .cluster_slots(2)
+                    .nr_cpus(2)
+                    .nonfull_first(1),
+            )
+            .unwrap(),
+        ))
+    });
+}
+
+fn alloc_alloc_free(dev: Arc<SwapDevice>) {
+    {
         // Fill cluster 0 from CPU 0: it is full and on the full list.
         set_cpu_hint(Some(0));
         let a = dev.alloc(0).unwrap();
@@ -81,7 +103,7 @@ fn alloc_alloc_free_three_threads() {
         dev.check_integrity().unwrap();
         assert_eq!(dev.in_use(), 0);
         assert_eq!(dev.cluster_lists().free, 3);
-    });
+    }
 }
 
 /// Two threads sharing one CPU hint (so one per-CPU current cluster) allocate order 1 and

@@ -178,6 +178,10 @@ fn run(config_sel: u8, nslots: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
     if config_sel & 2 != 0 {
         cfg = cfg.rotational(true);
     }
+    if config_sel & 8 != 0 {
+        // Refill partly used clusters first; a cluster qualifies once 1 or 5 slots are free.
+        cfg = cfg.nonfull_first(if config_sel & 16 != 0 { 5 } else { 1 });
+    }
     let dev = if config_sel & 4 != 0 {
         order_unaware(cfg).unwrap()
     } else {
@@ -343,11 +347,11 @@ fn run(config_sel: u8, nslots: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn device_agrees_with_model(
-        config_sel in 0u8..8,
+        config_sel in 0u8..32,
         nslots in prop_oneof![Just(64u64), Just(96), 70u64..100],
         ops in proptest::collection::vec(op(), 1..160),
     ) {

@@ -45,6 +45,10 @@ pub const FOLIO_PAGES: usize = 16;
 /// The order of a large folio.
 pub const FOLIO_ORDER: u32 = 4;
 
+/// Free slots a partly used cluster needs before allocation refills it ahead of free clusters
+/// (an eighth of a 512-slot cluster: each refill visit yields at least 64 slots).
+const NONFULL_MIN_FREE: usize = 64;
+
 /// Where the backing device lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendSpec {
@@ -628,10 +632,14 @@ impl Tiers {
             (b, _) => b,
         };
         let mut dcfg = DeviceConfig::new(nslots);
-        if cfg.discard {
-            if let Some(b) = &backend {
+        match &backend {
+            Some(b) if cfg.discard => {
                 dcfg = dcfg.discard(Arc::new(Discarder(Arc::clone(b))));
             }
+            // Without discard, refill partly used clusters first (the kernel's order since
+            // 6.18): the slots in use stay packed, and so does zswap's index, which is keyed by
+            // slot and otherwise fills with holes as random faults thin the clusters out.
+            _ => dcfg = dcfg.nonfull_first(NONFULL_MIN_FREE),
         }
         let dev = SwapDevice::new(dcfg).context("creating the swap slot device")?;
         let zswap = match &cfg.zswap {

@@ -26,6 +26,8 @@
 //! [fault]
 //! spin_us = 50                   # after a fault, poll the uffd this long at most before
 //!                                # sleeping (adaptive, 0: always sleep); at most 1000
+//! idle_poll_us = 200             # after a fault, keep every CPU from halting this long with
+//!                                # a SCHED_IDLE poller per CPU (0: off); at most 10000
 //! cpu_latency_us = 0             # opt-in, machine-wide: hold /dev/cpu_dma_latency at this
 //!                                # value while a handler runs (0: idle CPUs poll, not halt)
 //! ```
@@ -79,6 +81,9 @@ pub struct PolicyConfig {
     /// `/dev/cpu_dma_latency` while it runs (`[fault] cpu_latency_us`; machine-wide, so off
     /// unless asked for).
     pub fault_cpu_latency_us: Option<u32>,
+    /// How long after a fault the idle keepers keep every CPU polling instead of halting
+    /// (`[fault] idle_poll_us`; zero: no keepers). See `idlepoll`.
+    pub fault_idle_poll: std::time::Duration,
 }
 
 /// Default of `[fault] spin_us`.
@@ -98,6 +103,9 @@ impl Default for PolicyConfig {
             page_cluster: 4,
             max_shadows: 1 << 16,
             fault_spin: std::time::Duration::from_micros(DEFAULT_SPIN_US),
+            fault_idle_poll: std::time::Duration::from_micros(
+                crate::idlepoll::DEFAULT_IDLE_POLL_US,
+            ),
             fault_cpu_latency_us: None,
         }
     }
@@ -152,6 +160,7 @@ struct FilePolicy {
 #[serde(deny_unknown_fields)]
 struct FileFault {
     spin_us: Option<u64>,
+    idle_poll_us: Option<u64>,
     cpu_latency_us: Option<u32>,
 }
 
@@ -346,6 +355,13 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
         }
         policy.fault_spin = std::time::Duration::from_micros(us);
     }
+    if let Some(us) = f.fault.idle_poll_us {
+        let max = crate::idlepoll::MAX_IDLE_POLL_US;
+        if us > max {
+            bail!("fault.idle_poll_us = {us}: 0 to {max}");
+        }
+        policy.fault_idle_poll = std::time::Duration::from_micros(us);
+    }
     if let Some(us) = f.fault.cpu_latency_us {
         if us > MAX_CPU_LATENCY_US {
             bail!("fault.cpu_latency_us = {us}: 0 to {MAX_CPU_LATENCY_US}");
@@ -409,7 +425,7 @@ mod tests {
         let p = write(
             "limit = \"64M\"\n[tiers]\nbackend = \"pmem:/tmp/x\"\nswap_size = \"1G\"\n\
              [zswap]\ncompressor = \"zstd:3\"\nmax_pool = \"32M\"\n[policy]\nname = \"clock\"\npage_cluster = 2\n\
-             [fault]\nspin_us = 0\ncpu_latency_us = 0\n",
+             [fault]\nspin_us = 0\nidle_poll_us = 50\ncpu_latency_us = 0\n",
         );
         let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
         assert_eq!(r.limit, 64 << 20);
@@ -421,6 +437,10 @@ mod tests {
         assert_eq!(r.policy.kind, PolicyKind::Clock);
         assert_eq!(r.policy.page_cluster, 2);
         assert_eq!(r.policy.fault_spin, std::time::Duration::ZERO);
+        assert_eq!(
+            r.policy.fault_idle_poll,
+            std::time::Duration::from_micros(50)
+        );
         assert_eq!(r.policy.fault_cpu_latency_us, Some(0));
         assert_eq!(
             resolve(
@@ -484,6 +504,15 @@ mod tests {
             resolve(Some(&p.0), &Overrides::default()).unwrap_err()
         );
         assert!(e.contains("fault.spin_us") && e.contains("1000"), "{e}");
+        let p = write("limit = \"64M\"\n[fault]\nidle_poll_us = 20000\n");
+        let e = format!(
+            "{:#}",
+            resolve(Some(&p.0), &Overrides::default()).unwrap_err()
+        );
+        assert!(
+            e.contains("fault.idle_poll_us") && e.contains("10000"),
+            "{e}"
+        );
         assert!(parse_compressor("zstd:99").is_err());
         assert_eq!(
             parse_compressor("zstd:-3").unwrap(),

@@ -76,6 +76,8 @@ pub struct Shared {
     bind_lock: Mutex<()>,
     bind_cv: Condvar,
     stalled: AtomicBool,
+    /// The idle keepers (`[fault] idle_poll_us`), if any.
+    pub idle_poll: Option<crate::idlepoll::IdlePoll>,
     /// Log decisions.
     pub verbose: bool,
 }
@@ -105,6 +107,7 @@ impl Shared {
             bind_lock: Mutex::new(()),
             bind_cv: Condvar::new(),
             stalled: AtomicBool::new(false),
+            idle_poll: crate::idlepoll::IdlePoll::start(policy.fault_idle_poll),
             verbose,
         }
     }
@@ -174,6 +177,9 @@ impl Shared {
 
     /// The counters as JSON: the daemon's, the tiers', and the metadata estimate.
     pub fn stats_json(&self) -> serde_json::Value {
+        if let Some(p) = &self.idle_poll {
+            p.report(&self.stats);
+        }
         let mut v = self.stats.to_json();
         self.tiers.to_json(&mut v);
         v["limit_pages"] = (self.limit_pages as u64).into();

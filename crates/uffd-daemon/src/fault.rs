@@ -316,8 +316,13 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
                 }
             }
         }
-        if faulted && !spin.max.is_zero() {
-            after_fault = Some(Instant::now());
+        if faulted {
+            if let Some(p) = &shared.idle_poll {
+                p.fault();
+            }
+            if !spin.max.is_zero() {
+                after_fault = Some(Instant::now());
+            }
         }
     }
 }

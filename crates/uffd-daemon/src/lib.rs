@@ -77,6 +77,7 @@ pub mod config;
 mod daemon;
 pub mod demo;
 mod fault;
+mod idlepoll;
 pub mod maps;
 mod mm;
 pub mod pagetable;

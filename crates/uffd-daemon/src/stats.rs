@@ -79,6 +79,11 @@ counters! {
     spin_hits,
     /// Time the handlers spent polling without sleeping, in nanoseconds (CPU time they burnt).
     spin_ns,
+    /// CPU time the idle keepers polled (`[fault] idle_poll_us`), in nanoseconds, summed over
+    /// the CPUs: otherwise idle time spent so that no CPU halts during a fault storm.
+    idle_poll_ns,
+    /// Fault storms that woke the idle keepers.
+    idle_poll_wakeups,
     /// Sum of fault service times in nanoseconds (from reading the message to the wake).
     fault_service_ns,
     /// Times a fault waited for reclaim because the limit was reached.

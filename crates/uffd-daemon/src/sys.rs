@@ -716,14 +716,51 @@ pub fn set_recv_timeout(sock: RawFd, ms: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Pins the calling thread to one CPU (best effort).
-pub fn pin_to_cpu(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it.
+/// Pins the calling thread to one CPU; false if the kernel refused (a CPU outside the
+/// thread's cpuset, or offline).
+pub fn pin_to_cpu(cpu: usize) -> bool {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return false;
+    }
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it (the index is checked above);
+    // sched_setaffinity reads the set of the size passed.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
     }
+}
+
+/// The CPUs the calling thread may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes within the size passed, and
+    // CPU_ISSET reads within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Moves the calling thread to `SCHED_IDLE` (it then runs only when nothing else on its CPU
+/// wants to); false if refused.
+pub fn set_sched_idle() -> bool {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a valid sched_param for the calling thread (pid 0).
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 }
+}
+
+/// CPU time the calling thread has used, in nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    // SAFETY: timespec is plain data; clock_gettime writes it.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid clock id and pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Voluntary context switches of the calling thread so far.

@@ -639,6 +639,38 @@ impl SwapDevice {
         (found, next)
     }
 
+    /// [`isolate`](Self::isolate) for `nonfull_first`'s first pass: the first cluster of
+    /// `list` that no CPU has as its current cluster of `class` and nobody holds locked; None
+    /// when there is none (the caller goes on to the free list instead of waiting). A partly
+    /// used cluster stays on its nonfull list while it serves its CPU (see `relocate`);
+    /// taking it from under that CPU would put two CPUs on one cluster lock.
+    fn isolate_unowned(
+        &self,
+        list: ListId,
+        order: u32,
+        class: usize,
+    ) -> Option<(usize, MutexGuard<'_, ClusterInner>)> {
+        let owned = |idx: usize| {
+            self.percpu.iter().any(|pc| {
+                let h = pc.next[class].load(Ordering::Relaxed);
+                h != NO_HINT && (h >> self.cluster_shift) as usize == idx
+            })
+        };
+        let mut lists = self.lock_lists();
+        let mut cur = lists.first(list);
+        while let Some(idx) = cur {
+            if !owned(idx) {
+                if let Some(mut ci) = self.clusters[idx].try_lock() {
+                    ci.lock_count += 1;
+                    self.take_for_alloc(&mut lists, idx, &mut ci, order);
+                    return Some((idx, ci));
+                }
+            }
+            cur = lists.next(idx);
+        }
+        None
+    }
+
     /// Isolates a cluster from `list`, scans it from its start, records the next hint.
     /// `None` if the list had no cluster to take; `Some(found)` otherwise.
     fn try_list(
@@ -709,10 +741,16 @@ impl SwapDevice {
             if self.nonfull_min_free > 0 && (1usize << order) < self.cluster_slots {
                 // Partly used clusters first (see `DeviceConfig::nonfull_first`).
                 for _ in 0..nclusters {
-                    match self.try_list(ListId::Nonfull(class), order, usage, class, hints) {
-                        Some(Some(found)) => return Some(found),
-                        Some(None) => {}
-                        None => break,
+                    let Some((idx, mut ci)) =
+                        self.isolate_unowned(ListId::Nonfull(class), order, class)
+                    else {
+                        break;
+                    };
+                    let (found, next) = self.scan_cluster(idx, &mut ci, 0, order, usage);
+                    drop(ci);
+                    hints.set(class, next);
+                    if found.is_some() {
+                        return found;
                     }
                 }
             }

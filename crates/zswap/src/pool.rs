@@ -22,6 +22,8 @@
 
 use crate::sync::Mutex;
 use crate::PAGE_SIZE;
+use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Smallest object slot.
@@ -141,13 +143,62 @@ pub trait Relocate {
     fn moved(&mut self, from: Handle, to: Handle);
 }
 
-/// A span: `span_bytes` of object memory followed by a bitmap of its used object slots (one bit
-/// per slot; the owner of an object is the caller's business: compaction asks it through
-/// [`Relocate`]).
+/// The layout of a class's spans: `span_bytes` of object slots, then a bitmap of the used slots
+/// (one bit per slot; the owner of an object is the caller's business: compaction asks it
+/// through [`Relocate`]), `alloc` bytes in all.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    span_bytes: usize,
+    alloc: usize,
+}
+
+impl Shape {
+    fn layout(self) -> Layout {
+        match Layout::from_size_align(self.alloc, 8) {
+            Ok(l) => l,
+            Err(_) => unreachable!("a span is at most 16 pages and a bitmap"),
+        }
+    }
+}
+
+/// A span's memory: one allocation held by a thin pointer (8 bytes per span in the class's span
+/// list; a boxed slice would also carry the length, which is the class's [`Shape`]).
+///
+/// INVARIANT: points to a zeroed-at-birth allocation of `shape.layout()` for the shape of the
+/// class whose span list holds it, owned by this value alone; it is freed by
+/// [`Class::drop_span`] with that shape. Spans never move between classes.
+struct SpanMem(NonNull<u8>);
+
+// SAFETY: a `SpanMem` owns its allocation exclusively, as a `Box<[u8]>` does, and has no
+// interior mutability: moving it to or sharing it with another thread is as safe as for a box.
+unsafe impl Send for SpanMem {}
+// SAFETY: as above; `&SpanMem` only reads.
+unsafe impl Sync for SpanMem {}
+
+impl std::fmt::Debug for SpanMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SpanMem").field(&self.0).finish()
+    }
+}
+
+impl SpanMem {
+    fn new(shape: Shape) -> SpanMem {
+        let layout = shape.layout();
+        // SAFETY: the layout has a nonzero size (a span holds at least a page).
+        let ptr = unsafe { alloc_zeroed(layout) };
+        match NonNull::new(ptr) {
+            // INVARIANT: a fresh zeroed allocation of `shape.layout()`, owned by the new value.
+            Some(p) => SpanMem(p),
+            None => handle_alloc_error(layout),
+        }
+    }
+}
+
+/// A span: its memory and its counts. Used only with the [`Shape`] of the class that holds it.
 #[derive(Debug)]
 struct Span {
-    mem: Box<[u8]>,
-    inuse: u32,
+    mem: SpanMem,
+    inuse: u16,
     /// Position in `Class::partial` when the span has both used and free slots... or is empty
     /// and about to be released; `NOT_PARTIAL` when full.
     partial_pos: u32,
@@ -155,17 +206,30 @@ struct Span {
 
 const NOT_PARTIAL: u32 = u32::MAX;
 
+const _: () = assert!(std::mem::size_of::<Option<Span>>() == 16);
+
 impl Span {
-    fn bitmap(&self, span_bytes: usize) -> &[u8] {
-        &self.mem[span_bytes..]
+    /// The span's memory. `shape` must be its class's (the type invariant of [`Span`]).
+    fn mem(&self, shape: Shape) -> &[u8] {
+        // SAFETY: by `SpanMem`'s invariant the allocation is `shape.alloc` bytes (spans are
+        // only used with their class's shape), initialised (zeroed at birth, then written
+        // through `mem_mut` only), and borrowed for as long as `self` is.
+        unsafe { std::slice::from_raw_parts(self.mem.0.as_ptr(), shape.alloc) }
     }
-    fn is_used(&self, span_bytes: usize, obj: u16) -> bool {
-        self.bitmap(span_bytes)
+    fn mem_mut(&mut self, shape: Shape) -> &mut [u8] {
+        // SAFETY: as in `mem`; `&mut self` makes the borrow exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.mem.0.as_ptr(), shape.alloc) }
+    }
+    fn bitmap(&self, shape: Shape) -> &[u8] {
+        &self.mem(shape)[shape.span_bytes..]
+    }
+    fn is_used(&self, shape: Shape, obj: u16) -> bool {
+        self.bitmap(shape)
             .get(obj as usize / 8)
             .is_some_and(|b| b & (1 << (obj % 8)) != 0)
     }
-    fn set_used(&mut self, span_bytes: usize, obj: u16, used: bool) {
-        let b = &mut self.mem[span_bytes + obj as usize / 8];
+    fn set_used(&mut self, shape: Shape, obj: u16, used: bool) {
+        let b = &mut self.mem_mut(shape)[shape.span_bytes + obj as usize / 8];
         if used {
             *b |= 1 << (obj % 8);
         } else {
@@ -173,9 +237,9 @@ impl Span {
         }
     }
     /// First free object slot below `objs`.
-    fn first_free(&self, span_bytes: usize, objs: usize) -> Option<u16> {
+    fn first_free(&self, shape: Shape, objs: usize) -> Option<u16> {
         let (i, b) = self
-            .bitmap(span_bytes)
+            .bitmap(shape)
             .iter()
             .enumerate()
             .find(|(_, &b)| b != 0xff)?;
@@ -183,23 +247,22 @@ impl Span {
         (obj < objs).then_some(obj as u16)
     }
     /// The used object slots, in order.
-    fn used(&self, span_bytes: usize) -> impl Iterator<Item = u16> + '_ {
-        self.bitmap(span_bytes)
-            .iter()
-            .enumerate()
-            .flat_map(|(i, &b)| {
-                (0..8)
-                    .filter(move |j| b & (1 << j) != 0)
-                    .map(move |j| (i * 8 + j) as u16)
-            })
+    fn used(&self, shape: Shape) -> impl Iterator<Item = u16> + '_ {
+        self.bitmap(shape).iter().enumerate().flat_map(|(i, &b)| {
+            (0..8)
+                .filter(move |j| b & (1 << j) != 0)
+                .map(move |j| (i * 8 + j) as u16)
+        })
     }
 }
 
 #[derive(Debug)]
+/// INVARIANT: every span in `spans` was allocated with `shape` (and is freed with it).
 struct Class {
     size: usize,
     objs_per_span: usize,
     span_bytes: usize,
+    shape: Shape,
     spans: Vec<Option<Span>>,
     free_span_ids: Vec<u32>,
     /// Spans with at least one free object slot.
@@ -228,10 +291,15 @@ impl Class {
             }
         }
         let span_bytes = best.0 * PAGE_SIZE;
+        let objs_per_span = span_bytes / size;
         Class {
             size,
-            objs_per_span: span_bytes / size,
+            objs_per_span,
             span_bytes,
+            shape: Shape {
+                span_bytes,
+                alloc: span_bytes + objs_per_span.div_ceil(8),
+            },
             spans: Vec::new(),
             free_span_ids: Vec::new(),
             partial: Vec::new(),
@@ -285,8 +353,9 @@ impl Class {
                 if self.free_span_ids.is_empty() && self.spans.len() >= MAX_SPANS {
                     return None;
                 }
+                // INVARIANT: allocated with this class's shape.
                 let span = Span {
-                    mem: vec![0u8; self.span_bytes + self.bitmap_bytes()].into_boxed_slice(),
+                    mem: SpanMem::new(self.shape),
                     inuse: 0,
                     partial_pos: NOT_PARTIAL,
                 };
@@ -309,15 +378,15 @@ impl Class {
                 id
             }
         };
-        let (span_bytes, objs) = (self.span_bytes, self.objs_per_span);
+        let (shape, objs) = (self.shape, self.objs_per_span);
         let (obj, full) = {
             let Some(Some(span)) = self.spans.get_mut(span_id as usize) else {
                 unreachable!("partial list names a live span");
             };
-            let Some(obj) = span.first_free(span_bytes, objs) else {
+            let Some(obj) = span.first_free(shape, objs) else {
                 unreachable!("a span on the partial list has a free slot");
             };
-            span.set_used(span_bytes, obj, true);
+            span.set_used(shape, obj, true);
             span.inuse += 1;
             (obj, span.inuse as usize == objs)
         };
@@ -334,7 +403,7 @@ impl Class {
                 return 0;
             };
             let was_full = span.inuse as usize == self.objs_per_span;
-            span.set_used(self.span_bytes, obj, false);
+            span.set_used(self.shape, obj, false);
             span.inuse -= 1;
             (span.inuse == 0, was_full)
         };
@@ -344,11 +413,20 @@ impl Class {
         if now_empty {
             // zsmalloc frees an empty zspage at once.
             self.partial_remove(span_id);
-            self.spans[span_id as usize] = None;
+            if let Some(span) = self.spans[span_id as usize].take() {
+                self.drop_span(span);
+            }
             self.free_span_ids.push(span_id);
             return self.span_bytes;
         }
         0
+    }
+
+    /// Frees a span's memory.
+    fn drop_span(&self, span: Span) {
+        // SAFETY: by the class invariant the span was allocated with `self.shape`'s layout, and
+        // it is owned by `span`, consumed here, so nothing uses it after.
+        unsafe { dealloc(span.mem.0.as_ptr(), self.shape.layout()) }
     }
 
     fn obj_range(&self, obj: u16) -> std::ops::Range<usize> {
@@ -362,7 +440,7 @@ impl Class {
         let (span, obj, len) = (h.span(), h.obj(), h.len());
         let s = self.spans.get(span as usize)?.as_ref()?;
         let ok = (obj as usize) < self.objs_per_span
-            && s.is_used(self.span_bytes, obj)
+            && s.is_used(self.shape, obj)
             && len <= self.size
             && len > 0;
         ok.then_some((span, obj, len as u16))
@@ -404,12 +482,20 @@ impl Class {
         owners: &mut dyn Relocate,
     ) -> Option<Vec<(u16, usize)>> {
         let span = self.spans.get(span_id as usize)?.as_ref()?;
-        span.used(self.span_bytes)
+        span.used(self.shape)
             .map(|obj| {
                 let len = owners.movable(Handle::new(ci, span_id, obj, 0))?;
                 (len > 0 && len <= self.size).then_some((obj, len))
             })
             .collect()
+    }
+}
+
+impl Drop for Class {
+    fn drop(&mut self) {
+        for span in std::mem::take(&mut self.spans).into_iter().flatten() {
+            self.drop_span(span);
+        }
     }
 }
 
@@ -508,12 +594,12 @@ impl Pool {
                 class_size: class.size,
             });
         };
-        let range = class.obj_range(obj);
+        let (range, shape) = (class.obj_range(obj), class.shape);
         {
             let Some(Some(span)) = class.spans.get_mut(span_id as usize) else {
                 unreachable!("alloc_obj returned a live span");
             };
-            span.mem[range.start..range.start + data.len()].copy_from_slice(data);
+            span.mem_mut(shape)[range.start..range.start + data.len()].copy_from_slice(data);
         }
         class.objects += 1;
         class.object_bytes += data.len() as u64;
@@ -538,7 +624,7 @@ impl Pool {
                 return Err(PoolError::BadHandle(h.0));
             };
             let start = class.obj_range(obj).start;
-            out.extend_from_slice(&span.mem[start..start + len as usize]);
+            out.extend_from_slice(&span.mem(class.shape)[start..start + len as usize]);
             Ok(())
         })
     }
@@ -736,11 +822,11 @@ impl Pool {
     #[doc(hidden)]
     pub fn corrupt(&self, h: Handle, offset: usize, mask: u8) -> Result<(), PoolError> {
         self.with_object(h, |class, span_id, obj, len| {
-            let start = class.obj_range(obj).start;
+            let (start, shape) = (class.obj_range(obj).start, class.shape);
             let Some(Some(span)) = class.spans.get_mut(span_id as usize) else {
                 return Err(PoolError::BadHandle(h.0));
             };
-            span.mem[start + offset % len as usize] ^= mask;
+            span.mem_mut(shape)[start + offset % len as usize] ^= mask;
             Ok(())
         })
     }
@@ -767,18 +853,14 @@ impl Pool {
             for (id, s) in class.spans.iter().enumerate() {
                 let Some(s) = s else { continue };
                 total += class.span_bytes as u64;
-                let bits: u32 = s
-                    .bitmap(class.span_bytes)
-                    .iter()
-                    .map(|b| b.count_ones())
-                    .sum();
-                if bits != s.inuse || s.inuse == 0 {
+                let bits: u32 = s.bitmap(class.shape).iter().map(|b| b.count_ones()).sum();
+                if bits != u32::from(s.inuse) || s.inuse == 0 {
                     return Err(format!(
                         "class {ci}: span {id} inuse {} bitmap {bits}",
                         s.inuse
                     ));
                 }
-                if s.used(class.span_bytes)
+                if s.used(class.shape)
                     .any(|o| o as usize >= class.objs_per_span)
                 {
                     return Err(format!("class {ci}: span {id} uses a slot past its end"));
@@ -858,7 +940,7 @@ fn move_up(
     ) else {
         unreachable!("both spans are live");
     };
-    d.mem[to..to + len].copy_from_slice(&s.mem[from..from + len]);
+    d.mem_mut(dst.shape)[to..to + len].copy_from_slice(&s.mem(src.shape)[from..from + len]);
     dst.objects += 1;
     dst.object_bytes += len as u64;
     src.objects -= 1;
@@ -875,7 +957,7 @@ fn move_up(
 fn compact_within(class: &mut Class, ci: usize, owners: &mut dyn Relocate) -> usize {
     let mut released = 0;
     let mut pinned: Vec<u32> = Vec::new();
-    let (span_bytes, objs_per_span) = (class.span_bytes, class.objs_per_span);
+    let (shape, objs_per_span) = (class.shape, class.objs_per_span);
     loop {
         // Source: the emptiest partial span that can be emptied; destination: the fullest
         // other one.
@@ -917,7 +999,7 @@ fn compact_within(class: &mut Class, ci: usize, owners: &mut dyn Relocate) -> us
         for (src_obj, len) in objs {
             let Some(dst_obj) = class.spans[dst as usize]
                 .as_ref()
-                .and_then(|s| s.first_free(span_bytes, objs_per_span))
+                .and_then(|s| s.first_free(shape, objs_per_span))
             else {
                 break;
             };
@@ -925,12 +1007,12 @@ fn compact_within(class: &mut Class, ci: usize, owners: &mut dyn Relocate) -> us
             let to = class.obj_range(dst_obj).start;
             let mut tmp = [0u8; PAGE_SIZE];
             if let Some(s) = class.spans[src as usize].as_ref() {
-                tmp[..len].copy_from_slice(&s.mem[from..from + len]);
+                tmp[..len].copy_from_slice(&s.mem(shape)[from..from + len]);
             }
             let mut dst_now_full = false;
             if let Some(d) = class.spans[dst as usize].as_mut() {
-                d.mem[to..to + len].copy_from_slice(&tmp[..len]);
-                d.set_used(span_bytes, dst_obj, true);
+                d.mem_mut(shape)[to..to + len].copy_from_slice(&tmp[..len]);
+                d.set_used(shape, dst_obj, true);
                 d.inuse += 1;
                 dst_now_full = d.inuse as usize == objs_per_span;
             }

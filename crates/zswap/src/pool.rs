@@ -125,6 +125,9 @@ pub enum PoolError {
         /// Largest allowed.
         max: usize,
     },
+    /// An object of no bytes (a handle's length 0 means no object).
+    #[error("an empty object cannot be stored")]
+    Empty,
     /// The size class holds as many spans as a handle can name (2^24).
     #[error("size class of {class_size}-byte objects is full (2^24 spans)")]
     ClassFull {
@@ -581,7 +584,10 @@ impl Pool {
 
     /// Stores `data` (1 to [`MAX_OBJECT`] bytes) and returns its handle.
     pub fn alloc(&self, data: &[u8]) -> Result<Handle, PoolError> {
-        if data.len() > MAX_OBJECT || data.is_empty() {
+        if data.is_empty() {
+            return Err(PoolError::Empty);
+        }
+        if data.len() > MAX_OBJECT {
             return Err(PoolError::TooLarge {
                 len: data.len(),
                 max: MAX_OBJECT,
@@ -1229,7 +1235,7 @@ mod tests {
             assert!(pool.corrupt(Handle(raw), 0, 1).is_err());
         }
         assert!(pool.alloc(&[0u8; PAGE_SIZE]).is_err());
-        assert!(pool.alloc(&[]).is_err());
+        assert_eq!(pool.alloc(&[]), Err(PoolError::Empty));
         pool.read(h, &mut out).expect("good handle");
         assert_eq!(out, [1, 2, 3]);
         // A stale handle: the slot freed is an error; once reused, it reads the new object

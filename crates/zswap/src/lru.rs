@@ -47,6 +47,10 @@ pub(crate) const SATURATED: u8 = COPIES;
 const BLOCK: usize = 1024;
 /// The queue is rebuilt when dead positions exceed the live ones and this.
 const MIN_DEAD_TO_REBUILD: usize = 64;
+/// Never a position (chunk ids are below [`MAX_CHUNKS`]): a dead copy during a rebuild.
+const NIL: u32 = u32::MAX;
+
+const _: () = assert!(((MAX_CHUNKS - 1) << CHUNK_SHIFT | (CHUNK_ENTRIES as u32 - 1)) < NIL);
 
 #[derive(Debug)]
 struct ChunkMarks {
@@ -102,13 +106,42 @@ impl Queue {
     }
 
     fn iter(&self) -> impl DoubleEndedIterator<Item = u32> + '_ {
-        (self.front..self.front + self.len).map(|i| self.blocks[i / BLOCK][i % BLOCK])
+        (0..self.len).map(|i| self.at(i))
+    }
+
+    /// The `i`-th position from the front.
+    fn at(&self, i: usize) -> u32 {
+        let i = self.front + i;
+        self.blocks[i / BLOCK][i % BLOCK]
+    }
+
+    fn set(&mut self, i: usize, pos: u32) {
+        let i = self.front + i;
+        self.blocks[i / BLOCK][i % BLOCK] = pos;
+    }
+
+    /// Keeps the first `len` positions; frees the blocks past them.
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        if self.len == 0 {
+            self.front = 0;
+        }
+        let blocks = (self.front + self.len).div_ceil(BLOCK).max(1);
+        self.blocks.truncate(blocks);
     }
 
     fn heap_bytes(&self) -> usize {
         self.blocks.capacity() * std::mem::size_of::<Box<[u32; BLOCK]>>()
             + self.blocks.len() * std::mem::size_of::<[u32; BLOCK]>()
     }
+}
+
+/// The marks of `pos` (whose chunk id is live: it is queued or about to be).
+fn marks_of(chunks: &mut [Option<Box<ChunkMarks>>], pos: u32) -> (&mut ChunkMarks, usize) {
+    let chunk = chunks[(pos >> CHUNK_SHIFT) as usize]
+        .as_mut()
+        .unwrap_or_else(|| unreachable!("a queued position has a live chunk id"));
+    (chunk, pos as usize & (CHUNK_ENTRIES - 1))
 }
 
 /// The list. Not synchronised: the store keeps it behind one lock, taken after shard locks.
@@ -189,10 +222,7 @@ impl Lru {
     }
 
     fn marks(&mut self, pos: u32) -> (&mut ChunkMarks, usize) {
-        let chunk = self.chunks[(pos >> CHUNK_SHIFT) as usize]
-            .as_mut()
-            .unwrap_or_else(|| unreachable!("a queued position has a live chunk id"));
-        (chunk, pos as usize & (CHUNK_ENTRIES - 1))
+        marks_of(&mut self.chunks, pos)
     }
 
     /// Queues `pos` as the most recently used. The caller's entry is not on the list.
@@ -259,37 +289,54 @@ impl Lru {
         None
     }
 
-    /// Rebuilds the queue with the live copies only, in order, and recounts the copies
-    /// exactly; frees the ids of released chunks.
+    /// Rebuilds the queue with the live copies only, in order and in place (no allocation),
+    /// and recounts the copies exactly; frees the ids of released chunks. Three passes over the
+    /// queue under the LRU lock.
     fn rebuild(&mut self) {
-        let old = std::mem::take(&mut self.queue);
-        for pos in old.iter() {
-            let (c, off) = self.marks(pos);
+        let Lru {
+            chunks,
+            queue,
+            free_ids,
+            released,
+            ..
+        } = self;
+        let n = queue.len;
+        for i in 0..n {
+            let (c, off) = marks_of(chunks, queue.at(i));
             c.marks[off] &= LIVE;
             c.queued = 0;
         }
-        // The live copy of a position is its last: walk from the newest.
-        let mut kept: Vec<u32> = Vec::with_capacity(self.live);
-        for pos in old.iter().rev() {
-            let (c, off) = self.marks(pos);
+        // The live copy of a position is its last: walk from the newest, overwrite dead copies.
+        let mut gone = Vec::new();
+        for i in (0..n).rev() {
+            let pos = queue.at(i);
+            let (c, off) = marks_of(chunks, pos);
             if c.marks[off] == LIVE {
                 c.marks[off] = LIVE | 1;
                 c.queued += 1;
-                kept.push(pos);
-            }
-        }
-        for &pos in kept.iter().rev() {
-            self.queue.push_back(pos);
-        }
-        for pos in old.iter() {
-            let id = pos >> CHUNK_SHIFT;
-            if let Some(c) = self.chunks[id as usize].as_ref() {
+            } else {
                 if c.released && c.queued == 0 {
-                    self.chunks[id as usize] = None;
-                    self.free_ids.push(id);
-                    self.released -= 1;
+                    // Listed once: a released chunk has no live position, so `queued` is free
+                    // to mark it.
+                    c.queued = u32::MAX;
+                    gone.push(pos >> CHUNK_SHIFT);
                 }
+                queue.set(i, NIL);
             }
+        }
+        let mut kept = 0;
+        for i in 0..n {
+            let pos = queue.at(i);
+            if pos != NIL {
+                queue.set(kept, pos);
+                kept += 1;
+            }
+        }
+        queue.truncate(kept);
+        for id in gone {
+            chunks[id as usize] = None;
+            free_ids.push(id);
+            *released -= 1;
         }
     }
 

@@ -136,7 +136,7 @@ mod sync;
 pub const PAGE_SIZE: usize = 4096;
 
 pub use compress::{CodecError, Compressor, PageCodec};
-pub use pool::{Handle, Pool, PoolError, Relocate};
+pub use pool::{CompactStep, Handle, Pool, PoolError, Relocate};
 pub use qpl_dyn::ExecutionPath as QplPath;
 pub use store::{
     Config, ConfigError, LoadError, ScanResult, Stats, StoreError, Writeback, Zswap,

@@ -23,6 +23,7 @@
 use crate::sync::Mutex;
 use crate::PAGE_SIZE;
 use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
+use std::collections::HashSet;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -134,6 +135,15 @@ pub enum PoolError {
         /// The class's object size.
         class_size: usize,
     },
+}
+
+/// What one [`Pool::compact_class`] step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactStep {
+    /// Span bytes released.
+    pub released: u64,
+    /// The class is compacted (false: the step's moves ran out, call again).
+    pub done: bool,
 }
 
 /// The owner of the pool's objects, as compaction sees it: whoever holds the handles (the
@@ -735,7 +745,10 @@ impl Pool {
     /// Compacts every class in turn ([`Pool::compact_class`]); returns the bytes released.
     pub fn compact(&self, across_classes: bool, owners: &mut dyn Relocate) -> u64 {
         (0..self.classes.len())
-            .map(|ci| self.compact_class(ci, across_classes, owners))
+            .map(|ci| {
+                self.compact_class(ci, across_classes, owners, usize::MAX)
+                    .released
+            })
             .sum()
     }
 
@@ -745,18 +758,36 @@ impl Pool {
     /// filled spans (about one span per class, which weighs most in a small pool) moves up into
     /// free slots of larger classes, when that empties a span for less padding than half the
     /// span. Only spans whose every object `owners` can follow are emptied; each move is
-    /// reported to `owners` as it is made, under the class locks. Returns the bytes released.
+    /// reported to `owners` as it is made, under the class locks.
+    ///
+    /// A step makes about `max_moves` moves at most (the last span moved up to a larger class
+    /// may take it past by a span's objects) and says whether the class is done; call again
+    /// until it is (the caller may drop and retake its own locks between steps, so that a step
+    /// bounds how long they are held). A step sorts the class's partly filled spans once:
+    /// O(p log p + moves) for p partly filled spans.
     ///
     /// Lock order: class `ci`, then larger classes one at a time (every other path holds one
     /// class lock at most). The caller's [`Relocate`] is called with them held.
-    pub fn compact_class(&self, ci: usize, across_classes: bool, owners: &mut dyn Relocate) -> u64 {
+    pub fn compact_class(
+        &self,
+        ci: usize,
+        across_classes: bool,
+        owners: &mut dyn Relocate,
+        max_moves: usize,
+    ) -> CompactStep {
         let Some(lock) = self.classes.get(ci) else {
-            return 0;
+            return CompactStep {
+                released: 0,
+                done: true,
+            };
         };
         let mut class = lock.lock();
-        let mut released = compact_within(&mut class, ci, owners);
-        if across_classes {
-            released += self.migrate_up(&mut class, ci, owners);
+        let mut budget = max_moves;
+        let (mut released, mut done) = compact_within(&mut class, ci, owners, &mut budget);
+        if done && across_classes {
+            let (r, d) = self.migrate_up(&mut class, ci, owners, &mut budget);
+            released += r;
+            done = d;
         }
         drop(class);
         let released = released as u64;
@@ -765,17 +796,23 @@ impl Pool {
             self.compacted_pages
                 .fetch_add(released / PAGE_SIZE as u64, Ordering::Relaxed);
         }
-        released
+        CompactStep { released, done }
     }
 
     /// Empties partly filled spans of class `ci` (locked: `src`), emptiest first, into free
     /// slots of the partly filled spans of larger classes (smallest first; never a new span), as
     /// long as one span's objects fit and cost less than half a span of padding. Returns the
-    /// bytes released.
-    fn migrate_up(&self, src: &mut Class, ci: usize, owners: &mut dyn Relocate) -> usize {
+    /// bytes released and whether it is done (false: `budget` moves made, more may follow).
+    fn migrate_up(
+        &self,
+        src: &mut Class,
+        ci: usize,
+        owners: &mut dyn Relocate,
+        budget: &mut usize,
+    ) -> (usize, bool) {
         let mut released = 0;
         // Spans whose objects cannot all move (an owner unknown to `owners`).
-        let mut pinned: Vec<u32> = Vec::new();
+        let mut pinned: HashSet<u32> = HashSet::new();
         while let Some(span_id) = src
             .partial
             .iter()
@@ -783,10 +820,14 @@ impl Pool {
             .filter(|id| !pinned.contains(id))
             .min_by_key(|&id| src.inuse(id))
         {
+            if *budget == 0 {
+                return (released, false);
+            }
             let Some(objs) = src.evacuable(ci, span_id, owners) else {
-                pinned.push(span_id);
+                pinned.insert(span_id);
                 continue;
             };
+            *budget = budget.saturating_sub(objs.len());
             // Plan: how many objects go to which larger class.
             let budget = src.span_bytes / 2;
             let (mut need, mut pad, mut plan) = (objs.len(), 0usize, Vec::new());
@@ -820,7 +861,7 @@ impl Pool {
                 break;
             }
         }
-        released
+        (released, true)
     }
 
     /// XORs `mask` into byte `offset` (modulo the object length) of the object named by `h`:
@@ -959,55 +1000,52 @@ fn move_up(
 }
 
 /// zsmalloc's compaction of one class: objects of the emptiest partly filled span move into
-/// the fullest other one, until the free slots elsewhere cannot take a span's objects.
-fn compact_within(class: &mut Class, ci: usize, owners: &mut dyn Relocate) -> usize {
+/// the fullest other one, until the free slots elsewhere cannot take a span's objects. The
+/// partly filled spans are sorted by use once; sources are taken from the emptiest end,
+/// destinations from the fullest. Returns the bytes released and whether the class is done
+/// (false: `budget` moves made).
+fn compact_within(
+    class: &mut Class,
+    ci: usize,
+    owners: &mut dyn Relocate,
+    budget: &mut usize,
+) -> (usize, bool) {
     let mut released = 0;
-    let mut pinned: Vec<u32> = Vec::new();
     let (shape, objs_per_span) = (class.shape, class.objs_per_span);
-    loop {
-        // Source: the emptiest partial span that can be emptied; destination: the fullest
-        // other one.
-        let Some(src) = class
-            .partial
-            .iter()
-            .copied()
-            .filter(|id| !pinned.contains(id))
-            .min_by_key(|&id| class.inuse(id))
-        else {
-            return released;
-        };
-        let Some(dst) = class
-            .partial
-            .iter()
-            .copied()
-            .filter(|&id| id != src)
-            .max_by_key(|&id| class.inuse(id))
-        else {
-            return released;
-        };
-        // Only compact when the free slots elsewhere can take everything in src, otherwise
-        // stop (nothing to gain).
-        let free_elsewhere: usize = class
-            .partial
-            .iter()
-            .filter(|&&id| id != src)
-            .map(|&id| objs_per_span - class.inuse(id))
-            .sum();
-        if free_elsewhere < class.inuse(src) {
-            return released;
+    let mut order = class.partial.clone();
+    order.sort_unstable_by_key(|&id| class.inuse(id));
+    let free = |c: &Class, id: u32| objs_per_span - c.inuse(id);
+    if order.len() < 2 {
+        return (0, true);
+    }
+    let (mut lo, mut hi) = (0, order.len() - 1);
+    // Free slots in the spans order[lo + 1..=hi], the destinations left.
+    let mut free_above: usize = order[1..].iter().map(|&id| free(class, id)).sum();
+    while lo < hi {
+        let src = order[lo];
+        // Sources only get fuller from here: stop when the free slots cannot take this one.
+        if free_above < class.inuse(src) {
+            return (released, true);
         }
         let Some(objs) = class.evacuable(ci, src, owners) else {
-            pinned.push(src);
+            // Pinned (an owner `owners` does not know): not a source; try the next one.
+            lo += 1;
+            if lo <= hi {
+                free_above -= free(class, order[lo]);
+            }
             continue;
         };
-        // Move objects from src to dst until src is empty or dst is full.
-        let mut moved = 0;
         for (src_obj, len) in objs {
+            if *budget == 0 {
+                return (released, false);
+            }
+            let dst = order[hi];
             let Some(dst_obj) = class.spans[dst as usize]
                 .as_ref()
                 .and_then(|s| s.first_free(shape, objs_per_span))
             else {
-                break;
+                // A partial span without a free slot cannot happen; do not loop on it.
+                return (released, true);
             };
             let from = class.obj_range(src_obj).start;
             let to = class.obj_range(dst_obj).start;
@@ -1022,21 +1060,29 @@ fn compact_within(class: &mut Class, ci: usize, owners: &mut dyn Relocate) -> us
                 d.inuse += 1;
                 dst_now_full = d.inuse as usize == objs_per_span;
             }
-            if dst_now_full {
-                class.partial_remove(dst);
-            }
             owners.moved(
                 Handle::new(ci, src, src_obj, len),
                 Handle::new(ci, dst, dst_obj, len),
             );
             released += class.free_obj(src, src_obj);
-            moved += 1;
+            free_above -= 1;
+            *budget -= 1;
+            if dst_now_full {
+                class.partial_remove(dst);
+                hi -= 1;
+                if hi == lo {
+                    // No destination left for the rest of src.
+                    return (released, true);
+                }
+            }
         }
-        if moved == 0 {
-            // A partial span without a free slot cannot happen; do not loop on it.
-            return released;
+        // src is empty (and released).
+        lo += 1;
+        if lo <= hi {
+            free_above -= free(class, order[lo]);
         }
     }
+    (released, true)
 }
 
 #[cfg(test)]
@@ -1290,7 +1336,8 @@ mod tests {
         Alloc(usize, u8),
         Free(usize),
         Pin(usize),
-        Compact(bool),
+        /// Compact (across classes?), in steps of this many moves (0: in one go).
+        Compact(bool, usize),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1299,7 +1346,7 @@ mod tests {
                 .prop_map(|(len, seed)| Op::Alloc(len, seed)),
             4 => any::<usize>().prop_map(Op::Free),
             1 => any::<usize>().prop_map(Op::Pin),
-            1 => any::<bool>().prop_map(Op::Compact),
+            1 => (any::<bool>(), prop_oneof![Just(0usize), 1usize..6]).prop_map(|(a, s)| Op::Compact(a, s)),
         ]
     }
 
@@ -1335,11 +1382,27 @@ mod tests {
                     Op::Pin(i) if !model.is_empty() => {
                         owners.pinned.insert(i % model.len());
                     }
-                    Op::Compact(across) => {
+                    Op::Compact(across, step) => {
                         let pinned: Vec<(usize, Handle)> = owners.pinned.iter()
                             .filter_map(|&i| owners.handles[i].map(|h| (i, h))).collect();
                         let before = pool.total_bytes();
-                        let released = pool.compact(across, &mut owners);
+                        let released = if step == 0 {
+                            pool.compact(across, &mut owners)
+                        } else {
+                            // Small steps, checking the pool between them.
+                            let mut released = 0;
+                            for ci in 0..pool.nr_classes() {
+                                loop {
+                                    let s = pool.compact_class(ci, across, &mut owners, step);
+                                    released += s.released;
+                                    pool.check_integrity(Some(&owners.all())).map_err(TestCaseError::fail)?;
+                                    if s.done {
+                                        break;
+                                    }
+                                }
+                            }
+                            released
+                        };
                         prop_assert_eq!(pool.total_bytes(), before - released);
                         for (i, h) in pinned {
                             prop_assert_eq!(owners.handles[i], Some(h), "a pinned object moved");

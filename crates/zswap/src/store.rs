@@ -341,6 +341,10 @@ struct Owner {
 
 const NOT_SHARED: u32 = u32::MAX;
 
+/// Objects moved per compaction step, under every shard lock: a step holds them for about a
+/// millisecond (the moves, and sorting the class's partly filled spans).
+const COMPACT_STEP_MOVES: usize = 1024;
+
 /// [`Relocate`] for one compaction step: every shard locked, the owners gathered before the
 /// step (maybe stale: each is checked against the entry before an object moves).
 struct Relocator<'z, 'g> {
@@ -1376,11 +1380,11 @@ impl Zswap {
     /// A pool handle is the object's location, so each move must rewrite the entry (or the
     /// multi-page object) that holds it. First, one shard lock at a time, the owners of the
     /// objects in partly filled spans (the only ones compaction moves) are gathered into a map.
-    /// Then the pool is compacted one size class at a time, each step under every shard lock
-    /// (in index order, then the class locks: the lock order of every other path, shard then
-    /// class, so no deadlock) so that no entry changes while its object moves; between steps
-    /// the locks are dropped, so loads and stores wait for one class's compaction at most,
-    /// not the pool's. The map may go stale between steps: before an object moves, its entry
+    /// Then the pool is compacted one size class at a time, in steps of at most
+    /// `COMPACT_STEP_MOVES` (1024) moves, each under every shard lock (in index order, then the
+    /// class locks: the lock order of every other path, shard then class, so no deadlock) so
+    /// that no entry changes while its object moves; between steps the locks are dropped, so
+    /// loads and stores wait for one step at most. The map may go stale between steps: before an object moves, its entry
     /// is checked to still hold it (an object has one owner at a time, so that entry is its
     /// owner); objects without a checked owner (new ones, or those of a store not yet in the
     /// index) stay, and so do their spans.
@@ -1423,14 +1427,22 @@ impl Zswap {
             if !partial.any_in(ci) {
                 continue;
             }
-            let mut guards: Vec<ShardGuard<'_>> =
-                self.shards.iter().map(|s| s.map.lock()).collect();
-            let mut relocator = Relocator {
-                zswap: self,
-                guards: &mut guards,
-                owners: &mut owners,
-            };
-            released += self.pool.compact_class(ci, across, &mut relocator);
+            loop {
+                let mut guards: Vec<ShardGuard<'_>> =
+                    self.shards.iter().map(|s| s.map.lock()).collect();
+                let mut relocator = Relocator {
+                    zswap: self,
+                    guards: &mut guards,
+                    owners: &mut owners,
+                };
+                let step = self
+                    .pool
+                    .compact_class(ci, across, &mut relocator, COMPACT_STEP_MOVES);
+                released += step.released;
+                if step.done {
+                    break;
+                }
+            }
         }
         released
     }

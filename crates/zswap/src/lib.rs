@@ -83,11 +83,11 @@
 //! 2. A store is all or nothing; a failed load or a failed writeback leaves the entries stored.
 //! 3. An entry marked as under writeback is removed or replaced only by that writeback.
 //! 4. Lock order: shard locks (in index order) → LRU lock → pool class lock. Compaction holds
-//!    every shard lock (in index order), then a class lock and then larger ones, one class step
-//!    at a time, and rewrites the entries of the objects it moves. `scan_objects` peeks at the
-//!    LRU's tail under the LRU lock alone, drops it, and takes the entry only after re-checking
-//!    under its shard lock and then the LRU lock that it is still stored, on the LRU and the
-//!    tail.
+//!    every shard lock (in index order), then a class lock and then larger ones, for one step
+//!    of at most 1024 moves at a time, and rewrites the entries of the objects it moves.
+//!    `scan_objects` peeks at the LRU's tail under the LRU lock alone, drops it, and takes the
+//!    entry only after re-checking under its shard lock and then the LRU lock that it is still
+//!    stored, on the LRU and the tail.
 //! 5. A multi-page object's reference count equals the number of entries pointing at it; its
 //!    pool chunks are freed exactly when it drops to zero.
 //! 6. An entry is flagged as on the LRU exactly while its index position is marked live in the

@@ -592,7 +592,7 @@ impl Pool {
         }
     }
 
-    /// Stores `data` (1 to [`MAX_OBJECT`] bytes) and returns its handle.
+    /// Stores `data` (1 to 4095 bytes: under a page) and returns its handle.
     pub fn alloc(&self, data: &[u8]) -> Result<Handle, PoolError> {
         if data.is_empty() {
             return Err(PoolError::Empty);

@@ -35,7 +35,8 @@ fn page_from(seed: &[u8], i: usize) -> Vec<u8> {
 }
 
 /// Stores a few pages, damages the pool as `data` says (flipped bytes in stored objects, forged
-/// handles), then loads every page. Checks the promise of the load path: no panic, ever; and with
+/// handles: locations of other objects, of free slots, wrong lengths, garbage), then loads every
+/// page. Checks the promise of the load path: no panic, ever; and with
 /// CRC on, a load that succeeds returns exactly the bytes stored. Returns how many loads failed.
 ///
 /// Input layout: byte 0 picks the compressor and CRC, byte 1 the number of pages (low 3 bits)
@@ -75,12 +76,16 @@ pub fn load_corrupted(data: &[u8]) -> usize {
     for op in ops.chunks_exact(3) {
         let entry = u64::from(op[0]) % nr as u64;
         if op[2] == 0 {
-            // Forge the handle: another entry's, a stale one, or garbage.
-            let raw = match op[1] % 3 {
+            // Forge the handle (the object's location): another entry's, the neighbouring
+            // object slot (free, or another object: what a stale location names), the same
+            // slot with another length, or garbage.
+            let own = zswap.debug_handle(entry);
+            let raw = match op[1] % 4 {
                 0 => zswap
                     .debug_handle((entry + 1) % nr as u64)
                     .map_or(0, |h| h.raw()),
-                1 => zswap.debug_handle(entry).map_or(1, |h| h.raw() ^ (1 << 32)),
+                1 => own.map_or(1, |h| h.raw() ^ (1 << 12)),
+                2 => own.map_or(2, |h| h.with_len(h.len() ^ usize::from(op[1] >> 2)).raw()),
                 _ => u64::from(op[1]).wrapping_mul(0x9e37_79b9_7f4a_7c15),
             };
             zswap.debug_set_handle(entry, raw);

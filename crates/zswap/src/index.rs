@@ -1,4 +1,4 @@
-//! The index of one shard: swap entry -> [`Entry`], a two-level radix keyed by the entry number
+//! The index of one shard: swap entry -> entry, a two-level radix keyed by the entry number
 //! (the kernel indexes zswap entries with an xarray per swap device).
 //!
 //! Swap entries are small dense integers handed out by a slot allocator in clusters, so the
@@ -10,11 +10,14 @@
 //! `DENSE_CHUNKS * 64 * shards`, never seen from a swap allocator of a realistic size) go
 //! through a `BTreeMap`.
 //!
-//! An [`Entry`] is 16 bytes: a payload word (a pool handle, the same-filled word, or a pointer
-//! to a multi-page object holding one of its `Arc` references), the page's CRC32C, and a word of
-//! flags (kind, under writeback, on the LRU) and the page's slot in its multi-page object. The
-//! LRU links of an entry live in [`Lru`], at the entry's position (chunk id, offset); the index
-//! keeps the `ON_LRU` flag and the links in step.
+//! A chunk keeps its entries as a structure of arrays: per entry a payload word (a pool handle,
+//! that is the object's location; the same-filled word; or a pointer to a multi-page object
+//! holding one of its `Arc` references) and four bits in bit planes (kind, under writeback, on
+//! the LRU): 8.5 bytes. The page's CRC32C (4 bytes) and its slot in a multi-page object (2)
+//! live in arrays allocated with the chunk's first nonzero value, so a store with CRC off pays
+//! nothing for CRCs and one without multi-page objects nothing for slots. An [`Entry`] is one
+//! entry taken out of (or about to go into) a chunk. The LRU position of an entry is its
+//! (chunk id, offset); the index keeps the `ON_LRU` bit and the [`Lru`]'s marks in step.
 
 use crate::lru::{Lru, CHUNK_ENTRIES, CHUNK_SHIFT};
 use crate::pool::Handle;
@@ -37,11 +40,11 @@ const KIND_COMPRESSED: u32 = 2;
 const KIND_SHARED: u32 = 3;
 /// Set while `scan_objects` writes the entry back.
 const WRITEBACK: u32 = 1 << 2;
-/// Set exactly while the entry's position is linked on the LRU.
+/// Set exactly while the entry's position is live on the LRU.
 const ON_LRU: u32 = 1 << 3;
 const SLOT_SHIFT: u32 = 16;
 
-/// One stored page: 16 bytes.
+/// One stored page, out of its chunk (being inserted, or removed).
 ///
 /// INVARIANT: with kind `KIND_SHARED`, `word` is a pointer from `Arc::into_raw` and the entry
 /// owns that strong reference (given back by `into_payload` or `Drop`).
@@ -51,8 +54,6 @@ pub(crate) struct Entry {
     crc: u32,
     meta: u32,
 }
-
-const _: () = assert!(std::mem::size_of::<Entry>() == 16);
 
 /// A borrowed view of an entry's payload.
 #[derive(Debug)]
@@ -66,7 +67,7 @@ pub(crate) enum PayloadRef<'a> {
 #[derive(Debug)]
 pub(crate) struct SharedRef<'a> {
     arc: ManuallyDrop<Arc<Shared>>,
-    _entry: PhantomData<&'a Entry>,
+    _entry: PhantomData<&'a Chunk>,
 }
 
 impl std::ops::Deref for SharedRef<'_> {
@@ -76,13 +77,23 @@ impl std::ops::Deref for SharedRef<'_> {
     }
 }
 
-impl Entry {
-    const EMPTY: Entry = Entry {
-        word: 0,
-        crc: 0,
-        meta: KIND_EMPTY,
-    };
+/// The payload word of a shared entry as the object it points at, borrowed.
+///
+/// # Safety
+///
+/// `word` must be a pointer from `Arc::<Shared>::into_raw` whose strong reference is held by
+/// something that outlives `'a`.
+unsafe fn shared_ref<'a>(word: u64) -> SharedRef<'a> {
+    // SAFETY: the caller guarantees `word` came from `Arc::into_raw` and that its reference
+    // outlives the view; `ManuallyDrop` keeps the view from giving it back.
+    let arc = unsafe { Arc::from_raw(word as usize as *const Shared) };
+    SharedRef {
+        arc: ManuallyDrop::new(arc),
+        _entry: PhantomData,
+    }
+}
 
+impl Entry {
     pub(crate) fn new(payload: Payload, crc: u32) -> Entry {
         let (word, meta) = match payload {
             Payload::Same(w) => (w, KIND_SAME),
@@ -96,60 +107,42 @@ impl Entry {
         Entry { word, crc, meta }
     }
 
-    fn is_empty(&self) -> bool {
-        self.meta & KIND_MASK == KIND_EMPTY
+    fn kind(&self) -> u32 {
+        self.meta & KIND_MASK
     }
 
+    #[cfg(test)]
     pub(crate) fn crc(&self) -> u32 {
         self.crc
     }
 
     pub(crate) fn is_same(&self) -> bool {
-        self.meta & KIND_MASK == KIND_SAME
-    }
-
-    pub(crate) fn is_shared(&self) -> bool {
-        self.meta & KIND_MASK == KIND_SHARED
-    }
-
-    /// Compressed and multi-page entries go on the LRU; same-filled ones never do.
-    fn belongs_on_lru(&self) -> bool {
-        matches!(self.meta & KIND_MASK, KIND_COMPRESSED | KIND_SHARED)
+        self.kind() == KIND_SAME
     }
 
     pub(crate) fn writeback(&self) -> bool {
         self.meta & WRITEBACK != 0
     }
 
-    pub(crate) fn set_writeback(&mut self, on: bool) {
-        if on {
-            self.meta |= WRITEBACK;
-        } else {
-            self.meta &= !WRITEBACK;
-        }
-    }
-
     pub(crate) fn on_lru(&self) -> bool {
         self.meta & ON_LRU != 0
     }
 
+    /// Compressed and multi-page entries go on the LRU; same-filled ones never do.
+    fn belongs_on_lru(&self) -> bool {
+        matches!(self.kind(), KIND_COMPRESSED | KIND_SHARED)
+    }
+
+    #[cfg(test)]
     pub(crate) fn payload(&self) -> PayloadRef<'_> {
-        match self.meta & KIND_MASK {
+        match self.kind() {
             KIND_SAME => PayloadRef::Same(self.word),
             KIND_SHARED => {
-                // SAFETY: by the type invariant `word` came from `Arc::into_raw` and this entry
-                // holds that reference while it lives; `ManuallyDrop` keeps the view from giving
-                // it back, and the view borrows the entry so it cannot outlive it.
-                let arc = unsafe { Arc::from_raw(self.word as usize as *const Shared) };
-                PayloadRef::Shared(
-                    SharedRef {
-                        arc: ManuallyDrop::new(arc),
-                        _entry: PhantomData,
-                    },
-                    (self.meta >> SLOT_SHIFT) as u16,
-                )
+                // SAFETY: type invariant: this entry holds the reference while it lives, and
+                // the view borrows the entry.
+                let obj = unsafe { shared_ref(self.word) };
+                PayloadRef::Shared(obj, (self.meta >> SLOT_SHIFT) as u16)
             }
-            // Empty entries are never handed out; read as a handle that names nothing.
             _ => PayloadRef::Compressed(Handle::from_raw(self.word)),
         }
     }
@@ -157,7 +150,7 @@ impl Entry {
     /// The payload, taking over the entry's reference to a multi-page object.
     pub(crate) fn into_payload(self) -> Payload {
         let this = ManuallyDrop::new(self);
-        match this.meta & KIND_MASK {
+        match this.kind() {
             KIND_SAME => Payload::Same(this.word),
             KIND_SHARED => {
                 // SAFETY: type invariant; `ManuallyDrop` keeps `Drop` from giving the reference
@@ -171,21 +164,11 @@ impl Entry {
             _ => Payload::Compressed(Handle::from_raw(this.word)),
         }
     }
-
-    /// Points the entry at pool handle `raw`, keeping its flags (a debug hook). A multi-page
-    /// object's reference it held is dropped (not its pool chunks, as before the index change).
-    pub(crate) fn set_handle(&mut self, raw: u64) {
-        let flags = self.meta & (WRITEBACK | ON_LRU);
-        let new = Entry::new(Payload::Compressed(Handle::from_raw(raw)), self.crc);
-        let old = std::mem::replace(self, new);
-        drop(old.into_payload());
-        self.meta |= flags;
-    }
 }
 
 impl Drop for Entry {
     fn drop(&mut self) {
-        if self.is_shared() {
+        if self.kind() == KIND_SHARED {
             // SAFETY: type invariant: the entry owns this strong reference and gives it back
             // once, here (`into_payload` forgets the entry).
             drop(unsafe { Arc::from_raw(self.word as usize as *const Shared) });
@@ -193,6 +176,11 @@ impl Drop for Entry {
     }
 }
 
+/// 64 entries as a structure of arrays.
+///
+/// INVARIANT: at every offset whose kind is `KIND_SHARED`, `words[off]` is a pointer from
+/// `Arc::into_raw` and the chunk owns that strong reference (taken out with the entry by
+/// [`Chunk::take`], given back by `Drop`).
 #[derive(Debug)]
 struct Chunk {
     /// Swap entry at offset 0.
@@ -201,7 +189,218 @@ struct Chunk {
     id: u32,
     /// Non-empty entries.
     count: u32,
-    entries: [Entry; CHUNK_ENTRIES],
+    /// Bit 0 and bit 1 of each entry's kind.
+    kind_lo: u64,
+    kind_hi: u64,
+    /// Entries under writeback.
+    writeback: u64,
+    /// Entries live on the LRU.
+    on_lru: u64,
+    words: [u64; CHUNK_ENTRIES],
+    /// CRCs, allocated with the first nonzero one (absent: all zero).
+    crcs: Option<Box<[u32; CHUNK_ENTRIES]>>,
+    /// Slots in multi-page objects, allocated with the first nonzero one (absent: all zero).
+    slots: Option<Box<[u16; CHUNK_ENTRIES]>>,
+}
+
+impl Chunk {
+    fn new(base: u64, id: u32) -> Chunk {
+        Chunk {
+            base,
+            id,
+            count: 0,
+            kind_lo: 0,
+            kind_hi: 0,
+            writeback: 0,
+            on_lru: 0,
+            words: [0; CHUNK_ENTRIES],
+            crcs: None,
+            slots: None,
+        }
+    }
+
+    fn kind(&self, off: usize) -> u32 {
+        (((self.kind_hi >> off) & 1) << 1 | ((self.kind_lo >> off) & 1)) as u32
+    }
+
+    fn set_bit(plane: &mut u64, off: usize, on: bool) {
+        if on {
+            *plane |= 1 << off;
+        } else {
+            *plane &= !(1 << off);
+        }
+    }
+
+    fn set_kind(&mut self, off: usize, kind: u32) {
+        Self::set_bit(&mut self.kind_lo, off, kind & 1 != 0);
+        Self::set_bit(&mut self.kind_hi, off, kind & 2 != 0);
+    }
+
+    fn is_empty_at(&self, off: usize) -> bool {
+        self.kind(off) == KIND_EMPTY
+    }
+
+    /// Stores `e` at the empty offset `off`.
+    fn put(&mut self, off: usize, e: Entry) {
+        debug_assert!(self.is_empty_at(off));
+        let e = ManuallyDrop::new(e);
+        // INVARIANT: a shared entry's reference moves from `e` (forgotten) into the chunk.
+        self.words[off] = e.word;
+        self.set_kind(off, e.kind());
+        Self::set_bit(&mut self.writeback, off, e.writeback());
+        Self::set_bit(&mut self.on_lru, off, e.on_lru());
+        if e.crc != 0 || self.crcs.is_some() {
+            self.crcs
+                .get_or_insert_with(|| Box::new([0; CHUNK_ENTRIES]))[off] = e.crc;
+        }
+        let slot = (e.meta >> SLOT_SHIFT) as u16;
+        if slot != 0 || self.slots.is_some() {
+            self.slots
+                .get_or_insert_with(|| Box::new([0; CHUNK_ENTRIES]))[off] = slot;
+        }
+    }
+
+    fn crc(&self, off: usize) -> u32 {
+        self.crcs.as_ref().map_or(0, |c| c[off])
+    }
+
+    fn slot(&self, off: usize) -> u16 {
+        self.slots.as_ref().map_or(0, |s| s[off])
+    }
+
+    fn meta(&self, off: usize) -> u32 {
+        let mut meta = self.kind(off) | (u32::from(self.slot(off)) << SLOT_SHIFT);
+        if self.writeback & (1 << off) != 0 {
+            meta |= WRITEBACK;
+        }
+        if self.on_lru & (1 << off) != 0 {
+            meta |= ON_LRU;
+        }
+        meta
+    }
+
+    /// Takes the entry at `off` out (the offset is left empty).
+    fn take(&mut self, off: usize) -> Entry {
+        // INVARIANT: a shared entry's reference moves from the chunk into the returned entry
+        // (its kind here becomes empty).
+        let e = Entry {
+            word: self.words[off],
+            crc: self.crc(off),
+            meta: self.meta(off),
+        };
+        self.set_kind(off, KIND_EMPTY);
+        Self::set_bit(&mut self.writeback, off, false);
+        Self::set_bit(&mut self.on_lru, off, false);
+        e
+    }
+
+    /// Heap bytes of the side arrays.
+    fn side_bytes(&self) -> usize {
+        self.crcs
+            .as_ref()
+            .map_or(0, |_| std::mem::size_of::<[u32; CHUNK_ENTRIES]>())
+            + self
+                .slots
+                .as_ref()
+                .map_or(0, |_| std::mem::size_of::<[u16; CHUNK_ENTRIES]>())
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        for off in 0..CHUNK_ENTRIES {
+            if self.kind(off) == KIND_SHARED {
+                // Gives the reference back through the entry's `Drop`.
+                drop(self.take(off));
+            }
+        }
+    }
+}
+
+/// A stored entry, borrowed from its chunk.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EntryRef<'a> {
+    chunk: &'a Chunk,
+    off: usize,
+}
+
+impl<'a> EntryRef<'a> {
+    fn kind(self) -> u32 {
+        self.chunk.kind(self.off)
+    }
+
+    pub(crate) fn crc(self) -> u32 {
+        self.chunk.crc(self.off)
+    }
+
+    pub(crate) fn is_same(self) -> bool {
+        self.kind() == KIND_SAME
+    }
+
+    pub(crate) fn is_shared(self) -> bool {
+        self.kind() == KIND_SHARED
+    }
+
+    pub(crate) fn writeback(self) -> bool {
+        self.chunk.writeback & (1 << self.off) != 0
+    }
+
+    pub(crate) fn on_lru(self) -> bool {
+        self.chunk.on_lru & (1 << self.off) != 0
+    }
+
+    pub(crate) fn payload(self) -> PayloadRef<'a> {
+        let word = self.chunk.words[self.off];
+        match self.kind() {
+            KIND_SAME => PayloadRef::Same(word),
+            KIND_SHARED => {
+                // SAFETY: chunk invariant: the chunk holds this reference while the entry is
+                // stored, and the view borrows the chunk.
+                let obj = unsafe { shared_ref(word) };
+                PayloadRef::Shared(obj, self.chunk.slot(self.off))
+            }
+            // Empty entries are never handed out; read as a handle like any other.
+            _ => PayloadRef::Compressed(Handle::from_raw(word)),
+        }
+    }
+}
+
+/// A stored entry, borrowed mutably from its chunk.
+#[derive(Debug)]
+pub(crate) struct EntryMut<'a> {
+    chunk: &'a mut Chunk,
+    off: usize,
+}
+
+impl EntryMut<'_> {
+    pub(crate) fn get(&self) -> EntryRef<'_> {
+        EntryRef {
+            chunk: self.chunk,
+            off: self.off,
+        }
+    }
+
+    pub(crate) fn set_writeback(&mut self, on: bool) {
+        Chunk::set_bit(&mut self.chunk.writeback, self.off, on);
+    }
+
+    /// Points the entry at pool handle `raw`, keeping its flags and CRC: the new place of a
+    /// compressed page that compaction moved, or a forged location (a debug hook: a
+    /// multi-page object's reference the entry held is dropped, not its pool chunks).
+    pub(crate) fn set_handle(&mut self, raw: u64) {
+        let off = self.off;
+        let c = &mut *self.chunk;
+        if c.kind(off) == KIND_COMPRESSED {
+            c.words[off] = raw;
+            return;
+        }
+        let flags = c.meta(off) & (WRITEBACK | ON_LRU);
+        let old = c.take(off);
+        let mut new = Entry::new(Payload::Compressed(Handle::from_raw(raw)), old.crc);
+        new.meta |= flags;
+        drop(old.into_payload());
+        c.put(off, new);
+    }
 }
 
 /// The index of one shard. Not synchronised: each is behind its shard's lock.
@@ -214,6 +413,8 @@ pub(crate) struct Index {
     /// Chunks by local chunk number from [`DENSE_CHUNKS`] up.
     sparse: BTreeMap<u64, Box<Chunk>>,
     chunks: usize,
+    /// Heap bytes of the live chunks' side arrays (CRCs, slots).
+    side_bytes: usize,
 }
 
 impl Index {
@@ -223,6 +424,7 @@ impl Index {
             dense: Vec::new(),
             sparse: BTreeMap::new(),
             chunks: 0,
+            side_bytes: 0,
         }
     }
 
@@ -251,14 +453,16 @@ impl Index {
     }
 
     /// The entry stored at `key`.
-    pub(crate) fn get(&self, key: u64) -> Option<&Entry> {
-        let e = &self.chunk(key)?.entries[(key & OFFSET_MASK) as usize];
-        (!e.is_empty()).then_some(e)
+    pub(crate) fn get(&self, key: u64) -> Option<EntryRef<'_>> {
+        let chunk = self.chunk(key)?;
+        let off = (key & OFFSET_MASK) as usize;
+        (!chunk.is_empty_at(off)).then_some(EntryRef { chunk, off })
     }
 
-    pub(crate) fn get_mut(&mut self, key: u64) -> Option<&mut Entry> {
-        let e = &mut self.chunk_mut(key)?.entries[(key & OFFSET_MASK) as usize];
-        (!e.is_empty()).then_some(e)
+    pub(crate) fn get_mut(&mut self, key: u64) -> Option<EntryMut<'_>> {
+        let chunk = self.chunk_mut(key)?;
+        let off = (key & OFFSET_MASK) as usize;
+        (!chunk.is_empty_at(off)).then_some(EntryMut { chunk, off })
     }
 
     pub(crate) fn contains(&self, key: u64) -> bool {
@@ -280,12 +484,7 @@ impl Index {
         let Some(id) = lru.alloc_chunk(base) else {
             return false;
         };
-        let chunk = Box::new(Chunk {
-            base,
-            id,
-            count: 0,
-            entries: std::array::from_fn(|_| Entry::EMPTY),
-        });
+        let chunk = Box::new(Chunk::new(base, id));
         let local = self.local(key);
         if local < DENSE_CHUNKS {
             let i = local as usize;
@@ -321,22 +520,24 @@ impl Index {
             debug_assert_eq!(c.count, 0);
             lru.free_chunk(c.id);
             self.chunks -= 1;
+            self.side_bytes -= c.side_bytes();
         }
     }
 
-    /// Stores `entry` at `key` (whose chunk exists: [`Index::ensure_chunk`]), linking it at the
-    /// LRU's head if it is compressed; returns the entry it replaced, already unlinked.
+    /// Stores `entry` at `key` (whose chunk exists: [`Index::ensure_chunk`]), putting it at the
+    /// LRU's head if it is compressed; returns the entry it replaced, already off the LRU.
     pub(crate) fn insert(&mut self, key: u64, mut entry: Entry, lru: &mut Lru) -> Option<Entry> {
         let Some(chunk) = self.chunk_mut(key) else {
             unreachable!("insert after ensure_chunk under the same lock");
         };
         let off = (key & OFFSET_MASK) as usize;
         let pos = (chunk.id << CHUNK_SHIFT) | off as u32;
-        let mut old = std::mem::replace(&mut chunk.entries[off], Entry::EMPTY);
-        let old = if old.is_empty() {
+        let side = chunk.side_bytes();
+        let old = if chunk.is_empty_at(off) {
             chunk.count += 1;
             None
         } else {
+            let mut old = chunk.take(off);
             if old.on_lru() {
                 lru.remove(pos);
                 old.meta &= !ON_LRU;
@@ -347,19 +548,21 @@ impl Index {
             lru.push_head(pos);
             entry.meta |= ON_LRU;
         }
-        chunk.entries[off] = entry;
+        chunk.put(off, entry);
+        let grown = chunk.side_bytes() - side;
+        self.side_bytes += grown;
         old
     }
 
-    /// Removes the entry at `key` (unlinked from the LRU); frees its chunk if it was the last.
+    /// Removes the entry at `key` (off the LRU); frees its chunk if it was the last.
     pub(crate) fn remove(&mut self, key: u64, lru: &mut Lru) -> Option<Entry> {
         let chunk = self.chunk_mut(key)?;
         let off = (key & OFFSET_MASK) as usize;
-        if chunk.entries[off].is_empty() {
+        if chunk.is_empty_at(off) {
             return None;
         }
         let pos = (chunk.id << CHUNK_SHIFT) | off as u32;
-        let mut e = std::mem::replace(&mut chunk.entries[off], Entry::EMPTY);
+        let mut e = chunk.take(off);
         chunk.count -= 1;
         let empty = chunk.count == 0;
         if e.on_lru() {
@@ -376,9 +579,9 @@ impl Index {
     pub(crate) fn lru_unlink(&mut self, key: u64, lru: &mut Lru) {
         let Some(pos) = self.pos(key) else { return };
         if let Some(e) = self.get_mut(key) {
-            if e.on_lru() {
+            if e.get().on_lru() {
                 lru.remove(pos);
-                e.meta &= !ON_LRU;
+                Chunk::set_bit(&mut e.chunk.on_lru, e.off, false);
             }
         }
     }
@@ -387,9 +590,10 @@ impl Index {
     pub(crate) fn lru_relink(&mut self, key: u64, lru: &mut Lru) {
         let Some(pos) = self.pos(key) else { return };
         if let Some(e) = self.get_mut(key) {
-            if e.belongs_on_lru() && !e.on_lru() {
+            let r = e.get();
+            if matches!(r.kind(), KIND_COMPRESSED | KIND_SHARED) && !r.on_lru() {
                 lru.push_head(pos);
-                e.meta |= ON_LRU;
+                Chunk::set_bit(&mut e.chunk.on_lru, e.off, true);
             }
         }
     }
@@ -408,23 +612,51 @@ impl Index {
         self.dense.capacity() * size_of::<Option<Box<Chunk>>>()
             + sparse
             + self.chunks * size_of::<Chunk>()
+            + self.side_bytes
+    }
+
+    /// Every stored entry as (swap entry, entry).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, EntryRef<'_>)> + '_ {
+        self.dense
+            .iter()
+            .flatten()
+            .chain(self.sparse.values())
+            .flat_map(|c| {
+                let chunk: &Chunk = c;
+                (0..CHUNK_ENTRIES)
+                    .filter(move |&off| !chunk.is_empty_at(off))
+                    .map(move |off| (chunk.base + off as u64, EntryRef { chunk, off }))
+            })
     }
 
     /// Every stored entry as (swap entry, entry, LRU position), after checking each chunk's
-    /// count, that no chunk is empty and that its id is live in `lru` with its base.
+    /// count, side-array accounting, that no chunk is empty and that its id is live in `lru`
+    /// with its base.
     pub(crate) fn entries_checked<'a>(
         &'a self,
         lru: &Lru,
-    ) -> Result<Vec<(u64, &'a Entry, u32)>, String> {
+    ) -> Result<Vec<(u64, EntryRef<'a>, u32)>, String> {
         let mut out = Vec::new();
         let mut chunks = 0;
+        let mut side = 0;
         for c in self.dense.iter().flatten().chain(self.sparse.values()) {
             chunks += 1;
-            let n = c.entries.iter().filter(|e| !e.is_empty()).count();
+            side += c.side_bytes();
+            let n = (0..CHUNK_ENTRIES).filter(|&o| !c.is_empty_at(o)).count();
             if n == 0 || n != c.count as usize {
                 return Err(format!(
                     "index chunk at {:#x}: count {} but {n} entries",
                     c.base, c.count
+                ));
+            }
+            let empty: u64 = (0..CHUNK_ENTRIES)
+                .filter(|&o| c.is_empty_at(o))
+                .map(|o| 1u64 << o)
+                .sum();
+            if (c.writeback | c.on_lru) & empty != 0 {
+                return Err(format!(
+                    "index chunk at {:#x}: flags on empty entries",
+                    c.base
                 ));
             }
             if self.chunk(c.base).map(|x| x.base) != Some(c.base) {
@@ -436,16 +668,20 @@ impl Index {
                     c.base, c.id
                 ));
             }
-            for (off, e) in c.entries.iter().enumerate() {
-                if !e.is_empty() {
-                    out.push((c.base + off as u64, e, (c.id << CHUNK_SHIFT) | off as u32));
+            for off in 0..CHUNK_ENTRIES {
+                if !c.is_empty_at(off) {
+                    out.push((
+                        c.base + off as u64,
+                        EntryRef { chunk: c, off },
+                        (c.id << CHUNK_SHIFT) | off as u32,
+                    ));
                 }
             }
         }
-        if chunks != self.chunks {
+        if chunks != self.chunks || side != self.side_bytes {
             return Err(format!(
-                "index counts {} chunks, holds {chunks}",
-                self.chunks
+                "index counts {} chunks and {} side bytes, holds {chunks} and {side}",
+                self.chunks, self.side_bytes
             ));
         }
         Ok(out)
@@ -507,9 +743,15 @@ mod tests {
         Entry::new(payload, v as u32)
     }
 
-    fn matches(e: &Entry, kind: Kind, v: u64, shared: &Arc<Shared>) -> bool {
-        e.crc() == v as u32
-            && match (e.payload(), kind) {
+    fn matches(
+        crc: u32,
+        payload: PayloadRef<'_>,
+        kind: Kind,
+        v: u64,
+        shared: &Arc<Shared>,
+    ) -> bool {
+        crc == v as u32
+            && match (payload, kind) {
                 (PayloadRef::Same(w), Kind::Same) => w == v,
                 (PayloadRef::Compressed(h), Kind::Compressed) => h.raw() == v,
                 (PayloadRef::Shared(o, slot), Kind::Shared) => {
@@ -543,7 +785,7 @@ mod tests {
                         let was = model.insert(k, (kind, v, kind != Kind::Same));
                         prop_assert_eq!(old.is_some(), was.is_some());
                         if let (Some(old), Some((ok, ov, _))) = (old, was) {
-                            prop_assert!(matches(&old, ok, ov, &shared));
+                            prop_assert!(matches(old.crc(), old.payload(), ok, ov, &shared));
                             prop_assert!(!old.on_lru());
                         }
                         order.retain(|&x| x != k);
@@ -557,7 +799,7 @@ mod tests {
                         let want = model.remove(&k);
                         prop_assert_eq!(got.is_some(), want.is_some());
                         if let (Some(e), Some((kind, v, _))) = (got, want) {
-                            prop_assert!(matches(&e, kind, v, &shared));
+                            prop_assert!(matches(e.crc(), e.payload(), kind, v, &shared));
                             prop_assert!(!e.on_lru());
                         }
                         order.retain(|&x| x != k);
@@ -590,7 +832,7 @@ mod tests {
                         let m = model.get(&k).copied();
                         prop_assert!(m.is_some(), "index holds {} the model does not", k);
                         let Some((kind, v, on)) = m else { continue };
-                        prop_assert!(matches(e, kind, v, &shared));
+                        prop_assert!(matches(e.crc(), e.payload(), kind, v, &shared));
                         prop_assert_eq!(e.on_lru(), on);
                         prop_assert_eq!(ix.pos(k), Some(pos));
                     }
@@ -602,7 +844,7 @@ mod tests {
                 prop_assert_eq!(lru.live_chunks(), chunks);
                 for (&k, &(kind, v, _)) in &model {
                     let e = index[shard_of(k)].get(k);
-                    prop_assert!(e.is_some_and(|e| matches(e, kind, v, &shared)));
+                    prop_assert!(e.is_some_and(|e| matches(e.crc(), e.payload(), kind, v, &shared)));
                 }
                 let walk: Vec<u64> = lru
                     .check()

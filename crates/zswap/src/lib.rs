@@ -15,13 +15,16 @@
 //! - **Entries keyed by swap entry, one per page**, in an index split into shards by 64 MiB of
 //!   swap space (`mm/zswap.c` keeps one tree per `SWAP_ADDRESS_SPACE_PAGES`). Each shard is a
 //!   two-level radix keyed by the entry number, as the kernel's xarray: chunks of 64 entries
-//!   of 16 bytes (payload word, CRC, flags), allocated on first use and freed when empty, under
-//!   a vector of chunk pointers (a `BTreeMap` for entries beyond about 2^28 · shards / 64). The
-//!   LRU has no nodes: its 8-byte links are kept per index position (chunk id, offset). Each
-//!   shard is behind its own mutex: the index is *not* lock-free, so it has no lock-free claims;
-//!   the loom models in `tests/loom_store.rs` check the writeback / load / store protocol
-//!   instead. Metadata: 24 bytes per entry slot for index and LRU, plus the pool's 8-byte
-//!   handle slot per object ([`Stats::metadata_bytes`]).
+//!   kept as arrays (8-byte payload words, bit planes for kind and flags, CRCs and multi-page
+//!   slots in side arrays allocated with their first nonzero value), allocated on first use and
+//!   freed when empty, under a vector of chunk pointers (a `BTreeMap` for entries beyond about
+//!   2^28 · shards / 64). The LRU is in store order (nothing moves an entry up), so it is a FIFO
+//!   of index positions (chunk id, offset) with lazy removal, not a linked list. Each shard is
+//!   behind its own mutex: the index is *not* lock-free, so it has no lock-free claims; the loom
+//!   models in `tests/loom_store.rs` check the writeback / load / store protocol instead.
+//!   Metadata: 14.5 bytes per entry slot for index and LRU marks, 4 per queued LRU position,
+//!   and the pool's span records ([`Stats::metadata_bytes`]; about 21-22 bytes per page stored
+//!   page by page).
 //! - **Large folios stored whole** (the 2024 series "mm: zswap swap-out of large folios"): a
 //!   folio of 1 to 512 pages is compressed with reused contexts and then inserted under the
 //!   shard locks at once. All or nothing: if any page is refused, every object already
@@ -47,10 +50,12 @@
 //!   software (miniz_oxide) and raw deflate through Intel QPL (`deflate-iaa`, the `qpl-dyn` crate:
 //!   libqpl loaded at run time, IAA hardware when present, QPL's software path otherwise).
 //! - **A zsmalloc-like pool** ([`Pool`]): size classes every 16 bytes from 32 to 4096, objects
-//!   packed into spans of several pages, handles that stay valid across [`Zswap::compact`].
+//!   packed into spans of several pages. A [`Handle`] is the object's location (class, span,
+//!   object, length), kept by the entry: no handle table (zsmalloc's costs 8 bytes per object).
 //!   Compaction packs each class as zsmalloc does, then moves what a class still keeps in a
-//!   partly filled span up into free slots of larger classes (the old handle slot forwards to
-//!   the new place), which removes most of the one-partial-span-per-class tail.
+//!   partly filled span up into free slots of larger classes, which removes most of the
+//!   one-partial-span-per-class tail; [`Zswap::compact`] rewrites the entries of the objects it
+//!   moves (through [`Relocate`]).
 //! - **Same-filled pages** (one repeated 64-bit word) are stored as that word, with no pool memory;
 //!   pages that do not compress below a page are rejected and counted (`reject_compress_poor`).
 //! - **Limits with hysteresis**: past `max_pool_bytes` every store is refused until the pool has
@@ -60,8 +65,11 @@
 //!   decompressed, to the caller's [`Writeback`]; on success they are freed, on failure they stay.
 //! - **Integrity**: with [`Config::crc`] each page's CRC32C is kept and checked on load and
 //!   writeback. A mismatch, a decompression error or a bad handle is an error, never wrong bytes.
-//!   (With CRC off, corrupt data that still decompresses to a page cannot be told from good data;
-//!   errors and bad handles are still reported and nothing panics.)
+//!   A handle is checked on use (its class and span exist, its slot is used, its length fits),
+//!   so a forged or stale one fails or reads another object's slot, which the CRC rejects.
+//!   (With CRC off, corrupt data that still decompresses to a page cannot be told from good data,
+//!   nor a location forged to name another object; errors and handles naming no object are still
+//!   reported and nothing panics.)
 //!
 //! How it differs from the kernel: there is no swap cache, so a load is always exclusive (it frees
 //! the entry, as zswap does for exclusive loads); an entry under writeback is marked in the index
@@ -74,14 +82,20 @@
 //! 1. A successful [`Zswap::load`] returns exactly the bytes stored (checked by CRC32C when on).
 //! 2. A store is all or nothing; a failed load or a failed writeback leaves the entries stored.
 //! 3. An entry marked as under writeback is removed or replaced only by that writeback.
-//! 4. Lock order: shard locks (in index order) → LRU lock → pool class lock (compaction alone
-//!    holds two class locks, a class and then larger ones). `scan_objects` peeks at the LRU's
-//!    tail under the LRU lock alone, drops it, and takes the entry only after re-checking under
-//!    its shard lock and then the LRU lock that it is still stored, on the LRU and the tail.
+//! 4. Lock order: shard locks (in index order) → LRU lock → pool class lock. Compaction holds
+//!    every shard lock (in index order), then a class lock and then larger ones, for one step
+//!    of at most 1024 moves at a time, and rewrites the entries of the objects it moves.
+//!    `scan_objects` peeks at the LRU's tail under the LRU lock alone, drops it, and takes the
+//!    entry only after re-checking under its shard lock and then the LRU lock that it is still
+//!    stored, on the LRU and the tail.
 //! 5. A multi-page object's reference count equals the number of entries pointing at it; its
 //!    pool chunks are freed exactly when it drops to zero.
-//! 6. An entry is flagged as on the LRU exactly while its index position is linked; an index
-//!    chunk lives exactly while it holds an entry (and holds its LRU chunk id that long).
+//! 6. An entry is flagged as on the LRU exactly while its index position is marked live in the
+//!    LRU (whose queued copy of that position is the last one); an index chunk lives exactly
+//!    while it holds an entry (and holds its LRU chunk id that long; the id is reused once no
+//!    copy of its positions is queued).
+//! 7. Every pool object is named by exactly one handle held in the index (an entry's word, or a
+//!    multi-page object's chunk list), except while a store prepares it.
 //!
 //! # Example
 //!
@@ -122,7 +136,7 @@ mod sync;
 pub const PAGE_SIZE: usize = 4096;
 
 pub use compress::{CodecError, Compressor, PageCodec};
-pub use pool::{Handle, Pool, PoolError};
+pub use pool::{CompactStep, Handle, Pool, PoolError, Relocate};
 pub use qpl_dyn::ExecutionPath as QplPath;
 pub use store::{
     Config, ConfigError, LoadError, ScanResult, Stats, StoreError, Writeback, Zswap,

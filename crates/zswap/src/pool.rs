@@ -6,14 +6,25 @@
 //! waste the least memory, so objects may straddle page boundaries inside a span. Each class has
 //! its own lock, as zsmalloc's `class->lock`.
 //!
-//! A [`Handle`] names an object independently of where it lives: it indexes the class's handle
-//! table (zsmalloc's handle is a pointer to a slot holding the object's location), so compaction
-//! can move objects between spans and only rewrite the table. A handle also carries a generation,
-//! so a stale or forged handle is reported as [`PoolError::BadHandle`], not read.
+//! A [`Handle`] is the object's location itself: size class, span, object index and length,
+//! packed in one word. zsmalloc's handle is a pointer to a slot that holds the location (8 bytes
+//! more per object, here a handle-table slot with a generation until this changed); here the
+//! owner keeps the location. So compaction, which moves objects, must tell their owners:
+//! [`Pool::compact_class`] asks the caller, through [`Relocate`], whether the owner of each
+//! object it would move can follow the move, and tells it where the object went.
+//!
+//! Every use of a handle checks it: the class and the span exist, the object index is below the
+//! span's object count and its slot is in use, the length fits the class. A handle that fails
+//! is [`PoolError::BadHandle`]; one that passes reads only inside its object slot. What a
+//! location cannot tell (a generation could) is a stale handle whose slot holds a newer object,
+//! or a forged one that names another live object: it reads that object's bytes. The store's
+//! CRC catches that (with CRC off, a forged location is not told from a good one).
 
 use crate::sync::Mutex;
 use crate::PAGE_SIZE;
-use std::collections::HashMap;
+use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
+use std::collections::HashSet;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Smallest object slot.
@@ -24,29 +35,71 @@ pub(crate) const CLASS_DELTA: usize = 16;
 pub(crate) const MAX_OBJECT: usize = PAGE_SIZE - 1;
 
 const NR_CLASSES: usize = (PAGE_SIZE - MIN_ALLOC) / CLASS_DELTA + 1;
-/// Generation bits kept in a handle-table slot (and compared with a handle's).
-const GEN_BITS: u32 = 15;
-const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
-const FREE_OWNER: u32 = u32::MAX;
 
-/// The name of a stored object; valid until the object is freed, across compactions.
+/// Spans per class a handle can name.
+const MAX_SPANS: usize = 1 << SPAN_BITS;
+const LEN_BITS: u32 = 12;
+const OBJ_BITS: u32 = 11;
+const SPAN_BITS: u32 = 24;
+const CLASS_BITS: u32 = 8;
+const OBJ_SHIFT: u32 = LEN_BITS;
+const SPAN_SHIFT: u32 = OBJ_SHIFT + OBJ_BITS;
+const CLASS_SHIFT: u32 = SPAN_SHIFT + SPAN_BITS;
+/// Bits a handle uses; a handle with any bit above set is forged.
+pub(crate) const HANDLE_BITS: u32 = CLASS_SHIFT + CLASS_BITS;
+
+const _: () = assert!(
+    (16 * PAGE_SIZE / MIN_ALLOC) <= 1 << OBJ_BITS
+        && MAX_OBJECT < 1 << LEN_BITS
+        && NR_CLASSES <= 1 << CLASS_BITS
+        && HANDLE_BITS <= 64
+);
+
+/// The location of a stored object: size class (8 bits), span (24), object index within the
+/// span (11: at most 16 pages of 32-byte objects) and length (12), in the low 55 bits of a
+/// word. Valid until the object is freed or moved by compaction (which tells the owner).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Handle(pub(crate) u64);
 
 impl Handle {
-    fn new(class: usize, gen: u32, idx: u32) -> Handle {
-        Handle(((class as u64) << 52) | (u64::from(gen & GEN_MASK) << 32) | u64::from(idx))
+    fn new(class: usize, span: u32, obj: u16, len: usize) -> Handle {
+        debug_assert!(
+            class < 1 << CLASS_BITS
+                && (span as usize) < MAX_SPANS
+                && obj < 1 << OBJ_BITS
+                && len < 1 << LEN_BITS
+        );
+        Handle(
+            ((class as u64) << CLASS_SHIFT)
+                | (u64::from(span) << SPAN_SHIFT)
+                | (u64::from(obj) << OBJ_SHIFT)
+                | len as u64,
+        )
     }
     fn class(self) -> usize {
-        (self.0 >> 52) as usize
+        ((self.0 >> CLASS_SHIFT) & ((1 << CLASS_BITS) - 1)) as usize
     }
-    /// The handle's whole 20-bit generation field: a slot keeps [`GEN_BITS`] of it, so a
-    /// handle with any higher bit set (forged) never matches a slot.
-    fn gen(self) -> u32 {
-        ((self.0 >> 32) as u32) & ((1 << 20) - 1)
+    fn span(self) -> u32 {
+        ((self.0 >> SPAN_SHIFT) & ((1 << SPAN_BITS) - 1)) as u32
     }
-    fn idx(self) -> u32 {
-        self.0 as u32
+    fn obj(self) -> u16 {
+        ((self.0 >> OBJ_SHIFT) & ((1 << OBJ_BITS) - 1)) as u16
+    }
+    /// The object's length, as the handle says (checked against the class on use).
+    pub fn len(self) -> usize {
+        (self.0 & ((1 << LEN_BITS) - 1)) as usize
+    }
+    /// Whether the handle names an empty object (the pool never stores one).
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+    /// The handle of the object slot, length cleared: what [`Relocate`] is asked about.
+    pub fn slot(self) -> Handle {
+        Handle(self.0 & !((1 << LEN_BITS) - 1))
+    }
+    /// The same slot with length `len`.
+    pub fn with_len(self, len: usize) -> Handle {
+        Handle(self.slot().0 | (len as u64 & ((1 << LEN_BITS) - 1)))
     }
     /// The raw value (for diagnostics and fuzzing).
     pub fn raw(self) -> u64 {
@@ -62,8 +115,8 @@ impl Handle {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PoolError {
-    /// The handle does not name a live object of this pool.
-    #[error("bad pool handle {0:#x}: no live object has it")]
+    /// The handle does not name a live object slot of this pool.
+    #[error("bad pool handle {0:#x}: no live object there")]
     BadHandle(u64),
     /// The object is larger than the pool stores.
     #[error("object of {len} bytes is larger than the {max}-byte maximum")]
@@ -73,7 +126,10 @@ pub enum PoolError {
         /// Largest allowed.
         max: usize,
     },
-    /// The size class holds as many spans as a handle-table slot can name (2^24).
+    /// An object of no bytes (a handle's length 0 means no object).
+    #[error("an empty object cannot be stored")]
+    Empty,
+    /// The size class holds as many spans as a handle can name (2^24).
     #[error("size class of {class_size}-byte objects is full (2^24 spans)")]
     ClassFull {
         /// The class's object size.
@@ -81,70 +137,81 @@ pub enum PoolError {
     },
 }
 
-/// A handle-table slot, decoded from its 8-byte [`PackedSlot`].
+/// What one [`Pool::compact_class`] step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactStep {
+    /// Span bytes released.
+    pub released: u64,
+    /// The class is compacted (false: the step's moves ran out, call again).
+    pub done: bool,
+}
+
+/// The owner of the pool's objects, as compaction sees it: whoever holds the handles (the
+/// store's index) must follow each move, since a handle is a location.
+pub trait Relocate {
+    /// The length of the object in `slot` (a handle whose length is 0) if its owner is known
+    /// and can follow a move of it; None leaves the object where it is.
+    fn movable(&mut self, slot: Handle) -> Option<usize>;
+    /// The object that was at `from` (now free) is at `to`, with the same length.
+    fn moved(&mut self, from: Handle, to: Handle);
+}
+
+/// The layout of a class's spans: `span_bytes` of object slots, then a bitmap of the used slots
+/// (one bit per slot; the owner of an object is the caller's business: compaction asks it
+/// through [`Relocate`]), `alloc` bytes in all.
 #[derive(Debug, Clone, Copy)]
-enum Slot {
-    Free {
-        next_free: u32,
-        gen: u32,
-    },
-    Used {
-        span: u32,
-        obj: u16,
-        len: u16,
-        gen: u32,
-    },
-    /// The object was moved to a larger class by compaction: `to` names it there (possibly
-    /// moved on again: chains only go up in size, so they are at most as long as the classes).
-    Moved {
-        to: Handle,
-        gen: u32,
-    },
+struct Shape {
+    span_bytes: usize,
+    alloc: usize,
 }
 
-/// Spans per class a slot can name.
-const MAX_SPANS: usize = 1 << 24;
-const TAG_SHIFT: u32 = 62;
-const TAG_FREE: u64 = 0;
-const TAG_USED: u64 = 1;
-const TAG_MOVED: u64 = 2;
-const SLOT_GEN_SHIFT: u32 = 47;
-
-/// A handle-table slot in 8 bytes: tag (2 bits), generation (15), and for a used slot the span
-/// (24 bits), object index (11: at most 16 pages of 32-byte objects) and length (12); for a
-/// free slot the next free index. A moved slot's target handle lives in `Class::moved` (only
-/// compaction across classes makes them, for the few objects of each class's last spans).
-#[derive(Debug, Clone, Copy)]
-struct PackedSlot(u64);
-
-const _: () = assert!((16 * PAGE_SIZE / MIN_ALLOC) <= 1 << 11 && MAX_OBJECT < 1 << 12);
-
-impl PackedSlot {
-    fn tag(self) -> u64 {
-        self.0 >> TAG_SHIFT
-    }
-    fn gen(self) -> u32 {
-        ((self.0 >> SLOT_GEN_SHIFT) as u32) & GEN_MASK
-    }
-    fn head(tag: u64, gen: u32) -> u64 {
-        (tag << TAG_SHIFT) | (u64::from(gen & GEN_MASK) << SLOT_GEN_SHIFT)
+impl Shape {
+    fn layout(self) -> Layout {
+        match Layout::from_size_align(self.alloc, 8) {
+            Ok(l) => l,
+            Err(_) => unreachable!("a span is at most 16 pages and a bitmap"),
+        }
     }
 }
 
-/// Where a handle's slot leads.
-enum Found {
-    /// (span, object index, length) in this class.
-    At(u32, u16, u16),
-    /// Follow to another class.
-    Moved(Handle),
+/// A span's memory: one allocation held by a thin pointer (8 bytes per span in the class's span
+/// list; a boxed slice would also carry the length, which is the class's [`Shape`]).
+///
+/// INVARIANT: points to a zeroed-at-birth allocation of `shape.layout()` for the shape of the
+/// class whose span list holds it, owned by this value alone; it is freed by
+/// [`Class::drop_span`] with that shape. Spans never move between classes.
+struct SpanMem(NonNull<u8>);
+
+// SAFETY: a `SpanMem` owns its allocation exclusively, as a `Box<[u8]>` does, and has no
+// interior mutability: moving it to or sharing it with another thread is as safe as for a box.
+unsafe impl Send for SpanMem {}
+// SAFETY: as above; `&SpanMem` only reads.
+unsafe impl Sync for SpanMem {}
+
+impl std::fmt::Debug for SpanMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SpanMem").field(&self.0).finish()
+    }
 }
 
-/// A span: `span_bytes` of object memory followed by a bitmap of its used object slots (one bit
-/// per slot; the owner of a slot is found from the handle table when compaction needs it).
+impl SpanMem {
+    fn new(shape: Shape) -> SpanMem {
+        let layout = shape.layout();
+        // SAFETY: the layout has a nonzero size (a span holds at least a page).
+        let ptr = unsafe { alloc_zeroed(layout) };
+        match NonNull::new(ptr) {
+            // INVARIANT: a fresh zeroed allocation of `shape.layout()`, owned by the new value.
+            Some(p) => SpanMem(p),
+            None => handle_alloc_error(layout),
+        }
+    }
+}
+
+/// A span: its memory and its counts. Used only with the [`Shape`] of the class that holds it.
 #[derive(Debug)]
 struct Span {
-    mem: Box<[u8]>,
-    inuse: u32,
+    mem: SpanMem,
+    inuse: u16,
     /// Position in `Class::partial` when the span has both used and free slots... or is empty
     /// and about to be released; `NOT_PARTIAL` when full.
     partial_pos: u32,
@@ -152,17 +219,30 @@ struct Span {
 
 const NOT_PARTIAL: u32 = u32::MAX;
 
+const _: () = assert!(std::mem::size_of::<Option<Span>>() == 16);
+
 impl Span {
-    fn bitmap(&self, span_bytes: usize) -> &[u8] {
-        &self.mem[span_bytes..]
+    /// The span's memory. `shape` must be its class's (the type invariant of [`Span`]).
+    fn mem(&self, shape: Shape) -> &[u8] {
+        // SAFETY: by `SpanMem`'s invariant the allocation is `shape.alloc` bytes (spans are
+        // only used with their class's shape), initialised (zeroed at birth, then written
+        // through `mem_mut` only), and borrowed for as long as `self` is.
+        unsafe { std::slice::from_raw_parts(self.mem.0.as_ptr(), shape.alloc) }
     }
-    fn is_used(&self, span_bytes: usize, obj: u16) -> bool {
-        self.bitmap(span_bytes)
+    fn mem_mut(&mut self, shape: Shape) -> &mut [u8] {
+        // SAFETY: as in `mem`; `&mut self` makes the borrow exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.mem.0.as_ptr(), shape.alloc) }
+    }
+    fn bitmap(&self, shape: Shape) -> &[u8] {
+        &self.mem(shape)[shape.span_bytes..]
+    }
+    fn is_used(&self, shape: Shape, obj: u16) -> bool {
+        self.bitmap(shape)
             .get(obj as usize / 8)
             .is_some_and(|b| b & (1 << (obj % 8)) != 0)
     }
-    fn set_used(&mut self, span_bytes: usize, obj: u16, used: bool) {
-        let b = &mut self.mem[span_bytes + obj as usize / 8];
+    fn set_used(&mut self, shape: Shape, obj: u16, used: bool) {
+        let b = &mut self.mem_mut(shape)[shape.span_bytes + obj as usize / 8];
         if used {
             *b |= 1 << (obj % 8);
         } else {
@@ -170,39 +250,36 @@ impl Span {
         }
     }
     /// First free object slot below `objs`.
-    fn first_free(&self, span_bytes: usize, objs: usize) -> Option<u16> {
+    fn first_free(&self, shape: Shape, objs: usize) -> Option<u16> {
         let (i, b) = self
-            .bitmap(span_bytes)
+            .bitmap(shape)
             .iter()
             .enumerate()
             .find(|(_, &b)| b != 0xff)?;
         let obj = i * 8 + b.trailing_ones() as usize;
         (obj < objs).then_some(obj as u16)
     }
-    /// First used object slot.
-    fn first_used(&self, span_bytes: usize) -> Option<u16> {
-        let (i, b) = self
-            .bitmap(span_bytes)
-            .iter()
-            .enumerate()
-            .find(|(_, &b)| b != 0)?;
-        Some((i * 8 + b.trailing_zeros() as usize) as u16)
+    /// The used object slots, in order.
+    fn used(&self, shape: Shape) -> impl Iterator<Item = u16> + '_ {
+        self.bitmap(shape).iter().enumerate().flat_map(|(i, &b)| {
+            (0..8)
+                .filter(move |j| b & (1 << j) != 0)
+                .map(move |j| (i * 8 + j) as u16)
+        })
     }
 }
 
 #[derive(Debug)]
+/// INVARIANT: every span in `spans` was allocated with `shape` (and is freed with it).
 struct Class {
     size: usize,
     objs_per_span: usize,
     span_bytes: usize,
+    shape: Shape,
     spans: Vec<Option<Span>>,
     free_span_ids: Vec<u32>,
     /// Spans with at least one free object slot.
     partial: Vec<u32>,
-    table: Vec<PackedSlot>,
-    /// Targets of the slots compaction moved to a larger class, by slot index.
-    moved: HashMap<u32, Handle>,
-    table_free: u32,
     objects: u64,
     object_bytes: u64,
 }
@@ -227,16 +304,18 @@ impl Class {
             }
         }
         let span_bytes = best.0 * PAGE_SIZE;
+        let objs_per_span = span_bytes / size;
         Class {
             size,
-            objs_per_span: span_bytes / size,
+            objs_per_span,
             span_bytes,
+            shape: Shape {
+                span_bytes,
+                alloc: span_bytes + objs_per_span.div_ceil(8),
+            },
             spans: Vec::new(),
             free_span_ids: Vec::new(),
             partial: Vec::new(),
-            table: Vec::new(),
-            moved: HashMap::new(),
-            table_free: FREE_OWNER,
             objects: 0,
             object_bytes: 0,
         }
@@ -287,8 +366,9 @@ impl Class {
                 if self.free_span_ids.is_empty() && self.spans.len() >= MAX_SPANS {
                     return None;
                 }
+                // INVARIANT: allocated with this class's shape.
                 let span = Span {
-                    mem: vec![0u8; self.span_bytes + self.bitmap_bytes()].into_boxed_slice(),
+                    mem: SpanMem::new(self.shape),
                     inuse: 0,
                     partial_pos: NOT_PARTIAL,
                 };
@@ -311,15 +391,15 @@ impl Class {
                 id
             }
         };
-        let (span_bytes, objs) = (self.span_bytes, self.objs_per_span);
+        let (shape, objs) = (self.shape, self.objs_per_span);
         let (obj, full) = {
             let Some(Some(span)) = self.spans.get_mut(span_id as usize) else {
                 unreachable!("partial list names a live span");
             };
-            let Some(obj) = span.first_free(span_bytes, objs) else {
+            let Some(obj) = span.first_free(shape, objs) else {
                 unreachable!("a span on the partial list has a free slot");
             };
-            span.set_used(span_bytes, obj, true);
+            span.set_used(shape, obj, true);
             span.inuse += 1;
             (obj, span.inuse as usize == objs)
         };
@@ -336,7 +416,7 @@ impl Class {
                 return 0;
             };
             let was_full = span.inuse as usize == self.objs_per_span;
-            span.set_used(self.span_bytes, obj, false);
+            span.set_used(self.shape, obj, false);
             span.inuse -= 1;
             (span.inuse == 0, was_full)
         };
@@ -346,11 +426,20 @@ impl Class {
         if now_empty {
             // zsmalloc frees an empty zspage at once.
             self.partial_remove(span_id);
-            self.spans[span_id as usize] = None;
+            if let Some(span) = self.spans[span_id as usize].take() {
+                self.drop_span(span);
+            }
             self.free_span_ids.push(span_id);
             return self.span_bytes;
         }
         0
+    }
+
+    /// Frees a span's memory.
+    fn drop_span(&self, span: Span) {
+        // SAFETY: by the class invariant the span was allocated with `self.shape`'s layout, and
+        // it is owned by `span`, consumed here, so nothing uses it after.
+        unsafe { dealloc(span.mem.0.as_ptr(), self.shape.layout()) }
     }
 
     fn obj_range(&self, obj: u16) -> std::ops::Range<usize> {
@@ -358,129 +447,27 @@ impl Class {
         start..start + self.size
     }
 
-    /// Slot `idx` of the handle table, decoded.
-    fn slot(&self, idx: u32) -> Option<Slot> {
-        let p = *self.table.get(idx as usize)?;
-        let gen = p.gen();
-        Some(match p.tag() {
-            TAG_USED => Slot::Used {
-                span: ((p.0 >> 23) & (MAX_SPANS as u64 - 1)) as u32,
-                obj: ((p.0 >> 12) & 0x7ff) as u16,
-                len: (p.0 & 0xfff) as u16,
-                gen,
-            },
-            TAG_MOVED => Slot::Moved {
-                to: self.moved.get(&idx).copied().unwrap_or(Handle(u64::MAX)),
-                gen,
-            },
-            _ => Slot::Free {
-                next_free: p.0 as u32,
-                gen,
-            },
-        })
+    /// (span, object index, length) of `h` in this class, after checking that it names a used
+    /// object slot and that its length fits the slot.
+    fn locate(&self, h: Handle) -> Option<(u32, u16, u16)> {
+        let (span, obj, len) = (h.span(), h.obj(), h.len());
+        let s = self.spans.get(span as usize)?.as_ref()?;
+        let ok = (obj as usize) < self.objs_per_span
+            && s.is_used(self.shape, obj)
+            && len <= self.size
+            && len > 0;
+        ok.then_some((span, obj, len as u16))
     }
 
-    /// Writes slot `idx` of the handle table.
-    fn set_slot(&mut self, idx: u32, slot: Slot) {
-        let packed = match slot {
-            Slot::Free { next_free, gen } => PackedSlot::head(TAG_FREE, gen) | u64::from(next_free),
-            Slot::Used {
-                span,
-                obj,
-                len,
-                gen,
-            } => {
-                debug_assert!((span as usize) < MAX_SPANS && obj < 1 << 11 && len < 1 << 12);
-                PackedSlot::head(TAG_USED, gen)
-                    | (u64::from(span) << 23)
-                    | (u64::from(obj) << 12)
-                    | u64::from(len)
-            }
-            Slot::Moved { to, gen } => {
-                self.moved.insert(idx, to);
-                PackedSlot::head(TAG_MOVED, gen)
-            }
-        };
-        if !matches!(slot, Slot::Moved { .. }) && self.table[idx as usize].tag() == TAG_MOVED {
-            self.moved.remove(&idx);
-        }
-        self.table[idx as usize] = PackedSlot(packed);
-    }
-
-    fn lookup(&self, h: Handle) -> Result<Found, PoolError> {
-        match self.slot(h.idx()) {
-            Some(Slot::Used {
-                span,
-                obj,
-                len,
-                gen,
-            }) if gen == h.gen() => Ok(Found::At(span, obj, len)),
-            Some(Slot::Moved { to, gen }) if gen == h.gen() => Ok(Found::Moved(to)),
-            _ => Err(PoolError::BadHandle(h.0)),
-        }
-    }
-
-    /// Takes a handle-table slot; returns (index, generation).
-    fn take_table_slot(&mut self) -> (u32, u32) {
-        if self.table_free != FREE_OWNER {
-            let idx = self.table_free;
-            let Some(Slot::Free { next_free, gen }) = self.slot(idx) else {
-                unreachable!("the handle free list only links free slots");
-            };
-            self.table_free = next_free;
-            (idx, gen.wrapping_add(1) & GEN_MASK)
-        } else {
-            if self.table.len() == self.table.capacity() {
-                // Grow by an eighth: less slack than doubling, still amortised O(1).
-                self.table.reserve_exact((self.table.len() / 8).max(64));
-            }
-            self.table.push(PackedSlot(
-                PackedSlot::head(TAG_FREE, 0) | u64::from(FREE_OWNER),
-            ));
-            ((self.table.len() - 1) as u32, 0)
-        }
-    }
-
-    /// Puts handle-table slot `idx` (of generation `gen`) on the free list.
-    fn put_table_slot(&mut self, idx: u32, gen: u32) {
-        let free_head = self.table_free;
-        self.set_slot(
-            idx,
-            Slot::Free {
-                next_free: free_head,
-                gen,
-            },
-        );
-        self.table_free = idx;
-    }
-
-    /// Heap bytes of the class's bookkeeping (handle table, span list and each live span's
-    /// slot arrays), from capacities; not the spans' memory.
+    /// Heap bytes of the class's bookkeeping (span list, free and partial lists, each live
+    /// span's used-slot bitmap), from capacities; not the spans' memory.
     fn metadata_bytes(&self) -> usize {
         use std::mem::size_of;
         let live = self.spans.len() - self.free_span_ids.len();
-        // A hash map's bucket: key, value and a control byte, at up to 7/8 load.
-        let moved = self.moved.capacity() * 8 / 7 * (size_of::<(u32, Handle)>() + 1);
-        self.table.capacity() * size_of::<PackedSlot>()
-            + moved
-            + self.spans.capacity() * size_of::<Option<Span>>()
+        self.spans.capacity() * size_of::<Option<Span>>()
             + self.free_span_ids.capacity() * size_of::<u32>()
             + self.partial.capacity() * size_of::<u32>()
             + live * self.bitmap_bytes()
-    }
-
-    /// The handle-table index owning each object slot (`span * objs_per_span + obj`), or
-    /// `FREE_OWNER`: built from the table when compaction needs it, instead of kept per span.
-    fn owner_map(&self) -> Vec<u32> {
-        let mut owners = vec![FREE_OWNER; self.spans.len() * self.objs_per_span];
-        for idx in 0..self.table.len() as u32 {
-            if let Some(Slot::Used { span, obj, .. }) = self.slot(idx) {
-                if let Some(o) = owners.get_mut(span as usize * self.objs_per_span + obj as usize) {
-                    *o = idx;
-                }
-            }
-        }
-        owners
     }
 
     /// Free object slots in this class's partly filled spans.
@@ -490,6 +477,64 @@ impl Class {
             .filter_map(|&id| self.spans.get(id as usize).and_then(Option::as_ref))
             .map(|s| self.objs_per_span - s.inuse as usize)
             .sum()
+    }
+
+    fn inuse(&self, span_id: u32) -> usize {
+        self.spans
+            .get(span_id as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, |s| s.inuse as usize)
+    }
+
+    /// The objects of span `span_id` as (object index, length), if the owner of every one of
+    /// them can follow a move (so that moving them all empties the span).
+    fn evacuable(
+        &self,
+        ci: usize,
+        span_id: u32,
+        owners: &mut dyn Relocate,
+    ) -> Option<Vec<(u16, usize)>> {
+        let span = self.spans.get(span_id as usize)?.as_ref()?;
+        span.used(self.shape)
+            .map(|obj| {
+                let len = owners.movable(Handle::new(ci, span_id, obj, 0))?;
+                (len > 0 && len <= self.size).then_some((obj, len))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Class {
+    fn drop(&mut self) {
+        for span in std::mem::take(&mut self.spans).into_iter().flatten() {
+            self.drop_span(span);
+        }
+    }
+}
+
+/// The spans that had both used and free slots when [`Pool::partial_spans`] looked: the only
+/// sources compaction takes objects from.
+#[derive(Debug, Default)]
+pub(crate) struct PartialSpans {
+    /// Per class, a bitset of span ids.
+    classes: Vec<Vec<u64>>,
+}
+
+impl PartialSpans {
+    /// Whether `h`'s span was partly filled.
+    pub(crate) fn contains(&self, h: Handle) -> bool {
+        let span = h.span() as usize;
+        self.classes
+            .get(h.class())
+            .and_then(|bits| bits.get(span / 64))
+            .is_some_and(|w| w & (1 << (span % 64)) != 0)
+    }
+
+    /// Whether class `ci` had a partly filled span.
+    pub(crate) fn any_in(&self, ci: usize) -> bool {
+        self.classes
+            .get(ci)
+            .is_some_and(|bits| bits.iter().any(|&w| w != 0))
     }
 }
 
@@ -547,8 +592,11 @@ impl Pool {
         }
     }
 
-    /// Stores `data` and returns its handle.
+    /// Stores `data` (1 to 4095 bytes: under a page) and returns its handle.
     pub fn alloc(&self, data: &[u8]) -> Result<Handle, PoolError> {
+        if data.is_empty() {
+            return Err(PoolError::Empty);
+        }
         if data.len() > MAX_OBJECT {
             return Err(PoolError::TooLarge {
                 len: data.len(),
@@ -562,22 +610,12 @@ impl Pool {
                 class_size: class.size,
             });
         };
-        let range = class.obj_range(obj);
-        let (idx, gen) = class.take_table_slot();
-        class.set_slot(
-            idx,
-            Slot::Used {
-                span: span_id,
-                obj,
-                len: data.len() as u16,
-                gen,
-            },
-        );
+        let (range, shape) = (class.obj_range(obj), class.shape);
         {
             let Some(Some(span)) = class.spans.get_mut(span_id as usize) else {
                 unreachable!("alloc_obj returned a live span");
             };
-            span.mem[range.start..range.start + data.len()].copy_from_slice(data);
+            span.mem_mut(shape)[range.start..range.start + data.len()].copy_from_slice(data);
         }
         class.objects += 1;
         class.object_bytes += data.len() as u64;
@@ -585,7 +623,7 @@ impl Pool {
         if grown > 0 {
             self.total_bytes.fetch_add(grown as u64, Ordering::Relaxed);
         }
-        Ok(Handle::new(ci, gen, idx))
+        Ok(Handle::new(ci, span_id, obj, data.len()))
     }
 
     /// Copies the object named by `h` into `out` (cleared first).
@@ -602,74 +640,43 @@ impl Pool {
                 return Err(PoolError::BadHandle(h.0));
             };
             let start = class.obj_range(obj).start;
-            out.extend_from_slice(&span.mem[start..start + len as usize]);
+            out.extend_from_slice(&span.mem(class.shape)[start..start + len as usize]);
             Ok(())
         })
     }
 
-    /// Runs `f` on the object named by `h` (span, object index, length) under its class lock,
-    /// following the moves of compaction. A handle that names nothing live is `BadHandle`.
+    /// Runs `f` on the object named by `h` (span, object index, length) under its class lock.
+    /// A handle that names no used slot (or a length beyond it) is `BadHandle`.
     fn with_object<T>(
         &self,
         h: Handle,
-        mut f: impl FnMut(&mut Class, u32, u16, u16) -> Result<T, PoolError>,
+        f: impl FnOnce(&mut Class, u32, u16, u16) -> Result<T, PoolError>,
     ) -> Result<T, PoolError> {
-        let mut at = h;
-        for _ in 0..=self.classes.len() {
-            let mut class = self
-                .classes
-                .get(at.class())
-                .ok_or(PoolError::BadHandle(h.0))?
-                .lock();
-            match class.lookup(at).map_err(|_| PoolError::BadHandle(h.0))? {
-                Found::At(span, obj, len) => return f(&mut class, span, obj, len),
-                Found::Moved(to) if to.class() > at.class() => at = to,
-                Found::Moved(_) => break,
-            }
+        if h.0 >> HANDLE_BITS != 0 {
+            return Err(PoolError::BadHandle(h.0));
         }
-        Err(PoolError::BadHandle(h.0))
+        let mut class = self
+            .classes
+            .get(h.class())
+            .ok_or(PoolError::BadHandle(h.0))?
+            .lock();
+        let (span, obj, len) = class.locate(h).ok_or(PoolError::BadHandle(h.0))?;
+        f(&mut class, span, obj, len)
     }
 
-    /// Length of the object named by `h`.
+    /// Length of the object named by `h` (after checking the handle).
     pub fn object_len(&self, h: Handle) -> Result<usize, PoolError> {
         self.with_object(h, |_, _, _, len| Ok(len as usize))
     }
 
-    /// Frees the object named by `h` (and the forwarding slots compaction left on its way).
+    /// Frees the object named by `h`.
     pub fn free(&self, h: Handle) -> Result<(), PoolError> {
-        let mut at = h;
-        for _ in 0..=self.classes.len() {
-            let mut class = self
-                .classes
-                .get(at.class())
-                .ok_or(PoolError::BadHandle(h.0))?
-                .lock();
-            match class.lookup(at).map_err(|_| PoolError::BadHandle(h.0))? {
-                Found::At(span_id, obj, len) => {
-                    return self.free_at(&mut class, at, span_id, obj, len);
-                }
-                Found::Moved(to) if to.class() > at.class() => {
-                    class.put_table_slot(at.idx(), at.gen());
-                    at = to;
-                }
-                Found::Moved(_) => break,
-            }
-        }
-        Err(PoolError::BadHandle(h.0))
-    }
-
-    fn free_at(
-        &self,
-        class: &mut Class,
-        h: Handle,
-        span_id: u32,
-        obj: u16,
-        len: u16,
-    ) -> Result<(), PoolError> {
-        class.put_table_slot(h.idx(), h.gen());
-        class.objects -= 1;
-        class.object_bytes -= u64::from(len);
-        let released = class.free_obj(span_id, obj);
+        let released = self.with_object(h, |class, span_id, obj, len| {
+            // Saturating: a forged handle may name a live object with another length.
+            class.objects = class.objects.saturating_sub(1);
+            class.object_bytes = class.object_bytes.saturating_sub(u64::from(len));
+            Ok(class.free_obj(span_id, obj))
+        })?;
         if released > 0 {
             self.total_bytes
                 .fetch_sub(released as u64, Ordering::Relaxed);
@@ -687,8 +694,8 @@ impl Pool {
         self.classes.iter().map(|c| c.lock().object_bytes).sum()
     }
 
-    /// Heap bytes of the pool's bookkeeping: handle tables, span lists, per-span slot arrays
-    /// (computed from capacities; the spans' memory is [`Pool::total_bytes`]).
+    /// Heap bytes of the pool's bookkeeping: span lists, per-span used-slot bitmaps (computed
+    /// from capacities; the spans' memory is [`Pool::total_bytes`]).
     pub fn metadata_bytes(&self) -> usize {
         self.usage().1 as usize
     }
@@ -716,65 +723,114 @@ impl Pool {
         self.compacted_pages.load(Ordering::Relaxed)
     }
 
-    /// Moves objects out of the emptiest spans into the fullest ones, class by class, and frees
-    /// the spans that empties (zsmalloc's `zs_compact`). Then, unlike zsmalloc, what a class
-    /// still holds in partly filled spans (about one span per class, which weighs most in a
-    /// small pool) moves up into free slots of larger classes, when that empties a span for
-    /// less padding than half the span; the old handle forwards to the new place. Handles stay
-    /// valid. Returns the bytes released.
-    pub fn compact(&self) -> u64 {
-        self.compact_with(true)
+    /// The spans partly filled now, class by class (for the owner to gather the owners of the
+    /// objects compaction may move, and only those).
+    pub(crate) fn partial_spans(&self) -> PartialSpans {
+        PartialSpans {
+            classes: self
+                .classes
+                .iter()
+                .map(|c| {
+                    let c = c.lock();
+                    let mut bits = vec![0u64; c.spans.len().div_ceil(64)];
+                    for &id in &c.partial {
+                        bits[id as usize / 64] |= 1 << (id % 64);
+                    }
+                    bits
+                })
+                .collect(),
+        }
     }
 
-    /// zsmalloc's compaction alone: objects move only within their class.
-    pub fn compact_in_classes(&self) -> u64 {
-        self.compact_with(false)
+    /// Compacts every class in turn ([`Pool::compact_class`]); returns the bytes released.
+    pub fn compact(&self, across_classes: bool, owners: &mut dyn Relocate) -> u64 {
+        (0..self.classes.len())
+            .map(|ci| {
+                self.compact_class(ci, across_classes, owners, usize::MAX)
+                    .released
+            })
+            .sum()
     }
 
-    fn compact_with(&self, across_classes: bool) -> u64 {
-        let mut released = 0u64;
-        for lock in self.classes.iter() {
-            let mut class = lock.lock();
-            released += compact_class(&mut class) as u64;
+    /// Compacts class `ci`: moves objects out of its emptiest partly filled spans into its
+    /// fullest ones and frees the spans that empties (zsmalloc's `zs_compact` for one class).
+    /// Then, with `across_classes` and unlike zsmalloc, what the class still holds in partly
+    /// filled spans (about one span per class, which weighs most in a small pool) moves up into
+    /// free slots of larger classes, when that empties a span for less padding than half the
+    /// span. Only spans whose every object `owners` can follow are emptied; each move is
+    /// reported to `owners` as it is made, under the class locks.
+    ///
+    /// A step makes about `max_moves` moves at most (the last span moved up to a larger class
+    /// may take it past by a span's objects) and says whether the class is done; call again
+    /// until it is (the caller may drop and retake its own locks between steps, so that a step
+    /// bounds how long they are held). A step sorts the class's partly filled spans once:
+    /// O(p log p + moves) for p partly filled spans.
+    ///
+    /// Lock order: class `ci`, then larger classes one at a time (every other path holds one
+    /// class lock at most). The caller's [`Relocate`] is called with them held.
+    pub fn compact_class(
+        &self,
+        ci: usize,
+        across_classes: bool,
+        owners: &mut dyn Relocate,
+        max_moves: usize,
+    ) -> CompactStep {
+        let Some(lock) = self.classes.get(ci) else {
+            return CompactStep {
+                released: 0,
+                done: true,
+            };
+        };
+        let mut class = lock.lock();
+        let mut budget = max_moves;
+        let (mut released, mut done) = compact_within(&mut class, ci, owners, &mut budget);
+        if done && across_classes {
+            let (r, d) = self.migrate_up(&mut class, ci, owners, &mut budget);
+            released += r;
+            done = d;
         }
-        if across_classes {
-            for ci in 0..self.classes.len().saturating_sub(1) {
-                released += self.migrate_up(ci) as u64;
-            }
-        }
+        drop(class);
+        let released = released as u64;
         if released > 0 {
             self.total_bytes.fetch_sub(released, Ordering::Relaxed);
             self.compacted_pages
                 .fetch_add(released / PAGE_SIZE as u64, Ordering::Relaxed);
         }
-        released
+        CompactStep { released, done }
     }
 
-    /// Empties partly filled spans of class `ci`, emptiest first, into free slots of the
-    /// partly filled spans of larger classes (smallest first; never a new span), as long as one
-    /// span's objects fit and cost less than half a span of padding. Returns the bytes released.
-    /// Lock order: class `ci`, then larger classes one at a time (every other path holds one
-    /// class lock at most).
-    fn migrate_up(&self, ci: usize) -> usize {
-        let mut src = self.classes[ci].lock();
+    /// Empties partly filled spans of class `ci` (locked: `src`), emptiest first, into free
+    /// slots of the partly filled spans of larger classes (smallest first; never a new span), as
+    /// long as one span's objects fit and cost less than half a span of padding. Returns the
+    /// bytes released and whether it is done (false: `budget` moves made, more may follow).
+    fn migrate_up(
+        &self,
+        src: &mut Class,
+        ci: usize,
+        owners: &mut dyn Relocate,
+        budget: &mut usize,
+    ) -> (usize, bool) {
         let mut released = 0;
-        // Built once: only this function changes `src` while it holds its lock, and it only
-        // moves objects out.
-        let mut owners: Option<Vec<u32>> = None;
-        while let Some(&span_id) = src.partial.iter().min_by_key(|&&id| {
-            src.spans
-                .get(id as usize)
-                .and_then(Option::as_ref)
-                .map_or(u32::MAX, |s| s.inuse)
-        }) {
-            let inuse = src
-                .spans
-                .get(span_id as usize)
-                .and_then(Option::as_ref)
-                .map_or(0, |s| s.inuse as usize);
+        // Spans whose objects cannot all move (an owner unknown to `owners`).
+        let mut pinned: HashSet<u32> = HashSet::new();
+        while let Some(span_id) = src
+            .partial
+            .iter()
+            .copied()
+            .filter(|id| !pinned.contains(id))
+            .min_by_key(|&id| src.inuse(id))
+        {
+            if *budget == 0 {
+                return (released, false);
+            }
+            let Some(objs) = src.evacuable(ci, span_id, owners) else {
+                pinned.insert(span_id);
+                continue;
+            };
+            *budget = budget.saturating_sub(objs.len());
             // Plan: how many objects go to which larger class.
             let budget = src.span_bytes / 2;
-            let (mut need, mut pad, mut plan) = (inuse, 0usize, Vec::new());
+            let (mut need, mut pad, mut plan) = (objs.len(), 0usize, Vec::new());
             for cj in ci + 1..self.classes.len() {
                 if need == 0 || pad > budget {
                     break;
@@ -790,14 +846,11 @@ impl Pool {
             if need > 0 || pad > budget {
                 break;
             }
-            if owners.is_none() {
-                owners = Some(src.owner_map());
-            }
-            let owners = owners.as_deref().unwrap_or_default();
+            let mut objs = objs.into_iter();
             for (cj, take) in plan {
                 let mut dst = self.classes[cj].lock();
-                for _ in 0..take {
-                    match move_up(&mut src, owners, span_id, &mut dst, cj) {
+                for (obj, len) in objs.by_ref().take(take) {
+                    match move_up(src, ci, span_id, obj, len, &mut dst, cj, owners) {
                         Some(bytes) => released += bytes,
                         None => break,
                     }
@@ -808,7 +861,7 @@ impl Pool {
                 break;
             }
         }
-        released
+        (released, true)
     }
 
     /// XORs `mask` into byte `offset` (modulo the object length) of the object named by `h`:
@@ -816,97 +869,48 @@ impl Pool {
     #[doc(hidden)]
     pub fn corrupt(&self, h: Handle, offset: usize, mask: u8) -> Result<(), PoolError> {
         self.with_object(h, |class, span_id, obj, len| {
-            let start = class.obj_range(obj).start;
-            if len == 0 {
-                return Ok(());
-            }
+            let (start, shape) = (class.obj_range(obj).start, class.shape);
             let Some(Some(span)) = class.spans.get_mut(span_id as usize) else {
                 return Err(PoolError::BadHandle(h.0));
             };
-            span.mem[start + offset % len as usize] ^= mask;
+            span.mem_mut(shape)[start + offset % len as usize] ^= mask;
             Ok(())
         })
     }
 
-    /// Full consistency walk (redb's `check_integrity`): every used slot is owned by exactly one
-    /// handle, counts and partial lists agree, accounted bytes match the spans held.
+    /// Full consistency walk of the pool's own state (redb's `check_integrity`): span counts,
+    /// bitmaps and partial lists agree, accounted bytes match the spans held. With `handles`,
+    /// the owner's handles (each object once): each names a used slot, no slot twice, and
+    /// they account for every used slot, the object counts and byte counts.
     #[doc(hidden)]
-    pub fn check_integrity(&self) -> Result<(), String> {
+    pub fn check_integrity(&self, handles: Option<&[Handle]>) -> Result<(), String> {
         let mut total = 0u64;
-        let mut moved = Vec::new();
+        let mut by_class: Vec<Vec<Handle>> = vec![Vec::new(); self.classes.len()];
+        if let Some(hs) = handles {
+            for &h in hs {
+                by_class
+                    .get_mut(h.class())
+                    .ok_or(format!("handle {:#x} names no class", h.0))?
+                    .push(h);
+            }
+        }
         for (ci, lock) in self.classes.iter().enumerate() {
             let class = lock.lock();
-            let mut objects = 0u64;
-            let mut bytes = 0u64;
-            let mut owners = vec![FREE_OWNER; class.spans.len() * class.objs_per_span];
-            let mut nr_moved = 0;
-            for idx in 0..class.table.len() as u32 {
-                match class.slot(idx) {
-                    Some(Slot::Moved { to, .. }) => {
-                        if to.class() <= ci {
-                            return Err(format!(
-                                "class {ci}: handle {idx} forwards down to {to:?}"
-                            ));
-                        }
-                        nr_moved += 1;
-                        moved.push(to);
-                    }
-                    Some(Slot::Used { span, obj, len, .. }) => {
-                        let s = class.spans.get(span as usize).and_then(Option::as_ref);
-                        let s =
-                            s.ok_or(format!("class {ci}: handle {idx} names dead span {span}"))?;
-                        let at = span as usize * class.objs_per_span + obj as usize;
-                        if obj as usize >= class.objs_per_span
-                            || !s.is_used(class.span_bytes, obj)
-                            || owners[at] != FREE_OWNER
-                        {
-                            return Err(format!(
-                                "class {ci}: handle {idx} names slot {span}/{obj}, free or \
-                                 named twice"
-                            ));
-                        }
-                        owners[at] = idx;
-                        if len as usize > class.size {
-                            return Err(format!(
-                                "class {ci}: object of {len} in class {}",
-                                class.size
-                            ));
-                        }
-                        objects += 1;
-                        bytes += u64::from(len);
-                    }
-                    _ => {}
-                }
-            }
-            if nr_moved != class.moved.len() {
-                return Err(format!(
-                    "class {ci}: {nr_moved} forwarding slots, {} targets",
-                    class.moved.len()
-                ));
-            }
-            if objects != class.objects || bytes != class.object_bytes {
-                return Err(format!(
-                    "class {ci}: counters disagree with the handle table"
-                ));
-            }
             let mut used = 0u64;
             for (id, s) in class.spans.iter().enumerate() {
                 let Some(s) = s else { continue };
                 total += class.span_bytes as u64;
-                let bits: u32 = s
-                    .bitmap(class.span_bytes)
-                    .iter()
-                    .map(|b| b.count_ones())
-                    .sum();
-                let owned = owners[id * class.objs_per_span..(id + 1) * class.objs_per_span]
-                    .iter()
-                    .filter(|&&o| o != FREE_OWNER)
-                    .count();
-                if owned as u32 != s.inuse || bits != s.inuse || s.inuse == 0 {
+                let bits: u32 = s.bitmap(class.shape).iter().map(|b| b.count_ones()).sum();
+                if bits != u32::from(s.inuse) || s.inuse == 0 {
                     return Err(format!(
-                        "class {ci}: span {id} inuse {} owned {owned} bitmap {bits}",
+                        "class {ci}: span {id} inuse {} bitmap {bits}",
                         s.inuse
                     ));
+                }
+                if s.used(class.shape)
+                    .any(|o| o as usize >= class.objs_per_span)
+                {
+                    return Err(format!("class {ci}: span {id} uses a slot past its end"));
                 }
                 let partial = s.inuse as usize != class.objs_per_span;
                 let p = s.partial_pos;
@@ -923,6 +927,28 @@ impl Pool {
                     class.objects
                 ));
             }
+            if handles.is_some() {
+                let hs = &mut by_class[ci];
+                hs.sort_unstable_by_key(|h| h.slot().0);
+                if hs.windows(2).any(|w| w[0].slot() == w[1].slot()) {
+                    return Err(format!("class {ci}: an object slot is named twice"));
+                }
+                let mut bytes = 0u64;
+                for &h in hs.iter() {
+                    if class.locate(h).is_none() {
+                        return Err(format!("class {ci}: handle {:#x} names no used slot", h.0));
+                    }
+                    bytes += h.len() as u64;
+                }
+                if hs.len() as u64 != used || bytes != class.object_bytes {
+                    return Err(format!(
+                        "class {ci}: {} handles of {bytes} bytes, the class holds {used} \
+                         objects of {} bytes",
+                        hs.len(),
+                        class.object_bytes
+                    ));
+                }
+            }
         }
         if total != self.total_bytes() {
             return Err(format!(
@@ -930,38 +956,30 @@ impl Pool {
                 self.total_bytes()
             ));
         }
-        for to in moved {
-            self.object_len(to)
-                .map_err(|e| format!("a forwarding slot leads nowhere: {e}"))?;
-        }
         Ok(())
     }
 }
 
-/// Moves one object of span `span_id` of `src` into a free slot of a partly filled span of
-/// `dst` (class index `cj`), leaving a forwarding slot under the old handle. `owners` is
-/// `src`'s [`Class::owner_map`]. Returns the span bytes released in `src` (0 or a span), or None
-/// when there is nothing to move or no room.
+/// Moves object `obj` (of `len` bytes) of span `span_id` of `src` (class index `ci`) into a free
+/// slot of a partly filled span of `dst` (class index `cj`) and tells `owners`. Returns the span
+/// bytes released in `src` (0 or a span), or None when `dst` has no free slot.
+#[allow(clippy::too_many_arguments)]
 fn move_up(
     src: &mut Class,
-    owners: &[u32],
+    ci: usize,
     span_id: u32,
+    obj: u16,
+    len: usize,
     dst: &mut Class,
     cj: usize,
+    owners: &mut dyn Relocate,
 ) -> Option<usize> {
     if dst.partial.is_empty() {
         return None;
     }
-    let span = src.spans.get(span_id as usize).and_then(Option::as_ref)?;
-    let obj = span.first_used(src.span_bytes)?;
-    let owner = owners[span_id as usize * src.objs_per_span + obj as usize];
-    let Some(Slot::Used { len, gen, .. }) = src.slot(owner) else {
-        unreachable!("a used object slot has a used handle");
-    };
     let from = src.obj_range(obj).start;
     let (dspan, dobj, grown) = dst.alloc_obj()?;
     debug_assert_eq!(grown, 0, "a partly filled span was available");
-    let (didx, dgen) = dst.take_table_slot();
     let to = dst.obj_range(dobj).start;
     let (Some(Some(s)), Some(Some(d))) = (
         src.spans.get(span_id as usize),
@@ -969,249 +987,313 @@ fn move_up(
     ) else {
         unreachable!("both spans are live");
     };
-    d.mem[to..to + len as usize].copy_from_slice(&s.mem[from..from + len as usize]);
-    dst.set_slot(
-        didx,
-        Slot::Used {
-            span: dspan,
-            obj: dobj,
-            len,
-            gen: dgen,
-        },
-    );
+    d.mem_mut(dst.shape)[to..to + len].copy_from_slice(&s.mem(src.shape)[from..from + len]);
     dst.objects += 1;
-    dst.object_bytes += u64::from(len);
-    src.set_slot(
-        owner,
-        Slot::Moved {
-            to: Handle::new(cj, dgen, didx),
-            gen,
-        },
-    );
+    dst.object_bytes += len as u64;
     src.objects -= 1;
-    src.object_bytes -= u64::from(len);
+    src.object_bytes -= len as u64;
+    owners.moved(
+        Handle::new(ci, span_id, obj, len),
+        Handle::new(cj, dspan, dobj, len),
+    );
     Some(src.free_obj(span_id, obj))
 }
 
-fn compact_class(class: &mut Class) -> usize {
+/// zsmalloc's compaction of one class: objects of the emptiest partly filled span move into
+/// the fullest other one, until the free slots elsewhere cannot take a span's objects. The
+/// partly filled spans are sorted by use once; sources are taken from the emptiest end,
+/// destinations from the fullest. Returns the bytes released and whether the class is done
+/// (false: `budget` moves made).
+fn compact_within(
+    class: &mut Class,
+    ci: usize,
+    owners: &mut dyn Relocate,
+    budget: &mut usize,
+) -> (usize, bool) {
     let mut released = 0;
-    let mut owners: Option<Vec<u32>> = None;
-    loop {
-        if class.partial.len() < 2 {
-            return released;
+    let (shape, objs_per_span) = (class.shape, class.objs_per_span);
+    let mut order = class.partial.clone();
+    order.sort_unstable_by_key(|&id| class.inuse(id));
+    let free = |c: &Class, id: u32| objs_per_span - c.inuse(id);
+    if order.len() < 2 {
+        return (0, true);
+    }
+    let (mut lo, mut hi) = (0, order.len() - 1);
+    // Free slots in the spans order[lo + 1..=hi], the destinations left.
+    let mut free_above: usize = order[1..].iter().map(|&id| free(class, id)).sum();
+    while lo < hi {
+        let src = order[lo];
+        // Sources only get fuller from here: stop when the free slots cannot take this one.
+        if free_above < class.inuse(src) {
+            return (released, true);
         }
-        // Source: the emptiest partial span; destination: the fullest other one.
-        let mut src = class.partial[0];
-        let mut dst = class.partial[0];
-        let inuse = |c: &Class, id: u32| c.spans[id as usize].as_ref().map_or(0, |s| s.inuse);
-        for &id in &class.partial {
-            if inuse(class, id) < inuse(class, src) {
-                src = id;
+        let Some(objs) = class.evacuable(ci, src, owners) else {
+            // Pinned (an owner `owners` does not know): not a source; try the next one.
+            lo += 1;
+            if lo <= hi {
+                free_above -= free(class, order[lo]);
             }
-            if inuse(class, id) > inuse(class, dst) {
-                dst = id;
+            continue;
+        };
+        for (src_obj, len) in objs {
+            if *budget == 0 {
+                return (released, false);
             }
-        }
-        if src == dst {
-            // All partial spans equally full: pick any other as destination.
-            dst = match class.partial.iter().find(|&&id| id != src) {
-                Some(&id) => id,
-                None => return released,
-            };
-        }
-        // Would moving all of src into the other partial spans free it? Only compact when the
-        // free slots elsewhere can take everything in src, otherwise stop (nothing to gain).
-        let src_inuse = inuse(class, src) as usize;
-        let free_elsewhere: usize = class
-            .partial
-            .iter()
-            .filter(|&&id| id != src)
-            .map(|&id| class.objs_per_span - inuse(class, id) as usize)
-            .sum();
-        if free_elsewhere < src_inuse {
-            return released;
-        }
-        let owners = owners.get_or_insert_with(|| class.owner_map());
-        let (span_bytes, objs) = (class.span_bytes, class.objs_per_span);
-        // Move objects from src to dst until src is empty or dst is full.
-        loop {
-            let dst_full = class.spans[dst as usize]
-                .as_ref()
-                .is_none_or(|s| s.inuse as usize == objs);
-            let src_obj = class.spans[src as usize]
-                .as_ref()
-                .and_then(|s| s.first_used(span_bytes));
-            let Some(src_obj) = src_obj else { break };
-            if dst_full {
-                break;
-            }
-            let owner = owners[src as usize * objs + src_obj as usize];
-            let Some(Slot::Used { len, gen, .. }) = class.slot(owner) else {
-                unreachable!("a used object slot has a used handle");
-            };
-            // Take a slot in dst.
+            let dst = order[hi];
             let Some(dst_obj) = class.spans[dst as usize]
                 .as_ref()
-                .and_then(|s| s.first_free(span_bytes, objs))
+                .and_then(|s| s.first_free(shape, objs_per_span))
             else {
-                break;
+                // A partial span without a free slot cannot happen; do not loop on it.
+                return (released, true);
             };
-            let from = class.obj_range(src_obj);
-            let to = class.obj_range(dst_obj);
+            let from = class.obj_range(src_obj).start;
+            let to = class.obj_range(dst_obj).start;
             let mut tmp = [0u8; PAGE_SIZE];
             if let Some(s) = class.spans[src as usize].as_ref() {
-                tmp[..len as usize].copy_from_slice(&s.mem[from.start..from.start + len as usize]);
+                tmp[..len].copy_from_slice(&s.mem(shape)[from..from + len]);
             }
+            let mut dst_now_full = false;
             if let Some(d) = class.spans[dst as usize].as_mut() {
-                d.mem[to.start..to.start + len as usize].copy_from_slice(&tmp[..len as usize]);
-                d.set_used(span_bytes, dst_obj, true);
+                d.mem_mut(shape)[to..to + len].copy_from_slice(&tmp[..len]);
+                d.set_used(shape, dst_obj, true);
                 d.inuse += 1;
+                dst_now_full = d.inuse as usize == objs_per_span;
             }
-            owners[dst as usize * objs + dst_obj as usize] = owner;
-            owners[src as usize * objs + src_obj as usize] = FREE_OWNER;
-            let dst_now_full = class.spans[dst as usize]
-                .as_ref()
-                .is_some_and(|s| s.inuse as usize == objs);
-            if dst_now_full {
-                class.partial_remove(dst);
-            }
-            class.set_slot(
-                owner,
-                Slot::Used {
-                    span: dst,
-                    obj: dst_obj,
-                    len,
-                    gen,
-                },
+            owners.moved(
+                Handle::new(ci, src, src_obj, len),
+                Handle::new(ci, dst, dst_obj, len),
             );
             released += class.free_obj(src, src_obj);
+            free_above -= 1;
+            *budget -= 1;
+            if dst_now_full {
+                class.partial_remove(dst);
+                hi -= 1;
+                if hi == lo {
+                    // No destination left for the rest of src.
+                    return (released, true);
+                }
+            }
         }
-        if class.spans[src as usize].is_some()
-            && class.spans[dst as usize]
-                .as_ref()
-                .is_some_and(|s| (s.inuse as usize) < objs)
-        {
-            // dst not full yet src not empty cannot happen; guard against looping forever.
-            return released;
+        // src is empty (and released).
+        lo += 1;
+        if lo <= hi {
+            free_above -= free(class, order[lo]);
         }
     }
+    (released, true)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::collections::{HashMap, HashSet};
 
-    #[test]
-    fn handles_survive_compaction_and_memory_shrinks() {
-        let pool = Pool::new(4);
-        let mut handles = Vec::new();
-        for i in 0..2000u32 {
-            let len = 100 + (i as usize % 7) * 3;
-            let data: Vec<u8> = (0..len).map(|j| (i as usize * 31 + j) as u8).collect();
-            handles.push((pool.alloc(&data).expect("alloc"), data));
+    /// The owner of test objects: object id -> handle, slot -> id; follows every move.
+    #[derive(Default)]
+    struct Owners {
+        handles: Vec<Option<Handle>>,
+        at: HashMap<Handle, usize>,
+        pinned: HashSet<usize>,
+    }
+
+    impl Owners {
+        fn add(&mut self, h: Handle) -> usize {
+            self.at.insert(h.slot(), self.handles.len());
+            self.handles.push(Some(h));
+            self.handles.len() - 1
         }
-        pool.check_integrity().expect("consistent");
-        // Free three of every four: spans left sparse.
-        let mut kept = Vec::new();
-        for (i, (h, d)) in handles.into_iter().enumerate() {
-            if i % 4 == 0 {
-                kept.push((h, d));
-            } else {
-                pool.free(h).expect("free");
-                assert_eq!(
-                    pool.free(h),
-                    Err(PoolError::BadHandle(h.0)),
-                    "double free detected"
-                );
+        fn remove(&mut self, id: usize) -> Option<Handle> {
+            let h = self.handles.get_mut(id)?.take()?;
+            self.at.remove(&h.slot());
+            Some(h)
+        }
+        fn all(&self) -> Vec<Handle> {
+            self.handles.iter().flatten().copied().collect()
+        }
+    }
+
+    impl Relocate for Owners {
+        fn movable(&mut self, slot: Handle) -> Option<usize> {
+            let id = *self.at.get(&slot)?;
+            if self.pinned.contains(&id) {
+                return None;
             }
+            self.handles[id].map(Handle::len)
         }
-        let before = pool.total_bytes();
-        let released = pool.compact();
-        pool.check_integrity().expect("consistent after compaction");
-        assert!(released > 0 && pool.total_bytes() < before);
-        assert!(pool.total_bytes() as f64 <= pool.object_bytes() as f64 * 1.5);
-        let mut out = Vec::new();
-        for (h, d) in &kept {
-            pool.read(*h, &mut out).expect("read after compaction");
-            assert_eq!(&out, d);
+        fn moved(&mut self, from: Handle, to: Handle) {
+            let id = self.at.remove(&from.slot()).expect("moved an owned object");
+            assert_eq!(self.handles[id], Some(from), "moved from where it was");
+            assert_eq!(from.len(), to.len());
+            self.handles[id] = Some(to);
+            assert!(
+                self.at.insert(to.slot(), id).is_none(),
+                "moved onto a used slot"
+            );
         }
-        for (h, _) in kept {
-            pool.free(h).expect("free");
-        }
-        assert_eq!(pool.total_bytes(), 0);
-        pool.check_integrity().expect("empty pool consistent");
     }
 
     #[test]
-    fn compaction_moves_class_tails_up_and_handles_follow() {
+    fn compaction_moves_objects_owners_follow_and_memory_shrinks() {
+        let pool = Pool::new(4);
+        let mut owners = Owners::default();
+        let mut data = Vec::new();
+        for i in 0..2000u32 {
+            let len = 100 + (i as usize % 7) * 3;
+            let d: Vec<u8> = (0..len).map(|j| (i as usize * 31 + j) as u8).collect();
+            owners.add(pool.alloc(&d).expect("alloc"));
+            data.push(d);
+        }
+        pool.check_integrity(Some(&owners.all()))
+            .expect("consistent");
+        // Free three of every four: spans left sparse.
+        for i in 0..data.len() {
+            if i % 4 != 0 {
+                let h = owners.remove(i).expect("live");
+                pool.free(h).expect("free");
+                assert_eq!(pool.free(h), Err(PoolError::BadHandle(h.0)), "double free");
+            }
+        }
+        let before = pool.total_bytes();
+        let released = pool.compact(false, &mut owners);
+        pool.check_integrity(Some(&owners.all()))
+            .expect("consistent after compaction");
+        assert!(released > 0 && pool.total_bytes() == before - released);
+        assert!(pool.total_bytes() as f64 <= pool.object_bytes() as f64 * 1.5);
+        let mut out = Vec::new();
+        for (i, d) in data.iter().enumerate() {
+            if let Some(h) = owners.handles[i] {
+                pool.read(h, &mut out).expect("read after compaction");
+                assert_eq!(&out, d);
+            }
+        }
+        for h in owners.all() {
+            pool.free(h).expect("free");
+        }
+        assert_eq!(pool.total_bytes(), 0);
+        pool.check_integrity(Some(&[]))
+            .expect("empty pool consistent");
+    }
+
+    #[test]
+    fn compaction_moves_class_tails_up_and_owners_follow() {
         let pool = Pool::new(8);
-        // A few objects in each of many classes: every class holds one partly filled span.
-        let mut live = Vec::new();
+        let mut owners = Owners::default();
+        let mut data: Vec<Vec<u8>> = Vec::new();
         let mut n = 0usize;
         for round in 0..3 {
+            // A few objects in each of many classes: every class holds one partly filled span.
             for len in (200..1200).step_by(16) {
                 for k in 0..3 {
                     n += 1;
-                    let data: Vec<u8> = (0..len).map(|j| (j * 7 + n + k) as u8).collect();
-                    live.push((pool.alloc(&data).expect("alloc"), data));
+                    let d: Vec<u8> = (0..len).map(|j| (j * 7 + n + k) as u8).collect();
+                    owners.add(pool.alloc(&d).expect("alloc"));
+                    data.push(d);
                 }
             }
             let before = pool.total_bytes();
-            let released = pool.compact();
-            pool.check_integrity().expect("consistent after compaction");
+            let released = pool.compact(true, &mut owners);
+            pool.check_integrity(Some(&owners.all()))
+                .expect("consistent after compaction");
             assert_eq!(pool.total_bytes(), before - released);
             if round == 0 {
                 assert!(released > 0, "class tails moved up");
             }
             let mut out = Vec::new();
-            for (h, d) in &live {
-                pool.read(*h, &mut out).expect("read through forwarding");
-                assert_eq!(&out, d);
-                assert_eq!(pool.object_len(*h), Ok(d.len()));
-            }
-            // Free every other object (some forwarded, some not), then go again: chains form.
-            let mut i = 0;
-            live.retain(|(h, _)| {
-                i += 1;
-                i % 2 == 0 || {
-                    pool.free(*h).expect("free");
-                    assert_eq!(pool.free(*h), Err(PoolError::BadHandle(h.0)));
-                    false
+            for (i, d) in data.iter().enumerate() {
+                if let Some(h) = owners.handles[i] {
+                    pool.read(h, &mut out).expect("read after moves");
+                    assert_eq!(&out, d);
+                    assert_eq!(pool.object_len(h), Ok(d.len()));
                 }
-            });
-            pool.check_integrity().expect("consistent after frees");
+            }
+            // Free every other object (some moved, some not), then go again.
+            for i in (0..data.len()).step_by(2) {
+                if let Some(h) = owners.remove(i) {
+                    pool.free(h).expect("free");
+                    assert_eq!(pool.free(h), Err(PoolError::BadHandle(h.0)));
+                }
+            }
+            pool.check_integrity(Some(&owners.all()))
+                .expect("consistent after frees");
         }
-        pool.compact();
-        pool.check_integrity()
+        pool.compact(true, &mut owners);
+        pool.check_integrity(Some(&owners.all()))
             .expect("consistent after the last compaction");
         assert!(pool.total_bytes() as f64 <= pool.object_bytes() as f64 * 1.25);
-        for (h, _) in live {
+        for h in owners.all() {
             pool.free(h).expect("free");
         }
         assert_eq!(
             (pool.total_bytes(), pool.objects(), pool.object_bytes()),
             (0, 0, 0)
         );
-        pool.check_integrity().expect("empty pool consistent");
+    }
+
+    #[test]
+    fn objects_whose_owner_cannot_follow_stay() {
+        let pool = Pool::new(1);
+        let mut owners = Owners::default();
+        for i in 0..400u32 {
+            owners.add(pool.alloc(&[i as u8; 300]).expect("alloc"));
+        }
+        for i in 0..400 {
+            if i % 3 != 0 {
+                pool.free(owners.remove(i).expect("live")).expect("free");
+            }
+        }
+        // Pin everything: nothing moves, nothing is released.
+        owners.pinned = (0..400).collect();
+        let before: Vec<Handle> = owners.all();
+        assert_eq!(pool.compact(true, &mut owners), 0);
+        assert_eq!(owners.all(), before);
+        // Unpinned: it compacts.
+        owners.pinned.clear();
+        assert!(pool.compact(true, &mut owners) > 0);
+        pool.check_integrity(Some(&owners.all()))
+            .expect("consistent");
     }
 
     #[test]
     fn bad_handles_are_errors() {
         let pool = Pool::new(4);
         let h = pool.alloc(&[1, 2, 3]).expect("alloc");
+        let g = pool.alloc(&[4, 5, 6, 7]).expect("alloc");
         let mut out = Vec::new();
-        assert!(pool.read(Handle(u64::MAX), &mut out).is_err());
-        assert!(
-            pool.read(Handle(h.0 ^ (1 << 32)), &mut out).is_err(),
-            "wrong generation"
-        );
-        assert!(
-            pool.read(Handle(h.0 + 1), &mut out).is_err(),
-            "never allocated"
-        );
+        let bad = [
+            u64::MAX,
+            h.0 | 1 << HANDLE_BITS,         // bits above the handle
+            h.0 + (1 << OBJ_SHIFT) * 7,     // a free slot of the same span
+            h.0 + (1 << SPAN_SHIFT),        // a span that does not exist
+            h.0 + (1 << CLASS_SHIFT) * 200, // a class that holds nothing
+            h.with_len(0).0,                // an empty object
+            h.with_len(MIN_ALLOC + 1).0,    // longer than its class
+        ];
+        for raw in bad {
+            assert_eq!(
+                pool.read(Handle(raw), &mut out),
+                Err(PoolError::BadHandle(raw)),
+                "{raw:#x}"
+            );
+            assert!(pool.free(Handle(raw)).is_err());
+            assert!(pool.corrupt(Handle(raw), 0, 1).is_err());
+        }
         assert!(pool.alloc(&[0u8; PAGE_SIZE]).is_err());
+        assert_eq!(pool.alloc(&[]), Err(PoolError::Empty));
         pool.read(h, &mut out).expect("good handle");
         assert_eq!(out, [1, 2, 3]);
+        // A stale handle: the slot freed is an error; once reused, it reads the new object
+        // (within its slot) - what a location cannot tell, the store's CRC does.
+        pool.free(h).expect("free");
+        assert!(pool.read(h, &mut out).is_err());
+        let h2 = pool.alloc(&[9, 9, 9]).expect("alloc");
+        assert_eq!(h2, h, "the freed slot is reused first");
+        pool.read(h, &mut out).expect("stale handle, reused slot");
+        assert_eq!(out, [9, 9, 9]);
+        pool.read(g, &mut out).expect("other object untouched");
+        assert_eq!(out, [4, 5, 6, 7]);
     }
 
     #[test]
@@ -1227,7 +1309,8 @@ mod tests {
             let data = vec![(len % 251) as u8; len];
             handles.push((pool.alloc(&data).expect("alloc"), data));
         }
-        pool.check_integrity().expect("consistent");
+        let all: Vec<Handle> = handles.iter().map(|(h, _)| *h).collect();
+        pool.check_integrity(Some(&all)).expect("consistent");
         let mut out = Vec::new();
         for (h, d) in handles {
             pool.read(h, &mut out).expect("read");
@@ -1246,5 +1329,98 @@ mod tests {
         );
         let c = Class::new(4096, 16);
         assert_eq!(c.span_bytes, PAGE_SIZE);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc(usize, u8),
+        Free(usize),
+        Pin(usize),
+        /// Compact (across classes?), in steps of this many moves (0: in one go).
+        Compact(bool, usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            5 => (prop_oneof![1usize..64, 64usize..1200, 2000usize..=MAX_OBJECT], any::<u8>())
+                .prop_map(|(len, seed)| Op::Alloc(len, seed)),
+            4 => any::<usize>().prop_map(Op::Free),
+            1 => any::<usize>().prop_map(Op::Pin),
+            1 => (any::<bool>(), prop_oneof![Just(0usize), 1usize..6]).prop_map(|(a, s)| Op::Compact(a, s)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// The pool against a model (object id -> bytes): every live object reads back its
+        /// bytes through the handle its owner holds, across frees and compactions that may not
+        /// move pinned objects; the integrity walk agrees with the owner's handles; freed
+        /// handles are errors until their slot is reused.
+        #[test]
+        fn pool_matches_model(span_pages in 1usize..=8, ops in proptest::collection::vec(op(), 1..200)) {
+            let pool = Pool::new(span_pages);
+            let mut owners = Owners::default();
+            let mut model: Vec<Option<Vec<u8>>> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Alloc(len, seed) => {
+                        let d: Vec<u8> = (0..len).map(|j| (j as u8).wrapping_mul(seed) ^ seed).collect();
+                        let h = pool.alloc(&d).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        prop_assert_eq!(h.len(), len);
+                        owners.add(h);
+                        model.push(Some(d));
+                    }
+                    Op::Free(i) if !model.is_empty() => {
+                        let i = i % model.len();
+                        if let Some(h) = owners.remove(i) {
+                            prop_assert!(pool.free(h).is_ok());
+                            prop_assert!(pool.free(h).is_err(), "double free");
+                            model[i] = None;
+                        }
+                    }
+                    Op::Pin(i) if !model.is_empty() => {
+                        owners.pinned.insert(i % model.len());
+                    }
+                    Op::Compact(across, step) => {
+                        let pinned: Vec<(usize, Handle)> = owners.pinned.iter()
+                            .filter_map(|&i| owners.handles[i].map(|h| (i, h))).collect();
+                        let before = pool.total_bytes();
+                        let released = if step == 0 {
+                            pool.compact(across, &mut owners)
+                        } else {
+                            // Small steps, checking the pool between them.
+                            let mut released = 0;
+                            for ci in 0..pool.nr_classes() {
+                                loop {
+                                    let s = pool.compact_class(ci, across, &mut owners, step);
+                                    released += s.released;
+                                    pool.check_integrity(Some(&owners.all())).map_err(TestCaseError::fail)?;
+                                    if s.done {
+                                        break;
+                                    }
+                                }
+                            }
+                            released
+                        };
+                        prop_assert_eq!(pool.total_bytes(), before - released);
+                        for (i, h) in pinned {
+                            prop_assert_eq!(owners.handles[i], Some(h), "a pinned object moved");
+                        }
+                    }
+                    _ => {}
+                }
+                pool.check_integrity(Some(&owners.all())).map_err(TestCaseError::fail)?;
+                let mut out = Vec::new();
+                for (i, d) in model.iter().enumerate() {
+                    if let (Some(d), Some(h)) = (d, owners.handles[i]) {
+                        pool.read(h, &mut out).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        prop_assert_eq!(&out, d);
+                    }
+                }
+                let live: u64 = model.iter().flatten().map(|d| d.len() as u64).sum();
+                prop_assert_eq!(pool.object_bytes(), live);
+            }
+        }
     }
 }

@@ -2,9 +2,9 @@
 
 use crate::batch::{compress_part, BatchPool, Job, PageRules, Part, PartError, Reply};
 use crate::compress::{CodecError, Compressor, PageCodec, SCRATCH_SIZE};
-use crate::index::{Entry, Index, PayloadRef};
+use crate::index::{Entry, EntryRef, Index, PayloadRef};
 use crate::lru::{Lru, CHUNK_ENTRIES};
-use crate::pool::{Handle, Pool, PoolError, MAX_OBJECT};
+use crate::pool::{Handle, Pool, PoolError, Relocate, MAX_OBJECT};
 use crate::sync::{current_cpu, nr_cpus, AtomicU32, Condvar, Mutex, MutexGuard, PlainMutex};
 use crate::PAGE_SIZE;
 use std::collections::HashMap;
@@ -52,7 +52,7 @@ pub struct Config {
     /// the cost of a single-page load. Default 16 (64 KiB).
     pub multi_page_unit_pages: usize,
     /// [`Zswap::compact`] also moves what each size class keeps in partly filled spans up into
-    /// free slots of larger classes (the old handle forwards, one more lookup on later reads);
+    /// free slots of larger classes (each moved object's entry is pointed at its new place);
     /// false: objects move only within their class, as zsmalloc's `zs_compact`. Default true.
     pub compact_across_classes: bool,
 }
@@ -259,8 +259,9 @@ pub struct Stats {
     pub pages_compacted: u64,
     /// Heap bytes of the store's per-entry metadata, computed from capacities (not measured
     /// with an allocator, so the same on every machine): the index, the LRU, the multi-page
-    /// objects' headers and the pool's handle tables and span bookkeeping. Not included: the
-    /// spans' memory (`pool_total_size`) and the per-worker buffers.
+    /// objects' headers and the pool's span bookkeeping. Not included: the spans' memory
+    /// (`pool_total_size`), the per-worker buffers, and what [`Zswap::compact`] allocates while
+    /// it runs (its map of the objects it may move).
     pub metadata_bytes: u64,
 }
 
@@ -303,11 +304,23 @@ pub(crate) enum Payload {
 /// reference; the chunks are freed when the last one goes.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) chunks: Box<[Handle]>,
+    /// The chunks' pool handles. Read under the shard lock of an entry pointing at the object,
+    /// rewritten only by [`Zswap::compact`], which holds every shard lock: the locks order the
+    /// accesses, the atomics only make the shared object `Sync`.
+    pub(crate) chunks: Box<[AtomicU64]>,
     /// Pages it decompresses to.
     pub(crate) pages: u16,
     /// Entries (or prepared, not yet inserted pages) pointing at it.
     pub(crate) refs: AtomicU32,
+}
+
+impl Shared {
+    /// The handles of the object's pool chunks, in order.
+    pub(crate) fn handles(&self) -> impl Iterator<Item = Handle> + '_ {
+        self.chunks
+            .iter()
+            .map(|c| Handle::from_raw(c.load(Ordering::Relaxed)))
+    }
 }
 
 /// Heap bytes of one multi-page object with `chunks` pool chunks: the `Arc` allocation (two
@@ -315,7 +328,75 @@ pub(crate) struct Shared {
 fn shared_heap_bytes(chunks: usize) -> u64 {
     (2 * std::mem::size_of::<usize>()
         + std::mem::size_of::<Shared>()
-        + chunks * std::mem::size_of::<Handle>()) as u64
+        + chunks * std::mem::size_of::<AtomicU64>()) as u64
+}
+
+/// The owner of a pool object in [`Zswap::compact`]'s map: the entry at `key`, through its
+/// multi-page object's chunk `chunk` unless that is [`NOT_SHARED`].
+#[derive(Debug, Clone, Copy)]
+struct Owner {
+    key: u64,
+    chunk: u32,
+}
+
+const NOT_SHARED: u32 = u32::MAX;
+
+/// Objects moved per compaction step, under every shard lock: a step holds them for about a
+/// millisecond (the moves, and sorting the class's partly filled spans).
+const COMPACT_STEP_MOVES: usize = 1024;
+
+/// [`Relocate`] for one compaction step: every shard locked, the owners gathered before the
+/// step (maybe stale: each is checked against the entry before an object moves).
+struct Relocator<'z, 'g> {
+    zswap: &'z Zswap,
+    /// All shards, by shard number.
+    guards: &'g mut [ShardGuard<'z>],
+    /// Slot handle (raw) -> owner.
+    owners: &'g mut HashMap<u64, Owner>,
+}
+
+impl Relocator<'_, '_> {
+    /// The handle the owner's entry holds now, if it is still the owner's kind of entry.
+    fn current(&self, o: Owner) -> Option<Handle> {
+        let e = self.guards[self.zswap.shard_of(o.key)].get(o.key)?;
+        match e.payload() {
+            PayloadRef::Compressed(h) if o.chunk == NOT_SHARED => Some(h),
+            PayloadRef::Shared(obj, _) if o.chunk != NOT_SHARED => obj
+                .chunks
+                .get(o.chunk as usize)
+                .map(|c| Handle::from_raw(c.load(Ordering::Relaxed))),
+            _ => None,
+        }
+    }
+}
+
+impl Relocate for Relocator<'_, '_> {
+    fn movable(&mut self, slot: Handle) -> Option<usize> {
+        // An object is owned by exactly one entry (or multi-page object) at a time: if the
+        // entry the map names still holds this slot, it is the owner now, whatever happened
+        // since the map was made. Anything else (an object allocated since, or prepared for a
+        // store not yet in the index) stays where it is.
+        let o = *self.owners.get(&slot.raw())?;
+        let h = self.current(o)?;
+        (h.slot() == slot).then(|| h.len())
+    }
+
+    fn moved(&mut self, from: Handle, to: Handle) {
+        let Some(o) = self.owners.remove(&from.slot().raw()) else {
+            return;
+        };
+        let map = &mut self.guards[self.zswap.shard_of(o.key)];
+        if o.chunk == NOT_SHARED {
+            if let Some(mut e) = map.get_mut(o.key) {
+                e.set_handle(to.raw());
+            }
+        } else if let Some(PayloadRef::Shared(obj, _)) = map.get(o.key).map(EntryRef::payload) {
+            if let Some(c) = obj.chunks.get(o.chunk as usize) {
+                c.store(to.raw(), Ordering::Relaxed);
+            }
+        }
+        self.owners.insert(to.slot().raw(), o);
+    }
 }
 
 #[derive(Debug)]
@@ -515,7 +596,7 @@ impl Zswap {
         drop(guards);
         let shard = &self.shards[self.shard_of(key)];
         let mut map = shard.map.lock();
-        while map.get(key).is_some_and(Entry::writeback) {
+        while map.get(key).is_some_and(EntryRef::writeback) {
             map = shard.done.wait(map);
         }
     }
@@ -529,7 +610,7 @@ impl Zswap {
     ) -> Option<u64> {
         (start..start + nr as u64).find(|&k| {
             let map = self.guard_for(guards, k);
-            map.get(k).is_some_and(Entry::writeback)
+            map.get(k).is_some_and(EntryRef::writeback)
         })
     }
 
@@ -646,7 +727,7 @@ impl Zswap {
                 if obj.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
                     self.shared_meta
                         .fetch_sub(shared_heap_bytes(obj.chunks.len()), Ordering::Relaxed);
-                    for &h in obj.chunks.iter() {
+                    for h in obj.handles() {
                         let _ = self.pool.free(h);
                     }
                 }
@@ -752,7 +833,7 @@ impl Zswap {
                 self.shared_meta
                     .fetch_add(shared_heap_bytes(chunks.len()), Ordering::Relaxed);
                 let obj = Arc::new(Shared {
-                    chunks: chunks.into_boxed_slice(),
+                    chunks: chunks.iter().map(|h| AtomicU64::new(h.raw())).collect(),
                     pages: k as u16,
                     refs: AtomicU32::new(k as u32),
                 });
@@ -1011,7 +1092,13 @@ impl Zswap {
     /// Decompresses entry `e` of swap entry `key` into `out` (one page) and checks its CRC.
     /// A page of a multi-page object decompresses the whole object into `w.unit`, which is
     /// kept (as `w.cached`) for the object's other pages within the same load or scan.
-    fn decode(&self, w: &mut Worker, key: u64, e: &Entry, out: &mut [u8]) -> Result<(), LoadError> {
+    fn decode(
+        &self,
+        w: &mut Worker,
+        key: u64,
+        e: EntryRef<'_>,
+        out: &mut [u8],
+    ) -> Result<(), LoadError> {
         let Worker {
             codec,
             obj: scratch,
@@ -1034,7 +1121,7 @@ impl Zswap {
                 if !cached.as_ref().is_some_and(|c| Arc::ptr_eq(c, &obj)) {
                     *cached = None;
                     scratch.clear();
-                    for &h in obj.chunks.iter() {
+                    for h in obj.handles() {
                         self.pool
                             .read_append(h, scratch)
                             .map_err(|source| LoadError::Pool { entry: key, source })?;
@@ -1216,7 +1303,7 @@ impl Zswap {
                 }
                 map.lru_unlink(key, &mut lru);
             }
-            let Some(e) = map.get_mut(key) else {
+            let Some(mut e) = map.get_mut(key) else {
                 continue;
             };
             e.set_writeback(true);
@@ -1278,7 +1365,7 @@ impl Zswap {
             }
         } else {
             bump(&self.counters.reject_reclaim_fail, 1);
-            if let Some(e) = map.get_mut(key) {
+            if let Some(mut e) = map.get_mut(key) {
                 e.set_writeback(false);
             }
         }
@@ -1286,13 +1373,78 @@ impl Zswap {
         done.notify_all();
     }
 
-    /// Compacts the pool (zsmalloc's `zs_compact`); returns the bytes released.
+    /// Compacts the pool (zsmalloc's `zs_compact`, and with
+    /// [`Config::compact_across_classes`] moves up into larger classes); returns the bytes
+    /// released.
+    ///
+    /// A pool handle is the object's location, so each move must rewrite the entry (or the
+    /// multi-page object) that holds it. First, one shard lock at a time, the owners of the
+    /// objects in partly filled spans (the only ones compaction moves) are gathered into a map.
+    /// Then the pool is compacted one size class at a time, in steps of at most
+    /// `COMPACT_STEP_MOVES` (1024) moves, each under every shard lock (in index order, then the
+    /// class locks: the lock order of every other path, shard then class, so no deadlock) so
+    /// that no entry changes while its object moves; between steps the locks are dropped, so
+    /// loads and stores wait for one step at most. The map may go stale between steps: before an object moves, its entry
+    /// is checked to still hold it (an object has one owner at a time, so that entry is its
+    /// owner); objects without a checked owner (new ones, or those of a store not yet in the
+    /// index) stay, and so do their spans.
     pub fn compact(&self) -> u64 {
-        if self.config.compact_across_classes {
-            self.pool.compact()
-        } else {
-            self.pool.compact_in_classes()
+        let across = self.config.compact_across_classes;
+        let partial = self.pool.partial_spans();
+        let mut owners: HashMap<u64, Owner> = HashMap::new();
+        for shard in self.shards.iter() {
+            let map = shard.map.lock();
+            for (key, e) in map.iter() {
+                match e.payload() {
+                    PayloadRef::Compressed(h) if partial.contains(h) => {
+                        owners.insert(
+                            h.slot().raw(),
+                            Owner {
+                                key,
+                                chunk: NOT_SHARED,
+                            },
+                        );
+                    }
+                    PayloadRef::Shared(obj, _) => {
+                        for (i, h) in obj.handles().enumerate() {
+                            if partial.contains(h) {
+                                owners.insert(
+                                    h.slot().raw(),
+                                    Owner {
+                                        key,
+                                        chunk: i as u32,
+                                    },
+                                );
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
         }
+        let mut released = 0;
+        for ci in 0..self.pool.nr_classes() {
+            if !partial.any_in(ci) {
+                continue;
+            }
+            loop {
+                let mut guards: Vec<ShardGuard<'_>> =
+                    self.shards.iter().map(|s| s.map.lock()).collect();
+                let mut relocator = Relocator {
+                    zswap: self,
+                    guards: &mut guards,
+                    owners: &mut owners,
+                };
+                let step = self
+                    .pool
+                    .compact_class(ci, across, &mut relocator, COMPACT_STEP_MOVES);
+                released += step.released;
+                if step.done {
+                    break;
+                }
+            }
+        }
+        released
     }
 
     /// A snapshot of the counters.
@@ -1347,6 +1499,8 @@ impl Zswap {
         let mut shared: HashMap<*const Shared, (Arc<Shared>, u32, Vec<bool>)> = HashMap::new();
         let mut linked = std::collections::HashSet::new();
         let mut index_chunks = 0;
+        // Every pool object the index holds, each once.
+        let mut handles = Vec::new();
         for shard in self.shards.iter() {
             let map = shard.map.lock();
             let lru = self.lru.lock();
@@ -1363,6 +1517,7 @@ impl Zswap {
                         self.pool
                             .object_len(h)
                             .map_err(|err| format!("entry {k:#x}: {err}"))?;
+                        handles.push(h);
                         single += 1;
                     }
                     PayloadRef::Shared(obj, slot) => {
@@ -1416,10 +1571,11 @@ impl Zswap {
                     obj.refs.load(Ordering::Acquire)
                 ));
             }
-            for &h in obj.chunks.iter() {
+            for h in obj.handles() {
                 self.pool
                     .object_len(h)
                     .map_err(|err| format!("multi-page object chunk: {err}"))?;
+                handles.push(h);
             }
             chunks += obj.chunks.len() as u64;
         }
@@ -1443,13 +1599,13 @@ impl Zswap {
                 self.pool.objects(),
             ));
         }
-        self.pool.check_integrity()
+        self.pool.check_integrity(Some(&handles))
     }
 
-    /// The pool handle of `entry`'s compressed data (None if absent or same-filled). For the
-    /// fuzz target and corruption tests.
+    /// The pool handle (the location) of `entry`'s compressed data (None if absent or
+    /// same-filled); for a multi-page object, that of its first chunk. For the fuzz target and
+    /// corruption tests.
     #[doc(hidden)]
-    /// The handle of a multi-page object is that of its first chunk.
     pub fn debug_handle(&self, entry: u64) -> Option<Handle> {
         match self.shards[self.shard_of(entry)]
             .map
@@ -1458,7 +1614,7 @@ impl Zswap {
             .payload()
         {
             PayloadRef::Compressed(h) => Some(h),
-            PayloadRef::Shared(obj, _) => obj.chunks.first().copied(),
+            PayloadRef::Shared(obj, _) => obj.handles().next(),
             PayloadRef::Same(_) => None,
         }
     }
@@ -1470,7 +1626,7 @@ impl Zswap {
             .map
             .lock()
             .get(entry)
-            .is_some_and(Entry::is_shared)
+            .is_some_and(EntryRef::is_shared)
     }
 
     /// Corrupts a stored byte of `entry` (see [`Pool::corrupt`]); for a multi-page object, a
@@ -1481,29 +1637,32 @@ impl Zswap {
             .map
             .lock()
             .get(entry)
-            .map(Entry::payload)
+            .map(EntryRef::payload)
         {
             Some(PayloadRef::Compressed(h)) => h,
-            Some(PayloadRef::Shared(obj, _)) => match obj
-                .chunks
-                .get((offset / MAX_OBJECT) % obj.chunks.len().max(1))
-            {
-                Some(&h) => h,
-                None => return false,
-            },
+            Some(PayloadRef::Shared(obj, _)) => {
+                match obj
+                    .handles()
+                    .nth((offset / MAX_OBJECT) % obj.chunks.len().max(1))
+                {
+                    Some(h) => h,
+                    None => return false,
+                }
+            }
             _ => return false,
         };
         self.pool.corrupt(h, offset, mask).is_ok()
     }
 
-    /// Points `entry` at an arbitrary pool handle (a forged or stale handle). For fuzzing and
-    /// tests only. The object it named before is leaked from the index's point of view, so only
-    /// use this on a store that is about to be dropped.
+    /// Points `entry` at an arbitrary pool handle (a forged or stale location). For fuzzing
+    /// and tests only. The object it named before is leaked from the index's point of view, and
+    /// a load that succeeds frees whatever object the forged handle names, so only use this on
+    /// a store that is about to be dropped.
     #[doc(hidden)]
     pub fn debug_set_handle(&self, entry: u64, raw: u64) -> bool {
         let mut map = self.shards[self.shard_of(entry)].map.lock();
         match map.get_mut(entry) {
-            Some(e) => {
+            Some(mut e) => {
                 e.set_handle(raw);
                 true
             }
@@ -1522,8 +1681,8 @@ impl Drop for UnwindGuard<'_> {
     fn drop(&mut self) {
         let shard = &self.zswap.shards[self.zswap.shard_of(self.key)];
         let mut map = shard.map.lock();
-        let was_under_writeback = map.get_mut(self.key).is_some_and(|e| {
-            let w = e.writeback();
+        let was_under_writeback = map.get_mut(self.key).is_some_and(|mut e| {
+            let w = e.get().writeback();
             e.set_writeback(false);
             w
         });

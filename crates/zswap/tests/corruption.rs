@@ -1,4 +1,5 @@
-//! Corrupt stored data and bad handles give errors, never a panic or, with CRC on, wrong bytes.
+//! Corrupt stored data and bad handles (forged or stale locations) give errors, never a panic
+//! or, with CRC on, wrong bytes.
 //! The proptest drives the same function as the cargo-fuzz target `zswap_load`.
 
 mod common;
@@ -113,27 +114,58 @@ fn forged_and_stale_handles_are_errors() {
     zswap.store(1, &a).expect("store");
     zswap.store(2, &b).expect("store");
     let hb = zswap.debug_handle(2).expect("compressed");
+    let mut out = vec![0u8; PAGE_SIZE];
     // Entry 1 now names entry 2's object: CRC catches the swap.
     zswap.debug_set_handle(1, hb.raw());
-    let mut out = vec![0u8; PAGE_SIZE];
     assert!(matches!(
         zswap.load(1, &mut out),
         Err(LoadError::CrcMismatch { entry: 1, .. })
     ));
-    // A stale generation, and garbage.
-    zswap.debug_set_handle(1, hb.raw() ^ (1 << 32));
+    // The right object with a wrong length: a prefix, or bytes past it within its slot.
+    for len in [1, hb.len() - 1, hb.len() + 1, hb.len() + 15] {
+        zswap.debug_set_handle(1, hb.with_len(len).raw());
+        match zswap.load(1, &mut out) {
+            Err(LoadError::Corrupt { entry: 1, .. } | LoadError::CrcMismatch { entry: 1, .. }) => {}
+            // Longer than the object's slot: the pool refuses it.
+            Err(LoadError::Pool { entry: 1, .. }) => {}
+            other => panic!("length {len}: {other:?}"),
+        }
+    }
+    // A stale location: the object was freed (the slot is free, an error)...
+    zswap.store(3, &page(Kind::Compressible, 3)).expect("store");
+    let stale = zswap.debug_handle(3).expect("compressed");
+    assert_eq!(zswap.invalidate(3, 1), 1);
+    zswap.debug_set_handle(1, stale.raw());
     assert!(matches!(
         zswap.load(1, &mut out),
         Err(LoadError::Pool { entry: 1, .. })
     ));
-    zswap.debug_set_handle(1, u64::MAX);
+    // ... then its slot taken by another page: CRC tells (no generation does any more).
+    zswap.store(4, &page(Kind::Compressible, 3)).expect("store");
+    assert_eq!(zswap.debug_handle(4).map(|h| h.slot()), Some(stale.slot()));
     assert!(matches!(
         zswap.load(1, &mut out),
-        Err(LoadError::Pool { entry: 1, .. })
+        Err(LoadError::CrcMismatch { entry: 1, .. })
     ));
-    // Entry 2 is untouched.
+    // The neighbouring slot: another object (entry 1's own, leaked by the forging) or none.
+    zswap.debug_set_handle(1, hb.raw() ^ (1 << 12));
+    assert!(zswap.load(1, &mut out).is_err());
+    // Spans and classes that hold nothing, bits above a handle, garbage.
+    for raw in [hb.raw() + (1 << 23), hb.raw() | (1 << 60), u64::MAX, 0] {
+        zswap.debug_set_handle(1, raw);
+        assert!(
+            matches!(
+                zswap.load(1, &mut out),
+                Err(LoadError::Pool { entry: 1, .. })
+            ),
+            "{raw:#x}"
+        );
+    }
+    // Entries 2 and 4 are untouched.
     zswap.load(2, &mut out).expect("load");
     assert_eq!(out, b);
+    zswap.load(4, &mut out).expect("load");
+    assert_eq!(out, page(Kind::Compressible, 3));
 }
 
 #[test]

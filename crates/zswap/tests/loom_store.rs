@@ -208,3 +208,43 @@ fn scan_vs_scan_vs_store() {
         zswap.check_integrity().expect("consistent");
     });
 }
+
+/// A scan racing the reuse of the position it peeked at: entry 1 is loaded and stored again
+/// (same key, so the same LRU position, now queued twice: a dead copy at the tail, the live one
+/// at the head) while the scan peeks at the tail. The scan must not take the new entry 1 for the
+/// coldest: after the re-store, entry 2 is colder. It writes back either the old entry 1 (before
+/// the load took it) or entry 2, never the new page of entry 1.
+#[test]
+fn scan_vs_reuse_of_the_peeked_position() {
+    model(|| {
+        let zswap = Arc::new(small_store());
+        let (old, new) = (page(8), page(9));
+        zswap.store(1, &old).expect("store");
+        zswap.store(2, &page(10)).expect("store");
+        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let scan = {
+            let (zswap, written) = (zswap.clone(), written.clone());
+            spawn(move || {
+                zswap.scan_objects(1, &mut |k: u64, pg: &[u8]| {
+                    written.lock().expect("device").push((k, pg.to_vec()));
+                    Ok(())
+                })
+            })
+        };
+        let mut out = vec![0u8; PAGE_SIZE];
+        match zswap.load(1, &mut out) {
+            Ok(()) => assert_eq!(out, old),
+            Err(LoadError::NotFound { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+        zswap.store(1, &new).expect("store again");
+        scan.join().expect("scan");
+        for (k, pg) in written.lock().expect("device").iter() {
+            assert!(
+                *k == 2 || *pg == old,
+                "the newest entry was written back before a colder one"
+            );
+        }
+        zswap.check_integrity().expect("consistent");
+    });
+}

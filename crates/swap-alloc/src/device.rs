@@ -739,18 +739,28 @@ impl SwapDevice {
         let nclusters = self.clusters.len();
         loop {
             if self.nonfull_min_free > 0 && (1usize << order) < self.cluster_slots {
-                // Partly used clusters first (see `DeviceConfig::nonfull_first`).
-                for _ in 0..nclusters {
-                    let Some((idx, mut ci)) =
-                        self.isolate_unowned(ListId::Nonfull(class), order, class)
-                    else {
-                        break;
-                    };
-                    let (found, next) = self.scan_cluster(idx, &mut ci, 0, order, usage);
-                    drop(ci);
-                    hints.set(class, next);
-                    if found.is_some() {
-                        return found;
+                // Partly used clusters first (see `DeviceConfig::nonfull_first`); for order 0,
+                // those of every order, since any slot will do (else the holes that single
+                // frees leave in clusters of large folios would stay holes while order 0
+                // takes free clusters).
+                let lists = if order == 0 && self.order_aware {
+                    0..NR_ORDERS
+                } else {
+                    class..class + 1
+                };
+                for list_class in lists {
+                    for _ in 0..nclusters {
+                        let Some((idx, mut ci)) =
+                            self.isolate_unowned(ListId::Nonfull(list_class), order, class)
+                        else {
+                            break;
+                        };
+                        let (found, next) = self.scan_cluster(idx, &mut ci, 0, order, usage);
+                        drop(ci);
+                        hints.set(class, next);
+                        if found.is_some() {
+                            return found;
+                        }
                     }
                 }
             }

@@ -582,3 +582,35 @@ fn nonfull_first_refills_holes_before_free_clusters() {
         }
     }
 }
+
+#[test]
+fn nonfull_first_order0_refills_holes_in_large_folio_clusters() {
+    set_cpu_hint(Some(0));
+    let d = SwapDevice::new(
+        DeviceConfig::new(8 * 64)
+            .cluster_slots(64)
+            .nr_cpus(2)
+            .nonfull_first(8),
+    )
+    .unwrap();
+    // Two clusters of order-4 runs, then single slots freed from them (a large folio's pages
+    // faulted back one by one).
+    let runs: Vec<SwapEntry> = (0..8).map(|_| d.alloc(4).unwrap()).collect();
+    let mut freed = Vec::new();
+    for r in &runs {
+        for i in [1u64, 5, 9] {
+            let x = e(r.offset() + i);
+            assert_eq!(d.put(x), Ok(true));
+            freed.push(x.offset());
+        }
+    }
+    // Order 0 takes those holes before any free cluster.
+    let mut got: Vec<u64> = (0..freed.len())
+        .map(|_| d.alloc(0).unwrap().offset())
+        .collect();
+    got.sort_unstable();
+    freed.sort_unstable();
+    assert_eq!(got, freed);
+    d.check_integrity().unwrap();
+    set_cpu_hint(None);
+}

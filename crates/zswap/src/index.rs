@@ -773,7 +773,7 @@ mod tests {
             let shard_of = |k: u64| ((k / ENTRIES_PER_SHARD) as usize) & (shards - 1);
             let mut index: Vec<Index> = (0..shards).map(|_| Index::new(shards)).collect();
             let mut lru = Lru::new();
-            let shared = Arc::new(Shared { chunks: Box::new([]), pages: 1, refs: AtomicU32::new(0) });
+            let shared = Arc::new(Shared { chunks: Box::new([]), pages: 1, crc: 0, refs: AtomicU32::new(0) });
             let mut model: BTreeMap<u64, (Kind, u64, bool)> = BTreeMap::new();
             let mut order: std::collections::VecDeque<u64> = Default::default();
             for op in &ops {

@@ -310,6 +310,10 @@ pub(crate) struct Shared {
     pub(crate) chunks: Box<[AtomicU64]>,
     /// Pages it decompresses to.
     pub(crate) pages: u16,
+    /// CRC32C of the pages it decompresses to, all of them in order (0 with `Config::crc`
+    /// off): a load decompresses the whole object anyway, so one CRC per object is checked
+    /// instead of one per page (whose entries keep none).
+    pub(crate) crc: u32,
     /// Entries (or prepared, not yet inserted pages) pointing at it.
     pub(crate) refs: AtomicU32,
 }
@@ -772,17 +776,22 @@ impl Zswap {
     ) -> Result<(), (usize, PrepareError)> {
         let base = prepared.len();
         let mut dense: Vec<usize> = Vec::with_capacity(unit.len() / PAGE_SIZE);
+        // The CRC of the pages compressed together (their entries keep none), or of each page
+        // once it is known to be stored alone.
+        let mut unit_crc = 0;
         for (i, page) in unit.chunks_exact(PAGE_SIZE).enumerate() {
-            let crc = if self.config.crc {
-                crc32c::crc32c(page)
-            } else {
-                0
-            };
             let word = if self.config.same_filled {
                 same_filled_word(page)
             } else {
                 None
             };
+            let mut crc = 0;
+            if self.config.crc {
+                match word {
+                    Some(_) => crc = crc32c::crc32c(page),
+                    None => unit_crc = crc32c::crc32c_append(unit_crc, page),
+                }
+            }
             if word.is_none() {
                 dense.push(i);
             }
@@ -835,6 +844,7 @@ impl Zswap {
                 let obj = Arc::new(Shared {
                     chunks: chunks.iter().map(|h| AtomicU64::new(h.raw())).collect(),
                     pages: k as u16,
+                    crc: unit_crc,
                     refs: AtomicU32::new(k as u32),
                 });
                 for (slot, &i) in dense.iter().enumerate() {
@@ -847,6 +857,9 @@ impl Zswap {
         }
         if per_page {
             for &i in &dense {
+                if self.config.crc {
+                    prepared[base + i].crc = crc32c::crc32c(page_of(i));
+                }
                 let n = codec
                     .compress(page_of(i), out)
                     .map_err(|e| (first + i, PrepareError::Codec(e)))?;
@@ -1131,11 +1144,26 @@ impl Zswap {
                         bump(&self.counters.decompress_fail, 1);
                         return Err(LoadError::Corrupt { entry: key, source });
                     }
+                    if self.config.crc {
+                        let computed = crc32c::crc32c(unit);
+                        if computed != obj.crc {
+                            bump(&self.counters.decompress_fail, 1);
+                            return Err(LoadError::CrcMismatch {
+                                entry: key,
+                                stored: obj.crc,
+                                computed,
+                            });
+                        }
+                    }
+                    // Checked: the pages copied out of the cache need no CRC of their own.
                     *cached = Some(Arc::clone(&obj));
                 }
                 let start = usize::from(slot) * PAGE_SIZE;
                 match unit.get(start..start + PAGE_SIZE) {
-                    Some(page) => out.copy_from_slice(page),
+                    Some(page) => {
+                        out.copy_from_slice(page);
+                        return Ok(());
+                    }
                     None => {
                         bump(&self.counters.decompress_fail, 1);
                         return Err(LoadError::Corrupt {
@@ -1521,6 +1549,9 @@ impl Zswap {
                         single += 1;
                     }
                     PayloadRef::Shared(obj, slot) => {
+                        if e.crc() != 0 {
+                            return Err(format!("entry {k:#x}: a multi-page page keeps a CRC"));
+                        }
                         let (_, refs, seen) =
                             shared.entry(Arc::as_ptr(&obj)).or_insert_with(|| {
                                 (Arc::clone(&obj), 0, vec![false; usize::from(obj.pages)])

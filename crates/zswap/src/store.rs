@@ -310,6 +310,12 @@ pub(crate) struct Shared {
     pub(crate) chunks: Box<[AtomicU64]>,
     /// Pages it decompresses to.
     pub(crate) pages: u16,
+    /// The low 16 bits of the swap entry of the unit's first page.
+    pub(crate) first: u16,
+    /// Every page of the unit is in the object (none was same-filled): page `key` is at slot
+    /// `key - first` (the slot is derived, not kept in the index). Otherwise the index keeps
+    /// each page's slot.
+    pub(crate) whole_unit: bool,
     /// CRC32C of the pages it decompresses to, all of them in order (0 with `Config::crc`
     /// off): a load decompresses the whole object anyway, so one CRC per object is checked
     /// instead of one per page (whose entries keep none).
@@ -319,6 +325,17 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The slot of the page at swap entry `key` (whose entry points at this object), given the
+    /// slot the index keeps (0 for an object of a whole unit, whose slots are derived).
+    pub(crate) fn slot_of(&self, key: u64, kept: u16) -> u16 {
+        if self.whole_unit {
+            // The unit spans at most 512 entries from its first: the difference fits 16 bits.
+            (key as u16).wrapping_sub(self.first)
+        } else {
+            kept
+        }
+    }
+
     /// The handles of the object's pool chunks, in order.
     pub(crate) fn handles(&self) -> impl Iterator<Item = Handle> + '_ {
         self.chunks
@@ -744,6 +761,7 @@ impl Zswap {
     /// calling thread, appending one `Prepared` per page.
     fn prepare_units(
         &self,
+        entry: u64,
         folio: &[u8],
         prepared: &mut Vec<Prepared>,
     ) -> Result<(), (usize, PrepareError)> {
@@ -754,7 +772,7 @@ impl Zswap {
             .map_err(|e| (0, PrepareError::Codec(e)))?;
         let mut result = Ok(());
         for (u, unit) in folio.chunks(unit_pages * PAGE_SIZE).enumerate() {
-            result = self.prepare_unit(&mut w, unit, u * unit_pages, prepared);
+            result = self.prepare_unit(&mut w, entry, unit, u * unit_pages, prepared);
             if result.is_err() {
                 break;
             }
@@ -770,6 +788,7 @@ impl Zswap {
     fn prepare_unit(
         &self,
         w: &mut Worker,
+        entry: u64,
         unit: &[u8],
         first: usize,
         prepared: &mut Vec<Prepared>,
@@ -844,6 +863,8 @@ impl Zswap {
                 let obj = Arc::new(Shared {
                     chunks: chunks.iter().map(|h| AtomicU64::new(h.raw())).collect(),
                     pages: k as u16,
+                    first: (entry + first as u64) as u16,
+                    whole_unit: k * PAGE_SIZE == unit.len(),
                     crc: unit_crc,
                     refs: AtomicU32::new(k as u32),
                 });
@@ -898,7 +919,7 @@ impl Zswap {
                 max_pool_bytes: self.config.max_pool_bytes,
             });
         }
-        let prepared = self.prepare_folio(folio)?;
+        let prepared = self.prepare_folio(entry, folio)?;
         if let Err(prepared) = self.insert(entry, prepared) {
             self.release_prepared(&prepared);
             return Err(StoreError::IndexFull { entry });
@@ -909,13 +930,13 @@ impl Zswap {
         Ok(())
     }
 
-    fn prepare_folio(&self, folio: &[u8]) -> Result<Vec<Prepared>, StoreError> {
+    fn prepare_folio(&self, entry: u64, folio: &[u8]) -> Result<Vec<Prepared>, StoreError> {
         let nr = folio.len() / PAGE_SIZE;
         let threads = self.config.batch_threads.min(nr);
         let mut prepared = Vec::with_capacity(nr);
         let min = self.config.multi_page_min_pages;
         let result = if min > 0 && nr >= min.max(2) {
-            self.prepare_units(folio, &mut prepared)
+            self.prepare_units(entry, folio, &mut prepared)
         } else if threads > 1 && nr >= self.config.batch_min_pages && self.batch.len() > 0 {
             self.prepare_batched(folio, threads, &mut prepared)
         } else {

@@ -30,7 +30,8 @@ pub struct Config {
     /// Once the pool is full, stores are rejected until it shrinks below this percentage of
     /// `max_pool_bytes` (`accept_threshold_percent`), 0..=100.
     pub accept_threshold_percent: u8,
-    /// Keep a CRC32C of each page and check it on load and writeback.
+    /// Keep a CRC32C of each page (one of each multi-page object, over all its pages) and check
+    /// it on load and writeback.
     pub crc: bool,
     /// Largest span (zspage) in pages, 1..=16 (zsmalloc's chain size).
     pub max_span_pages: usize,
@@ -323,6 +324,10 @@ pub(crate) struct Shared {
     /// Entries (or prepared, not yet inserted pages) pointing at it.
     pub(crate) refs: AtomicU32,
 }
+
+// The header counted in the README (with the `Arc`'s two counts: 48 bytes).
+#[cfg(not(zswap_loom))]
+const _: () = assert!(std::mem::size_of::<Shared>() == 32);
 
 impl Shared {
     /// The slot of the page at swap entry `key` (whose entry points at this object), given the

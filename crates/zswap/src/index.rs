@@ -253,7 +253,17 @@ impl Chunk {
             self.crcs
                 .get_or_insert_with(|| Box::new([0; CHUNK_ENTRIES]))[off] = e.crc;
         }
-        let slot = (e.meta >> SLOT_SHIFT) as u16;
+        let mut slot = (e.meta >> SLOT_SHIFT) as u16;
+        if e.kind() == KIND_SHARED {
+            // SAFETY: a shared entry's word is its object's pointer, whose reference `e` held
+            // and the chunk holds now, for longer than this view.
+            let obj = unsafe { shared_ref(e.word) };
+            if obj.whole_unit {
+                debug_assert_eq!(slot, obj.slot_of(self.base + off as u64, 0));
+                // Derived from the key: not kept.
+                slot = 0;
+            }
+        }
         if slot != 0 || self.slots.is_some() {
             self.slots
                 .get_or_insert_with(|| Box::new([0; CHUNK_ENTRIES]))[off] = slot;
@@ -264,8 +274,17 @@ impl Chunk {
         self.crcs.as_ref().map_or(0, |c| c[off])
     }
 
+    /// The slot of a shared entry in its object (kept in the side array, or derived from the
+    /// key for an object of a whole unit); 0 for other kinds.
     fn slot(&self, off: usize) -> u16 {
-        self.slots.as_ref().map_or(0, |s| s[off])
+        let kept = self.slots.as_ref().map_or(0, |s| s[off]);
+        if self.kind(off) != KIND_SHARED {
+            return kept;
+        }
+        // SAFETY: chunk invariant: a shared offset's word is its object's pointer, whose
+        // reference the chunk holds for longer than this view.
+        let obj = unsafe { shared_ref(self.words[off]) };
+        obj.slot_of(self.base + off as u64, kept)
     }
 
     fn meta(&self, off: usize) -> u32 {
@@ -700,6 +719,8 @@ mod tests {
         Same,
         Compressed,
         Shared,
+        /// A page of an object of a whole unit (slot derived from the key, not kept).
+        Unit,
     }
 
     #[derive(Debug, Clone)]
@@ -722,7 +743,12 @@ mod tests {
     }
 
     fn op() -> impl Strategy<Value = Op> {
-        let kind = prop_oneof![Just(Kind::Same), Just(Kind::Compressed), Just(Kind::Shared)];
+        let kind = prop_oneof![
+            Just(Kind::Same),
+            Just(Kind::Compressed),
+            Just(Kind::Shared),
+            Just(Kind::Unit)
+        ];
         prop_oneof![
             4 => (key(), kind, any::<u64>()).prop_map(|(k, kind, v)| Op::Insert(k, kind, v)),
             3 => key().prop_map(Op::Remove),
@@ -731,8 +757,17 @@ mod tests {
         ]
     }
 
-    fn make(kind: Kind, v: u64, shared: &Arc<Shared>) -> Entry {
+    /// The slot a page at `k` has in the whole-unit object `unit`.
+    fn unit_slot(k: u64, unit: &Shared) -> u16 {
+        (k as u16).wrapping_sub(unit.first)
+    }
+
+    fn make(kind: Kind, v: u64, k: u64, shared: &Arc<Shared>, unit: &Arc<Shared>) -> Entry {
         let payload = match kind {
+            Kind::Unit => Payload::Shared {
+                obj: Arc::clone(unit),
+                slot: unit_slot(k, unit),
+            },
             Kind::Same => Payload::Same(v),
             Kind::Compressed => Payload::Compressed(Handle::from_raw(v)),
             Kind::Shared => Payload::Shared {
@@ -743,15 +778,21 @@ mod tests {
         Entry::new(payload, v as u32)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn matches(
         crc: u32,
         payload: PayloadRef<'_>,
         kind: Kind,
         v: u64,
+        k: u64,
         shared: &Arc<Shared>,
+        unit: &Arc<Shared>,
     ) -> bool {
         crc == v as u32
             && match (payload, kind) {
+                (PayloadRef::Shared(o, slot), Kind::Unit) => {
+                    Arc::ptr_eq(&o, unit) && slot == unit_slot(k, unit)
+                }
                 (PayloadRef::Same(w), Kind::Same) => w == v,
                 (PayloadRef::Compressed(h), Kind::Compressed) => h.raw() == v,
                 (PayloadRef::Shared(o, slot), Kind::Shared) => {
@@ -759,6 +800,41 @@ mod tests {
                 }
                 _ => false,
             }
+    }
+
+    /// The pages of whole units with CRC off (the CRC is the object's) cost no side array:
+    /// neither CRCs nor slots are kept, and each page's slot is derived from its key.
+    #[test]
+    fn whole_units_keep_no_side_arrays() {
+        let mut ix = Index::new(1);
+        let mut lru = Lru::new();
+        for first in [0u64, 16, 48, 0xfff8] {
+            let unit = Arc::new(Shared {
+                chunks: Box::new([]),
+                pages: 16,
+                first: first as u16,
+                whole_unit: true,
+                crc: 0,
+                refs: AtomicU32::new(0),
+            });
+            for k in first..first + 16 {
+                assert!(ix.ensure_chunk(k, &mut lru));
+                let payload = Payload::Shared {
+                    obj: Arc::clone(&unit),
+                    slot: (k - first) as u16,
+                };
+                assert!(ix.insert(k, Entry::new(payload, 0), &mut lru).is_none());
+            }
+            for k in first..first + 16 {
+                let e = ix.get(k).expect("stored");
+                assert!(
+                    matches!(e.payload(), PayloadRef::Shared(o, s) if Arc::ptr_eq(&o, &unit) && u64::from(s) == k - first)
+                );
+            }
+        }
+        assert_eq!(ix.side_bytes, 0);
+        let e = ix.remove(0xfff8 + 9, &mut lru).expect("stored");
+        assert!(matches!(e.into_payload(), Payload::Shared { slot: 9, .. }));
     }
 
     proptest! {
@@ -773,7 +849,8 @@ mod tests {
             let shard_of = |k: u64| ((k / ENTRIES_PER_SHARD) as usize) & (shards - 1);
             let mut index: Vec<Index> = (0..shards).map(|_| Index::new(shards)).collect();
             let mut lru = Lru::new();
-            let shared = Arc::new(Shared { chunks: Box::new([]), pages: 1, refs: AtomicU32::new(0) });
+            let shared = Arc::new(Shared { chunks: Box::new([]), pages: 1, first: 0, whole_unit: false, crc: 0, refs: AtomicU32::new(0) });
+            let unit = Arc::new(Shared { chunks: Box::new([]), pages: 16, first: 0xfff3, whole_unit: true, crc: 0, refs: AtomicU32::new(0) });
             let mut model: BTreeMap<u64, (Kind, u64, bool)> = BTreeMap::new();
             let mut order: std::collections::VecDeque<u64> = Default::default();
             for op in &ops {
@@ -781,11 +858,11 @@ mod tests {
                     Op::Insert(k, kind, v) => {
                         let ix = &mut index[shard_of(k)];
                         prop_assert!(ix.ensure_chunk(k, &mut lru));
-                        let old = ix.insert(k, make(kind, v, &shared), &mut lru);
+                        let old = ix.insert(k, make(kind, v, k, &shared, &unit), &mut lru);
                         let was = model.insert(k, (kind, v, kind != Kind::Same));
                         prop_assert_eq!(old.is_some(), was.is_some());
                         if let (Some(old), Some((ok, ov, _))) = (old, was) {
-                            prop_assert!(matches(old.crc(), old.payload(), ok, ov, &shared));
+                            prop_assert!(matches(old.crc(), old.payload(), ok, ov, k, &shared, &unit));
                             prop_assert!(!old.on_lru());
                         }
                         order.retain(|&x| x != k);
@@ -799,7 +876,7 @@ mod tests {
                         let want = model.remove(&k);
                         prop_assert_eq!(got.is_some(), want.is_some());
                         if let (Some(e), Some((kind, v, _))) = (got, want) {
-                            prop_assert!(matches(e.crc(), e.payload(), kind, v, &shared));
+                            prop_assert!(matches(e.crc(), e.payload(), kind, v, k, &shared, &unit));
                             prop_assert!(!e.on_lru());
                         }
                         order.retain(|&x| x != k);
@@ -832,7 +909,7 @@ mod tests {
                         let m = model.get(&k).copied();
                         prop_assert!(m.is_some(), "index holds {} the model does not", k);
                         let Some((kind, v, on)) = m else { continue };
-                        prop_assert!(matches(e.crc(), e.payload(), kind, v, &shared));
+                        prop_assert!(matches(e.crc(), e.payload(), kind, v, k, &shared, &unit));
                         prop_assert_eq!(e.on_lru(), on);
                         prop_assert_eq!(ix.pos(k), Some(pos));
                     }
@@ -844,7 +921,7 @@ mod tests {
                 prop_assert_eq!(lru.live_chunks(), chunks);
                 for (&k, &(kind, v, _)) in &model {
                     let e = index[shard_of(k)].get(k);
-                    prop_assert!(e.is_some_and(|e| matches(e.crc(), e.payload(), kind, v, &shared)));
+                    prop_assert!(e.is_some_and(|e| matches(e.crc(), e.payload(), kind, v, k, &shared, &unit)));
                 }
                 let walk: Vec<u64> = lru
                     .check()
@@ -858,9 +935,13 @@ mod tests {
                 prop_assert_eq!(walk, order.iter().copied().collect::<Vec<_>>());
                 let shared_entries = model.values().filter(|m| m.0 == Kind::Shared).count();
                 prop_assert_eq!(Arc::strong_count(&shared), 1 + shared_entries);
+                let unit_entries = model.values().filter(|m| m.0 == Kind::Unit).count();
+                prop_assert_eq!(Arc::strong_count(&unit), 1 + unit_entries);
+
             }
             drop(index);
             prop_assert_eq!(Arc::strong_count(&shared), 1, "dropping the index drops its references");
+            prop_assert_eq!(Arc::strong_count(&unit), 1, "dropping the index drops its references");
         }
     }
 }

@@ -24,7 +24,8 @@
 //!   models in `tests/loom_store.rs` check the writeback / load / store protocol instead.
 //!   Metadata: 14.5 bytes per entry slot for index and LRU marks, 4 per queued LRU position,
 //!   and the pool's span records ([`Stats::metadata_bytes`]; about 21-22 bytes per page stored
-//!   page by page).
+//!   page by page, 23-25 for 64 KiB folios in 16-page units, whose pages keep no CRC or slot of
+//!   their own).
 //! - **Large folios stored whole** (the 2024 series "mm: zswap swap-out of large folios"): a
 //!   folio of 1 to 512 pages is compressed with reused contexts and then inserted under the
 //!   shard locks at once. All or nothing: if any page is refused, every object already
@@ -63,8 +64,8 @@
 //! - **Writeback**: compressed entries sit on an LRU; [`Zswap::scan_objects`] (a shrinker's
 //!   `scan_objects`, with [`Zswap::count_objects`] its `count_objects`) hands the coldest ones,
 //!   decompressed, to the caller's [`Writeback`]; on success they are freed, on failure they stay.
-//! - **Integrity**: with [`Config::crc`] each page's CRC32C is kept and checked on load and
-//!   writeback. A mismatch, a decompression error or a bad handle is an error, never wrong bytes.
+//! - **Integrity**: with [`Config::crc`] each page's CRC32C (a multi-page object's, over all its
+//!   pages) is kept and checked on load and writeback. A mismatch, a decompression error or a bad handle is an error, never wrong bytes.
 //!   A handle is checked on use (its class and span exist, its slot is used, its length fits),
 //!   so a forged or stale one fails or reads another object's slot, which the CRC rejects.
 //!   (With CRC off, corrupt data that still decompresses to a page cannot be told from good data,

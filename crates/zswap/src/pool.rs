@@ -3,7 +3,9 @@
 //! Objects are grouped by size class (32 bytes to a page, every 16 bytes: zsmalloc's
 //! `ZS_MIN_ALLOC_SIZE` and `ZS_SIZE_CLASS_DELTA` for 4 KiB pages). A class packs its objects into
 //! *spans* (zsmalloc's zspages) of 1 to `max_span_pages` pages, the span size chosen per class to
-//! waste the least memory, so objects may straddle page boundaries inside a span. Each class has
+//! waste the least memory (and, for classes of one object per page, the largest span that wastes
+//! no more, so that a span record serves several objects), so objects may straddle page
+//! boundaries inside a span. Each class has
 //! its own lock, as zsmalloc's `class->lock`.
 //!
 //! A [`Handle`] is the object's location itself: size class, span, object index and length,
@@ -302,6 +304,15 @@ impl Class {
             if waste * (best.0 * PAGE_SIZE) < best.1 * bytes {
                 best = (pages, waste);
             }
+        }
+        // A span of one object (the classes near a page, where multi-page objects keep their
+        // chunks) costs a span record per object: take the largest span instead when it wastes
+        // no larger a fraction, so that one record serves several objects.
+        let (pages, waste) = (max_span_pages, (max_span_pages * PAGE_SIZE) % size);
+        if best.0 * PAGE_SIZE / size == 1
+            && waste * (best.0 * PAGE_SIZE) <= best.1 * pages * PAGE_SIZE
+        {
+            best = (pages, waste);
         }
         let span_bytes = best.0 * PAGE_SIZE;
         let objs_per_span = span_bytes / size;
@@ -1327,8 +1338,22 @@ mod tests {
             c.span_bytes % 2064,
             c.span_bytes
         );
+        // One object per page without waste: the largest span, one record for 16 objects.
         let c = Class::new(4096, 16);
+        assert_eq!(c.span_bytes, 16 * PAGE_SIZE);
+        let c = Class::new(4096, 1);
         assert_eq!(c.span_bytes, PAGE_SIZE);
+        // The fraction wasted is never larger than the smallest span's.
+        for size in (2048..=4096).step_by(16) {
+            let c = Class::new(size, 8);
+            let small = Class::new(size, 1);
+            assert!(
+                (c.span_bytes % size) * small.span_bytes
+                    <= (small.span_bytes % size) * c.span_bytes,
+                "class {size}: span of {} bytes",
+                c.span_bytes
+            );
+        }
     }
 
     #[derive(Debug, Clone)]

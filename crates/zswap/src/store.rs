@@ -30,7 +30,8 @@ pub struct Config {
     /// Once the pool is full, stores are rejected until it shrinks below this percentage of
     /// `max_pool_bytes` (`accept_threshold_percent`), 0..=100.
     pub accept_threshold_percent: u8,
-    /// Keep a CRC32C of each page and check it on load and writeback.
+    /// Keep a CRC32C of each page (one of each multi-page object, over all its pages) and check
+    /// it on load and writeback.
     pub crc: bool,
     /// Largest span (zspage) in pages, 1..=16 (zsmalloc's chain size).
     pub max_span_pages: usize,
@@ -310,11 +311,36 @@ pub(crate) struct Shared {
     pub(crate) chunks: Box<[AtomicU64]>,
     /// Pages it decompresses to.
     pub(crate) pages: u16,
+    /// The low 16 bits of the swap entry of the unit's first page.
+    pub(crate) first: u16,
+    /// Every page of the unit is in the object (none was same-filled): page `key` is at slot
+    /// `key - first` (the slot is derived, not kept in the index). Otherwise the index keeps
+    /// each page's slot.
+    pub(crate) whole_unit: bool,
+    /// CRC32C of the pages it decompresses to, all of them in order (0 with `Config::crc`
+    /// off): a load decompresses the whole object anyway, so one CRC per object is checked
+    /// instead of one per page (whose entries keep none).
+    pub(crate) crc: u32,
     /// Entries (or prepared, not yet inserted pages) pointing at it.
     pub(crate) refs: AtomicU32,
 }
 
+// The header counted in the README (with the `Arc`'s two counts: 48 bytes).
+#[cfg(not(zswap_loom))]
+const _: () = assert!(std::mem::size_of::<Shared>() == 32);
+
 impl Shared {
+    /// The slot of the page at swap entry `key` (whose entry points at this object), given the
+    /// slot the index keeps (0 for an object of a whole unit, whose slots are derived).
+    pub(crate) fn slot_of(&self, key: u64, kept: u16) -> u16 {
+        if self.whole_unit {
+            // The unit spans at most 512 entries from its first: the difference fits 16 bits.
+            (key as u16).wrapping_sub(self.first)
+        } else {
+            kept
+        }
+    }
+
     /// The handles of the object's pool chunks, in order.
     pub(crate) fn handles(&self) -> impl Iterator<Item = Handle> + '_ {
         self.chunks
@@ -740,6 +766,7 @@ impl Zswap {
     /// calling thread, appending one `Prepared` per page.
     fn prepare_units(
         &self,
+        entry: u64,
         folio: &[u8],
         prepared: &mut Vec<Prepared>,
     ) -> Result<(), (usize, PrepareError)> {
@@ -750,7 +777,7 @@ impl Zswap {
             .map_err(|e| (0, PrepareError::Codec(e)))?;
         let mut result = Ok(());
         for (u, unit) in folio.chunks(unit_pages * PAGE_SIZE).enumerate() {
-            result = self.prepare_unit(&mut w, unit, u * unit_pages, prepared);
+            result = self.prepare_unit(&mut w, entry, unit, u * unit_pages, prepared);
             if result.is_err() {
                 break;
             }
@@ -766,23 +793,29 @@ impl Zswap {
     fn prepare_unit(
         &self,
         w: &mut Worker,
+        entry: u64,
         unit: &[u8],
         first: usize,
         prepared: &mut Vec<Prepared>,
     ) -> Result<(), (usize, PrepareError)> {
         let base = prepared.len();
         let mut dense: Vec<usize> = Vec::with_capacity(unit.len() / PAGE_SIZE);
+        // The CRC of the pages compressed together (their entries keep none), or of each page
+        // once it is known to be stored alone.
+        let mut unit_crc = 0;
         for (i, page) in unit.chunks_exact(PAGE_SIZE).enumerate() {
-            let crc = if self.config.crc {
-                crc32c::crc32c(page)
-            } else {
-                0
-            };
             let word = if self.config.same_filled {
                 same_filled_word(page)
             } else {
                 None
             };
+            let mut crc = 0;
+            if self.config.crc {
+                match word {
+                    Some(_) => crc = crc32c::crc32c(page),
+                    None => unit_crc = crc32c::crc32c_append(unit_crc, page),
+                }
+            }
             if word.is_none() {
                 dense.push(i);
             }
@@ -835,6 +868,9 @@ impl Zswap {
                 let obj = Arc::new(Shared {
                     chunks: chunks.iter().map(|h| AtomicU64::new(h.raw())).collect(),
                     pages: k as u16,
+                    first: (entry + first as u64) as u16,
+                    whole_unit: k * PAGE_SIZE == unit.len(),
+                    crc: unit_crc,
                     refs: AtomicU32::new(k as u32),
                 });
                 for (slot, &i) in dense.iter().enumerate() {
@@ -847,6 +883,9 @@ impl Zswap {
         }
         if per_page {
             for &i in &dense {
+                if self.config.crc {
+                    prepared[base + i].crc = crc32c::crc32c(page_of(i));
+                }
                 let n = codec
                     .compress(page_of(i), out)
                     .map_err(|e| (first + i, PrepareError::Codec(e)))?;
@@ -885,7 +924,7 @@ impl Zswap {
                 max_pool_bytes: self.config.max_pool_bytes,
             });
         }
-        let prepared = self.prepare_folio(folio)?;
+        let prepared = self.prepare_folio(entry, folio)?;
         if let Err(prepared) = self.insert(entry, prepared) {
             self.release_prepared(&prepared);
             return Err(StoreError::IndexFull { entry });
@@ -896,13 +935,13 @@ impl Zswap {
         Ok(())
     }
 
-    fn prepare_folio(&self, folio: &[u8]) -> Result<Vec<Prepared>, StoreError> {
+    fn prepare_folio(&self, entry: u64, folio: &[u8]) -> Result<Vec<Prepared>, StoreError> {
         let nr = folio.len() / PAGE_SIZE;
         let threads = self.config.batch_threads.min(nr);
         let mut prepared = Vec::with_capacity(nr);
         let min = self.config.multi_page_min_pages;
         let result = if min > 0 && nr >= min.max(2) {
-            self.prepare_units(folio, &mut prepared)
+            self.prepare_units(entry, folio, &mut prepared)
         } else if threads > 1 && nr >= self.config.batch_min_pages && self.batch.len() > 0 {
             self.prepare_batched(folio, threads, &mut prepared)
         } else {
@@ -1131,11 +1170,26 @@ impl Zswap {
                         bump(&self.counters.decompress_fail, 1);
                         return Err(LoadError::Corrupt { entry: key, source });
                     }
+                    if self.config.crc {
+                        let computed = crc32c::crc32c(unit);
+                        if computed != obj.crc {
+                            bump(&self.counters.decompress_fail, 1);
+                            return Err(LoadError::CrcMismatch {
+                                entry: key,
+                                stored: obj.crc,
+                                computed,
+                            });
+                        }
+                    }
+                    // Checked: the pages copied out of the cache need no CRC of their own.
                     *cached = Some(Arc::clone(&obj));
                 }
                 let start = usize::from(slot) * PAGE_SIZE;
                 match unit.get(start..start + PAGE_SIZE) {
-                    Some(page) => out.copy_from_slice(page),
+                    Some(page) => {
+                        out.copy_from_slice(page);
+                        return Ok(());
+                    }
                     None => {
                         bump(&self.counters.decompress_fail, 1);
                         return Err(LoadError::Corrupt {
@@ -1521,6 +1575,9 @@ impl Zswap {
                         single += 1;
                     }
                     PayloadRef::Shared(obj, slot) => {
+                        if e.crc() != 0 {
+                            return Err(format!("entry {k:#x}: a multi-page page keeps a CRC"));
+                        }
                         let (_, refs, seen) =
                             shared.entry(Arc::as_ptr(&obj)).or_insert_with(|| {
                                 (Arc::clone(&obj), 0, vec![false; usize::from(obj.pages)])

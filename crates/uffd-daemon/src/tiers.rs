@@ -46,8 +46,8 @@ pub const FOLIO_PAGES: usize = 16;
 pub const FOLIO_ORDER: u32 = 4;
 
 /// Free slots a partly used cluster needs before allocation refills it ahead of free clusters
-/// (an eighth of a 512-slot cluster: each refill visit yields at least 64 slots).
-const NONFULL_MIN_FREE: usize = 64;
+/// (a 32nd of a 512-slot cluster: each refill visit yields at least 16 slots).
+const NONFULL_MIN_FREE: usize = 16;
 
 /// Where the backing device lives.
 #[derive(Debug, Clone, PartialEq, Eq)]

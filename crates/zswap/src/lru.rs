@@ -10,9 +10,9 @@
 //!
 //! Removal is lazy: an entry leaving the list only clears its position's `LIVE` mark, and its
 //! queued position becomes dead, skipped when it reaches the tail and dropped when the queue is
-//! rebuilt, which happens once dead positions outnumber live ones (amortised O(1)). A position
-//! reused by a newer entry is queued again; to tell its live copy from dead ones without an id,
-//! each position keeps a count of its queued copies: the live copy is the last one, so a copy
+//! rebuilt, which happens once dead positions outnumber a quarter of the live ones (amortised
+//! O(1)). A position reused by a newer entry is queued again; to tell its live copy from dead
+//! ones without an id, each position keeps a count of its queued copies: the live copy is the last one, so a copy
 //! at the tail is live exactly when its position is marked live and has one copy left. The
 //! count saturates at [`SATURATED`] (a position taken and stored again 127 times between two
 //! rebuilds of the queue): then any of its copies counts as live, which may write a newer entry
@@ -45,7 +45,10 @@ const COPIES: u8 = 0x7f;
 pub(crate) const SATURATED: u8 = COPIES;
 /// Positions per block of the queue.
 const BLOCK: usize = 1024;
-/// The queue is rebuilt when dead positions exceed the live ones and this.
+/// The queue is rebuilt when dead positions exceed the live ones divided by this (so the
+/// queue holds at most 1.25 positions per live one: 5 bytes) ...
+const DEAD_RATIO: usize = 4;
+/// ... and this.
 const MIN_DEAD_TO_REBUILD: usize = 64;
 /// Never a position (chunk ids are below [`MAX_CHUNKS`]): a dead copy during a rebuild.
 const NIL: u32 = u32::MAX;
@@ -246,7 +249,7 @@ impl Lru {
         );
         c.marks[off] &= !LIVE;
         self.live -= 1;
-        if self.queue.len - self.live > self.live.max(MIN_DEAD_TO_REBUILD) {
+        if self.queue.len - self.live > (self.live / DEAD_RATIO).max(MIN_DEAD_TO_REBUILD) {
             self.rebuild();
         }
     }
@@ -548,7 +551,9 @@ mod tests {
                 prop_assert_eq!(lru.len(), order.len());
                 prop_assert_eq!(lru.live_chunks(), ids.len());
                 // Dead copies never outnumber live ones by more than the rebuild threshold.
-                prop_assert!(lru.queue.len - lru.live <= lru.live.max(MIN_DEAD_TO_REBUILD));
+                prop_assert!(
+                    lru.queue.len - lru.live <= (lru.live / DEAD_RATIO).max(MIN_DEAD_TO_REBUILD)
+                );
             }
         }
     }

@@ -155,78 +155,139 @@ impl ListHead {
     }
 }
 
-/// Page ids per index chunk (log2).
-const CHUNK_SHIFT: u32 = 6;
-const CHUNK: usize = 1 << CHUNK_SHIFT;
-
-#[derive(Debug)]
-struct Chunk {
-    slots: [u32; CHUNK],
-    used: u32,
+/// A node that knows its page: the index keeps only slot numbers and reads keys from the nodes.
+pub(crate) trait Keyed {
+    fn page(&self) -> PageId;
 }
 
-/// The page-id index: a radix of 64-entry chunks of slot numbers, keyed by `page >> 6`.
-///
-/// Page ids are meant to be page frame numbers (the daemon's are addresses shifted by 12),
-/// dense within mappings: a resident set of `n` pages then costs about 4 bytes per page id
-/// its chunks cover, against about 30 for a hash map of (id, slot) pairs with its growth
-/// slack. A sparse id space costs a chunk (264 bytes) per isolated id.
+/// splitmix64's finaliser: page ids are often consecutive, the table's position must not be.
+fn mix(page: PageId) -> u64 {
+    let mut z = page.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The page-id index: an open-addressing table (linear probing, deletion by backward shift, no
+/// tombstones) of slot numbers only. The key of an entry is the page of the node in that slot,
+/// read through the `key` function every method takes, so an entry is 4 bytes; the table is
+/// kept between 60% and 75% full (grown by a quarter, shrunk when under a quarter full), so
+/// about 6 bytes per resident page whatever the spread of page ids. (It replaced a radix of
+/// 64-slot chunks: 4 bytes per page id its chunks covered, which a resident set spread at
+/// random over its address space, as the daemon's under random access, makes every id.)
 #[derive(Debug, Default)]
 pub(crate) struct PageIndex {
-    chunks: IdMap<Box<Chunk>>,
+    table: Vec<u32>,
     len: usize,
 }
 
 impl PageIndex {
-    fn split(page: PageId) -> (u64, usize) {
-        (page >> CHUNK_SHIFT, (page as usize) & (CHUNK - 1))
+    fn home(page: PageId, cap: usize) -> usize {
+        ((u128::from(mix(page)) * cap as u128) >> 64) as usize
     }
 
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub(crate) fn get(&self, page: PageId) -> Option<u32> {
-        let (c, i) = Self::split(page);
-        let v = self.chunks.get(&c)?.slots[i];
-        (v != NIL).then_some(v)
+    fn find(&self, page: PageId, key: impl Fn(u32) -> PageId) -> Option<usize> {
+        let cap = self.table.len();
+        if cap == 0 {
+            return None;
+        }
+        let mut i = Self::home(page, cap);
+        loop {
+            let s = self.table[i];
+            if s == NIL {
+                return None;
+            }
+            if key(s) == page {
+                return Some(i);
+            }
+            i += 1;
+            if i == cap {
+                i = 0;
+            }
+        }
     }
 
-    /// Sets the slot of `page`, which must not be present.
-    pub(crate) fn insert(&mut self, page: PageId, slot: u32) {
+    pub(crate) fn get(&self, page: PageId, key: impl Fn(u32) -> PageId) -> Option<u32> {
+        self.find(page, key).map(|i| self.table[i])
+    }
+
+    /// Places `slot` (whose key is `page`) in the first free position from its home.
+    fn place(&mut self, page: PageId, slot: u32) {
+        let cap = self.table.len();
+        let mut i = Self::home(page, cap);
+        while self.table[i] != NIL {
+            i += 1;
+            if i == cap {
+                i = 0;
+            }
+        }
+        self.table[i] = slot;
+    }
+
+    fn resize(&mut self, cap: usize, key: impl Fn(u32) -> PageId) {
+        let old = std::mem::replace(&mut self.table, vec![NIL; cap]);
+        for s in old.into_iter().filter(|&s| s != NIL) {
+            self.place(key(s), s);
+        }
+    }
+
+    /// Sets the slot of `page`, which must not be present; `key` must already give `page` for
+    /// `slot`.
+    pub(crate) fn insert(&mut self, page: PageId, slot: u32, key: impl Fn(u32) -> PageId) {
         debug_assert_ne!(slot, NIL);
-        let (c, i) = Self::split(page);
-        let chunk = self.chunks.entry(c).or_insert_with(|| {
-            Box::new(Chunk {
-                slots: [NIL; CHUNK],
-                used: 0,
-            })
-        });
-        debug_assert_eq!(chunk.slots[i], NIL, "page {page} indexed twice");
-        chunk.slots[i] = slot;
-        chunk.used += 1;
+        debug_assert!(self.find(page, &key).is_none(), "page {page} indexed twice");
+        if (self.len + 1) * 4 > self.table.len() * 3 {
+            let cap = (self.table.len() + self.table.len() / 4).max(64);
+            self.resize(cap, &key);
+        }
+        self.place(page, slot);
         self.len += 1;
     }
 
-    pub(crate) fn remove(&mut self, page: PageId) -> Option<u32> {
-        let (c, i) = Self::split(page);
-        let chunk = self.chunks.get_mut(&c)?;
-        let v = std::mem::replace(&mut chunk.slots[i], NIL);
-        if v == NIL {
-            return None;
-        }
-        chunk.used -= 1;
+    /// Takes `page` out; `key` must still give the keys of every slot in the table.
+    pub(crate) fn remove(&mut self, page: PageId, key: impl Fn(u32) -> PageId) -> Option<u32> {
+        let mut hole = self.find(page, &key)?;
+        let slot = std::mem::replace(&mut self.table[hole], NIL);
         self.len -= 1;
-        if chunk.used == 0 {
-            self.chunks.remove(&c);
+        // Backward shift: pull later entries of the run into the hole when their home allows.
+        let cap = self.table.len();
+        let mut j = hole;
+        loop {
+            j += 1;
+            if j == cap {
+                j = 0;
+            }
+            let s = self.table[j];
+            if s == NIL {
+                break;
+            }
+            let h = Self::home(key(s), cap);
+            // May `s` (home `h`, at `j`) sit at `hole`? Only if `hole` is cyclically in [h, j).
+            let movable = if hole <= j {
+                h <= hole || h > j
+            } else {
+                h <= hole && h > j
+            };
+            if movable {
+                self.table[hole] = s;
+                self.table[j] = NIL;
+                hole = j;
+            }
         }
-        Some(v)
+        if self.table.len() > 64 && self.len * 4 < self.table.len() {
+            let cap = (self.len * 3 / 2).max(64);
+            self.resize(cap, &key);
+        }
+        Some(slot)
     }
 
-    /// Heap bytes: the chunks and the map's table.
+    /// Heap bytes: the table.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.chunks.len() * std::mem::size_of::<Chunk>()
-            + self.chunks.capacity() * (std::mem::size_of::<(u64, Box<Chunk>)>() + 1)
+        self.table.capacity() * std::mem::size_of::<u32>()
     }
 }
 
@@ -248,17 +309,19 @@ impl<N> Default for Slab<N> {
     }
 }
 
-impl<N> Slab<N> {
+impl<N: Keyed> Slab<N> {
     pub(crate) fn len(&self) -> usize {
         self.index.len()
     }
 
     pub(crate) fn get(&self, page: PageId) -> Option<u32> {
-        self.index.get(page)
+        let nodes = &self.nodes;
+        self.index.get(page, |s| nodes[s as usize].page())
     }
 
     /// Inserts a node for `page` (which must not be present) and returns its slot.
     pub(crate) fn insert(&mut self, page: PageId, node: N) -> u32 {
+        debug_assert_eq!(node.page(), page);
         let i = if let Some(i) = self.free.pop() {
             self.nodes[i as usize] = node;
             i
@@ -271,13 +334,15 @@ impl<N> Slab<N> {
             self.nodes.push(node);
             (self.nodes.len() - 1) as u32
         };
-        self.index.insert(page, i);
+        let nodes = &self.nodes;
+        self.index.insert(page, i, |s| nodes[s as usize].page());
         i
     }
 
     /// Frees the slot of `page`; the node must already be unlinked.
     pub(crate) fn remove(&mut self, page: PageId) -> Option<u32> {
-        let i = self.index.remove(page)?;
+        let nodes = &self.nodes;
+        let i = self.index.remove(page, |s| nodes[s as usize].page())?;
         self.free.push(i);
         Some(i)
     }
@@ -296,8 +361,8 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// The radix index against a map: ids dense, at chunk edges and far apart; chunks
-        /// freed when empty.
+        /// The index against a map: ids dense, at the ends of the id space and far apart;
+        /// the table grows and shrinks with its contents.
         #[test]
         fn page_index_matches_a_map(ops in prop::collection::vec(
             (any::<bool>(), prop_oneof![0u64..200, (0u64..4).prop_map(|i| u64::MAX - i), 1u64 << 40..(1u64 << 40) + 70]),
@@ -305,28 +370,37 @@ mod tests {
         )) {
             let mut index = PageIndex::default();
             let mut model = std::collections::HashMap::new();
-            let mut next = 0u32;
+            // The key of each slot (slots are handed out once, as a slab's node would be).
+            let mut keys: Vec<PageId> = Vec::new();
             for (add, page) in ops {
                 if add && !model.contains_key(&page) {
-                    index.insert(page, next);
-                    model.insert(page, next);
-                    next += 1;
+                    let slot = keys.len() as u32;
+                    keys.push(page);
+                    index.insert(page, slot, |s| keys[s as usize]);
+                    model.insert(page, slot);
                 } else {
-                    prop_assert_eq!(index.remove(page), model.remove(&page));
+                    prop_assert_eq!(index.remove(page, |s| keys[s as usize]), model.remove(&page));
                 }
                 prop_assert_eq!(index.len(), model.len());
                 for (&p, &v) in &model {
-                    prop_assert_eq!(index.get(p), Some(v));
+                    prop_assert_eq!(index.get(p, |s| keys[s as usize]), Some(v));
                 }
-                prop_assert!(index.chunks.values().all(|c| c.used > 0));
-                let used: u32 = index.chunks.values().map(|c| c.used).sum();
-                prop_assert_eq!(used as usize, model.len());
+                // Between a quarter and three quarters full (or the minimum size).
+                let cap = index.table.len();
+                prop_assert!(model.len() * 4 <= cap * 3);
+                prop_assert!(cap <= 64 || model.len() * 4 >= cap);
+                prop_assert_eq!(index.table.iter().filter(|&&s| s != NIL).count(), model.len());
             }
         }
     }
 
     #[derive(Debug, Default)]
     struct N(Links);
+    impl Keyed for N {
+        fn page(&self) -> PageId {
+            0
+        }
+    }
     impl Linked for N {
         fn links(&self) -> &Links {
             &self.0

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use crate::bloom::{BloomFilter, DENSE_FRACTION};
 use crate::flags::{tier_from_refs, GenBatch, PageFlags, REFS_WIDTH};
-use crate::list::{IdMap, Linked, Links, ListHead, Slab};
+use crate::list::{IdMap, Keyed, Linked, Links, ListHead, Slab};
 use crate::policy::{AccessKind, AccessSource, Arrival, Hint, PageId, PageType, Policy};
 use crate::{Error, MAX_NR_GENS, MAX_NR_TIERS, MIN_LRU_BATCH, MIN_NR_GENS};
 
@@ -247,6 +247,12 @@ struct Node {
     /// The generation whose list the node is on (flags may already say a younger one).
     list_gen: u8,
     page_type: PageType,
+}
+
+impl Keyed for Node {
+    fn page(&self) -> PageId {
+        self.page
+    }
 }
 
 /// Bits of a shadow token ([`Mglru::take_shadow`]): the page type, its references (3 bits)

@@ -183,14 +183,14 @@ impl MmState {
                 shared.resident_add(1);
             }
         }
+        // (A page already in the policy is refused with `AlreadyResident`, which is fine: one
+        // lookup instead of a `contains` first.)
         let id = page_id(addr);
-        if !self.policy.contains(id) {
-            let hint = Hint::new(PageType::Anon, arrival);
-            let _ = match shadow {
-                Some(token) => self.policy.add_refault(id, hint, token),
-                None => self.policy.add(id, hint),
-            };
-        }
+        let hint = Hint::new(PageType::Anon, arrival);
+        let _ = match shadow {
+            Some(token) => self.policy.add_refault(id, hint, token),
+            None => self.policy.add(id, hint),
+        };
     }
 
     /// A page that was `Resident` (and so in the policy) goes back to being resident after

@@ -23,6 +23,12 @@ pub(crate) struct BNode {
     pub(crate) referenced: bool,
 }
 
+impl crate::list::Keyed for BNode {
+    fn page(&self) -> PageId {
+        self.page
+    }
+}
+
 impl BNode {
     pub(crate) fn new(page: PageId) -> Self {
         Self {

@@ -16,10 +16,7 @@ pub(crate) struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
-        let mut z = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        mix(self.0)
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -160,7 +157,8 @@ pub(crate) trait Keyed {
     fn page(&self) -> PageId;
 }
 
-/// splitmix64's finaliser: page ids are often consecutive, the table's position must not be.
+/// splitmix64's finaliser (of [`IdHasher`] and of the page index's positions): page ids are
+/// often consecutive, hashes must not be.
 fn mix(page: PageId) -> u64 {
     let mut z = page.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

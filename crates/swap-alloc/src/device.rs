@@ -538,20 +538,44 @@ impl SwapDevice {
     /// cluster on the list is contended, this waits for the first contended one with the
     /// device lock released, then re-checks that it is still on the list: a list whose
     /// clusters are all busy for a moment is not reported as empty.
-    fn isolate(&self, list: ListId, order: u32) -> Option<(usize, MutexGuard<'_, ClusterInner>)> {
+    ///
+    /// With `unowned: Some(class)` (`nonfull_first`'s first pass) it skips the clusters that a
+    /// CPU has as its current cluster of `class`, and waits for none: a partly used cluster
+    /// stays on its nonfull list while it serves its CPU (see `relocate`), and taking it from
+    /// under that CPU would put two CPUs on one cluster lock; with nothing to take, the caller
+    /// goes on to the free list.
+    fn isolate(
+        &self,
+        list: ListId,
+        order: u32,
+        unowned: Option<usize>,
+    ) -> Option<(usize, MutexGuard<'_, ClusterInner>)> {
+        let owned = |idx: usize| {
+            unowned.is_some_and(|class| {
+                self.percpu.iter().any(|pc| {
+                    let h = pc.next[class].load(Ordering::Relaxed);
+                    h != NO_HINT && (h >> self.cluster_shift) as usize == idx
+                })
+            })
+        };
         for _ in 0..4 {
             let contended = {
                 let mut lists = self.lock_lists();
                 let mut cur = lists.first(list);
                 let mut contended = None;
                 while let Some(idx) = cur {
-                    if let Some(mut ci) = self.clusters[idx].try_lock() {
-                        ci.lock_count += 1;
-                        self.take_for_alloc(&mut lists, idx, &mut ci, order);
-                        return Some((idx, ci));
+                    if !owned(idx) {
+                        if let Some(mut ci) = self.clusters[idx].try_lock() {
+                            ci.lock_count += 1;
+                            self.take_for_alloc(&mut lists, idx, &mut ci, order);
+                            return Some((idx, ci));
+                        }
+                        contended.get_or_insert(idx);
                     }
-                    contended.get_or_insert(idx);
                     cur = lists.next(idx);
+                }
+                if unowned.is_some() {
+                    return None;
                 }
                 contended?
             };
@@ -639,38 +663,6 @@ impl SwapDevice {
         (found, next)
     }
 
-    /// [`isolate`](Self::isolate) for `nonfull_first`'s first pass: the first cluster of
-    /// `list` that no CPU has as its current cluster of `class` and nobody holds locked; None
-    /// when there is none (the caller goes on to the free list instead of waiting). A partly
-    /// used cluster stays on its nonfull list while it serves its CPU (see `relocate`);
-    /// taking it from under that CPU would put two CPUs on one cluster lock.
-    fn isolate_unowned(
-        &self,
-        list: ListId,
-        order: u32,
-        class: usize,
-    ) -> Option<(usize, MutexGuard<'_, ClusterInner>)> {
-        let owned = |idx: usize| {
-            self.percpu.iter().any(|pc| {
-                let h = pc.next[class].load(Ordering::Relaxed);
-                h != NO_HINT && (h >> self.cluster_shift) as usize == idx
-            })
-        };
-        let mut lists = self.lock_lists();
-        let mut cur = lists.first(list);
-        while let Some(idx) = cur {
-            if !owned(idx) {
-                if let Some(mut ci) = self.clusters[idx].try_lock() {
-                    ci.lock_count += 1;
-                    self.take_for_alloc(&mut lists, idx, &mut ci, order);
-                    return Some((idx, ci));
-                }
-            }
-            cur = lists.next(idx);
-        }
-        None
-    }
-
     /// Isolates a cluster from `list`, scans it from its start, records the next hint.
     /// `None` if the list had no cluster to take; `Some(found)` otherwise.
     fn try_list(
@@ -680,8 +672,9 @@ impl SwapDevice {
         usage: u16,
         class: usize,
         hints: &mut Hints<'_>,
+        unowned: bool,
     ) -> Option<Option<u64>> {
-        let (idx, mut ci) = self.isolate(list, order)?;
+        let (idx, mut ci) = self.isolate(list, order, unowned.then_some(class))?;
         let (found, next) = self.scan_cluster(idx, &mut ci, 0, order, usage);
         drop(ci);
         hints.set(class, next);
@@ -749,23 +742,18 @@ impl SwapDevice {
                     class..class + 1
                 };
                 for list_class in lists {
+                    let list = ListId::Nonfull(list_class);
                     for _ in 0..nclusters {
-                        let Some((idx, mut ci)) =
-                            self.isolate_unowned(ListId::Nonfull(list_class), order, class)
-                        else {
-                            break;
-                        };
-                        let (found, next) = self.scan_cluster(idx, &mut ci, 0, order, usage);
-                        drop(ci);
-                        hints.set(class, next);
-                        if found.is_some() {
-                            return found;
+                        match self.try_list(list, order, usage, class, hints, true) {
+                            Some(Some(found)) => return Some(found),
+                            Some(None) => {}
+                            None => break,
                         }
                     }
                 }
             }
             // A free cluster: never fails for a cluster-sized or smaller order.
-            if let Some(found) = self.try_list(ListId::Free, order, usage, class, hints) {
+            if let Some(found) = self.try_list(ListId::Free, order, usage, class, hints, false) {
                 if found.is_some() {
                     return found;
                 }
@@ -774,7 +762,7 @@ impl SwapDevice {
                 // Clusters of this order that had slots freed.
                 let mut frags = 0usize;
                 for _ in 0..nclusters {
-                    match self.try_list(ListId::Nonfull(class), order, usage, class, hints) {
+                    match self.try_list(ListId::Nonfull(class), order, usage, class, hints, false) {
                         Some(Some(found)) => return Some(found),
                         Some(None) => frags += 1,
                         None => break,
@@ -783,7 +771,7 @@ impl SwapDevice {
                 // Then rotate through the frag list once.
                 let existing = self.frag_nr[class].load(Ordering::Relaxed);
                 while frags < existing {
-                    match self.try_list(ListId::Frag(class), order, usage, class, hints) {
+                    match self.try_list(ListId::Frag(class), order, usage, class, hints, false) {
                         Some(Some(found)) => return Some(found),
                         Some(None) => frags += 1,
                         None => break,
@@ -803,7 +791,7 @@ impl SwapDevice {
         for o in 1..NR_ORDERS {
             for list in [ListId::Frag(o), ListId::Nonfull(o)] {
                 for _ in 0..nclusters {
-                    match self.try_list(list, 0, usage, class, hints) {
+                    match self.try_list(list, 0, usage, class, hints, false) {
                         Some(Some(found)) => return Some(found),
                         Some(None) => {}
                         None => break,

@@ -470,18 +470,29 @@ mod tests {
 
     #[test]
     fn errors_name_what_is_wrong() {
-        let p = write("limit = \"64M\"\n[zswap]\ncompresor = \"lz4\"\n");
-        let e = format!(
-            "{:#}",
-            resolve(Some(&p.0), &Overrides::default()).unwrap_err()
-        );
-        assert!(e.contains("compresor"), "{e}");
-        let p = write("limit = \"64Q\"\n");
-        let e = format!(
-            "{:#}",
-            resolve(Some(&p.0), &Overrides::default()).unwrap_err()
-        );
-        assert!(e.contains("limit") && e.contains("unit"), "{e}");
+        // A file alone: the words its error must name.
+        for (text, names) in [
+            (
+                "limit = \"64M\"\n[zswap]\ncompresor = \"lz4\"\n",
+                &["compresor"][..],
+            ),
+            ("limit = \"64Q\"\n", &["limit", "unit"]),
+            (
+                "limit = \"64M\"\n[fault]\nspin_us = 5000\n",
+                &["fault.spin_us", "1000"],
+            ),
+            (
+                "limit = \"64M\"\n[fault]\nidle_poll_us = 20000\n",
+                &["fault.idle_poll_us", "10000"],
+            ),
+        ] {
+            let p = write(text);
+            let e = format!(
+                "{:#}",
+                resolve(Some(&p.0), &Overrides::default()).unwrap_err()
+            );
+            assert!(names.iter().all(|n| e.contains(n)), "{text:?}: {e}");
+        }
         let p = write("[tiers]\nbackend = \"tape:/dev/st0\"\n");
         let o = Overrides {
             limit: Some(1 << 30),
@@ -498,21 +509,6 @@ mod tests {
         let e = format!("{:#}", resolve(None, &o).unwrap_err());
         assert!(e.contains("no tier"), "{e}");
         assert!(resolve(None, &Overrides::default()).is_err(), "no limit");
-        let p = write("limit = \"64M\"\n[fault]\nspin_us = 5000\n");
-        let e = format!(
-            "{:#}",
-            resolve(Some(&p.0), &Overrides::default()).unwrap_err()
-        );
-        assert!(e.contains("fault.spin_us") && e.contains("1000"), "{e}");
-        let p = write("limit = \"64M\"\n[fault]\nidle_poll_us = 20000\n");
-        let e = format!(
-            "{:#}",
-            resolve(Some(&p.0), &Overrides::default()).unwrap_err()
-        );
-        assert!(
-            e.contains("fault.idle_poll_us") && e.contains("10000"),
-            "{e}"
-        );
         assert!(parse_compressor("zstd:99").is_err());
         assert_eq!(
             parse_compressor("zstd:-3").unwrap(),

@@ -138,6 +138,16 @@ impl ListHead {
         self.len -= 1;
     }
 
+    /// Renames slot `from` to `to` at the ends of the list (the node moved in the slab).
+    pub(crate) fn relocate(&mut self, from: u32, to: u32) {
+        if self.head == from {
+            self.head = to;
+        }
+        if self.tail == from {
+            self.tail = to;
+        }
+    }
+
     /// The nodes from head (young) to tail (old).
     pub(crate) fn iter<'a, N: Linked>(&self, nodes: &'a [N]) -> impl Iterator<Item = u32> + 'a {
         let mut cur = self.head;
@@ -246,6 +256,14 @@ impl PageIndex {
         self.len += 1;
     }
 
+    /// Points the entry of `page` (at slot `from`) to slot `to`; `key` must still give `page`
+    /// for `from`.
+    fn relocate(&mut self, page: PageId, from: u32, to: u32, key: impl Fn(u32) -> PageId) {
+        let pos = self.find(page, key).expect("relocate: the page is indexed");
+        debug_assert_eq!(self.table[pos], from);
+        self.table[pos] = to;
+    }
+
     /// Takes `page` out; `key` must still give the keys of every slot in the table.
     pub(crate) fn remove(&mut self, page: PageId, key: impl Fn(u32) -> PageId) -> Option<u32> {
         let mut hole = self.find(page, &key)?;
@@ -288,6 +306,9 @@ impl PageIndex {
         self.table.capacity() * std::mem::size_of::<u32>()
     }
 }
+
+/// Free slots a slab keeps before it compacts.
+const COMPACT_MIN_FREE: usize = 4096;
 
 /// A slab of nodes with a page-id index and a free list of slots.
 #[derive(Debug)]
@@ -343,6 +364,53 @@ impl<N: Keyed> Slab<N> {
         let i = self.index.remove(page, |s| nodes[s as usize].page())?;
         self.free.push(i);
         Some(i)
+    }
+
+    /// Whether free slots are worth giving back: more than half as many as live nodes (and a
+    /// few thousand). A slab never shrinks by itself: freed slots are reused, so a slab whose
+    /// resident set moved elsewhere (another address space, a smaller working set) keeps its
+    /// peak's memory until compacted.
+    pub(crate) fn should_compact(&self) -> bool {
+        self.free.len() > self.len() / 2 + COMPACT_MIN_FREE
+    }
+
+    /// Moves the nodes above `len()` into the free slots below it, then gives back the spare
+    /// capacity: afterwards the slab holds exactly its live nodes. The links of the moved
+    /// nodes' neighbours are fixed here; `moved(node, from, to)` must fix what outside the
+    /// slab names a slot (list heads and tails). O(slots).
+    pub(crate) fn compact(&mut self, mut moved: impl FnMut(&N, u32, u32))
+    where
+        N: Linked,
+    {
+        let live = self.len();
+        let mut free_above = vec![false; self.nodes.len() - live];
+        let mut holes = Vec::new();
+        for &f in &self.free {
+            match (f as usize).checked_sub(live) {
+                Some(k) => free_above[k] = true,
+                None => holes.push(f),
+            }
+        }
+        let movers = (live..self.nodes.len()).filter(|&s| !free_above[s - live]);
+        for (to, from) in holes.into_iter().zip(movers) {
+            let from = from as u32;
+            let page = self.nodes[from as usize].page();
+            let nodes = &self.nodes;
+            self.index
+                .relocate(page, from, to, |s| nodes[s as usize].page());
+            self.nodes.swap(from as usize, to as usize);
+            let Links { prev, next } = *self.nodes[to as usize].links();
+            if prev != NIL {
+                self.nodes[prev as usize].links_mut().next = to;
+            }
+            if next != NIL {
+                self.nodes[next as usize].links_mut().prev = to;
+            }
+            moved(&self.nodes[to as usize], from, to);
+        }
+        self.nodes.truncate(live);
+        self.nodes.shrink_to_fit();
+        self.free = Vec::new();
     }
 
     /// Heap bytes: nodes, free list and index.

@@ -653,7 +653,30 @@ impl Mglru {
         self.lists[list_gen][ty].unlink(&mut self.slab.nodes, i);
         self.slab.remove(page);
         self.dec_region(page);
+        self.maybe_compact();
         true
+    }
+
+    /// Gives back the memory of a resident set that shrank: the nodes move down into the slots
+    /// freed by removals and evictions, and the spare capacity is released. Nothing else
+    /// changes (generations, tiers, list order, shadows). Removals and evictions do it on their
+    /// own once free slots outnumber half the live nodes (and a few thousand), so a policy whose
+    /// pages went elsewhere (another address space, a smaller working set) does not keep its
+    /// peak's memory.
+    pub fn shrink_to_fit(&mut self) {
+        let lists = &mut self.lists;
+        self.slab.compact(|n, from, to| {
+            lists[usize::from(n.list_gen)][n.page_type.idx()].relocate(from, to);
+        });
+        self.regions.shrink_to_fit();
+    }
+
+    fn maybe_compact(&mut self) {
+        if self.slab.should_compact() {
+            self.shrink_to_fit();
+        } else if self.regions.capacity() > 4 * self.regions.len() + 1024 {
+            self.regions.shrink_to(2 * self.regions.len());
+        }
     }
 
     fn dec_region(&mut self, page: PageId) {
@@ -934,6 +957,7 @@ impl Mglru {
             }
         }
         self.prune_shadows();
+        self.maybe_compact();
         victims
     }
 

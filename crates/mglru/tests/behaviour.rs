@@ -603,3 +603,45 @@ fn shadow_tokens_kept_by_the_embedder_behave_like_internal_shadows() {
     assert!(inner.stats().refaults > 10_000);
     assert_eq!(outer.nr_shadows(), 0);
 }
+
+/// A resident set that shrank gives its memory back on its own (removals and evictions
+/// compact the node slab), and the pages left keep their generations and order.
+#[test]
+fn a_shrunk_resident_set_gives_back_its_nodes() {
+    let mut lru = lru_with(Config::default());
+    let mut bits = AccessBits::new();
+    let n = 100_000u64;
+    for p in 0..n {
+        lru.add(p * 7, Hint::fault(ANON)).unwrap();
+        if p % 20_000 == 0 {
+            lru.age(&mut bits);
+        }
+    }
+    let peak = lru.metadata_bytes();
+    // Scattered removals (every page but one in ten), then evictions.
+    for p in (0..n).filter(|p| p % 10 != 0) {
+        assert!(lru.remove(p * 7));
+    }
+    let generations: Vec<_> = (0..n).step_by(10).map(|p| lru.generation(p * 7)).collect();
+    let victims = lru.evict(1000, &mut bits);
+    assert_eq!(victims.len(), 1000);
+    lru.check_integrity().unwrap();
+    assert_eq!(lru.len(), 9000);
+    let after = lru.metadata_bytes();
+    assert!(
+        after * 5 < peak,
+        "{after} bytes for 9000 pages, {peak} at 100000"
+    );
+    for (i, p) in (0..n).step_by(10).enumerate() {
+        if lru.contains(p * 7) {
+            assert_eq!(lru.generation(p * 7), generations[i]);
+        }
+    }
+    // The oldest go first, as before the compaction: the victims were the oldest pages added.
+    let mut sorted = victims.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        (0..10_000).step_by(10).map(|p| p * 7).collect::<Vec<_>>()
+    );
+}

@@ -1,6 +1,8 @@
 //! Proptest state machine: `Mglru` against a naive model (a `BTreeMap` of resident pages).
 //! After every step: the same pages resident, none lost or held twice, counts consistent
 //! (`check_integrity`), victims distinct and previously resident, evicted pages refaultable.
+//! A twin LRU takes the same steps except `shrink_to_fit`: compaction must change nothing
+//! (the same victims, generations and tiers).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,6 +19,8 @@ enum Op {
     Remove(PageId),
     Evict(usize),
     Age,
+    /// `shrink_to_fit`, on one of the two LRUs only.
+    Shrink,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -37,6 +41,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => page.prop_map(Op::Remove),
         2 => (0usize..12).prop_map(Op::Evict),
         1 => Just(Op::Age),
+        1 => Just(Op::Shrink),
     ]
 }
 
@@ -80,6 +85,8 @@ proptest! {
     fn mglru_matches_model(cfg in config(), ops in proptest::collection::vec(op(), 1..160)) {
         let mut lru = Mglru::new(cfg.clone()).unwrap();
         let mut bits = AccessBits::new();
+        let mut twin = Mglru::new(cfg.clone()).unwrap();
+        let mut twin_bits = AccessBits::new();
         let mut model: BTreeMap<PageId, PageType> = BTreeMap::new();
         let mut evicted_ever: BTreeSet<PageId> = BTreeSet::new();
         for op in ops {
@@ -87,6 +94,7 @@ proptest! {
                 #[allow(clippy::map_entry)] // the model is checked against the LRU in between
                 Op::Add(p, ty, arrival) => {
                     let r = lru.add(p, Hint::new(ty, arrival));
+                    prop_assert_eq!(&twin.add(p, Hint::new(ty, arrival)), &r);
                     if model.contains_key(&p) {
                         prop_assert!(r.is_err());
                     } else {
@@ -109,18 +117,22 @@ proptest! {
                 Op::Touch(p) => {
                     if model.contains_key(&p) {
                         bits.set(p);
+                        twin_bits.set(p);
                     }
                 }
                 Op::Fd(p) => {
                     let before = lru.tier(p);
                     prop_assert_eq!(lru.mark_accessed(p), model.contains_key(&p));
+                    twin.mark_accessed(p);
                     if let (Some(b), Some(a)) = (before, lru.tier(p)) {
                         prop_assert!(a >= b, "a descriptor access never lowers the tier");
                     }
                 }
                 Op::Remove(p) => {
                     prop_assert_eq!(lru.remove(p), model.remove(&p).is_some());
+                    twin.remove(p);
                     bits.clear(p);
+                    twin_bits.clear(p);
                     prop_assert!(lru.refault(p).is_none() || evicted_ever.contains(&p));
                 }
                 Op::Evict(n) => {
@@ -129,6 +141,7 @@ proptest! {
                         .filter(|&&t| cfg.swappiness != 0 || t == PageType::File)
                         .count();
                     let victims = lru.evict(n, &mut bits);
+                    prop_assert_eq!(&twin.evict(n, &mut twin_bits), &victims);
                     prop_assert_eq!(victims.len(), n.min(evictable));
                     let distinct: BTreeSet<_> = victims.iter().copied().collect();
                     prop_assert_eq!(distinct.len(), victims.len(), "a victim twice");
@@ -139,6 +152,7 @@ proptest! {
                             prop_assert_eq!(ty, Some(PageType::File));
                         }
                         bits.clear(v);
+                        twin_bits.clear(v);
                         prop_assert!(lru.refault(v).is_some(), "no shadow for {}", v);
                         evicted_ever.insert(v);
                     }
@@ -146,7 +160,13 @@ proptest! {
                 Op::Age => {
                     let before = lru.max_seq();
                     lru.age(&mut bits);
+                    twin.age(&mut twin_bits);
                     prop_assert_eq!(lru.max_seq(), before + 1);
+                }
+                Op::Shrink => {
+                    let bytes = lru.metadata_bytes();
+                    lru.shrink_to_fit();
+                    prop_assert!(lru.metadata_bytes() <= bytes);
                 }
             }
             if let Err(e) = lru.check_integrity() {
@@ -155,6 +175,8 @@ proptest! {
             prop_assert_eq!(lru.len(), model.len());
             for (&p, &ty) in &model {
                 prop_assert!(lru.contains(p));
+                prop_assert_eq!(lru.generation(p), twin.generation(p));
+                prop_assert_eq!(lru.tier(p), twin.tier(p));
                 let seq = lru.generation(p).unwrap();
                 prop_assert!(seq >= lru.min_seq(ty) && seq <= lru.max_seq());
             }

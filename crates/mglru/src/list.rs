@@ -179,8 +179,8 @@ fn mix(page: PageId) -> u64 {
 /// The page-id index: an open-addressing table (linear probing, deletion by backward shift, no
 /// tombstones) of slot numbers only. The key of an entry is the page of the node in that slot,
 /// read through the `key` function every method takes, so an entry is 4 bytes; the table is
-/// kept between 60% and 75% full (grown by a quarter, shrunk when under a quarter full), so
-/// about 6 bytes per resident page whatever the spread of page ids. (It replaced a radix of
+/// kept between 40% and 75% full (grown by a quarter when full, shrunk to two thirds full when
+/// under 40%), so 5 to 10 bytes per resident page whatever the spread of page ids. (It replaced a radix of
 /// 64-slot chunks: 4 bytes per page id its chunks covered, which a resident set spread at
 /// random over its address space, as the daemon's under random access, makes every id.)
 #[derive(Debug, Default)]
@@ -294,7 +294,7 @@ impl PageIndex {
                 hole = j;
             }
         }
-        if self.table.len() > 64 && self.len * 4 < self.table.len() {
+        if self.table.len() > 64 && self.len * 5 < self.table.len() * 2 {
             let cap = (self.len * 3 / 2).max(64);
             self.resize(cap, &key);
         }
@@ -308,7 +308,7 @@ impl PageIndex {
 }
 
 /// Free slots a slab keeps before it compacts.
-const COMPACT_MIN_FREE: usize = 4096;
+const COMPACT_MIN_FREE: usize = 1024;
 
 /// A slab of nodes with a page-id index and a free list of slots.
 #[derive(Debug)]
@@ -366,12 +366,12 @@ impl<N: Keyed> Slab<N> {
         Some(i)
     }
 
-    /// Whether free slots are worth giving back: more than half as many as live nodes (and a
-    /// few thousand). A slab never shrinks by itself: freed slots are reused, so a slab whose
+    /// Whether free slots are worth giving back: more than a quarter as many as live nodes (and
+    /// a thousand). A slab never shrinks by itself: freed slots are reused, so a slab whose
     /// resident set moved elsewhere (another address space, a smaller working set) keeps its
     /// peak's memory until compacted.
     pub(crate) fn should_compact(&self) -> bool {
-        self.free.len() > self.len() / 2 + COMPACT_MIN_FREE
+        self.free.len() > self.len() / 4 + COMPACT_MIN_FREE
     }
 
     /// Moves the nodes above `len()` into the free slots below it, then gives back the spare
@@ -451,10 +451,10 @@ mod tests {
                 for (&p, &v) in &model {
                     prop_assert_eq!(index.get(p, |s| keys[s as usize]), Some(v));
                 }
-                // Between a quarter and three quarters full (or the minimum size).
+                // Between 40% and three quarters full (or the minimum size).
                 let cap = index.table.len();
                 prop_assert!(model.len() * 4 <= cap * 3);
-                prop_assert!(cap <= 64 || model.len() * 4 >= cap);
+                prop_assert!(cap <= 64 || model.len() * 5 >= cap * 2);
                 prop_assert_eq!(index.table.iter().filter(|&&s| s != NIL).count(), model.len());
             }
         }

@@ -26,8 +26,12 @@
 //! [fault]
 //! spin_us = 50                   # after a fault, poll the uffd this long at most before
 //!                                # sleeping (adaptive, 0: always sleep); at most 1000
-//! idle_poll_us = 200             # after a fault, keep every CPU from halting this long with
-//!                                # a SCHED_IDLE poller per CPU (0: off); at most 10000
+//! idle_poll_us = 200             # after a fault, keep every CPU from halting this long
+//!                                # (0: off); at most 10000
+//! idle_poll = "kernel"           # kernel: a CPU latency request of 0 (/dev/cpu_dma_latency)
+//!                                # while faults come, so idle CPUs poll in the kernel
+//!                                # (machine-wide during storms; keepers if not root) |
+//!                                # keepers: a SCHED_IDLE poller thread per CPU
 //! cpu_latency_us = 0             # opt-in, machine-wide: hold /dev/cpu_dma_latency at this
 //!                                # value while a handler runs (0: idle CPUs poll, not halt)
 //! ```
@@ -81,9 +85,11 @@ pub struct PolicyConfig {
     /// `/dev/cpu_dma_latency` while it runs (`[fault] cpu_latency_us`; machine-wide, so off
     /// unless asked for).
     pub fault_cpu_latency_us: Option<u32>,
-    /// How long after a fault the idle keepers keep every CPU polling instead of halting
-    /// (`[fault] idle_poll_us`; zero: no keepers). See `idlepoll`.
+    /// How long after a fault idle CPUs are kept polling instead of halting
+    /// (`[fault] idle_poll_us`; zero: never). See `idlepoll`.
     pub fault_idle_poll: std::time::Duration,
+    /// How (`[fault] idle_poll`).
+    pub fault_idle_poll_mode: crate::idlepoll::Mode,
 }
 
 /// Default of `[fault] spin_us`.
@@ -107,6 +113,7 @@ impl Default for PolicyConfig {
                 crate::idlepoll::DEFAULT_IDLE_POLL_US,
             ),
             fault_cpu_latency_us: None,
+            fault_idle_poll_mode: crate::idlepoll::Mode::Kernel,
         }
     }
 }
@@ -161,6 +168,7 @@ struct FilePolicy {
 struct FileFault {
     spin_us: Option<u64>,
     idle_poll_us: Option<u64>,
+    idle_poll: Option<String>,
     cpu_latency_us: Option<u32>,
 }
 
@@ -362,6 +370,13 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
         }
         policy.fault_idle_poll = std::time::Duration::from_micros(us);
     }
+    if let Some(m) = &f.fault.idle_poll {
+        policy.fault_idle_poll_mode = match m.as_str() {
+            "kernel" => crate::idlepoll::Mode::Kernel,
+            "keepers" => crate::idlepoll::Mode::Keepers,
+            _ => bail!("fault.idle_poll = {m:?}: \"kernel\" or \"keepers\""),
+        };
+    }
     if let Some(us) = f.fault.cpu_latency_us {
         if us > MAX_CPU_LATENCY_US {
             bail!("fault.cpu_latency_us = {us}: 0 to {MAX_CPU_LATENCY_US}");
@@ -425,7 +440,7 @@ mod tests {
         let p = write(
             "limit = \"64M\"\n[tiers]\nbackend = \"pmem:/tmp/x\"\nswap_size = \"1G\"\n\
              [zswap]\ncompressor = \"zstd:3\"\nmax_pool = \"32M\"\n[policy]\nname = \"clock\"\npage_cluster = 2\n\
-             [fault]\nspin_us = 0\nidle_poll_us = 50\ncpu_latency_us = 0\n",
+             [fault]\nspin_us = 0\nidle_poll_us = 50\nidle_poll = \"keepers\"\ncpu_latency_us = 0\n",
         );
         let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
         assert_eq!(r.limit, 64 << 20);
@@ -442,6 +457,10 @@ mod tests {
             std::time::Duration::from_micros(50)
         );
         assert_eq!(r.policy.fault_cpu_latency_us, Some(0));
+        assert_eq!(
+            r.policy.fault_idle_poll_mode,
+            crate::idlepoll::Mode::Keepers
+        );
         assert_eq!(
             resolve(
                 None,
@@ -480,6 +499,10 @@ mod tests {
             (
                 "limit = \"64M\"\n[fault]\nspin_us = 5000\n",
                 &["fault.spin_us", "1000"],
+            ),
+            (
+                "limit = \"64M\"\n[fault]\nidle_poll = \"spin\"\n",
+                &["fault.idle_poll", "spin", "kernel", "keepers"],
             ),
             (
                 "limit = \"64M\"\n[fault]\nidle_poll_us = 20000\n",

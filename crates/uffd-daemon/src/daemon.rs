@@ -107,7 +107,10 @@ impl Shared {
             bind_lock: Mutex::new(()),
             bind_cv: Condvar::new(),
             stalled: AtomicBool::new(false),
-            idle_poll: crate::idlepoll::IdlePoll::start(policy.fault_idle_poll),
+            idle_poll: crate::idlepoll::IdlePoll::start(
+                policy.fault_idle_poll,
+                policy.fault_idle_poll_mode,
+            ),
             verbose,
         }
     }
@@ -182,6 +185,12 @@ impl Shared {
         }
         let mut v = self.stats.to_json();
         self.tiers.to_json(&mut v);
+        // How idle CPUs were kept polling during fault storms ("kernel", "keepers", "off").
+        v["idle_poll"] = self
+            .idle_poll
+            .as_ref()
+            .map_or("off", |p| p.mode().name())
+            .into();
         v["limit_pages"] = (self.limit_pages as u64).into();
         for (name, h) in [
             ("zswap", &self.lat_zswap),

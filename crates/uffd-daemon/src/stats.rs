@@ -82,7 +82,10 @@ counters! {
     /// CPU time the idle keepers polled (`[fault] idle_poll_us`), in nanoseconds, summed over
     /// the CPUs: otherwise idle time spent so that no CPU halts during a fault storm.
     idle_poll_ns,
-    /// Fault storms that woke the idle keepers.
+    /// Wall time the machine-wide CPU latency request of 0 was held for fault storms
+    /// (`[fault] idle_poll = "kernel"`), in nanoseconds: idle CPUs polled in the kernel then.
+    idle_poll_held_ns,
+    /// Fault storms that woke the idle keepers or the request's holder.
     idle_poll_wakeups,
     /// Sum of fault service times in nanoseconds (from reading the message to the wake).
     fault_service_ns,

@@ -560,22 +560,33 @@ pub fn current_cpu() -> usize {
 
 /// A PM QoS CPU latency request (`/dev/cpu_dma_latency`), in force while this value lives:
 /// idle CPUs of the whole machine then avoid idle states that take longer than the limit to
-/// leave (0: they poll instead of halting). The kernel drops the request when the file closes.
+/// leave (0: they poll instead of halting). The kernel drops the request when the file closes
+/// (so also when the daemon dies).
 #[derive(Debug)]
 pub struct CpuLatencyRequest {
-    _file: std::fs::File,
+    file: std::fs::File,
 }
 
 impl CpuLatencyRequest {
+    /// The value that constrains nothing (the kernel's `PM_QOS_CPU_LATENCY_DEFAULT_VALUE`).
+    pub const NO_CONSTRAINT_US: u32 = 2_000_000_000;
+
     /// Asks for an exit latency of at most `us` microseconds.
     pub fn new(us: u32) -> io::Result<Self> {
-        use std::io::Write;
-        let mut file = std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .write(true)
             .open("/dev/cpu_dma_latency")?;
+        let mut req = CpuLatencyRequest { file };
+        req.set(us)?;
+        Ok(req)
+    }
+
+    /// Changes the limit (one write; the kernel re-evaluates idle CPUs when the machine-wide
+    /// limit changes).
+    pub fn set(&mut self, us: u32) -> io::Result<()> {
+        use std::io::Write;
         let value = i32::try_from(us).unwrap_or(i32::MAX);
-        file.write_all(&value.to_ne_bytes())?;
-        Ok(CpuLatencyRequest { _file: file })
+        self.file.write_all(&value.to_ne_bytes())
     }
 }
 

@@ -76,7 +76,10 @@ fn scan_occupancy(p: &mut dyn Policy, cap: usize, trace: &[PageId]) -> String {
                     scan_res -= i64::from(v >= 1 << 32);
                 }
             }
-            let _ = p.add(page, mglru::Hint::fault(mglru::PageType::Anon));
+            // The scan mixes' ids are below 2^33; report any refusal rather than skip it.
+            if let Err(e) = p.add(page, mglru::Hint::fault(mglru::PageType::Anon)) {
+                return format!("stopped at request {k}: {e}");
+            }
             scan_res += i64::from(is_scan);
         }
         if k % 97 == 0 && k > trace.len() / 5 {

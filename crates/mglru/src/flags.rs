@@ -1,6 +1,7 @@
-//! The per-page flags word: generation, reference count and flags, updated with compare-and-swap
+//! The per-page word: generation, reference count and flags, updated with compare-and-swap
 //! (the kernel's `folio->flags` with `LRU_GEN_MASK`, `LRU_REFS_MASK`, `PG_referenced`,
-//! `PG_workingset`).
+//! `PG_workingset`), plus what the LRU keeps of the page (its list, type and id), so that a
+//! node is this word and two links: 16 bytes per resident page.
 //!
 //! Layout of the word (low bits first):
 //!
@@ -11,14 +12,23 @@
 //! | 5 | referenced (first access through the descriptor path) | `PG_referenced` |
 //! | 6 | workingset | `PG_workingset` |
 //! | 7 | fresh: faulted in, its accessed bit not yet seen (for [`crate::Config::look_twice`]) | |
+//! | 8..11 | list generation: the generation whose list the node is on | the folio's `lru` list |
+//! | 11 | page type (0 anon, 1 file) | `folio_is_file_lru` |
+//! | 12..64 | page id ([`PAGE_ID_BITS`] bits) | the folio itself |
 //!
-//! Every update is one CAS loop on the whole word, so a promotion by the aging walk
-//! ([`PageFlags::update_gen`]), an access counted through the descriptor path
+//! Every update of bits 0..8 is one CAS loop on the whole word, so a promotion by the aging
+//! walk ([`PageFlags::update_gen`]), an access counted through the descriptor path
 //! ([`PageFlags::inc_refs`]) and the protection of a page by eviction ([`PageFlags::inc_gen`])
 //! never lose each other's effect. Each generation change returns the old generation, so the
 //! caller can account the move in a batch of per-generation count deltas ([`GenBatch`]).
+//!
+//! INVARIANT: the flag updates change only bits 0..8 (checked by a `debug_assert!` in every
+//! CAS loop); the list generation changes only through [`PageFlags::set_list_gen`], itself a
+//! CAS loop that changes only bits 8..11; the type and page id never change while the word
+//! lives.
 
-use crate::sync::{AtomicU32, Ordering};
+use crate::policy::{PageId, PageType};
+use crate::sync::{AtomicU64, Ordering};
 use crate::MAX_NR_TIERS;
 
 const GEN_SHIFT: u32 = 0;
@@ -31,6 +41,26 @@ const REFERENCED: u64 = 1 << 5;
 const WORKINGSET: u64 = 1 << 6;
 const FRESH: u64 = 1 << 7;
 const REFS_FLAGS: u64 = REFERENCED | WORKINGSET;
+/// The bits the flag operations own (everything above is the node's).
+const FLAGS_MASK: u64 = (1 << 8) - 1;
+const LIST_GEN_SHIFT: u32 = 8;
+const LIST_GEN_MASK: u64 = 0b111 << LIST_GEN_SHIFT;
+const TYPE_SHIFT: u32 = 11;
+const TYPE_BIT: u64 = 1 << TYPE_SHIFT;
+const PAGE_SHIFT: u32 = 12;
+/// Bits of a page id in the word: ids of resident pages are below `2^PAGE_ID_BITS`.
+pub(crate) const PAGE_ID_BITS: u32 = u64::BITS - PAGE_SHIFT;
+/// The largest page id [`crate::Mglru`] can hold, `2^52 - 1` (its node keeps the id in the 52
+/// upper bits of the page's flags word). A 64-bit byte address shifted right by 12 (a 4 KiB
+/// page number) is always within it; [`crate::Mglru::add`] rejects a larger id with
+/// [`crate::Error::PageIdTooLarge`].
+pub const MAX_PAGE_ID: PageId = (1 << PAGE_ID_BITS) - 1;
+
+// The fields fill the word exactly, and generations fit their 3-bit fields.
+const _: () = assert!(REFS_SHIFT + REFS_WIDTH <= 5);
+const _: () = assert!(FLAGS_MASK & LIST_GEN_MASK == 0 && LIST_GEN_MASK & TYPE_BIT == 0);
+const _: () = assert!(crate::MAX_NR_GENS < (GEN_MASK >> GEN_SHIFT) as usize);
+const _: () = assert!(crate::MAX_NR_GENS <= (LIST_GEN_MASK >> LIST_GEN_SHIFT) as usize + 1);
 
 /// The tier of a page with `refs` accesses beyond the first (the kernel's `lru_tier_from_refs`:
 /// `order_base_2(refs + 1)`): 0 → tier 0, 1 → tier 1, 2..=3 → tier 2, 4 → tier 3.
@@ -40,19 +70,78 @@ pub(crate) fn tier_from_refs(refs: usize) -> usize {
     (usize::BITS - (n - 1).leading_zeros()) as usize
 }
 
-/// The atomic flags word of one page.
+/// The atomic word of one resident page: its flags, its list generation, its type and its id.
 #[derive(Debug)]
-pub struct PageFlags(AtomicU32);
+pub struct PageFlags(AtomicU64);
 
 impl PageFlags {
-    /// A page on the list of generation `gen`, with no references.
-    pub fn new(gen: usize) -> Self {
-        Self(AtomicU32::new(((gen as u32) + 1) << GEN_SHIFT))
+    /// Page `page` of type `page_type`, on the list of generation `gen` and in that generation,
+    /// with no references.
+    ///
+    /// # Panics
+    ///
+    /// If `page` is above [`MAX_PAGE_ID`] (callers check it and return
+    /// [`crate::Error::PageIdTooLarge`]) or `gen` is not below [`crate::MAX_NR_GENS`].
+    pub fn new(page: PageId, page_type: PageType, gen: usize) -> Self {
+        assert!(
+            page <= MAX_PAGE_ID,
+            "page id {page:#x} above {MAX_PAGE_ID:#x}"
+        );
+        assert!(gen < crate::MAX_NR_GENS, "generation index {gen}");
+        let gen = gen as u64;
+        Self(AtomicU64::new(
+            ((gen + 1) << GEN_SHIFT)
+                | (gen << LIST_GEN_SHIFT)
+                | ((page_type.idx() as u64) << TYPE_SHIFT)
+                | (page << PAGE_SHIFT),
+        ))
     }
 
-    // The word is 32 bits (8 are used), computed on as u64: a node stays at 24 bytes.
     fn load(&self) -> u64 {
-        u64::from(self.0.load(Ordering::Acquire))
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// The page id. A Relaxed load is enough: the id bits are written once, when the word is
+    /// made, and never change while it lives (every update preserves them); the node that
+    /// holds the word reached this thread through the LRU's owner (`&mut`, or the lock of
+    /// [`crate::SharedMglru`]), which orders its creation before this load. The other bits may
+    /// change concurrently, but they are masked off.
+    pub fn page(&self) -> PageId {
+        self.0.load(Ordering::Relaxed) >> PAGE_SHIFT
+    }
+
+    /// The page type (immutable, as the id: a Relaxed load, see [`PageFlags::page`]).
+    pub fn page_type(&self) -> PageType {
+        PageType::from_idx(((self.0.load(Ordering::Relaxed) & TYPE_BIT) >> TYPE_SHIFT) as usize)
+    }
+
+    /// The generation whose list the node is on (the flags may already say a younger one).
+    /// Changed only by the LRU's owner (`&mut`), so a Relaxed load sees the owner's last store.
+    pub fn list_gen(&self) -> usize {
+        ((self.0.load(Ordering::Relaxed) & LIST_GEN_MASK) >> LIST_GEN_SHIFT) as usize
+    }
+
+    /// Records that the node is now on the list of generation `gen`. A CAS loop that changes
+    /// only the list generation's bits: a reader may be counting an access on the same word
+    /// at the same time ([`PageFlags::inc_refs`] through `mark_accessed`), and neither loses
+    /// the other's change.
+    pub fn set_list_gen(&self, gen: usize) {
+        debug_assert!(gen < crate::MAX_NR_GENS, "generation index {gen}");
+        let bits = ((gen as u64) << LIST_GEN_SHIFT) & LIST_GEN_MASK;
+        let mut old = self.0.load(Ordering::Relaxed);
+        loop {
+            let new = (old & !LIST_GEN_MASK) | bits;
+            if new == old {
+                return;
+            }
+            match self
+                .0
+                .compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(cur) => old = cur,
+            }
+        }
     }
 
     fn gen_of(word: u64) -> Option<usize> {
@@ -76,27 +165,39 @@ impl PageFlags {
         tier_from_refs(self.refs())
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(mglru_loom)))]
     pub(crate) fn is_referenced(&self) -> bool {
         self.load() & REFERENCED != 0
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(mglru_loom)))]
     pub(crate) fn is_workingset(&self) -> bool {
         self.load() & WORKINGSET != 0
     }
 
+    /// The bits the flag operations own (0..8), for tests of the layout.
+    #[cfg(all(test, not(mglru_loom)))]
+    fn flag_bits(&self) -> u64 {
+        self.load() & FLAGS_MASK
+    }
+
+    /// One CAS loop over the flag bits: `f` gets the whole word and returns the new one (or
+    /// `None` to leave it); it must not change bits above the flags.
     fn update(&self, mut f: impl FnMut(u64) -> Option<u64>) -> u64 {
         let mut old = self.load();
         loop {
             let Some(new) = f(old) else { return old };
-            let new = u32::try_from(new).expect("page flags fit in 32 bits");
+            debug_assert_eq!(
+                new & !FLAGS_MASK,
+                old & !FLAGS_MASK,
+                "a flag update changed the node's bits"
+            );
             match self
                 .0
-                .compare_exchange_weak(old as u32, new, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return old,
-                Err(cur) => old = u64::from(cur),
+                Err(cur) => old = cur,
             }
         }
     }
@@ -134,6 +235,7 @@ impl PageFlags {
     /// With `look_twice`, a fresh page is not moved: its fresh mark is cleared (the fault's
     /// own access is not a reuse). Returns `(old generation, whether the page was moved)`.
     pub fn update_gen(&self, gen: usize, look_twice: bool) -> Option<(usize, bool)> {
+        debug_assert!(gen < crate::MAX_NR_GENS, "generation index {gen}");
         let mut moved = true;
         let old = self.update(|w| {
             moved = true;
@@ -156,6 +258,7 @@ impl PageFlags {
     /// still in the oldest generation `min_gen` moves to `next_gen` with its references
     /// cleared; a page promoted meanwhile keeps its newer generation. Returns `(old, new)`.
     pub fn inc_gen(&self, min_gen: usize, next_gen: usize) -> (Option<usize>, usize) {
+        debug_assert!(next_gen < crate::MAX_NR_GENS, "generation index {next_gen}");
         let mut new_gen = next_gen;
         let old = self.update(|w| match Self::gen_of(w) {
             Some(g) if g != min_gen => {
@@ -240,6 +343,114 @@ impl GenBatch {
 mod tests {
     use super::*;
 
+    use proptest::prelude::*;
+
+    /// One operation on a word.
+    #[derive(Debug, Clone)]
+    enum Op {
+        SetFresh,
+        SetWorkingset,
+        IncRefs,
+        UpdateGen(usize, bool),
+        IncGen(usize, usize),
+        Isolate,
+        ClearRefsForCheck,
+        SetListGen(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let gen = 0..crate::MAX_NR_GENS;
+        prop_oneof![
+            Just(Op::SetFresh),
+            Just(Op::SetWorkingset),
+            Just(Op::IncRefs),
+            (gen.clone(), any::<bool>()).prop_map(|(g, t)| Op::UpdateGen(g, t)),
+            (gen.clone(), gen.clone()).prop_map(|(a, b)| Op::IncGen(a, b)),
+            Just(Op::Isolate),
+            Just(Op::ClearRefsForCheck),
+            gen.prop_map(Op::SetListGen),
+        ]
+    }
+
+    /// Applies `op`, returning what it returned (as text, to compare two words' answers).
+    fn apply(f: &PageFlags, op: &Op) -> String {
+        match *op {
+            Op::SetFresh => {
+                f.set_fresh();
+                String::new()
+            }
+            Op::SetWorkingset => {
+                f.set_workingset();
+                String::new()
+            }
+            Op::IncRefs => {
+                f.inc_refs();
+                String::new()
+            }
+            Op::UpdateGen(g, t) => format!("{:?}", f.update_gen(g, t)),
+            Op::IncGen(a, b) => format!("{:?}", f.inc_gen(a, b)),
+            Op::Isolate => format!("{:?}", f.isolate()),
+            Op::ClearRefsForCheck => {
+                f.clear_refs_for_check();
+                String::new()
+            }
+            Op::SetListGen(g) => {
+                f.set_list_gen(g);
+                String::new()
+            }
+        }
+    }
+
+    proptest! {
+        /// The flag operations never touch the page id, type or list generation, and do not
+        /// depend on them: a word with any page (up to 2^52 - 1) and type gives the same
+        /// answers and flag bits as a bare one (page 0, anon) through any sequence of flag
+        /// operations and list-generation changes.
+        #[test]
+        fn flag_operations_keep_the_node_bits(
+            page in prop_oneof![0..=MAX_PAGE_ID, Just(MAX_PAGE_ID), MAX_PAGE_ID - 4096..=MAX_PAGE_ID],
+            file in any::<bool>(),
+            gen in 0..crate::MAX_NR_GENS,
+            ops in proptest::collection::vec(op(), 0..64),
+        ) {
+            let ty = if file { PageType::File } else { PageType::Anon };
+            let f = PageFlags::new(page, ty, gen);
+            let bare = PageFlags::new(0, PageType::Anon, gen);
+            let mut list_gen = gen;
+            prop_assert_eq!((f.page(), f.page_type(), f.list_gen()), (page, ty, gen));
+            for op in &ops {
+                prop_assert_eq!(apply(&f, op), apply(&bare, op));
+                if let Op::SetListGen(g) = *op {
+                    list_gen = g;
+                }
+                prop_assert_eq!(f.flag_bits(), bare.flag_bits());
+                prop_assert_eq!((f.page(), f.page_type(), f.list_gen()), (page, ty, list_gen));
+                prop_assert_eq!((f.gen(), f.refs()), (bare.gen(), bare.refs()));
+            }
+        }
+    }
+
+    #[test]
+    fn the_word_holds_the_largest_page_id() {
+        let f = PageFlags::new(MAX_PAGE_ID, PageType::File, 3);
+        assert_eq!(f.page(), (1 << 52) - 1);
+        assert_eq!(
+            (f.page_type(), f.list_gen(), f.gen()),
+            (PageType::File, 3, Some(3))
+        );
+        f.set_list_gen(0);
+        assert_eq!(
+            (f.page(), f.page_type(), f.list_gen()),
+            (MAX_PAGE_ID, PageType::File, 0)
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "above")]
+    fn the_word_refuses_a_larger_page_id() {
+        let _ = PageFlags::new(MAX_PAGE_ID + 1, PageType::Anon, 0);
+    }
+
     #[test]
     fn tiers_follow_order_base_2() {
         let tiers: Vec<usize> = (0..=4).map(tier_from_refs).collect();
@@ -248,7 +459,7 @@ mod tests {
 
     #[test]
     fn inc_refs_walks_referenced_workingset_then_counts() {
-        let f = PageFlags::new(1);
+        let f = PageFlags::new(7, PageType::Anon, 1);
         let mut seen = vec![];
         for _ in 0..7 {
             f.inc_refs();
@@ -263,14 +474,14 @@ mod tests {
 
     #[test]
     fn update_gen_clears_refs_and_inc_gen_respects_promotion() {
-        let f = PageFlags::new(0);
+        let f = PageFlags::new(7, PageType::Anon, 0);
         f.inc_refs();
         f.inc_refs();
         assert_eq!(f.update_gen(3, true), Some((0, true)));
         assert_eq!((f.gen(), f.refs(), f.is_referenced()), (Some(3), 0, false));
         // Promoted meanwhile: inc_gen keeps the newer generation.
         assert_eq!(f.inc_gen(0, 1), (Some(3), 3));
-        let g = PageFlags::new(0);
+        let g = PageFlags::new(7, PageType::Anon, 0);
         g.inc_refs();
         g.inc_refs();
         assert_eq!(g.inc_gen(0, 1), (Some(0), 1));
@@ -282,13 +493,13 @@ mod tests {
 
     #[test]
     fn look_twice_spares_the_first_young_bit_of_a_fresh_page() {
-        let f = PageFlags::new(1);
+        let f = PageFlags::new(7, PageType::Anon, 1);
         f.set_fresh();
         assert_eq!(f.update_gen(3, true), Some((1, false)));
         assert_eq!(f.gen(), Some(1));
         assert_eq!(f.update_gen(3, true), Some((1, true)));
         assert_eq!(f.gen(), Some(3));
-        let g = PageFlags::new(1);
+        let g = PageFlags::new(7, PageType::Anon, 1);
         g.set_fresh();
         assert_eq!(g.update_gen(3, false), Some((1, true)));
     }

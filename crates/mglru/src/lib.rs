@@ -15,7 +15,9 @@
 //! - **Generations.** `max_seq` (shared) and `min_seq[type]` for anon and file pages; between
 //!   `MIN_NR_GENS = 2` and `max_nr_gens` (3 or 4, [`Config::max_nr_gens`]) generations alive.
 //!   Each page has a flags word holding its generation index (`seq % max_nr_gens`), a reference
-//!   count and the `referenced`/`workingset` bits, updated by compare-and-swap. Pages promoted
+//!   count and the `referenced`/`workingset` bits, updated by compare-and-swap; the same 64-bit
+//!   word holds the generation whose list the page is on, its type and its id (so page ids are
+//!   at most [`MAX_PAGE_ID`], `2^52 - 1`, and a node is 16 bytes). Pages promoted
 //!   by the aging only change their flags; the lists are sorted lazily at eviction
 //!   (`sort_folio`), and the per-generation counts are updated in batches ([`Mglru::nr_pages`]
 //!   is exact after every call returns). [`Mglru::is_active`] is true for the two youngest.
@@ -151,6 +153,7 @@ pub const MIN_LRU_BATCH: usize = 64;
 
 pub use baseline::{ActiveInactive, Clock, Lru};
 pub use error::{Error, ReplayError};
+pub use flags::MAX_PAGE_ID;
 pub use lrugen::{
     Config, FaultPlacement, GenerationStats, Mglru, Refault, Stats, TierStats, WalkStats,
     SHADOW_TOKEN_BITS,

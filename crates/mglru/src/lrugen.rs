@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use crate::bloom::{BloomFilter, DENSE_FRACTION};
-use crate::flags::{tier_from_refs, GenBatch, PageFlags, REFS_WIDTH};
+use crate::flags::{tier_from_refs, GenBatch, PageFlags, MAX_PAGE_ID, REFS_WIDTH};
 use crate::list::{IdMap, Keyed, Linked, Links, ListHead, Slab};
 use crate::policy::{AccessKind, AccessSource, Arrival, Hint, PageId, PageType, Policy};
 use crate::{Error, MAX_NR_GENS, MAX_NR_TIERS, MIN_LRU_BATCH, MIN_NR_GENS};
@@ -239,19 +239,35 @@ struct Shadow {
     refs: u8,
 }
 
+/// A resident page: its word (flags, list generation, type and id; see [`crate::flags`]) and
+/// its links on the list of its list generation.
 #[derive(Debug)]
 struct Node {
-    page: PageId,
-    flags: PageFlags,
+    word: PageFlags,
     links: Links,
-    /// The generation whose list the node is on (flags may already say a younger one).
-    list_gen: u8,
-    page_type: PageType,
+}
+
+impl Node {
+    fn page(&self) -> PageId {
+        self.word.page()
+    }
+
+    /// The generation whose list the node is on (its flags may already say a younger one).
+    fn list_gen(&self) -> usize {
+        self.word.list_gen()
+    }
+
+    fn page_type(&self) -> PageType {
+        self.word.page_type()
+    }
 }
 
 impl Keyed for Node {
     fn page(&self) -> PageId {
-        self.page
+        // The id bits of the word never change while the node lives, and the node reached
+        // this thread through the LRU's owner: a Relaxed load of them is exact (see
+        // `PageFlags::page`).
+        self.word.page()
     }
 }
 
@@ -260,9 +276,10 @@ impl Keyed for Node {
 pub const SHADOW_TOKEN_BITS: u32 = 28;
 const TOKEN_SEQ_BITS: u32 = SHADOW_TOKEN_BITS - 4;
 
-// A node per resident page: keep it at three words.
+// A node per resident page: keep it at two words (the daemon's metadata budget is 1% of the
+// memory it manages, and the nodes are most of it).
 #[cfg(not(mglru_loom))]
-const _: () = assert!(std::mem::size_of::<Node>() == 24);
+const _: () = assert!(std::mem::size_of::<Node>() == 16);
 
 impl Linked for Node {
     fn links(&self) -> &Links {
@@ -334,6 +351,17 @@ fn positive_ctrl_err(sp: CtrlPos, pv: CtrlPos) -> bool {
             <= (sp.refaulted as u128 + 1) * pv.total as u128 * pv.gain as u128
 }
 
+/// Whether the nodes can hold `page` (52 bits of id, see [`crate::flags`]).
+fn check_page_id(page: PageId) -> Result<(), Error> {
+    if page > MAX_PAGE_ID {
+        return Err(Error::PageIdTooLarge {
+            page,
+            max: MAX_PAGE_ID,
+        });
+    }
+    Ok(())
+}
+
 /// The outcome of the eviction-time check of one page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Check {
@@ -346,6 +374,10 @@ enum Check {
 }
 
 /// The multi-generational LRU over page ids. See the crate documentation.
+///
+/// Page ids are at most [`MAX_PAGE_ID`] (`2^52 - 1`): a node is 16 bytes, the page's flags
+/// word holding the id in its upper 52 bits. Larger ids are rejected by [`Mglru::add`] and
+/// [`Mglru::add_refault`].
 #[derive(Debug)]
 pub struct Mglru {
     cfg: Config,
@@ -464,13 +496,13 @@ impl Mglru {
     /// The generation (sequence number) a resident page belongs to.
     pub fn generation(&self, page: PageId) -> Option<u64> {
         let n = self.node(page)?;
-        let g = n.flags.gen()?;
-        Some(self.seq_of_gen(n.page_type.idx(), g))
+        let g = n.word.gen()?;
+        Some(self.seq_of_gen(n.page_type().idx(), g))
     }
 
     /// The tier of a resident page (by its accesses through the descriptor path).
     pub fn tier(&self, page: PageId) -> Option<usize> {
-        Some(self.node(page)?.flags.tier())
+        Some(self.node(page)?.word.tier())
     }
 
     /// Whether a resident page is in one of the two youngest generations (`lru_gen_is_active`).
@@ -506,7 +538,11 @@ impl Mglru {
     /// Adds a page. A page with a shadow entry is a refault: a recent one feeds the controller,
     /// and a faulted one (or one evicted at the top tier) comes back with `workingset` set,
     /// which puts it one tier up (`lru_gen_refault`).
+    ///
+    /// Page ids above [`MAX_PAGE_ID`] (`2^52 - 1`) are rejected with
+    /// [`Error::PageIdTooLarge`], and the LRU is left as it was.
     pub fn add(&mut self, page: PageId, hint: Hint) -> Result<Option<Refault>, Error> {
+        check_page_id(page)?;
         if self.contains(page) {
             return Err(Error::AlreadyResident(page));
         }
@@ -527,13 +563,15 @@ impl Mglru {
     /// [`Mglru::add`] for a page whose shadow entry the embedder kept (a token from
     /// [`Mglru::take_shadow`]; the kernel's `lru_gen_refault`). The generation it was evicted
     /// from is known modulo 2^24 generations: a refault further back than that may be
-    /// taken for a nearer one.
+    /// taken for a nearer one. Page ids above [`MAX_PAGE_ID`] are rejected as by
+    /// [`Mglru::add`].
     pub fn add_refault(
         &mut self,
         page: PageId,
         hint: Hint,
         token: u32,
     ) -> Result<Option<Refault>, Error> {
+        check_page_id(page)?;
         if self.contains(page) {
             return Err(Error::AlreadyResident(page));
         }
@@ -583,22 +621,20 @@ impl Mglru {
             Arrival::Sequential | Arrival::Cold => self.min_seq[ty],
         };
         let gen = self.gen(seq);
-        let flags = PageFlags::new(gen);
+        // `add` and `add_refault` checked the id against MAX_PAGE_ID.
+        let word = PageFlags::new(page, hint.page_type, gen);
         if workingset {
-            flags.set_workingset();
+            word.set_workingset();
         }
         // A recent refault has a history: its first accessed bit is a reuse.
         if hint.arrival == Arrival::Fault && !workingset {
-            flags.set_fresh();
+            word.set_fresh();
         }
         let i = self.slab.insert(
             page,
             Node {
-                page,
-                flags,
+                word,
                 links: Links::default(),
-                list_gen: gen as u8,
-                page_type: hint.page_type,
             },
         );
         self.lists[gen][ty].push_head(&mut self.slab.nodes, i);
@@ -632,7 +668,7 @@ impl Mglru {
     pub fn mark_accessed(&self, page: PageId) -> bool {
         match self.node(page) {
             Some(n) => {
-                n.flags.inc_refs();
+                n.word.inc_refs();
                 true
             }
             None => false,
@@ -645,9 +681,9 @@ impl Mglru {
             return false;
         };
         let n = &self.slab.nodes[i as usize];
-        let ty = n.page_type.idx();
-        let list_gen = usize::from(n.list_gen);
-        if let Some(g) = n.flags.isolate() {
+        let ty = n.page_type().idx();
+        let list_gen = n.list_gen();
+        if let Some(g) = n.word.isolate() {
             self.nr_pages[g][ty] -= 1;
         }
         self.lists[list_gen][ty].unlink(&mut self.slab.nodes, i);
@@ -666,7 +702,7 @@ impl Mglru {
     pub fn shrink_to_fit(&mut self) {
         let lists = &mut self.lists;
         self.slab.compact(|n, from, to| {
-            lists[usize::from(n.list_gen)][n.page_type.idx()].relocate(from, to);
+            lists[n.list_gen()][n.page_type().idx()].relocate(from, to);
         });
         self.regions.shrink_to_fit();
     }
@@ -743,12 +779,12 @@ impl Mglru {
                 source.test_and_clear_young(range, &mut |p| {
                     if let Some(i) = slab.get(p) {
                         let n = &slab.nodes[i as usize];
-                        let tier = n.flags.tier();
-                        if let Some((old, moved)) = n.flags.update_gen(new_gen, look_twice) {
+                        let tier = n.word.tier();
+                        if let Some((old, moved)) = n.word.update_gen(new_gen, look_twice) {
                             young += 1;
                             if moved {
-                                batch.record(n.page_type.idx(), old, new_gen);
-                                tiers[n.page_type.idx()][tier].promoted += 1;
+                                batch.record(n.page_type().idx(), old, new_gen);
+                                tiers[n.page_type().idx()][tier].promoted += 1;
                             }
                         }
                     }
@@ -799,7 +835,7 @@ impl Mglru {
             // order and stay older than the pages already there.
             while let Some(i) = self.lists[old_gen][ty].head() {
                 let n = &self.slab.nodes[i as usize];
-                let (old, new) = n.flags.inc_gen(old_gen, next_gen);
+                let (old, new) = n.word.inc_gen(old_gen, next_gen);
                 if let Some(old) = old {
                     if old != new {
                         self.nr_pages[old][ty] -= 1;
@@ -813,7 +849,7 @@ impl Mglru {
                     // Promoted meanwhile: to the young end of its own generation.
                     self.lists[new][ty].push_head(&mut self.slab.nodes, i);
                 }
-                self.slab.nodes[i as usize].list_gen = new as u8;
+                self.slab.nodes[i as usize].word.set_list_gen(new);
             }
         }
         self.ctrl.carry_over(ty);
@@ -1018,17 +1054,17 @@ impl Mglru {
             };
             scanned += 1;
             let n = &self.slab.nodes[i as usize];
-            let page = n.page;
-            let fg = n.flags.gen().unwrap_or(gen);
+            let page = n.page();
+            let fg = n.word.gen().unwrap_or(gen);
             // Promoted by the aging walk or a look-around: sort it to its generation.
             if fg != gen {
                 self.move_node(i, ty, gen, fg, true);
                 continue;
             }
             // Protected by its tier: one more generation, references cleared.
-            let tier = n.flags.tier();
+            let tier = n.word.tier();
             if tier > tier_idx {
-                let (old, new) = n.flags.inc_gen(gen, next_gen);
+                let (old, new) = n.word.inc_gen(gen, next_gen);
                 if let Some(old) = old {
                     batch.record(ty, old, new);
                 }
@@ -1038,7 +1074,7 @@ impl Mglru {
                 continue;
             }
             // The per-page check (with look-around): a young page goes to the youngest.
-            self.slab.nodes[i as usize].flags.clear_refs_for_check();
+            self.slab.nodes[i as usize].word.clear_refs_for_check();
             match self.check_young(page, max_gen, &mut batch, source) {
                 Check::Young => {
                     self.activated += 1;
@@ -1047,7 +1083,7 @@ impl Mglru {
                 }
                 Check::FirstReference => {
                     // Look twice: one more generation, at its old end.
-                    let (old, new) = self.slab.nodes[i as usize].flags.inc_gen(gen, next_gen);
+                    let (old, new) = self.slab.nodes[i as usize].word.inc_gen(gen, next_gen);
                     if let Some(old) = old {
                         batch.record(ty, old, new);
                     }
@@ -1070,7 +1106,7 @@ impl Mglru {
         } else {
             self.lists[to][ty].push_tail(&mut self.slab.nodes, i);
         }
-        self.slab.nodes[i as usize].list_gen = to as u8;
+        self.slab.nodes[i as usize].word.set_list_gen(to);
     }
 
     /// The eviction-time check of one page: tests its accessed bit and, with look-around, those
@@ -1101,11 +1137,11 @@ impl Mglru {
             source.test_and_clear_young(range, &mut |p| {
                 if let Some(i) = slab.get(p) {
                     let n = &slab.nodes[i as usize];
-                    let tier = n.flags.tier();
-                    if let Some((old, moved)) = n.flags.update_gen(max_gen, look_twice) {
+                    let tier = n.word.tier();
+                    if let Some((old, moved)) = n.word.update_gen(max_gen, look_twice) {
                         young += 1;
                         if moved {
-                            batch.record(n.page_type.idx(), old, max_gen);
+                            batch.record(n.page_type().idx(), old, max_gen);
                         }
                         if p == page {
                             check = if moved {
@@ -1115,7 +1151,7 @@ impl Mglru {
                             };
                         } else if moved {
                             *promoted += 1;
-                            tiers[n.page_type.idx()][tier].promoted += 1;
+                            tiers[n.page_type().idx()][tier].promoted += 1;
                         }
                     }
                 }
@@ -1136,10 +1172,10 @@ impl Mglru {
 
     fn evict_node(&mut self, i: u32, ty: usize, gen: usize) {
         let n = &self.slab.nodes[i as usize];
-        let page = n.page;
-        let refs = n.flags.refs();
+        let page = n.page();
+        let refs = n.word.refs();
         let tier = tier_from_refs(refs);
-        if let Some(g) = n.flags.isolate() {
+        if let Some(g) = n.word.isolate() {
             self.nr_pages[g][ty] -= 1;
         }
         self.lists[gen][ty].unlink(&mut self.slab.nodes, i);
@@ -1264,23 +1300,23 @@ impl Mglru {
                 for i in list.iter(&self.slab.nodes) {
                     len += 1;
                     let node = &self.slab.nodes[i as usize];
-                    if self.slab.get(node.page) != Some(i) {
-                        return Err(format!("page {} on a list but not indexed", node.page));
+                    if self.slab.get(node.page()) != Some(i) {
+                        return Err(format!("page {} on a list but not indexed", node.page()));
                     }
-                    if seen.insert(node.page, ()).is_some() {
-                        return Err(format!("page {} on two lists", node.page));
+                    if seen.insert(node.page(), ()).is_some() {
+                        return Err(format!("page {} on two lists", node.page()));
                     }
-                    if usize::from(node.list_gen) != g || node.page_type.idx() != ty {
-                        return Err(format!("page {} list_gen/type mismatch", node.page));
+                    if node.list_gen() != g || node.page_type().idx() != ty {
+                        return Err(format!("page {} list_gen/type mismatch", node.page()));
                     }
-                    let Some(fg) = node.flags.gen() else {
-                        return Err(format!("page {} isolated but listed", node.page));
+                    let Some(fg) = node.word.gen() else {
+                        return Err(format!("page {} isolated but listed", node.page()));
                     };
                     if self.seq_of_gen(ty, fg) < self.seq_of_gen(ty, g) {
-                        return Err(format!("page {} flags older than its list", node.page));
+                        return Err(format!("page {} flags older than its list", node.page()));
                     }
                     counts[fg][ty] += 1;
-                    *regions.entry(self.region_of(node.page)).or_insert(0) += 1;
+                    *regions.entry(self.region_of(node.page())).or_insert(0) += 1;
                 }
                 if len != list.len() {
                     return Err(format!("list {g}/{ty} length {} != {len}", list.len()));

@@ -7,6 +7,10 @@ use crate::Error;
 
 /// A page id. The embedder chooses the packing; the daemon packs (address space id, page
 /// address). Consecutive ids are neighbours for the aging walk's regions and look-around.
+///
+/// [`crate::Mglru`] holds ids up to [`crate::MAX_PAGE_ID`] (`2^52 - 1`, which every 64-bit
+/// byte address shifted right by 12 is within) and rejects larger ones with
+/// [`crate::Error::PageIdTooLarge`]; the baselines take any `u64`.
 pub type PageId = u64;
 
 /// The two LRU types of the kernel: anonymous pages (need swap to be evicted) and file pages.

@@ -85,7 +85,9 @@ impl ReplayResult {
     }
 }
 
-/// Replays `trace` on a memory of `capacity` pages managed by `policy`.
+/// Replays `trace` on a memory of `capacity` pages managed by `policy`. A page the policy
+/// cannot hold (for [`Mglru`], an id above [`crate::MAX_PAGE_ID`]) stops the replay with
+/// [`ReplayError::Rejected`].
 pub fn replay(
     policy: &mut dyn Policy,
     capacity: usize,
@@ -106,7 +108,7 @@ pub fn replay_with(
         return Err(ReplayError::ZeroCapacity);
     }
     let mut misses = 0;
-    for &page in trace {
+    for (k, &page) in trace.iter().enumerate() {
         if policy.contains(page) {
             bits.set(page);
             policy.access(page, AccessKind::Mapped);
@@ -119,8 +121,15 @@ pub fn replay_with(
                 bits.clear(victim);
             }
         }
-        // Cannot fail: the page is not resident.
-        let _ = policy.add(page, Hint::fault(PageType::Anon));
+        // The page is not resident, so only an id the policy cannot hold fails (MGLRU's
+        // limit is MAX_PAGE_ID): stop with the request rather than replay a different trace.
+        if let Err(source) = policy.add(page, Hint::fault(PageType::Anon)) {
+            return Err(ReplayError::Rejected {
+                request: k,
+                policy: policy.name().to_string(),
+                source,
+            });
+        }
         // The faulting access sets the bit once the page is mapped: after the eviction that
         // made room for it, so that eviction's look-around cannot clear it.
         bits.set(page);
@@ -133,8 +142,9 @@ pub fn replay_with(
     })
 }
 
-/// Parses a trace: one page id per line (decimal or `0x` hex), blank lines and `#` comments
-/// skipped.
+/// Parses a trace: one page id per line (decimal or `0x` hex, any `u64`), blank lines and `#`
+/// comments skipped. Ids are kept as they are (their adjacency matters to MGLRU's regions and
+/// look-around); [`replay`] reports an id a policy cannot hold.
 pub fn parse_trace(text: &str) -> Result<Vec<PageId>, ReplayError> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {

@@ -5,9 +5,9 @@
 //! types sees every atomic and every lock.
 
 #[cfg(mglru_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU32, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(mglru_loom))]
-pub(crate) use std::sync::atomic::{AtomicU32, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A reader-writer lock with the same API under loom and under `parking_lot`.
 #[derive(Debug)]

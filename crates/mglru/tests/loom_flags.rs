@@ -1,17 +1,19 @@
-//! Loom models of the per-page flags word: concurrent promotions, protections and descriptor
+//! Loom models of the per-page word: concurrent promotions, protections and descriptor
 //! accesses never lose each other's effect, and the generation moves they report add up to
-//! the page's real move (so batched per-generation counts stay exact).
+//! the page's real move (so batched per-generation counts stay exact); a list-generation
+//! change racing them loses nothing either, and the page id and type never change.
 #![cfg(mglru_loom)]
 
 use loom::sync::Arc;
 use loom::thread;
 use mglru::__loom::PageFlags;
+use mglru::{PageType, MAX_PAGE_ID};
 
 /// Two threads count descriptor accesses at once: none is lost.
 #[test]
 fn concurrent_inc_refs_are_all_counted() {
     loom::model(|| {
-        let f = Arc::new(PageFlags::new(1));
+        let f = Arc::new(PageFlags::new(MAX_PAGE_ID, PageType::File, 1));
         let t = {
             let f = f.clone();
             thread::spawn(move || {
@@ -35,7 +37,7 @@ fn concurrent_inc_refs_are_all_counted() {
 #[test]
 fn promotion_and_protection_race() {
     loom::model(|| {
-        let f = Arc::new(PageFlags::new(0));
+        let f = Arc::new(PageFlags::new(MAX_PAGE_ID - 1, PageType::Anon, 0));
         let walker = {
             let f = f.clone();
             thread::spawn(move || f.update_gen(3, false))
@@ -61,5 +63,57 @@ fn promotion_and_protection_race() {
         assert_eq!(f.gen(), Some(3));
         assert_eq!(delta, [-1, 0, 0, 1]);
         assert!(f.refs() <= 1);
+    });
+}
+
+/// The LRU's owner moves the node to another list (`set_list_gen`, under `&mut` in the LRU,
+/// but on the shared word) while two readers count accesses and the walk promotes the page:
+/// every access and the promotion are kept, the list generation is the owner's, and the page
+/// id and type are untouched.
+#[test]
+fn list_gen_change_races_inc_refs() {
+    loom::model(|| {
+        let f = Arc::new(PageFlags::new(MAX_PAGE_ID, PageType::File, 0));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let f = f.clone();
+                thread::spawn(move || f.inc_refs())
+            })
+            .collect();
+        f.set_list_gen(2);
+        f.set_list_gen(3);
+        for r in readers {
+            r.join().unwrap();
+        }
+        // Two accesses: referenced, then workingset (counted as one reference).
+        assert_eq!(f.refs(), 1);
+        assert_eq!(f.gen(), Some(0));
+        assert_eq!(f.list_gen(), 3);
+        assert_eq!(f.page(), MAX_PAGE_ID);
+        assert_eq!(f.page_type(), PageType::File);
+    });
+}
+
+/// A promotion by the walk (flag bits) against a list move by the owner (list bits): both
+/// stay, whatever the order.
+#[test]
+fn list_gen_change_races_promotion() {
+    loom::model(|| {
+        let f = Arc::new(PageFlags::new(12_345, PageType::Anon, 0));
+        let walker = {
+            let f = f.clone();
+            thread::spawn(move || f.update_gen(3, false))
+        };
+        let reader = {
+            let f = f.clone();
+            thread::spawn(move || f.inc_refs())
+        };
+        f.set_list_gen(1);
+        assert_eq!(walker.join().unwrap(), Some((0, true)));
+        reader.join().unwrap();
+        assert_eq!(f.gen(), Some(3));
+        assert_eq!(f.list_gen(), 1);
+        assert!(f.refs() <= 1);
+        assert_eq!((f.page(), f.page_type()), (12_345, PageType::Anon));
     });
 }

@@ -7,7 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use mglru::{
-    AccessBits, Arrival, Config, FaultPlacement, Hint, Mglru, PageId, PageType, MIN_NR_GENS,
+    AccessBits, Arrival, Config, Error, FaultPlacement, Hint, Mglru, PageId, PageType, MAX_PAGE_ID,
+    MIN_NR_GENS,
 };
 use proptest::prelude::*;
 
@@ -25,8 +26,14 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     // Pages from a few regions (region_shift is 4 below) so walks, filters and look-around
-    // all see dense and sparse regions.
-    let page = prop_oneof![0u64..48, 1000u64..1010, 5000u64..5004];
+    // all see dense and sparse regions; and the last ids a node holds, next to the first ones
+    // it cannot (rejected, nothing changes).
+    let page = prop_oneof![
+        8 => 0u64..48,
+        2 => 1000u64..1010,
+        1 => 5000u64..5004,
+        2 => MAX_PAGE_ID - 20..=MAX_PAGE_ID + 3,
+    ];
     let ty = prop_oneof![Just(PageType::Anon), Just(PageType::File)];
     let arrival = prop_oneof![
         Just(Arrival::Fault),
@@ -95,7 +102,9 @@ proptest! {
                 Op::Add(p, ty, arrival) => {
                     let r = lru.add(p, Hint::new(ty, arrival));
                     prop_assert_eq!(&twin.add(p, Hint::new(ty, arrival)), &r);
-                    if model.contains_key(&p) {
+                    if p > MAX_PAGE_ID {
+                        prop_assert_eq!(r, Err(Error::PageIdTooLarge { page: p, max: MAX_PAGE_ID }));
+                    } else if model.contains_key(&p) {
                         prop_assert!(r.is_err());
                     } else {
                         let refault = r.unwrap();

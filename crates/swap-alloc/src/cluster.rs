@@ -7,6 +7,8 @@
 //! both its cluster lock and the device lock are held, so a holder of either sees a state that
 //! agrees with the lists (the kernel's rule that `ci->flags` mirrors list membership).
 
+use crate::sync::Mutex;
+
 /// Allocation orders served: 0 (one slot) to 9 (512 slots: 2 MiB of 4 KiB pages).
 pub const NR_ORDERS: usize = 10;
 
@@ -53,9 +55,27 @@ pub(crate) struct ClusterInner {
     pub(crate) map: SlotMap,
     /// Acquisitions of this cluster's lock (statistics, counted under the lock).
     pub(crate) lock_count: u64,
-    /// Successful allocations per order in this cluster (statistics).
-    pub(crate) swpout: [u64; NR_ORDERS],
 }
+
+/// A cluster's lock and state, one per 64-byte cache line: the per-cluster part of the
+/// device's metadata, kept for every cluster of the device whether in use or not (64 bytes
+/// per 512 slots; the kernel's unpadded `swap_cluster_info` is about 32). A line of its own
+/// keeps the lock words of two CPUs' current clusters, usually neighbours, from sharing a
+/// line; crossbeam's `CachePadded` (128 bytes on x86_64, against the adjacent-line
+/// prefetcher) would double the array for that second line.
+#[derive(Debug)]
+#[repr(align(64))]
+pub(crate) struct ClusterSlot(pub(crate) Mutex<ClusterInner>);
+
+impl std::ops::Deref for ClusterSlot {
+    type Target = Mutex<ClusterInner>;
+    fn deref(&self) -> &Mutex<ClusterInner> {
+        &self.0
+    }
+}
+
+#[cfg(not(swap_alloc_loom))]
+const _: () = assert!(std::mem::size_of::<ClusterSlot>() == 64);
 
 /// Zeros for reading the map of a cluster that has none.
 static ZEROS: [u16; crate::device::MAX_CLUSTER_SLOTS] =

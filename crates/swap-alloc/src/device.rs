@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64 as StatU64, AtomicUsize, Ordering}
 use crossbeam_utils::CachePadded;
 
 use crate::cluster::{
-    ClusterInner, ClusterState, ListId, Lists, SlotMap, MAX_SLOT_COUNT, NR_ORDERS, SLOT_BAD,
-    SLOT_COUNT_MASK, SLOT_FREE, SLOT_HAS_CACHE,
+    ClusterInner, ClusterSlot, ClusterState, ListId, Lists, SlotMap, MAX_SLOT_COUNT, NR_ORDERS,
+    SLOT_BAD, SLOT_COUNT_MASK, SLOT_FREE, SLOT_HAS_CACHE,
 };
 use crate::entry::{DeviceId, SwapEntry};
 use crate::error::SwapError;
@@ -161,12 +161,16 @@ impl DeviceConfig {
     }
 }
 
-/// Per-CPU statistics of rare events; plain std atomics bumped with `Relaxed`. The frequent
-/// counts (lock acquisitions, successful allocations) are kept under the lock they count, in
-/// the cluster and in the lists, so the common path pays no extra atomic operation.
+/// Per-CPU statistics; plain std atomics bumped with `Relaxed`. Lock acquisitions are
+/// counted under the lock they count, in the cluster and in the lists; successful allocations
+/// here, one uncontended `Relaxed` add on this CPU's line per allocation, so that the
+/// per-cluster state, kept for every cluster of the device, stays within one cache line.
 #[derive(Debug, Default)]
 struct CpuStats {
     global_cluster_lock: StatU64,
+    /// Successful allocations per order (per CPU, not per cluster: the cluster array is kept
+    /// for every cluster of the device and stays small).
+    swpout: [StatU64; NR_ORDERS],
     swpout_fallback: [StatU64; NR_ORDERS],
     discards: StatU64,
 }
@@ -225,7 +229,7 @@ pub struct SwapDevice {
     // INVARIANT: a cluster's `state` changes only with its own lock and `lists` both held;
     // lock order is cluster lock, then device lock; the device-lock holder only `try_lock`s
     // cluster locks.
-    clusters: Box<[CachePadded<Mutex<ClusterInner>>]>,
+    clusters: Box<[ClusterSlot]>,
     /// The device lock (`si->lock`), guarding only the lists.
     lists: CachePadded<Mutex<Lists>>,
     /// Lengths of the frag lists, kept under the device lock, read without it as a loop bound
@@ -315,13 +319,12 @@ impl SwapDevice {
                 lists.push_back(ListId::Nonfull(0), idx);
                 ClusterState::Nonfull
             };
-            clusters.push(CachePadded::new(Mutex::new(ClusterInner {
+            clusters.push(ClusterSlot(Mutex::new(ClusterInner {
                 count,
                 order: 0,
                 state,
                 map,
                 lock_count: 0,
-                swpout: [0; NR_ORDERS],
             })));
         }
         // A power of two, so that picking this CPU's slot is a mask, not a division.
@@ -634,7 +637,6 @@ impl SwapDevice {
                     ci.order = 0;
                 }
                 ci.count += 1;
-                ci.swpout[0] += 1;
                 found = Some(base + off as u64);
                 if (ci.count as usize) < cs && off + 1 < cs {
                     next = base + off as u64 + 1;
@@ -647,7 +649,6 @@ impl SwapDevice {
                     ci.order = order as u8;
                 }
                 ci.count += nr as u32;
-                ci.swpout[order as usize] += 1;
                 found = Some(base + off as u64);
                 let after = off + nr;
                 if (ci.count as usize) < cs && after + nr <= cs {
@@ -681,8 +682,19 @@ impl SwapDevice {
         Some(found)
     }
 
-    /// The allocator proper (the kernel's `cluster_alloc_swap_entry`).
+    /// [`alloc_slots_uncounted`](Self::alloc_slots_uncounted), counting a success in this
+    /// CPU's `swpout`.
     fn alloc_slots(&self, order: u32, usage: u16, pc: &PerCpu) -> Option<u64> {
+        let found = self.alloc_slots_uncounted(order, usage, pc);
+        if found.is_some() {
+            bump(&pc.stats.swpout[order as usize], 1);
+        }
+        found
+    }
+
+    /// The allocator proper (the kernel's `cluster_alloc_swap_entry`).
+    #[inline(always)]
+    fn alloc_slots_uncounted(&self, order: u32, usage: u16, pc: &PerCpu) -> Option<u64> {
         let st = &pc.stats;
         let class = self.class(order as usize);
         let mut hints = if self.rotational {
@@ -1118,9 +1130,6 @@ impl SwapDevice {
             let ci = c.lock();
             used += u64::from(ci.count);
             s.cluster_lock += ci.lock_count;
-            for (t, &n) in s.swpout.iter_mut().zip(&ci.swpout) {
-                *t += n;
-            }
         }
         s.in_use = used - self.bad_slots;
         s.device_lock = self.lists.lock().lock_count;
@@ -1130,6 +1139,7 @@ impl SwapDevice {
             s.global_cluster_lock += r(&c.global_cluster_lock);
             s.discarded_clusters += r(&c.discards);
             for o in 0..NR_ORDERS {
+                s.swpout[o] += r(&c.swpout[o]);
                 s.swpout_fallback[o] += r(&c.swpout_fallback[o]);
             }
         }

@@ -7,6 +7,8 @@
 //! both its cluster lock and the device lock are held, so a holder of either sees a state that
 //! agrees with the lists (the kernel's rule that `ci->flags` mirrors list membership).
 
+use crate::sync::Mutex;
+
 /// Allocation orders served: 0 (one slot) to 9 (512 slots: 2 MiB of 4 KiB pages).
 pub const NR_ORDERS: usize = 10;
 
@@ -53,9 +55,28 @@ pub(crate) struct ClusterInner {
     pub(crate) map: SlotMap,
     /// Acquisitions of this cluster's lock (statistics, counted under the lock).
     pub(crate) lock_count: u64,
-    /// Successful allocations per order in this cluster (statistics).
-    pub(crate) swpout: [u64; NR_ORDERS],
 }
+
+/// A cluster's lock and state, one per 64-byte cache line: the per-cluster part of the
+/// device's metadata, kept for every cluster of the device whether in use or not (64 bytes
+/// per 512 slots; the kernel's unpadded `swap_cluster_info` is about 32; the per-order
+/// allocation counts live in the slot map, allocated only while the cluster is in use). A line of its own
+/// keeps the lock words of two CPUs' current clusters, usually neighbours, from sharing a
+/// line; crossbeam's `CachePadded` (128 bytes on x86_64, against the adjacent-line
+/// prefetcher) would double the array for that second line.
+#[derive(Debug)]
+#[repr(align(64))]
+pub(crate) struct ClusterSlot(pub(crate) Mutex<ClusterInner>);
+
+impl std::ops::Deref for ClusterSlot {
+    type Target = Mutex<ClusterInner>;
+    fn deref(&self) -> &Mutex<ClusterInner> {
+        &self.0
+    }
+}
+
+#[cfg(not(swap_alloc_loom))]
+const _: () = assert!(std::mem::size_of::<ClusterSlot>() == 64);
 
 /// Zeros for reading the map of a cluster that has none.
 static ZEROS: [u16; crate::device::MAX_CLUSTER_SLOTS] =
@@ -66,36 +87,65 @@ static ZEROS: [u16; crate::device::MAX_CLUSTER_SLOTS] =
 /// `swap_map` in 6.18's swap-table series): an 8 GiB device with a few hundred MiB in use
 /// costs its in-use clusters' maps, not 2 bytes per slot of the whole device. Reads of an
 /// unallocated map see every slot free.
+///
+/// The allocation also holds the cluster's count of successful allocations per order since
+/// the map was allocated (statistics, counted under the cluster lock like the slots), so that
+/// the per-cluster state kept for every cluster of the device stays within a cache line and
+/// the allocation path pays no atomic operation for it; [`SlotMap::release`] hands the counts
+/// back for the device to keep.
 #[derive(Debug)]
 pub(crate) struct SlotMap {
-    slots: Option<Box<[u16]>>,
+    data: Option<Box<MapData>>,
     len: usize,
+}
+
+#[derive(Debug)]
+struct MapData {
+    swpout: [u64; NR_ORDERS],
+    slots: Box<[u16]>,
 }
 
 impl SlotMap {
     /// An unallocated map of `len` free slots.
     pub(crate) fn new(len: usize) -> SlotMap {
         assert!(len <= ZEROS.len());
-        SlotMap { slots: None, len }
+        SlotMap { data: None, len }
     }
 
-    /// Frees the words; every slot must be free.
-    pub(crate) fn release(&mut self) {
+    /// Frees the words; every slot must be free. Returns the allocations counted since the
+    /// map was allocated.
+    #[must_use]
+    pub(crate) fn release(&mut self) -> [u64; NR_ORDERS] {
         debug_assert!(self.iter().all(|&v| v == SLOT_FREE));
-        self.slots = None;
+        self.data.take().map_or([0; NR_ORDERS], |d| d.swpout)
+    }
+
+    /// Counts a successful allocation of `order` (the map is allocated: the caller just
+    /// wrote its slots).
+    pub(crate) fn count_swpout(&mut self, order: u32) {
+        if let Some(d) = self.data.as_mut() {
+            d.swpout[order as usize] += 1;
+        }
+    }
+
+    /// The allocations per order counted since the map was allocated.
+    pub(crate) fn swpout(&self) -> [u64; NR_ORDERS] {
+        self.data.as_ref().map_or([0; NR_ORDERS], |d| d.swpout)
     }
 
     /// Heap bytes held.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.slots.as_ref().map_or(0, |s| s.len() * 2)
+        self.data.as_ref().map_or(0, |d| {
+            std::mem::size_of::<MapData>() + std::mem::size_of_val(&*d.slots)
+        })
     }
 }
 
 impl std::ops::Deref for SlotMap {
     type Target = [u16];
     fn deref(&self) -> &[u16] {
-        match &self.slots {
-            Some(s) => s,
+        match &self.data {
+            Some(d) => &d.slots,
             None => &ZEROS[..self.len],
         }
     }
@@ -104,8 +154,15 @@ impl std::ops::Deref for SlotMap {
 impl std::ops::DerefMut for SlotMap {
     fn deref_mut(&mut self) -> &mut [u16] {
         let len = self.len;
-        self.slots
-            .get_or_insert_with(|| vec![SLOT_FREE; len].into_boxed_slice())
+        &mut self
+            .data
+            .get_or_insert_with(|| {
+                Box::new(MapData {
+                    swpout: [0; NR_ORDERS],
+                    slots: vec![SLOT_FREE; len].into_boxed_slice(),
+                })
+            })
+            .slots
     }
 }
 

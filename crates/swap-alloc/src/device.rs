@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64 as StatU64, AtomicUsize, Ordering}
 use crossbeam_utils::CachePadded;
 
 use crate::cluster::{
-    ClusterInner, ClusterState, ListId, Lists, SlotMap, MAX_SLOT_COUNT, NR_ORDERS, SLOT_BAD,
-    SLOT_COUNT_MASK, SLOT_FREE, SLOT_HAS_CACHE,
+    ClusterInner, ClusterSlot, ClusterState, ListId, Lists, SlotMap, MAX_SLOT_COUNT, NR_ORDERS,
+    SLOT_BAD, SLOT_COUNT_MASK, SLOT_FREE, SLOT_HAS_CACHE,
 };
 use crate::entry::{DeviceId, SwapEntry};
 use crate::error::SwapError;
@@ -163,10 +163,14 @@ impl DeviceConfig {
 
 /// Per-CPU statistics of rare events; plain std atomics bumped with `Relaxed`. The frequent
 /// counts (lock acquisitions, successful allocations) are kept under the lock they count, in
-/// the cluster and in the lists, so the common path pays no extra atomic operation.
+/// the cluster (its slot map) and in the lists, so the common path pays no extra atomic
+/// operation.
 #[derive(Debug, Default)]
 struct CpuStats {
     global_cluster_lock: StatU64,
+    /// Successful allocations per order counted in slot maps since released (a cluster's
+    /// counts move here when it empties).
+    swpout_retired: [StatU64; NR_ORDERS],
     swpout_fallback: [StatU64; NR_ORDERS],
     discards: StatU64,
 }
@@ -225,7 +229,7 @@ pub struct SwapDevice {
     // INVARIANT: a cluster's `state` changes only with its own lock and `lists` both held;
     // lock order is cluster lock, then device lock; the device-lock holder only `try_lock`s
     // cluster locks.
-    clusters: Box<[CachePadded<Mutex<ClusterInner>>]>,
+    clusters: Box<[ClusterSlot]>,
     /// The device lock (`si->lock`), guarding only the lists.
     lists: CachePadded<Mutex<Lists>>,
     /// Lengths of the frag lists, kept under the device lock, read without it as a loop bound
@@ -315,13 +319,12 @@ impl SwapDevice {
                 lists.push_back(ListId::Nonfull(0), idx);
                 ClusterState::Nonfull
             };
-            clusters.push(CachePadded::new(Mutex::new(ClusterInner {
+            clusters.push(ClusterSlot(Mutex::new(ClusterInner {
                 count,
                 order: 0,
                 state,
                 map,
                 lock_count: 0,
-                swpout: [0; NR_ORDERS],
             })));
         }
         // A power of two, so that picking this CPU's slot is a mask, not a division.
@@ -634,7 +637,7 @@ impl SwapDevice {
                     ci.order = 0;
                 }
                 ci.count += 1;
-                ci.swpout[0] += 1;
+                ci.map.count_swpout(0);
                 found = Some(base + off as u64);
                 if (ci.count as usize) < cs && off + 1 < cs {
                     next = base + off as u64 + 1;
@@ -647,7 +650,7 @@ impl SwapDevice {
                     ci.order = order as u8;
                 }
                 ci.count += nr as u32;
-                ci.swpout[order as usize] += 1;
+                ci.map.count_swpout(order);
                 found = Some(base + off as u64);
                 let after = off + nr;
                 if (ci.count as usize) < cs && after + nr <= cs {
@@ -657,7 +660,7 @@ impl SwapDevice {
         }
         if ci.count == 0 {
             // Scanned (and so allocated) but still unused.
-            ci.map.release();
+            self.release_map(ci);
         }
         self.relocate(idx, ci, found.is_some());
         (found, next)
@@ -837,6 +840,17 @@ impl SwapDevice {
         n
     }
 
+    /// Frees the slot map of an emptied cluster, keeping its allocation counts.
+    fn release_map(&self, ci: &mut ClusterInner) {
+        let counts = ci.map.release();
+        if counts.iter().any(|&n| n != 0) {
+            let st = &self.cpu().stats;
+            for (t, n) in st.swpout_retired.iter().zip(counts) {
+                bump(t, n);
+            }
+        }
+    }
+
     /// After `nr` slots of a locked cluster became free (the kernel's `swap_entries_free`).
     fn slots_freed(&self, idx: usize, ci: &mut ClusterInner, nr: u32) {
         if nr == 0 {
@@ -844,7 +858,7 @@ impl SwapDevice {
         }
         ci.count -= nr;
         if ci.count == 0 {
-            ci.map.release();
+            self.release_map(ci);
             self.free_cluster(idx, ci);
         } else if ci.state == ClusterState::Nonfull {
             // Already there.
@@ -1118,7 +1132,7 @@ impl SwapDevice {
             let ci = c.lock();
             used += u64::from(ci.count);
             s.cluster_lock += ci.lock_count;
-            for (t, &n) in s.swpout.iter_mut().zip(&ci.swpout) {
+            for (t, n) in s.swpout.iter_mut().zip(ci.map.swpout()) {
                 *t += n;
             }
         }
@@ -1130,6 +1144,7 @@ impl SwapDevice {
             s.global_cluster_lock += r(&c.global_cluster_lock);
             s.discarded_clusters += r(&c.discards);
             for o in 0..NR_ORDERS {
+                s.swpout[o] += r(&c.swpout_retired[o]);
                 s.swpout_fallback[o] += r(&c.swpout_fallback[o]);
             }
         }

@@ -221,6 +221,9 @@ struct Span {
 
 const NOT_PARTIAL: u32 = u32::MAX;
 
+/// Free span ids below which a class does not bother giving capacity back.
+const MIN_GIVE_BACK: usize = 16;
+
 const _: () = assert!(std::mem::size_of::<Option<Span>>() == 16);
 
 impl Span {
@@ -279,7 +282,11 @@ struct Class {
     span_bytes: usize,
     shape: Shape,
     spans: Vec<Option<Span>>,
+    /// Ids of empty entries of `spans`. After [`Class::give_back`] sorted from the highest
+    /// down, so that new spans take the lowest ids first and the top of `spans` drains.
     free_span_ids: Vec<u32>,
+    /// `free_span_ids.len()` at which the next [`Class::give_back`] runs.
+    give_back_at: usize,
     /// Spans with at least one free object slot.
     partial: Vec<u32>,
     objects: u64,
@@ -326,6 +333,7 @@ impl Class {
             },
             spans: Vec::new(),
             free_span_ids: Vec::new(),
+            give_back_at: MIN_GIVE_BACK,
             partial: Vec::new(),
             objects: 0,
             object_bytes: 0,
@@ -441,9 +449,39 @@ impl Class {
                 self.drop_span(span);
             }
             self.free_span_ids.push(span_id);
+            let free = self.free_span_ids.len();
+            if free >= self.give_back_at || free == self.spans.len() {
+                self.give_back();
+            }
             return self.span_bytes;
         }
         0
+    }
+
+    /// Gives back the capacity of the span list, its free ids and the partial list that a
+    /// peak left behind: drops the empty entries at the top of `spans` (their ids with them),
+    /// sorts the remaining free ids so that the lowest is reused first (the top drains), and
+    /// shrinks each vector whose capacity exceeds twice what it holds (plus a few). Runs when
+    /// the class has no span left, or when half as many span ids again as the last run left
+    /// free have become free, so that its sort is paid by the spans freed since: O(log n)
+    /// amortised per span freed.
+    fn give_back(&mut self) {
+        while let Some(None) = self.spans.last() {
+            self.spans.pop();
+        }
+        let len = self.spans.len();
+        self.free_span_ids.retain(|&id| (id as usize) < len);
+        self.free_span_ids.sort_unstable_by(|a, b| b.cmp(a));
+        fn trim<T>(v: &mut Vec<T>) {
+            if v.capacity() > 2 * v.len() + MIN_GIVE_BACK {
+                v.shrink_to(v.len() + v.len() / 8);
+            }
+        }
+        trim(&mut self.spans);
+        trim(&mut self.free_span_ids);
+        trim(&mut self.partial);
+        let free = self.free_span_ids.len();
+        self.give_back_at = free + free / 2 + MIN_GIVE_BACK;
     }
 
     /// Frees a span's memory.
@@ -938,6 +976,16 @@ impl Pool {
                     class.objects
                 ));
             }
+            let mut free_ids = class.free_span_ids.clone();
+            free_ids.sort_unstable();
+            let empty: Vec<u32> = (0..class.spans.len() as u32)
+                .filter(|&id| class.spans[id as usize].is_none())
+                .collect();
+            if free_ids != empty {
+                return Err(format!(
+                    "class {ci}: free span ids {free_ids:?}, empty entries {empty:?}"
+                ));
+            }
             if handles.is_some() {
                 let hs = &mut by_class[ci];
                 hs.sort_unstable_by_key(|h| h.slot().0);
@@ -1144,6 +1192,51 @@ mod tests {
                 "moved onto a used slot"
             );
         }
+    }
+
+    /// After a peak, a class gives back the span list, free-id list and partial-list
+    /// capacity the peak needed, and the ids of new spans start from the bottom again.
+    #[test]
+    fn capacity_is_given_back_after_a_peak() {
+        let pool = Pool::new(1);
+        let mut owners = Owners::default();
+        let peak_meta = |n: usize, owners: &mut Owners| {
+            for i in 0..n {
+                let d = vec![i as u8; 1000];
+                owners.add(pool.alloc(&d).expect("alloc"));
+            }
+            pool.metadata_bytes()
+        };
+        let peak = peak_meta(20_000, &mut owners);
+        // Free in an order that leaves the top spans empty last: the worst case for a list
+        // that only drops its empty top.
+        for i in 0..owners.handles.len() {
+            if let Some(h) = owners.remove(i) {
+                pool.free(h).expect("free");
+            }
+        }
+        pool.check_integrity(Some(&[]))
+            .expect("empty pool consistent");
+        let empty = pool.metadata_bytes();
+        assert!(
+            empty * 20 < peak,
+            "{empty} bytes of bookkeeping left of {peak} at the peak"
+        );
+        // A second, smaller peak: its span ids are the lowest, and it reads back.
+        let mut again = Owners::default();
+        let small = peak_meta(1000, &mut again);
+        assert!(
+            small * 5 < peak,
+            "{small} bytes for a twentieth of the peak"
+        );
+        let mut out = Vec::new();
+        for (i, h) in again.all().into_iter().enumerate() {
+            assert!(h.span() < 1000, "span id {} after a restart", h.span());
+            pool.read(h, &mut out).expect("read");
+            assert_eq!(out, vec![i as u8; 1000]);
+        }
+        pool.check_integrity(Some(&again.all()))
+            .expect("consistent");
     }
 
     #[test]

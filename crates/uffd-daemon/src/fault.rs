@@ -191,6 +191,26 @@ struct Pending {
 
 /// Runs the handler of `mm` until it is told to stop.
 pub fn handler_thread(shared: Arc<Shared>, mm: Arc<Mm>) {
+    // `[fault] realtime`: a handler above every normal thread. A client woken by a fill is
+    // then placed on an idle CPU rather than queued behind the handler on the handler's own,
+    // and no normal thread delays the handler between a fault and its fill (measured in
+    // docs/ARCHITECTURE.md, the fault path). The handler sleeps whenever no fault waits, and
+    // its polling after a fault is bounded (`spin_us`); the kernel's RT throttling bounds the
+    // rest.
+    if shared.policy.fault_realtime {
+        match sys::set_sched_fifo(1) {
+            Ok(()) => Stats::add(&shared.stats.realtime_handlers, 1),
+            Err(e) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    eprintln!(
+                        "uffd-daemon: [fault] realtime: cannot make the fault handler \
+                         SCHED_FIFO ({e}); it runs at the normal policy"
+                    );
+                });
+            }
+        }
+    }
     // Opt-in (`[fault] cpu_latency_us`): keep idle CPUs out of deep idle states while this
     // address space is served, so that waking the client or the handler on an idle CPU is
     // cheap. Machine-wide, hence never on by default.

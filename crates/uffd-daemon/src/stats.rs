@@ -85,6 +85,8 @@ counters! {
     /// Wall time the machine-wide CPU latency request of 0 was held for fault storms
     /// (`[fault] idle_poll = "kernel"`), in nanoseconds: idle CPUs polled in the kernel then.
     idle_poll_held_ns,
+    /// Fault handlers started `SCHED_FIFO` (`[fault] realtime`).
+    realtime_handlers,
     /// Fault storms that woke the idle keepers or the request's holder.
     idle_poll_wakeups,
     /// Sum of fault service times in nanoseconds (from reading the message to the wake).

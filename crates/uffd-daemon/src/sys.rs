@@ -765,6 +765,30 @@ pub fn set_sched_idle() -> bool {
     unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 }
 }
 
+/// Makes the calling thread `SCHED_FIFO` at `priority` (children would start at the normal
+/// policy: `SCHED_RESET_ON_FORK`). Needs `CAP_SYS_NICE` (or an RLIMIT_RTPRIO allowance).
+pub fn set_sched_fifo(priority: i32) -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: a valid sched_param for the calling thread (pid 0).
+    let r = unsafe {
+        libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param)
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether the calling thread runs `SCHED_FIFO`.
+pub fn is_sched_fifo() -> bool {
+    // SAFETY: sched_getscheduler on the calling thread.
+    let p = unsafe { libc::sched_getscheduler(0) };
+    p & !libc::SCHED_RESET_ON_FORK == libc::SCHED_FIFO
+}
+
 /// CPU time the calling thread has used, in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
     // SAFETY: timespec is plain data; clock_gettime writes it.
@@ -783,4 +807,33 @@ pub fn thread_voluntary_switches() -> u64 {
         return 0;
     }
     ru.ru_nvcsw as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As root: a thread made `SCHED_FIFO` is, and a thread it starts is not (reset on fork).
+    #[test]
+    fn sched_fifo_is_set_and_not_inherited() {
+        // SAFETY: geteuid cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        std::thread::spawn(move || {
+            assert!(!is_sched_fifo());
+            match set_sched_fifo(1) {
+                Ok(()) => assert!(is_sched_fifo()),
+                Err(e) => {
+                    assert!(!root, "root cannot set SCHED_FIFO: {e}");
+                    return;
+                }
+            }
+            let child = std::thread::spawn(is_sched_fifo).join().unwrap();
+            assert!(
+                !child,
+                "a thread started by a SCHED_FIFO handler inherited it"
+            );
+        })
+        .join()
+        .unwrap();
+    }
 }

@@ -179,8 +179,9 @@ fn mix(page: PageId) -> u64 {
 /// The page-id index: an open-addressing table (linear probing, deletion by backward shift, no
 /// tombstones) of slot numbers only. The key of an entry is the page of the node in that slot,
 /// read through the `key` function every method takes, so an entry is 4 bytes; the table is
-/// kept between 40% and 75% full (grown by a quarter when full, shrunk to two thirds full when
-/// under 40%), so 5 to 10 bytes per resident page whatever the spread of page ids. (It replaced a radix of
+/// kept between half and three quarters full (grown by a quarter when full, shrunk to two
+/// thirds full when under half), so 5.3 to 8 bytes per resident page whatever the spread of
+/// page ids. (It replaced a radix of
 /// 64-slot chunks: 4 bytes per page id its chunks covered, which a resident set spread at
 /// random over its address space, as the daemon's under random access, makes every id.)
 #[derive(Debug, Default)]
@@ -294,7 +295,7 @@ impl PageIndex {
                 hole = j;
             }
         }
-        if self.table.len() > 64 && self.len * 5 < self.table.len() * 2 {
+        if self.table.len() > 64 && self.len * 2 < self.table.len() {
             let cap = (self.len * 3 / 2).max(64);
             self.resize(cap, &key);
         }
@@ -366,12 +367,12 @@ impl<N: Keyed> Slab<N> {
         Some(i)
     }
 
-    /// Whether free slots are worth giving back: more than a quarter as many as live nodes (and
+    /// Whether free slots are worth giving back: more than an eighth as many as live nodes (and
     /// a thousand). A slab never shrinks by itself: freed slots are reused, so a slab whose
     /// resident set moved elsewhere (another address space, a smaller working set) keeps its
     /// peak's memory until compacted.
     pub(crate) fn should_compact(&self) -> bool {
-        self.free.len() > self.len() / 4 + COMPACT_MIN_FREE
+        self.free.len() > self.len() / 8 + COMPACT_MIN_FREE
     }
 
     /// Moves the nodes above `len()` into the free slots below it, then gives back the spare
@@ -451,10 +452,10 @@ mod tests {
                 for (&p, &v) in &model {
                     prop_assert_eq!(index.get(p, |s| keys[s as usize]), Some(v));
                 }
-                // Between 40% and three quarters full (or the minimum size).
+                // Between half and three quarters full (or the minimum size).
                 let cap = index.table.len();
                 prop_assert!(model.len() * 4 <= cap * 3);
-                prop_assert!(cap <= 64 || model.len() * 5 >= cap * 2);
+                prop_assert!(cap <= 64 || model.len() * 2 >= cap);
                 prop_assert_eq!(index.table.iter().filter(|&&s| s != NIL).count(), model.len());
             }
         }

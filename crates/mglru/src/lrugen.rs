@@ -696,7 +696,7 @@ impl Mglru {
     /// Gives back the memory of a resident set that shrank: the nodes move down into the slots
     /// freed by removals and evictions, and the spare capacity is released. Nothing else
     /// changes (generations, tiers, list order, shadows). Removals and evictions do it on their
-    /// own once free slots outnumber half the live nodes (and a few thousand), so a policy whose
+    /// own once free slots outnumber an eighth of the live nodes (and a thousand), so a policy whose
     /// pages went elsewhere (another address space, a smaller working set) does not keep its
     /// peak's memory.
     pub fn shrink_to_fit(&mut self) {

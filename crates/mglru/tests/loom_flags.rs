@@ -31,6 +31,25 @@ fn concurrent_inc_refs_are_all_counted() {
     });
 }
 
+/// Starts the aging walk promoting the page to generation 3 and a reader counting an access.
+#[allow(clippy::type_complexity)]
+fn walk_and_read(
+    f: &Arc<PageFlags>,
+) -> (
+    thread::JoinHandle<Option<(usize, bool)>>,
+    thread::JoinHandle<()>,
+) {
+    let walker = {
+        let f = f.clone();
+        thread::spawn(move || f.update_gen(3, false))
+    };
+    let reader = {
+        let f = f.clone();
+        thread::spawn(move || f.inc_refs())
+    };
+    (walker, reader)
+}
+
 /// The aging walk promotes a page (gen 0 -> 3) while eviction protects it (0 -> 1) and a
 /// reader counts an access: the page ends in generation 3 whatever the order, and the moves
 /// both report sum to exactly one page moved from 0 to 3.
@@ -38,14 +57,7 @@ fn concurrent_inc_refs_are_all_counted() {
 fn promotion_and_protection_race() {
     loom::model(|| {
         let f = Arc::new(PageFlags::new(MAX_PAGE_ID - 1, PageType::Anon, 0));
-        let walker = {
-            let f = f.clone();
-            thread::spawn(move || f.update_gen(3, false))
-        };
-        let reader = {
-            let f = f.clone();
-            thread::spawn(move || f.inc_refs())
-        };
+        let (walker, reader) = walk_and_read(&f);
         let (old, new) = f.inc_gen(0, 1);
         let promoted = walker.join().unwrap();
         reader.join().unwrap();
@@ -100,14 +112,7 @@ fn list_gen_change_races_inc_refs() {
 fn list_gen_change_races_promotion() {
     loom::model(|| {
         let f = Arc::new(PageFlags::new(12_345, PageType::Anon, 0));
-        let walker = {
-            let f = f.clone();
-            thread::spawn(move || f.update_gen(3, false))
-        };
-        let reader = {
-            let f = f.clone();
-            thread::spawn(move || f.inc_refs())
-        };
+        let (walker, reader) = walk_and_read(&f);
         f.set_list_gen(1);
         assert_eq!(walker.join().unwrap(), Some((0, true)));
         reader.join().unwrap();

@@ -28,7 +28,8 @@
 //!                                # sleeping (adaptive, 0: always sleep); at most 1000
 //! idle_poll_us = 200             # after a fault, keep every CPU from halting this long
 //!                                # (0: off); at most 10000
-//! realtime = true                # fault handlers run SCHED_FIFO (priority 1) where allowed
+//! realtime = false               # opt-in: fault handlers run SCHED_FIFO (priority 1); lower
+//!                                # fault latency, less CPU for CPU-bound programs
 //! idle_poll = "kernel"           # kernel: a CPU latency request of 0 (/dev/cpu_dma_latency)
 //!                                # while faults come, so idle CPUs poll in the kernel
 //!                                # (machine-wide during storms; keepers if not root) |
@@ -91,8 +92,8 @@ pub struct PolicyConfig {
     pub fault_idle_poll: std::time::Duration,
     /// How (`[fault] idle_poll`).
     pub fault_idle_poll_mode: crate::idlepoll::Mode,
-    /// Whether fault handlers run `SCHED_FIFO` at priority 1 (`[fault] realtime`; where the
-    /// daemon may, that is as root).
+    /// Whether fault handlers run `SCHED_FIFO` at priority 1 (`[fault] realtime`; opt-in, and
+    /// only where the daemon may, that is as root).
     pub fault_realtime: bool,
 }
 
@@ -118,7 +119,7 @@ impl Default for PolicyConfig {
             ),
             fault_cpu_latency_us: None,
             fault_idle_poll_mode: crate::idlepoll::Mode::Kernel,
-            fault_realtime: true,
+            fault_realtime: false,
         }
     }
 }
@@ -449,7 +450,7 @@ mod tests {
         let p = write(
             "limit = \"64M\"\n[tiers]\nbackend = \"pmem:/tmp/x\"\nswap_size = \"1G\"\n\
              [zswap]\ncompressor = \"zstd:3\"\nmax_pool = \"32M\"\n[policy]\nname = \"clock\"\npage_cluster = 2\n\
-             [fault]\nspin_us = 0\nidle_poll_us = 50\nidle_poll = \"keepers\"\nrealtime = false\ncpu_latency_us = 0\n",
+             [fault]\nspin_us = 0\nidle_poll_us = 50\nidle_poll = \"keepers\"\nrealtime = true\ncpu_latency_us = 0\n",
         );
         let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
         assert_eq!(r.limit, 64 << 20);
@@ -470,8 +471,8 @@ mod tests {
             r.policy.fault_idle_poll_mode,
             crate::idlepoll::Mode::Keepers
         );
-        assert!(!r.policy.fault_realtime);
-        assert!(PolicyConfig::default().fault_realtime);
+        assert!(r.policy.fault_realtime);
+        assert!(!PolicyConfig::default().fault_realtime, "opt-in");
         assert_eq!(
             resolve(
                 None,

@@ -191,12 +191,11 @@ struct Pending {
 
 /// Runs the handler of `mm` until it is told to stop.
 pub fn handler_thread(shared: Arc<Shared>, mm: Arc<Mm>) {
-    // `[fault] realtime`: a handler above every normal thread. A client woken by a fill is
-    // then placed on an idle CPU rather than queued behind the handler on the handler's own,
-    // and no normal thread delays the handler between a fault and its fill (measured in
-    // docs/ARCHITECTURE.md, the fault path). The handler sleeps whenever no fault waits, and
-    // its polling after a fault is bounded (`spin_us`); the kernel's RT throttling bounds the
-    // rest.
+    // `[fault] realtime` (opt-in): a handler above every normal thread. A client woken by a
+    // fill then runs on another CPU rather than queued behind the handler on the handler's
+    // own, and no normal thread delays the handler between a fault and its fill; but during a
+    // fault storm the handler and its polling hold a CPU that normal threads cannot take
+    // (measured both ways in docs/ARCHITECTURE.md, the fault path).
     if shared.policy.fault_realtime {
         match sys::set_sched_fifo(1) {
             Ok(()) => Stats::add(&shared.stats.realtime_handlers, 1),

@@ -34,8 +34,6 @@
 //!                                # while faults come, so idle CPUs poll in the kernel
 //!                                # (machine-wide during storms; keepers if not root) |
 //!                                # keepers: a SCHED_IDLE poller thread per CPU
-//! cpu_latency_us = 0             # opt-in, machine-wide: hold /dev/cpu_dma_latency at this
-//!                                # value while a handler runs (0: idle CPUs poll, not halt)
 //! ```
 //!
 //! Unknown keys are refused with their name, so a typo never silently means "default".
@@ -83,10 +81,6 @@ pub struct PolicyConfig {
     /// Longest time a fault handler polls its uffd without sleeping after a fault (the
     /// adaptive window grows up to it; zero: never spin). `[fault] spin_us`.
     pub fault_spin: std::time::Duration,
-    /// A CPU latency limit in microseconds that each fault handler holds through
-    /// `/dev/cpu_dma_latency` while it runs (`[fault] cpu_latency_us`; machine-wide, so off
-    /// unless asked for).
-    pub fault_cpu_latency_us: Option<u32>,
     /// How long after a fault idle CPUs are kept polling instead of halting
     /// (`[fault] idle_poll_us`; zero: never). See `idlepoll`.
     pub fault_idle_poll: std::time::Duration,
@@ -103,9 +97,6 @@ pub const DEFAULT_SPIN_US: u64 = 50;
 /// Largest `[fault] spin_us` accepted.
 pub const MAX_SPIN_US: u64 = 1000;
 
-/// Largest `[fault] cpu_latency_us` accepted (above, no idle state is excluded anyway).
-pub const MAX_CPU_LATENCY_US: u32 = 100_000;
-
 impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
@@ -117,7 +108,6 @@ impl Default for PolicyConfig {
             fault_idle_poll: std::time::Duration::from_micros(
                 crate::idlepoll::DEFAULT_IDLE_POLL_US,
             ),
-            fault_cpu_latency_us: None,
             fault_idle_poll_mode: crate::idlepoll::Mode::Kernel,
             fault_realtime: false,
         }
@@ -387,11 +377,13 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
             _ => bail!("fault.idle_poll = {m:?}: \"kernel\" or \"keepers\""),
         };
     }
-    if let Some(us) = f.fault.cpu_latency_us {
-        if us > MAX_CPU_LATENCY_US {
-            bail!("fault.cpu_latency_us = {us}: 0 to {MAX_CPU_LATENCY_US}");
-        }
-        policy.fault_cpu_latency_us = Some(us);
+    if f.fault.cpu_latency_us.is_some() {
+        // Held for the whole run by every handler, it did what `idle_poll = "kernel"` (the
+        // default as root) now does for the length of each fault storm only.
+        bail!(
+            "fault.cpu_latency_us is gone: `idle_poll = \"kernel\"` (the default as root) \
+             holds /dev/cpu_dma_latency at 0 during fault storms; remove the key"
+        );
     }
     if let Some(k) = o.policy {
         policy.kind = k;
@@ -450,7 +442,7 @@ mod tests {
         let p = write(
             "limit = \"64M\"\n[tiers]\nbackend = \"pmem:/tmp/x\"\nswap_size = \"1G\"\n\
              [zswap]\ncompressor = \"zstd:3\"\nmax_pool = \"32M\"\n[policy]\nname = \"clock\"\npage_cluster = 2\n\
-             [fault]\nspin_us = 0\nidle_poll_us = 50\nidle_poll = \"keepers\"\nrealtime = true\ncpu_latency_us = 0\n",
+             [fault]\nspin_us = 0\nidle_poll_us = 50\nidle_poll = \"keepers\"\nrealtime = true\n",
         );
         let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
         assert_eq!(r.limit, 64 << 20);
@@ -466,27 +458,12 @@ mod tests {
             r.policy.fault_idle_poll,
             std::time::Duration::from_micros(50)
         );
-        assert_eq!(r.policy.fault_cpu_latency_us, Some(0));
         assert_eq!(
             r.policy.fault_idle_poll_mode,
             crate::idlepoll::Mode::Keepers
         );
         assert!(r.policy.fault_realtime);
         assert!(!PolicyConfig::default().fault_realtime, "opt-in");
-        assert_eq!(
-            resolve(
-                None,
-                &Overrides {
-                    limit: Some(1 << 30),
-                    ..Overrides::default()
-                }
-            )
-            .unwrap()
-            .policy
-            .fault_cpu_latency_us,
-            None,
-            "machine-wide, so off unless asked for"
-        );
         let o = Overrides {
             limit: Some(1 << 30),
             zswap: Some(None),
@@ -519,6 +496,10 @@ mod tests {
             (
                 "limit = \"64M\"\n[fault]\nidle_poll_us = 20000\n",
                 &["fault.idle_poll_us", "10000"],
+            ),
+            (
+                "limit = \"64M\"\n[fault]\ncpu_latency_us = 0\n",
+                &["fault.cpu_latency_us", "idle_poll", "remove"],
             ),
         ] {
             let p = write(text);

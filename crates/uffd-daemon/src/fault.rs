@@ -210,22 +210,6 @@ pub fn handler_thread(shared: Arc<Shared>, mm: Arc<Mm>) {
             }
         }
     }
-    // Opt-in (`[fault] cpu_latency_us`): keep idle CPUs out of deep idle states while this
-    // address space is served, so that waking the client or the handler on an idle CPU is
-    // cheap. Machine-wide, hence never on by default.
-    let _latency = shared.policy.fault_cpu_latency_us.and_then(|us| {
-        sys::CpuLatencyRequest::new(us)
-            .map_err(|e| {
-                static WARNED: std::sync::Once = std::sync::Once::new();
-                WARNED.call_once(|| {
-                    eprintln!(
-                        "uffd-daemon: [fault] cpu_latency_us = {us}: cannot hold \
-                         /dev/cpu_dma_latency ({e}); going on without it"
-                    );
-                });
-            })
-            .ok()
-    });
     serve(&shared, &mm);
     // Wakeups of this thread over its life (it sleeps only in poll): the cost side of the
     // one-reader design, reported per fault by the benchmark.

@@ -782,13 +782,6 @@ pub fn set_sched_fifo(priority: i32) -> io::Result<()> {
     }
 }
 
-/// Whether the calling thread runs `SCHED_FIFO`.
-pub fn is_sched_fifo() -> bool {
-    // SAFETY: sched_getscheduler on the calling thread.
-    let p = unsafe { libc::sched_getscheduler(0) };
-    p & !libc::SCHED_RESET_ON_FORK == libc::SCHED_FIFO
-}
-
 /// CPU time the calling thread has used, in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
     // SAFETY: timespec is plain data; clock_gettime writes it.
@@ -812,6 +805,13 @@ pub fn thread_voluntary_switches() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether the calling thread runs `SCHED_FIFO`.
+    fn is_sched_fifo() -> bool {
+        // SAFETY: sched_getscheduler on the calling thread.
+        let p = unsafe { libc::sched_getscheduler(0) };
+        p & !libc::SCHED_RESET_ON_FORK == libc::SCHED_FIFO
+    }
 
     /// As root: a thread made `SCHED_FIFO` is, and a thread it starts is not (reset on fork).
     #[test]

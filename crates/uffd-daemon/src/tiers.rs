@@ -739,6 +739,21 @@ impl Tiers {
         SwapEntry::new(self.dev.id(), u64::from(slot)).expect("slots fit in an entry")
     }
 
+    /// `n` order-0 slots, or none (all or nothing).
+    fn alloc_per_page(&self, n: usize) -> Option<Vec<u32>> {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            match self.dev.alloc(0) {
+                Ok(e) => v.push(e.offset() as u32),
+                Err(_) => {
+                    self.put_fresh(&v);
+                    return None;
+                }
+            }
+        }
+        Some(v)
+    }
+
     /// Whether zswap stores a folio as one multi-page object (`[zswap] multi_page`).
     fn multi_page(&self) -> bool {
         self.cfg.zswap.as_ref().is_some_and(|z| z.multi_page)
@@ -760,32 +775,17 @@ impl Tiers {
         let mut slots: Vec<Option<Vec<u32>>> = Vec::with_capacity(units.len());
         for &(order, data) in units {
             let n = data.len() / PAGE_SIZE;
-            let alloc = if per_page_slots && order > 0 {
-                Err(())
+            let got = if order > 0 && per_page_slots {
+                self.alloc_per_page(n)
             } else {
-                self.dev.alloc(order).map_err(|_| ())
-            };
-            let got = match alloc {
-                Ok(e) => Some((0..n as u32).map(|i| e.offset() as u32 + i).collect()),
-                Err(()) if order > 0 => {
-                    if !per_page_slots {
+                match self.dev.alloc(order) {
+                    Ok(e) => Some((0..n as u32).map(|i| e.offset() as u32 + i).collect()),
+                    Err(_) if order > 0 => {
                         self.stats.swpout_fallback.fetch_add(1, Ordering::Relaxed);
+                        self.alloc_per_page(n)
                     }
-                    let mut v = Vec::with_capacity(n);
-                    for _ in 0..n {
-                        match self.dev.alloc(0) {
-                            Ok(e) => v.push(e.offset() as u32),
-                            Err(_) => break,
-                        }
-                    }
-                    if v.len() == n {
-                        Some(v)
-                    } else {
-                        self.put_fresh(&v);
-                        None
-                    }
+                    Err(_) => None,
                 }
-                Err(()) => None,
             };
             slots.push(got);
         }

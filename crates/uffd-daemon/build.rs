@@ -17,6 +17,9 @@ fn main() {
             "-fPIC",
             "-shared",
             "-pthread",
+            // Bind every symbol at load: a lazy binding in the agent thread would walk the
+            // dynamic linker's link maps, which live in memory the daemon pages (agent.c).
+            "-Wl,-z,now",
             "-Wall",
             "-Wextra",
             "-Werror",

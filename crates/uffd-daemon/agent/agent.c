@@ -14,9 +14,17 @@
  * scratch area's REMOVE events are recognised by their address.
  *
  * The agent thread touches only memory the daemon never manages: its stack and state live in
- * the agent region it reports in its greeting. So it keeps running when the program's pages are
- * evicted, and if the daemon dies (its socket closes and its pid is gone) it stops the whole
- * process at once with a clear message instead of letting it read evicted pages as zeros.
+ * the agent region it reports in its greeting, and it calls the kernel through syscall(2) only,
+ * never through libc wrappers (sendmsg(), close() and the like read libc's .bss to decide
+ * whether they are cancellation points, and that .bss is anonymous memory the daemon pages;
+ * syscall(2) itself touches nothing but errno, in the thread's TLS on its own stack);
+ * the library is linked with -z now so that no lazy binding walks the dynamic linker's
+ * (anonymous, paged) link maps either. So it keeps running when the program's pages are
+ * evicted: a fault of its own would wait for the very reclaim that waits for its answer. The
+ * daemon learns the thread's id from one fault on the first scratch page (see agent_thread)
+ * and counts any other fault of it as `agent_faults` (tested to stay 0). If the daemon dies
+ * (its socket closes and its pid is gone) the thread stops the whole process at once with a
+ * clear message instead of letting it read evicted pages as zeros.
  *
  * Fork: the kernel hands the child's new uffd to the daemon (UFFD_EVENT_FORK). In the child an
  * atfork handler touches the probe page, so that the daemon learns the child's pid from the
@@ -39,6 +47,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -171,7 +180,7 @@ static size_t header(uint8_t *out, uint16_t kind, uint32_t len)
 static uint64_t now_us(void)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
@@ -197,7 +206,7 @@ static int send_packet(int sock, const uint8_t *data, size_t len, int fd)
 		memcpy(CMSG_DATA(h), &fd, sizeof(int));
 	}
 	for (;;) {
-		ssize_t n = sendmsg(sock, &m, MSG_NOSIGNAL);
+		ssize_t n = syscall(SYS_sendmsg, sock, &m, MSG_NOSIGNAL);
 		if (n >= 0)
 			return 0;
 		if (errno != EINTR)
@@ -216,7 +225,7 @@ static ssize_t recv_packet(int sock, uint8_t *buf, size_t cap, int *fd_out)
 	m.msg_controllen = sizeof c.b;
 	ssize_t n;
 	do {
-		n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+		n = syscall(SYS_recvmsg, sock, &m, MSG_CMSG_CLOEXEC);
 	} while (n < 0 && errno == EINTR);
 	if (fd_out)
 		*fd_out = -1;
@@ -228,7 +237,7 @@ static ssize_t recv_packet(int sock, uint8_t *buf, size_t cap, int *fd_out)
 				if (fd_out && *fd_out < 0)
 					*fd_out = fd;
 				else
-					close(fd);
+					syscall(SYS_close, fd);
 			}
 		}
 	}
@@ -339,12 +348,12 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 			};
 			int rc;
 			for (;;) {
-				rc = ioctl(ag->uffd, UFFDIO_MOVE_, &mv);
+				rc = (int)syscall(SYS_ioctl, ag->uffd, UFFDIO_MOVE_, &mv);
 				/* EAGAIN: a non-cooperative event is pending (the daemon reads it soon) or
 				 * the page is busy; retry within the budget of this DROP. */
 				if (rc == 0 || errno != EAGAIN || mv.move > 0 || now_us() > deadline)
 					break;
-				sched_yield();
+				syscall(SYS_sched_yield);
 			}
 			uint64_t moved = mv.move > 0 ? (uint64_t)mv.move / PAGE : 0;
 			if (rc == 0)
@@ -365,7 +374,7 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 	}
 	/* Free what was moved. The scratch's REMOVE event is recognised by its address. */
 	if (k > 0)
-		madvise(ag->scratch, k * PAGE, MADV_DONTNEED);
+		syscall(SYS_madvise, ag->scratch, k * PAGE, MADV_DONTNEED);
 	header_seq(ag->out, KIND_DROP_DONE, (uint32_t)(8 + k), seq);
 	put32(ag->out + HEADER_LEN, (uint32_t)k);
 	put32(ag->out + HEADER_LEN + 4, 0);
@@ -373,16 +382,30 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 		return;
 }
 
+/* Blocks every signal but glibc's two internal ones (SIGCANCEL 32 and SIGSETXID 33: setuid()
+ * in a threaded program waits until every thread has handled SIGSETXID), as pthread_sigmask
+ * does, without its libc data accesses. */
+static void block_signals(void)
+{
+	uint64_t all = ~((1ULL << (32 - 1)) | (1ULL << (33 - 1)));
+	syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, NULL, sizeof all);
+}
+
 static void *agent_thread(void *arg)
 {
 	struct agent *ag = arg;
-	sigset_t all;
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	block_signals();
+	syscall(SYS_prctl, PR_SET_NAME, "uffd-agent", 0, 0, 0);
+	/* Name this thread to the daemon: a read of the (empty) first scratch page raises a missing
+	 * fault there that carries our thread id; the daemon maps the zero page, which we drop again
+	 * so the scratch stays empty for UFFDIO_MOVE. */
+	syscall(SYS_madvise, ag->scratch, PAGE, MADV_DONTNEED);
+	(void)*(volatile char *)ag->scratch;
+	syscall(SYS_madvise, ag->scratch, PAGE, MADV_DONTNEED);
 	for (;;) {
 		/* The program may close our descriptor (closefrom) and the number may be reused. */
 		struct stat st;
-		if (fstat(ag->sock, &st) != 0 || st.st_dev != ag->sock_dev || st.st_ino != ag->sock_ino)
+		if (syscall(SYS_fstat, ag->sock, &st) != 0 || st.st_dev != ag->sock_dev || st.st_ino != ag->sock_ino)
 			break;
 		ssize_t n = recv_packet(ag->sock, ag->buf, sizeof ag->buf, NULL);
 		if (n <= 0) {
@@ -414,9 +437,7 @@ static void *agent_thread(void *arg)
 static void *watchdog_thread(void *arg)
 {
 	struct agent *ag = arg;
-	sigset_t all;
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	block_signals();
 	long pfd = syscall(SYS_pidfd_open, ag->daemon_pid, 0);
 	if (pfd < 0) {
 		if (errno == ESRCH)

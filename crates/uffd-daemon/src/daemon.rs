@@ -432,8 +432,8 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         );
         return;
     }
-    let pid = cred.pid;
     let region = (hello.region_start, hello.region_start + hello.region_len);
+    let pid = cred.pid;
     let max_drop = (hello.scratch_pages as usize).min(protocol::MAX_DROP_PAGES);
 
     if hello.flags & HELLO_FORK_CHILD != 0 {
@@ -816,9 +816,16 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
         tick += 1;
         let mut rss_total = 0u64;
-        for m in shared.mms.lock().clone() {
+        // (A copy: the list's lock must not be held below. A `for` over `lock().clone()`
+        // would hold it for the whole loop, and a fork event's handler needs it to add the
+        // child while the parent's agent, in a DROP that reclaim waits for, waits for that
+        // very handler to read its REMOVE event.)
+        let mms: Vec<Arc<Mm>> = shared.mms.lock().clone();
+        for m in mms {
             let Some(pid) = m.pid() else { continue };
-            if m.agent.lock().is_none() || m.retired.load(Ordering::Relaxed) {
+            // Never wait behind a DROP in flight: a held lock means an agent is there.
+            let no_agent = m.agent.try_lock().is_some_and(|a| a.is_none());
+            if no_agent || m.retired.load(Ordering::Relaxed) {
                 continue;
             }
             let rss = maps::rss_anon_bytes(pid).unwrap_or(0);

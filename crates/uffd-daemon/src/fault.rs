@@ -348,6 +348,15 @@ fn serve_fault(
         if addr == mm.probe && mm.pid().is_none() {
             daemon::bind_forked_child(shared, mm, p.ptid as i32);
         }
+        // The first scratch page: the agent thread naming itself (agent.c, agent_thread).
+        if addr == mm.agent_name_page()
+            && mm
+                .agent_tid
+                .swap(p.ptid, std::sync::atomic::Ordering::Relaxed)
+                != p.ptid
+        {
+            Stats::add(&stats.agent_threads, 1);
+        }
         return !matches!(mm.uffd.zeropage(addr), Ok(Fill::Again));
     }
     if p.flags & sys::UFFD_PAGEFAULT_FLAG_WP != 0 {
@@ -375,18 +384,25 @@ fn serve_fault(
         return !matches!(r, Ok(Fill::Again));
     }
 
+    let agent = p.ptid == mm.agent_tid.load(std::sync::atomic::Ordering::Relaxed);
+    if agent {
+        Stats::add(&stats.agent_faults, 1);
+    }
     let mut st = mm.state.lock();
     let prior = st.pages.get(addr);
     // Throttle like the kernel's direct reclaim: at the limit, a fault that would add a
     // resident page waits (its thread is blocked in the kernel anyway) while reclaim makes
     // room; the handler keeps reading events meanwhile. Faults of the daemon's own threads
     // (reclaim reading a page the program just removed) are never held, since reclaim waits
-    // for them; and when reclaim cannot make progress (every resident page is pinned or
+    // for them, nor those of the agent's thread, since reclaim may be waiting for its answer
+    // to a DROP (it touches no managed memory, so this is a second line of defence); and
+    // when reclaim cannot make progress (every resident page is pinned or
     // shared after fork) faults go through rather than hang the program.
     if !prior.is_some_and(|p| p.is_resident())
         && shared.resident() >= shared.limit_pages
         && !shared.reclaim_stalled()
         && p.read_at.elapsed() < THROTTLE_MAX
+        && !agent
         && !is_daemon_thread(p.ptid)
     {
         drop(st);

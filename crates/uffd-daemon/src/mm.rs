@@ -93,6 +93,9 @@ pub struct Mm {
     pub region: (u64, u64),
     /// The probe page.
     pub probe: u64,
+    /// The thread id of the agent's thread, once it named itself (0 before): its faults are
+    /// never throttled, since reclaim may be waiting for its answer.
+    pub agent_tid: AtomicU32,
     /// Wakes the handler thread to stop.
     pub stop: EventFd,
     /// Wakes the handler thread to retry faults that waited for reclaim.
@@ -129,6 +132,7 @@ impl Mm {
             agent: Mutex::new(None),
             region,
             probe,
+            agent_tid: AtomicU32::new(0),
             stop: EventFd::new()?,
             retry: EventFd::new()?,
             throttled: AtomicBool::new(false),
@@ -146,6 +150,12 @@ impl Mm {
             0 => None,
             p => Some(p),
         }
+    }
+
+    /// The page the agent thread reads once when it starts, to name itself (the first page
+    /// of its scratch area, right after the probe page; the greeting checks the layout).
+    pub fn agent_name_page(&self) -> u64 {
+        self.probe + PAGE_SIZE_U64
     }
 
     /// Whether `addr` lies in the agent's region.

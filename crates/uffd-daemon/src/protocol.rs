@@ -7,7 +7,8 @@
 //! HELLO      agent  -> daemon  pid u32, ppid u32, flags u32, pad u32, features u64,
 //!                              region_start u64, region_len u64, probe u64, scratch u64,
 //!                              scratch_pages u32, pad u32            (+ the uffd by SCM_RIGHTS
-//!                                                                     unless FORK_CHILD)
+//!                                                                     unless FORK_CHILD;
+//!                                                                     scratch = probe + 4096)
 //! HELLO_ACK  daemon -> agent   status i32, max_drop_pages u32        (+ the child's uffd by
 //!                                                                     SCM_RIGHTS to a fork child)
 //! DROP       daemon -> agent   nruns u32, pad u32, nruns x (addr u64, npages u32, pad u32)
@@ -273,7 +274,7 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
             let ok = h.region_start % page == 0
                 && h.region_len % page == 0
                 && h.probe % page == 0
-                && h.scratch % page == 0
+                && h.scratch == h.probe.wrapping_add(page)
                 && h.scratch_pages >= 1
                 && h.scratch_pages as usize <= MAX_DROP_PAGES
                 && matches!((region_end, scratch_end), (Some(re), Some(se))
@@ -284,7 +285,7 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
                     "HELLO",
                     p.len(),
                     "agent region, probe and scratch must be page aligned, with the probe and \
-                     1..=4096 scratch pages inside the region",
+                     1..=4096 scratch pages right after it inside the region",
                 ));
             }
             Message::Hello(h)
@@ -475,6 +476,20 @@ mod tests {
             scratch: 8192, // outside the region
             scratch_pages: 1,
         };
-        assert!(decode(&encode(&Message::Hello(h), 0)).is_err());
+        assert!(decode(&encode(&Message::Hello(h.clone()), 0)).is_err());
+        // The scratch area must start right after the probe page: its first page is where
+        // the agent thread names itself (Mm::agent_name_page).
+        let h = Hello {
+            region_len: 4 * 4096,
+            scratch: 3 * 4096,
+            ..h
+        };
+        let err = decode(&encode(&Message::Hello(h.clone()), 0)).unwrap_err();
+        assert!(err.to_string().contains("right after it"), "{err}");
+        let h = Hello {
+            scratch: 2 * 4096,
+            ..h
+        };
+        assert!(decode(&encode(&Message::Hello(h), 0)).is_ok());
     }
 }

@@ -102,6 +102,13 @@ fn unprotect(mm: &Mm, start: u64, len: u64) {
 /// Evicts one batch from `mm`. Returns the pages evicted.
 pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let Some(pid) = mm.pid() else { return 0 };
+    // Only once the agent's thread runs (it named itself): a forked child greets the daemon
+    // from its forking thread and starts the agent thread after, and that thread could meet a
+    // page of a batch on its way (a write waits for the batch's DROP, which would wait for the
+    // agent thread that the writer has yet to start).
+    if mm.agent_tid.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        return 0;
+    }
     let mut agent_guard = mm.agent.lock();
     let Some(agent) = agent_guard.as_mut() else {
         return 0;

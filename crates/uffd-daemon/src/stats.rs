@@ -68,6 +68,11 @@ counters! {
     drop_requests,
     /// DROP requests an agent did not answer in time (its pages kept their stored copies).
     drop_timeouts,
+    /// Agent threads that named themselves to the daemon (one per managed process).
+    agent_threads,
+    /// Faults of an agent thread on memory the daemon manages: 0 unless the agent touches
+    /// program memory, which could stall a drop (agent.c, the header comment).
+    agent_faults,
     /// Faults whose faulting thread last ran on the CPU that served the fault.
     faults_local_cpu,
     /// Faults for which the faulting thread's CPU was known.

@@ -117,6 +117,25 @@ pub fn assert_metadata(run: &Run) {
 }
 
 /// `assert_paged` with an explicit slack above the limit, in pages.
+/// Every agent thread named itself, none of them touched memory the daemon manages (such a
+/// fault can wait for the reclaim that waits for the agent), and every DROP was answered.
+pub fn assert_agents(run: &Run) {
+    assert!(
+        run.get("agent_threads") >= 1,
+        "no agent thread named itself"
+    );
+    assert_eq!(
+        run.get("agent_faults"),
+        0,
+        "an agent thread faulted on managed memory"
+    );
+    assert_eq!(
+        run.get("drop_timeouts"),
+        0,
+        "an agent did not answer a DROP"
+    );
+}
+
 pub fn assert_paged_within(run: &Run, limit_bytes: u64, slack_pages: u64) {
     for key in [
         "faults",
@@ -133,6 +152,7 @@ pub fn assert_paged_within(run: &Run, limit_bytes: u64, slack_pages: u64) {
     }
     assert!(run.get("evicted_pages") > 0, "nothing was evicted");
     assert_metadata(run);
+    assert_agents(run);
     assert!(
         run.get("bytes_written") > 0 && run.get("bytes_read") > 0,
         "nothing went through the swap file"

@@ -274,7 +274,8 @@ pub fn retire(shared: &Shared, mm: &Arc<Mm>) {
         return;
     }
     mm.stop.signal();
-    if let Some(h) = mm.handler.lock().take() {
+    let handler = mm.handler.lock().take();
+    if let Some(h) = handler {
         let _ = h.join();
     }
     *mm.agent.lock() = None;

@@ -59,8 +59,7 @@ pub(crate) struct ClusterInner {
 
 /// A cluster's lock and state, one per 64-byte cache line: the per-cluster part of the
 /// device's metadata, kept for every cluster of the device whether in use or not (64 bytes
-/// per 512 slots; the kernel's unpadded `swap_cluster_info` is about 32; the per-order
-/// allocation counts live in the slot map, allocated only while the cluster is in use). A line of its own
+/// per 512 slots; the kernel's unpadded `swap_cluster_info` is about 32). A line of its own
 /// keeps the lock words of two CPUs' current clusters, usually neighbours, from sharing a
 /// line; crossbeam's `CachePadded` (128 bytes on x86_64, against the adjacent-line
 /// prefetcher) would double the array for that second line.
@@ -87,65 +86,36 @@ static ZEROS: [u16; crate::device::MAX_CLUSTER_SLOTS] =
 /// `swap_map` in 6.18's swap-table series): an 8 GiB device with a few hundred MiB in use
 /// costs its in-use clusters' maps, not 2 bytes per slot of the whole device. Reads of an
 /// unallocated map see every slot free.
-///
-/// The allocation also holds the cluster's count of successful allocations per order since
-/// the map was allocated (statistics, counted under the cluster lock like the slots), so that
-/// the per-cluster state kept for every cluster of the device stays within a cache line and
-/// the allocation path pays no atomic operation for it; [`SlotMap::release`] hands the counts
-/// back for the device to keep.
 #[derive(Debug)]
 pub(crate) struct SlotMap {
-    data: Option<Box<MapData>>,
+    slots: Option<Box<[u16]>>,
     len: usize,
-}
-
-#[derive(Debug)]
-struct MapData {
-    swpout: [u64; NR_ORDERS],
-    slots: Box<[u16]>,
 }
 
 impl SlotMap {
     /// An unallocated map of `len` free slots.
     pub(crate) fn new(len: usize) -> SlotMap {
         assert!(len <= ZEROS.len());
-        SlotMap { data: None, len }
+        SlotMap { slots: None, len }
     }
 
-    /// Frees the words; every slot must be free. Returns the allocations counted since the
-    /// map was allocated.
-    #[must_use]
-    pub(crate) fn release(&mut self) -> [u64; NR_ORDERS] {
+    /// Frees the words; every slot must be free.
+    pub(crate) fn release(&mut self) {
         debug_assert!(self.iter().all(|&v| v == SLOT_FREE));
-        self.data.take().map_or([0; NR_ORDERS], |d| d.swpout)
-    }
-
-    /// Counts a successful allocation of `order` (the map is allocated: the caller just
-    /// wrote its slots).
-    pub(crate) fn count_swpout(&mut self, order: u32) {
-        if let Some(d) = self.data.as_mut() {
-            d.swpout[order as usize] += 1;
-        }
-    }
-
-    /// The allocations per order counted since the map was allocated.
-    pub(crate) fn swpout(&self) -> [u64; NR_ORDERS] {
-        self.data.as_ref().map_or([0; NR_ORDERS], |d| d.swpout)
+        self.slots = None;
     }
 
     /// Heap bytes held.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.data.as_ref().map_or(0, |d| {
-            std::mem::size_of::<MapData>() + std::mem::size_of_val(&*d.slots)
-        })
+        self.slots.as_ref().map_or(0, |s| s.len() * 2)
     }
 }
 
 impl std::ops::Deref for SlotMap {
     type Target = [u16];
     fn deref(&self) -> &[u16] {
-        match &self.data {
-            Some(d) => &d.slots,
+        match &self.slots {
+            Some(s) => s,
             None => &ZEROS[..self.len],
         }
     }
@@ -154,15 +124,8 @@ impl std::ops::Deref for SlotMap {
 impl std::ops::DerefMut for SlotMap {
     fn deref_mut(&mut self) -> &mut [u16] {
         let len = self.len;
-        &mut self
-            .data
-            .get_or_insert_with(|| {
-                Box::new(MapData {
-                    swpout: [0; NR_ORDERS],
-                    slots: vec![SLOT_FREE; len].into_boxed_slice(),
-                })
-            })
-            .slots
+        self.slots
+            .get_or_insert_with(|| vec![SLOT_FREE; len].into_boxed_slice())
     }
 }
 

@@ -161,16 +161,16 @@ impl DeviceConfig {
     }
 }
 
-/// Per-CPU statistics of rare events; plain std atomics bumped with `Relaxed`. The frequent
-/// counts (lock acquisitions, successful allocations) are kept under the lock they count, in
-/// the cluster (its slot map) and in the lists, so the common path pays no extra atomic
-/// operation.
+/// Per-CPU statistics; plain std atomics bumped with `Relaxed`. Lock acquisitions are
+/// counted under the lock they count, in the cluster and in the lists; successful allocations
+/// here, one uncontended `Relaxed` add on this CPU's line per allocation, so that the
+/// per-cluster state, kept for every cluster of the device, stays within one cache line.
 #[derive(Debug, Default)]
 struct CpuStats {
     global_cluster_lock: StatU64,
-    /// Successful allocations per order counted in slot maps since released (a cluster's
-    /// counts move here when it empties).
-    swpout_retired: [StatU64; NR_ORDERS],
+    /// Successful allocations per order (per CPU, not per cluster: the cluster array is kept
+    /// for every cluster of the device and stays small).
+    swpout: [StatU64; NR_ORDERS],
     swpout_fallback: [StatU64; NR_ORDERS],
     discards: StatU64,
 }
@@ -637,7 +637,6 @@ impl SwapDevice {
                     ci.order = 0;
                 }
                 ci.count += 1;
-                ci.map.count_swpout(0);
                 found = Some(base + off as u64);
                 if (ci.count as usize) < cs && off + 1 < cs {
                     next = base + off as u64 + 1;
@@ -650,7 +649,6 @@ impl SwapDevice {
                     ci.order = order as u8;
                 }
                 ci.count += nr as u32;
-                ci.map.count_swpout(order);
                 found = Some(base + off as u64);
                 let after = off + nr;
                 if (ci.count as usize) < cs && after + nr <= cs {
@@ -660,7 +658,7 @@ impl SwapDevice {
         }
         if ci.count == 0 {
             // Scanned (and so allocated) but still unused.
-            self.release_map(ci);
+            ci.map.release();
         }
         self.relocate(idx, ci, found.is_some());
         (found, next)
@@ -684,8 +682,19 @@ impl SwapDevice {
         Some(found)
     }
 
-    /// The allocator proper (the kernel's `cluster_alloc_swap_entry`).
+    /// [`alloc_slots_uncounted`](Self::alloc_slots_uncounted), counting a success in this
+    /// CPU's `swpout`.
     fn alloc_slots(&self, order: u32, usage: u16, pc: &PerCpu) -> Option<u64> {
+        let found = self.alloc_slots_uncounted(order, usage, pc);
+        if found.is_some() {
+            bump(&pc.stats.swpout[order as usize], 1);
+        }
+        found
+    }
+
+    /// The allocator proper (the kernel's `cluster_alloc_swap_entry`).
+    #[inline(always)]
+    fn alloc_slots_uncounted(&self, order: u32, usage: u16, pc: &PerCpu) -> Option<u64> {
         let st = &pc.stats;
         let class = self.class(order as usize);
         let mut hints = if self.rotational {
@@ -840,17 +849,6 @@ impl SwapDevice {
         n
     }
 
-    /// Frees the slot map of an emptied cluster, keeping its allocation counts.
-    fn release_map(&self, ci: &mut ClusterInner) {
-        let counts = ci.map.release();
-        if counts.iter().any(|&n| n != 0) {
-            let st = &self.cpu().stats;
-            for (t, n) in st.swpout_retired.iter().zip(counts) {
-                bump(t, n);
-            }
-        }
-    }
-
     /// After `nr` slots of a locked cluster became free (the kernel's `swap_entries_free`).
     fn slots_freed(&self, idx: usize, ci: &mut ClusterInner, nr: u32) {
         if nr == 0 {
@@ -858,7 +856,7 @@ impl SwapDevice {
         }
         ci.count -= nr;
         if ci.count == 0 {
-            self.release_map(ci);
+            ci.map.release();
             self.free_cluster(idx, ci);
         } else if ci.state == ClusterState::Nonfull {
             // Already there.
@@ -1132,9 +1130,6 @@ impl SwapDevice {
             let ci = c.lock();
             used += u64::from(ci.count);
             s.cluster_lock += ci.lock_count;
-            for (t, n) in s.swpout.iter_mut().zip(ci.map.swpout()) {
-                *t += n;
-            }
         }
         s.in_use = used - self.bad_slots;
         s.device_lock = self.lists.lock().lock_count;
@@ -1144,7 +1139,7 @@ impl SwapDevice {
             s.global_cluster_lock += r(&c.global_cluster_lock);
             s.discarded_clusters += r(&c.discards);
             for o in 0..NR_ORDERS {
-                s.swpout[o] += r(&c.swpout_retired[o]);
+                s.swpout[o] += r(&c.swpout[o]);
                 s.swpout_fallback[o] += r(&c.swpout_fallback[o]);
             }
         }

@@ -628,13 +628,18 @@ fn metadata_is_a_line_per_cluster_and_the_maps_in_use() {
         fixed <= 4096 * (64 + 16) + 4096,
         "{fixed} bytes for 4096 empty clusters"
     );
-    let held: Vec<_> = (0..1500).map(|_| d.alloc(0).unwrap()).collect();
-    // Three clusters in use, a u16 per slot each.
-    assert_eq!(d.metadata_bytes(), fixed + 3 * 512 * 2);
-    assert_eq!(d.stats().swpout[0], 1500);
-    for x in held {
-        assert_eq!(d.put(x), Ok(true));
+    let mut held: Vec<_> = (0..1500).map(|_| d.alloc(0).unwrap()).collect();
+    held.extend((0..2).map(|_| d.alloc(4).unwrap()));
+    // Four clusters in use (order 4 takes a cluster of its own), a u16 per slot each.
+    assert_eq!(d.metadata_bytes(), fixed + 4 * 512 * 2);
+    let counts = |d: &SwapDevice| (d.stats().swpout[0], d.stats().swpout[4]);
+    assert_eq!(counts(&d), (1500, 2));
+    for (i, x) in held.into_iter().enumerate() {
+        let order = if i < 1500 { 0 } else { 4 };
+        assert_eq!(d.put_range(x, order), Ok(1 << order));
     }
+    // The counts outlive the maps.
+    assert_eq!(counts(&d), (1500, 2));
     assert_eq!(
         d.metadata_bytes(),
         fixed,

@@ -433,8 +433,8 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         );
         return;
     }
-    let region = (hello.region_start, hello.region_start + hello.region_len);
     let pid = cred.pid;
+    let region = (hello.region_start, hello.region_start + hello.region_len);
     let max_drop = (hello.scratch_pages as usize).min(protocol::MAX_DROP_PAGES);
 
     if hello.flags & HELLO_FORK_CHILD != 0 {

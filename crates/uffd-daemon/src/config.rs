@@ -30,6 +30,8 @@
 //!                                # (0: off); at most 10000
 //! realtime = false               # opt-in: fault handlers run SCHED_FIFO (priority 1); lower
 //!                                # fault latency, less CPU for CPU-bound programs
+//! spread = false                 # opt-in: a handler whose client was woken onto its CPU moves
+//!                                # to another; lower random-fault latency, slower sequential
 //! idle_poll = "kernel"           # kernel: a CPU latency request of 0 (/dev/cpu_dma_latency)
 //!                                # while faults come, so idle CPUs poll in the kernel
 //!                                # (machine-wide during storms; keepers if not root) |
@@ -89,6 +91,9 @@ pub struct PolicyConfig {
     /// Whether fault handlers run `SCHED_FIFO` at priority 1 (`[fault] realtime`; opt-in, and
     /// only where the daemon may, that is as root).
     pub fault_realtime: bool,
+    /// Whether a fault handler that finds its client woken onto its own CPU moves itself to
+    /// another (`[fault] spread`).
+    pub fault_spread: bool,
 }
 
 /// Default of `[fault] spin_us`.
@@ -110,6 +115,7 @@ impl Default for PolicyConfig {
             ),
             fault_idle_poll_mode: crate::idlepoll::Mode::Kernel,
             fault_realtime: false,
+            fault_spread: false,
         }
     }
 }
@@ -166,6 +172,7 @@ struct FileFault {
     idle_poll_us: Option<u64>,
     idle_poll: Option<String>,
     realtime: Option<bool>,
+    spread: Option<bool>,
     cpu_latency_us: Option<u32>,
 }
 
@@ -370,6 +377,9 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
     if let Some(rt) = f.fault.realtime {
         policy.fault_realtime = rt;
     }
+    if let Some(s) = f.fault.spread {
+        policy.fault_spread = s;
+    }
     if let Some(m) = &f.fault.idle_poll {
         policy.fault_idle_poll_mode = match m.as_str() {
             "kernel" => crate::idlepoll::Mode::Kernel,
@@ -442,7 +452,7 @@ mod tests {
         let p = write(
             "limit = \"64M\"\n[tiers]\nbackend = \"pmem:/tmp/x\"\nswap_size = \"1G\"\n\
              [zswap]\ncompressor = \"zstd:3\"\nmax_pool = \"32M\"\n[policy]\nname = \"clock\"\npage_cluster = 2\n\
-             [fault]\nspin_us = 0\nidle_poll_us = 50\nidle_poll = \"keepers\"\nrealtime = true\n",
+             [fault]\nspin_us = 0\nidle_poll_us = 50\nidle_poll = \"keepers\"\nrealtime = true\nspread = true\n",
         );
         let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
         assert_eq!(r.limit, 64 << 20);
@@ -464,6 +474,8 @@ mod tests {
         );
         assert!(r.policy.fault_realtime);
         assert!(!PolicyConfig::default().fault_realtime, "opt-in");
+        assert!(r.policy.fault_spread);
+        assert!(!PolicyConfig::default().fault_spread, "opt-in");
         let o = Overrides {
             limit: Some(1 << 30),
             zswap: Some(None),

@@ -650,8 +650,18 @@ fn serve_fault(
         if let Some(pid) = mm.pid() {
             if let Some(cpu) = sys::thread_last_cpu(pid, p.ptid) {
                 Stats::add(&stats.faults_cpu_known, 1);
-                if cpu == sys::current_cpu() {
+                let here = sys::current_cpu();
+                if cpu == here {
                     Stats::add(&stats.faults_local_cpu, 1);
+                    // `[fault] spread`: the fill woke the client onto this CPU, where each
+                    // of its faults now waits for the handler to finish the previous one
+                    // (placement is sticky: a woken thread goes back to the CPU it last ran
+                    // on). Step aside to another CPU, so that the next wakeup finds the
+                    // client's CPU idle; only after a restore of one page (random access):
+                    // a sequential stream ran faster with handler and client on one CPU.
+                    if shared.policy.fault_spread && run.len() == 1 && sys::move_off_cpu(here) {
+                        Stats::add(&stats.handler_moves, 1);
+                    }
                 }
             }
         }

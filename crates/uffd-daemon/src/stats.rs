@@ -75,6 +75,9 @@ counters! {
     agent_faults,
     /// Faults whose faulting thread last ran on the CPU that served the fault.
     faults_local_cpu,
+    /// Times a fault handler moved itself off the CPU its client was woken on
+    /// (`[fault] spread`).
+    handler_moves,
     /// Faults for which the faulting thread's CPU was known.
     faults_cpu_known,
     /// Voluntary context switches of the fault handler threads (each is a wakeup).

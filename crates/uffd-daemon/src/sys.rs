@@ -782,6 +782,36 @@ pub fn set_sched_fifo(priority: i32) -> io::Result<()> {
     }
 }
 
+/// Moves the calling thread off `cpu` to another CPU it may run on: its affinity is narrowed
+/// to the others (the kernel migrates it at once), then given back whole, so the scheduler
+/// stays free to place it later. False when `cpu` is the only CPU it may run on or a call
+/// fails (the thread then stays where it was, with its affinity unchanged).
+pub fn move_off_cpu(cpu: usize) -> bool {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut all: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: a valid set of `size` bytes for the calling thread (pid 0).
+    if unsafe { libc::sched_getaffinity(0, size, &mut all) } != 0 {
+        return false;
+    }
+    let mut others = all;
+    // SAFETY: CPU_ISSET/CPU_CLR/CPU_COUNT on a valid set; `cpu` is range-checked by them.
+    unsafe {
+        if cpu >= libc::CPU_SETSIZE as usize || !libc::CPU_ISSET(cpu, &all) {
+            return false;
+        }
+        libc::CPU_CLR(cpu, &mut others);
+        if libc::CPU_COUNT(&others) == 0 {
+            return false;
+        }
+    }
+    // SAFETY: valid sets of `size` bytes for the calling thread.
+    let moved = unsafe { libc::sched_setaffinity(0, size, &others) } == 0;
+    // SAFETY: as above; restores the mask read at the start.
+    unsafe { libc::sched_setaffinity(0, size, &all) };
+    moved
+}
+
 /// CPU time the calling thread has used, in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
     // SAFETY: timespec is plain data; clock_gettime writes it.
@@ -811,6 +841,38 @@ mod tests {
         // SAFETY: sched_getscheduler on the calling thread.
         let p = unsafe { libc::sched_getscheduler(0) };
         p & !libc::SCHED_RESET_ON_FORK == libc::SCHED_FIFO
+    }
+
+    /// A thread moved off its CPU runs elsewhere, and keeps its whole affinity.
+    #[test]
+    fn move_off_cpu_moves_and_keeps_the_affinity() {
+        std::thread::spawn(|| {
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            // SAFETY: cpu_set_t is plain data; a valid set for the calling thread.
+            let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut before) }, 0);
+            // SAFETY: CPU_COUNT on a valid set.
+            if unsafe { libc::CPU_COUNT(&before) } < 2 {
+                return; // one CPU: nowhere to go (the call must say so)
+            }
+            for _ in 0..20 {
+                let here = current_cpu();
+                assert!(move_off_cpu(here), "could not move off CPU {here}");
+                assert_ne!(current_cpu(), here, "still on CPU {here}");
+            }
+            // SAFETY: as above.
+            let mut after: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut after) }, 0);
+            // SAFETY: CPU_EQUAL on valid sets.
+            assert!(
+                unsafe { libc::CPU_EQUAL(&before, &after) },
+                "affinity changed"
+            );
+        })
+        .join()
+        .unwrap();
     }
 
     /// As root: a thread made `SCHED_FIFO` is, and a thread it starts is not (reset on fork).

@@ -866,10 +866,8 @@ mod tests {
             // SAFETY: as above.
             assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut after) }, 0);
             // SAFETY: CPU_EQUAL on valid sets.
-            assert!(
-                unsafe { libc::CPU_EQUAL(&before, &after) },
-                "affinity changed"
-            );
+            let same = unsafe { libc::CPU_EQUAL(&before, &after) };
+            assert!(same, "affinity changed");
         })
         .join()
         .unwrap();

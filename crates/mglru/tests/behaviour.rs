@@ -753,7 +753,8 @@ fn replay_reports_a_page_id_mglru_cannot_hold() {
 /// Metadata per resident page: 100,000 pages, consecutive ids and ids spread at random over
 /// 2^20 (10% resident, about 50 per 512-page region: the daemon's 256 MiB of 1 GiB is 25%).
 /// 16-byte nodes in a slab grown by an eighth (at most 18 bytes a page) and the 4-byte index
-/// entries kept 60-75% full (at most 6.7): at most about 25 bytes a page plus the regions.
+/// entries kept half to three quarters full (at most 8): at most about 26 bytes a page plus
+/// the regions.
 /// With 24-byte nodes (before this test was written, measured the same way): 30.86 and 31.43.
 /// Now: 22.69 and 23.26.
 #[test]

@@ -220,6 +220,41 @@ fn write_config(name: &str, text: &str) -> TempFile {
     TempFile(p)
 }
 
+/// The two opt-in fault-path modes together (`[fault] realtime`: SCHED_FIFO handlers, as
+/// root; `spread`: a handler moves off its client's CPU): the data survives and the paging
+/// works as without them. (Whether `spread` moves the handler depends on where the scheduler
+/// puts the client, so the count is printed, not asserted; `sys::move_off_cpu` has its own
+/// test.)
+#[test]
+fn opt_in_fault_modes_lose_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let cfg = write_config(
+        "fault-modes",
+        "[zswap]
+max_pool = \"64M\"\n[fault]\nrealtime = true\nspread = true\n",
+    );
+    let run = run_with(
+        &["--limit", "16M", "--config", &cfg.0.to_string_lossy()],
+        "fault-modes",
+        &[DAEMON, "workload", "--size", "48M"],
+    );
+    assert_eq!(run.status, 0, "the workload found bad pages");
+    assert!(run.stdout.contains("0 bad pages"), "{}", run.stdout);
+    assert_paged(&run, 16 << 20);
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        assert!(
+            run.get("realtime_handlers") >= 1,
+            "root: handlers SCHED_FIFO"
+        );
+    }
+    assert!(run.stats.get("handler_moves").is_some());
+    eprintln!("handler_moves: {}", run.get("handler_moves"));
+}
+
 /// Writes to the device fail with EIO after a few MiB: evictions that need the device are
 /// given up (pages stay resident), writeback failures leave pages in zswap; the program's
 /// data is intact and the failure is in the counters and the log.

@@ -116,7 +116,6 @@ pub fn assert_metadata(run: &Run) {
     );
 }
 
-/// `assert_paged` with an explicit slack above the limit, in pages.
 /// Every agent thread named itself, none of them touched memory the daemon manages (such a
 /// fault can wait for the reclaim that waits for the agent), and every DROP was answered.
 pub fn assert_agents(run: &Run) {
@@ -136,6 +135,7 @@ pub fn assert_agents(run: &Run) {
     );
 }
 
+/// `assert_paged` with an explicit slack above the limit, in pages.
 pub fn assert_paged_within(run: &Run, limit_bytes: u64, slack_pages: u64) {
     for key in [
         "faults",

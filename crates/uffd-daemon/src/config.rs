@@ -30,8 +30,8 @@
 //!                                # (0: off); at most 10000
 //! realtime = false               # opt-in: fault handlers run SCHED_FIFO (priority 1); lower
 //!                                # fault latency, less CPU for CPU-bound programs
-//! spread = false                 # opt-in: a handler whose client was woken onto its CPU moves
-//!                                # to another; lower random-fault latency, slower sequential
+//! spread = true                  # a handler whose client was woken onto its CPU after a
+//!                                # one-page restore moves to another (lower random-fault p50)
 //! idle_poll = "kernel"           # kernel: a CPU latency request of 0 (/dev/cpu_dma_latency)
 //!                                # while faults come, so idle CPUs poll in the kernel
 //!                                # (machine-wide during storms; keepers if not root) |
@@ -115,7 +115,7 @@ impl Default for PolicyConfig {
             ),
             fault_idle_poll_mode: crate::idlepoll::Mode::Kernel,
             fault_realtime: false,
-            fault_spread: false,
+            fault_spread: true,
         }
     }
 }
@@ -452,7 +452,7 @@ mod tests {
         let p = write(
             "limit = \"64M\"\n[tiers]\nbackend = \"pmem:/tmp/x\"\nswap_size = \"1G\"\n\
              [zswap]\ncompressor = \"zstd:3\"\nmax_pool = \"32M\"\n[policy]\nname = \"clock\"\npage_cluster = 2\n\
-             [fault]\nspin_us = 0\nidle_poll_us = 50\nidle_poll = \"keepers\"\nrealtime = true\nspread = true\n",
+             [fault]\nspin_us = 0\nidle_poll_us = 50\nidle_poll = \"keepers\"\nrealtime = true\nspread = false\n",
         );
         let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
         assert_eq!(r.limit, 64 << 20);
@@ -474,8 +474,8 @@ mod tests {
         );
         assert!(r.policy.fault_realtime);
         assert!(!PolicyConfig::default().fault_realtime, "opt-in");
-        assert!(r.policy.fault_spread);
-        assert!(!PolicyConfig::default().fault_spread, "opt-in");
+        assert!(!r.policy.fault_spread);
+        assert!(PolicyConfig::default().fault_spread, "on by default");
         let o = Overrides {
             limit: Some(1 << 30),
             zswap: Some(None),

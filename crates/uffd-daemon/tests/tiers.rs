@@ -220,13 +220,13 @@ fn write_config(name: &str, text: &str) -> TempFile {
     TempFile(p)
 }
 
-/// The two opt-in fault-path modes together (`[fault] realtime`: SCHED_FIFO handlers, as
-/// root; `spread`: a handler moves off its client's CPU): the data survives and the paging
-/// works as without them. (Whether `spread` moves the handler depends on where the scheduler
-/// puts the client, so the count is printed, not asserted; `sys::move_off_cpu` has its own
-/// test.)
+/// The fault path's two placement modes together (`[fault] realtime`, opt-in: SCHED_FIFO
+/// handlers, as root; `spread`, on by default and set here explicitly: a handler moves off
+/// its client's CPU): the data survives and the paging works as without them. (Whether
+/// `spread` moves the handler depends on where the scheduler puts the client, so the count is
+/// printed, not asserted; `sys::move_off_cpu` has its own test.)
 #[test]
-fn opt_in_fault_modes_lose_nothing() {
+fn realtime_and_spread_lose_nothing() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !can_run() {
         return;

@@ -41,6 +41,10 @@ fn checker_fork_mremap_munmap_madvise() {
     assert!(run.get("remap_events") >= 2, "both mremaps were not seen");
     assert!(run.get("unmap_events") >= 1);
     assert!(run.get("remove_events") >= 1, "MADV_DONTNEED was not seen");
+    assert!(
+        run.get("readahead_pages") > 0,
+        "no readahead run was restored"
+    );
     assert_eq!(run.get("processes"), 2, "parent and forked child");
 }
 

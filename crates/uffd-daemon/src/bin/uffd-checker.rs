@@ -4,7 +4,8 @@
 //! between steps: `uffd-daemon run --limit 8M -- uffd-checker all`. Steps: kernel-mode faults
 //! (read(2)/write(2) on evicted pages), fork (the child sees its copy-on-write snapshot while
 //! the parent writes), mremap (move and grow), munmap + a new mapping at the same address,
-//! MADV_DONTNEED. Every page is compared against a model after every step; the exit status is
+//! MADV_DONTNEED, and a thread that writes and drops pages of readahead runs.
+//! Every page is compared against a model after every step; the exit status is
 //! 0 only when all of them match. `uffd-checker hold` fills memory, prints `READY <pid>` and
 //! verifies it in a loop forever (for the daemon-killed test).
 
@@ -260,7 +261,36 @@ fn all() -> i32 {
         &mut failures,
     );
 
-    // 6. Everything, once more, after more pressure.
+    // 6. Readahead. On a sequential run of faults the daemon restores the evicted pages after
+    // the faulting one with it (a window growing to 16 pages). Here the woken thread at once
+    // writes the next page and drops the one after it (MADV_DONTNEED): pages that readahead
+    // restored, or that a daemon copying a run in two steps would still be copying. The
+    // writes must stay, the dropped pages read zeros, the others keep their contents. A's
+    // last quarter still holds its first fill.
+    let ra = 24 * MIB / PAGE;
+    for round in 0..3u64 {
+        pressure(&mut scratch, 20 + round);
+        let mut i = ra;
+        while i + 4 <= a.pages {
+            // SAFETY: page `i` of A is mapped; a volatile read so that it really faults.
+            unsafe { std::ptr::read_volatile(a.page(i).as_ptr()) };
+            a.write(i + 1, i as u64 + 1, 30 + round);
+            // SAFETY: madvise on a page of A that we own.
+            let rc = unsafe {
+                libc::madvise(a.base.add((i + 2) * PAGE).cast(), PAGE, libc::MADV_DONTNEED)
+            };
+            assert_eq!(rc, 0);
+            a.want[i + 2] = Want::Zero;
+            i += 4;
+        }
+        report(
+            "readahead: writes and drops next to restored runs",
+            a.verify("readahead"),
+            &mut failures,
+        );
+    }
+
+    // 7. Everything, once more, after more pressure.
     pressure(&mut scratch, 11);
     let bad = a.verify("final A")
         + moved.verify("final moved")

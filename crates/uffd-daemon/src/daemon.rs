@@ -302,6 +302,7 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) {
     let Ok(vmas) = maps::read_maps(pid) else {
         return;
     };
+    Stats::add(&shared.stats.maps_scans, 1);
     for v in vmas.iter().filter(|v| v.is_managed()) {
         // Never the agent's own region.
         let parts: Vec<(u64, u64)> = [
@@ -831,11 +832,18 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             }
             let rss = maps::rss_anon_bytes(pid).unwrap_or(0);
             rss_total += rss;
-            let tracked = m.state.lock().resident as u64 * PAGE_SIZE_U64;
+            let tracked = |m: &Mm| m.state.lock().resident as u64 * PAGE_SIZE_U64;
+            let untracked = m.untracked_rss.load(Ordering::Relaxed);
             let last = m.last_scan_tick.load(Ordering::Relaxed);
-            if tick.saturating_sub(last) >= 50 || rss > tracked + (256 << 10) {
+            // Anonymous memory the daemon never manages (the stack, copy-on-write pages of
+            // libraries' data: often more than the margin) would otherwise trigger a scan on
+            // every tick: stress-ng's processes had their maps read 1000 times a second.
+            if tick.saturating_sub(last) >= 50 || rss > tracked(&m) + untracked + (256 << 10) {
                 m.last_scan_tick.store(tick, Ordering::Relaxed);
                 scan_and_register(&shared, &m);
+                let after = maps::rss_anon_bytes(pid).unwrap_or(0);
+                m.untracked_rss
+                    .store(after.saturating_sub(tracked(&m)), Ordering::Relaxed);
             }
         }
         shared

@@ -112,6 +112,10 @@ pub struct Mm {
     pub next_batch: AtomicU32,
     /// When the maps were last scanned (monitor ticks).
     pub last_scan_tick: AtomicU64,
+    /// Anonymous RSS the last scan left unexplained by the pages the daemon tracks: memory it
+    /// does not manage (the stack, copy-on-write pages of libraries' data), so that only
+    /// growth beyond it triggers the next scan.
+    pub untracked_rss: AtomicU64,
 }
 
 impl Mm {
@@ -141,6 +145,7 @@ impl Mm {
             handler: Mutex::new(None),
             next_batch: AtomicU32::new(1),
             last_scan_tick: AtomicU64::new(0),
+            untracked_rss: AtomicU64::new(0),
         })
     }
 

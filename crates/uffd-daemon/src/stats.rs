@@ -64,6 +64,8 @@ counters! {
     processes_live,
     /// Ranges registered with UFFDIO_REGISTER.
     ranges_registered,
+    /// Reads of a process's /proc/PID/maps to find memory to register (the scanner's).
+    maps_scans,
     /// DROP requests sent to agents.
     drop_requests,
     /// DROP requests an agent did not answer in time (its pages kept their stored copies).

@@ -448,23 +448,42 @@ fn serve_fault(
             // no better: reclaim then takes the lock between each fault's copy and its
             // bookkeeping, and the handler waits for a choice of victims.)
             let io = |run: &mut Vec<(u64, Page)>, page: &mut [u8]| {
-                let t = shared.tiers.read(slot, &mut page[..PAGE_SIZE])?;
-                let mut n = 1;
+                // Stretches of consecutive slots are read together (`Tiers::read_run`: one
+                // backend read for a folio written as one); zero pages are filled here. The
+                // first page's failure is the error; a later one ends the run before it.
+                let mut n = 0;
+                let mut t = None;
                 while n < run.len() {
-                    let out = &mut page[n * PAGE_SIZE..(n + 1) * PAGE_SIZE];
-                    let ok = match run[n].1 {
-                        Page::Evicted { slot: ZERO_SLOT } => {
-                            out.fill(0);
-                            true
-                        }
-                        Page::Evicted { slot: s } => shared.tiers.read(s, out).is_ok(),
-                        _ => false,
-                    };
-                    if !ok {
+                    let Page::Evicted { slot: s } = run[n].1 else {
                         break;
+                    };
+                    if s == ZERO_SLOT {
+                        page[n * PAGE_SIZE..(n + 1) * PAGE_SIZE].fill(0);
+                        n += 1;
+                        continue;
                     }
-                    n += 1;
+                    let mut m = n + 1;
+                    while m < run.len()
+                        && run[m].1
+                            == (Page::Evicted {
+                                slot: s.wrapping_add((m - n) as u32),
+                            })
+                    {
+                        m += 1;
+                    }
+                    match shared.tiers.read_run(s, m - n, &mut page[n * PAGE_SIZE..]) {
+                        Ok((k, tier)) => {
+                            t.get_or_insert(tier);
+                            n += k;
+                            if n < m {
+                                break;
+                            }
+                        }
+                        Err(e) if n == 0 => return Err(e),
+                        Err(_) => break,
+                    }
                 }
+                let t = t.unwrap_or(Tier::Backend);
                 run.truncate(n);
                 let r = match mm.uffd.copy_run(addr, &page[..n * PAGE_SIZE]) {
                     // A run can cross into another VMA (ENOENT: one UFFDIO_COPY stays within

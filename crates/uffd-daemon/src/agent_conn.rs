@@ -1,13 +1,52 @@
 //! The daemon's end of one agent's connection.
+//!
+//! A DROP is asynchronous in the agent's favour: the daemon sends it and waits up to
+//! [`DROP_TIMEOUT_MS`] for the answer; if none comes (the process is stopped, or starved of
+//! CPU), the batch stays *outstanding* ([`PendingDrop`]): its pages stay `Dropping` and
+//! write-protected, since the agent may still move any of them, and reclaim looks for the late
+//! answer at each of its rounds ([`AgentConn::poll_drop`]). Only the answer, or the agent's end
+//! of the connection closing, says that no page of the batch moves any more. A signal
+//! interrupting the wait is not an answer either: the wait goes on.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use crate::protocol::{self, Message, MAX_PACKET};
 use crate::sys;
 
-/// How long the daemon waits for an agent to carry out one DROP.
+/// How long the daemon waits for an agent to carry out one DROP before it leaves the batch
+/// outstanding and turns to other work.
 pub const DROP_TIMEOUT_MS: u64 = 10_000;
+
+/// A DROP sent and not answered yet: the pages it names (sorted), their slots, its runs.
+#[derive(Debug)]
+pub struct PendingDrop {
+    /// The DROP's sequence number.
+    pub seq: u32,
+    /// The pages, in the order of the answer's statuses.
+    pub pages: Vec<u64>,
+    /// Each page's slot.
+    pub slots: Vec<u32>,
+    /// The runs the DROP named.
+    pub runs: Vec<(u64, u32)>,
+    /// When it was sent.
+    pub sent: Instant,
+    /// Whether its lateness was counted and said.
+    pub said_late: bool,
+}
+
+/// Why a DROP has no answer.
+#[derive(Debug)]
+pub enum DropWait {
+    /// Not yet: the agent may still be moving pages.
+    NotYet,
+    /// The agent's end closed: no page moves any more (the process exited or exec'd, or the
+    /// agent stopped); the error says how.
+    Gone(io::Error),
+    /// The agent answered with something that is not the answer to this DROP.
+    Protocol(io::Error),
+}
 
 /// A greeted agent.
 #[derive(Debug)]
@@ -16,59 +55,100 @@ pub struct AgentConn {
     seq: u32,
     /// Most pages one DROP may name (the agent's scratch size).
     pub max_drop_pages: usize,
+    /// The DROP in flight, if one timed out.
+    pub pending: Option<PendingDrop>,
 }
 
 impl AgentConn {
     /// Wraps a connected socket.
     pub fn new(sock: OwnedFd, max_drop_pages: usize) -> io::Result<Self> {
-        sys::set_recv_timeout(sock.as_raw_fd(), DROP_TIMEOUT_MS)?;
         Ok(AgentConn {
             sock,
             seq: 0,
             max_drop_pages,
+            pending: None,
         })
     }
 
-    /// Sends one message, with an optional descriptor.
-    pub fn send(&mut self, msg: &Message, fd: Option<i32>) -> io::Result<()> {
+    /// Sends one message, with an optional descriptor; returns its sequence number.
+    pub fn send(&mut self, msg: &Message, fd: Option<i32>) -> io::Result<u32> {
         self.seq = self.seq.wrapping_add(1);
-        sys::send_with_fd(self.sock.as_raw_fd(), &protocol::encode(msg, self.seq), fd)
+        sys::send_with_fd(self.sock.as_raw_fd(), &protocol::encode(msg, self.seq), fd)?;
+        Ok(self.seq)
     }
 
-    /// Asks the agent to drop `runs` and waits for its per-page answer (0 = dropped).
-    ///
-    /// A timeout (`ErrorKind::WouldBlock`/`TimedOut`) leaves the connection usable: a late
-    /// answer is recognised by its sequence number and skipped by the next call.
-    pub fn drop_pages(&mut self, runs: &[(u64, u32)]) -> io::Result<Vec<u8>> {
-        let pages: usize = runs.iter().map(|r| r.1 as usize).sum();
+    /// Sends a DROP of `runs`; returns its sequence number.
+    pub fn send_drop(&mut self, runs: &[(u64, u32)]) -> io::Result<u32> {
         self.send(
             &Message::Drop {
                 runs: runs.to_vec(),
             },
             None,
-        )?;
-        let want = self.seq;
+        )
+    }
+
+    /// Waits up to `timeout` for the answer to DROP `seq` of `pages` pages: the per-page
+    /// statuses (0 = moved). Signals do not end the wait; answers to older DROPs (which timed
+    /// out and were settled otherwise) are skipped.
+    pub fn wait_drop(
+        &mut self,
+        seq: u32,
+        pages: usize,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, DropWait> {
+        let deadline = Instant::now() + timeout;
         let mut buf = vec![0u8; MAX_PACKET];
         loop {
-            let (n, _) = sys::recv_with_fd(self.sock.as_raw_fd(), &mut buf)?;
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "agent closed its connection",
-                ));
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = left.as_millis().min(i32::MAX as u128) as i32;
+            match sys::poll_read(&[self.sock.as_raw_fd()], ms) {
+                Ok(r) if r[0] => {}
+                Ok(_) => return Err(DropWait::NotYet),
+                Err(e) => return Err(DropWait::Protocol(e)),
             }
+            let n = match sys::recv_with_fd_nonblocking(self.sock.as_raw_fd(), &mut buf) {
+                Ok((0, _)) => {
+                    return Err(DropWait::Gone(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "agent closed its connection",
+                    )))
+                }
+                Ok((n, _)) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    continue
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+                    ) =>
+                {
+                    return Err(DropWait::Gone(e))
+                }
+                Err(e) => return Err(DropWait::Protocol(e)),
+            };
             match protocol::decode(&buf[..n]) {
-                Ok((Message::DropDone { .. }, seq)) if seq != want => continue, // a late answer
+                Ok((Message::DropDone { .. }, s)) if s != seq => continue, // a late answer
                 Ok((Message::DropDone { status }, _)) if status.len() == pages => {
                     return Ok(status)
                 }
                 Ok((other, _)) => {
-                    return Err(io::Error::new(
+                    return Err(DropWait::Protocol(io::Error::new(
                         io::ErrorKind::InvalidData,
                         format!("agent answered a DROP of {pages} pages with {other:?}"),
-                    ))
+                    )))
                 }
-                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+                Err(e) => {
+                    return Err(DropWait::Protocol(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        e,
+                    )))
+                }
             }
         }
     }

@@ -94,6 +94,9 @@ pub struct PolicyConfig {
     /// Whether a fault handler that finds its client woken onto its own CPU moves itself to
     /// another (`[fault] spread`).
     pub fault_spread: bool,
+    /// How long reclaim waits for an agent's answer to a DROP before it leaves the batch
+    /// outstanding and turns to other work (`[test] drop_timeout_ms`: tests shorten it).
+    pub drop_timeout: std::time::Duration,
 }
 
 /// Default of `[fault] spin_us`.
@@ -116,6 +119,7 @@ impl Default for PolicyConfig {
             fault_idle_poll_mode: crate::idlepoll::Mode::Kernel,
             fault_realtime: false,
             fault_spread: true,
+            drop_timeout: std::time::Duration::from_millis(crate::agent_conn::DROP_TIMEOUT_MS),
         }
     }
 }
@@ -181,6 +185,7 @@ struct FileFault {
 struct FileTest {
     fail_writes_after: Option<String>,
     fail_errno: Option<String>,
+    drop_timeout_ms: Option<u64>,
 }
 
 /// What the command line says (each `None` leaves the file's value or the default).
@@ -394,6 +399,12 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
             "fault.cpu_latency_us is gone: `idle_poll = \"kernel\"` (the default as root) \
              holds /dev/cpu_dma_latency at 0 during fault storms; remove the key"
         );
+    }
+    if let Some(ms) = f.test.drop_timeout_ms {
+        if !(1..=600_000).contains(&ms) {
+            bail!("test.drop_timeout_ms = {ms}: 1 to 600000");
+        }
+        policy.drop_timeout = std::time::Duration::from_millis(ms);
     }
     if let Some(k) = o.policy {
         policy.kind = k;

@@ -941,6 +941,11 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
         if root_status.is_some() && shared.mms.lock().iter().all(|m| m.pid().is_none()) {
             return Ok(root_status.unwrap_or(1));
         }
+        // DROPs that were not answered in time: settle those answered since, so that writers
+        // waiting on their pages go on.
+        for m in shared.mms.lock().clone() {
+            reclaim::poll_pending_drop(shared, &m);
+        }
         // Reclaim down to the low watermark, biggest address space first.
         if shared.resident() > shared.high_pages {
             let deadline = Instant::now() + Duration::from_millis(50);

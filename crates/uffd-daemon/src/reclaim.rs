@@ -17,6 +17,7 @@
 
 use std::sync::Arc;
 
+use crate::agent_conn::{AgentConn, DropWait, PendingDrop};
 use crate::daemon::Shared;
 use crate::mm::{runs_of, Mm, Page, ZERO_SLOT};
 use crate::stats::Stats;
@@ -113,6 +114,11 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let Some(agent) = agent_guard.as_mut() else {
         return 0;
     };
+    // One DROP at a time: an outstanding one is settled first.
+    if agent.pending.is_some() {
+        drop(agent_guard);
+        return poll_pending_drop(shared, mm).0;
+    }
     let max = max.min(agent.max_drop_pages).min(BATCH_PAGES);
     let batch = mm
         .next_batch
@@ -237,75 +243,163 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         return 0;
     }
 
-    // 5. Have the agent drop them.
-    let drop_runs = runs_of(&to_drop);
+    // 5. Have the agent drop them. Until it answers, any of them may move at any moment, so
+    //    they stay `Dropping` and protected: a writer waits (the kernel's page under
+    //    writeback). An answer that does not come in time leaves the batch outstanding.
     Stats::add(&shared.stats.drop_requests, 1);
-    let status = match agent.drop_pages(&drop_runs) {
-        Ok(s) => s,
+    let drop_runs = runs_of(&to_drop);
+    let pending = match agent.send_drop(&drop_runs) {
+        Ok(seq) => PendingDrop {
+            seq,
+            pages: to_drop,
+            slots: drop_slots,
+            runs: drop_runs,
+            sent: std::time::Instant::now(),
+            said_late: false,
+        },
         Err(e) => {
-            let timed_out = matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            );
-            let exited = mm.pidfd.lock().as_ref().is_some_and(|p| p.exited());
-            if timed_out {
-                Stats::add(&shared.stats.drop_timeouts, 1);
-            } else {
-                *agent_guard = None;
-                let gone = matches!(
-                    e.kind(),
-                    std::io::ErrorKind::ConnectionReset
-                        | std::io::ErrorKind::BrokenPipe
-                        | std::io::ErrorKind::UnexpectedEof
-                );
-                // A peer that went away is a process exiting or exec'ing: not worth a message.
-                if !exited && !gone {
-                    eprintln!("uffd-daemon: the agent of pid {pid} failed a DROP ({e}); no more evictions from it");
-                }
-            }
-            // We do not know which pages moved: keep every stored copy (a missing fault is
-            // served from it, a write-protect fault lifts the protection) and unprotect now.
-            let mut st = mm.state.lock();
-            for (i, &a) in to_drop.iter().enumerate() {
-                let slot = drop_slots[i];
-                if st.pages.get(a) == Some(Page::Dropping { slot }) {
-                    st.pages.insert(a, Page::Inherited { slot });
-                }
-            }
-            for &(start, n) in &drop_runs {
-                let _ = mm.uffd.writeprotect(start, n as u64 * PAGE_SIZE_U64, false);
-            }
+            // Nothing was sent: nothing moves. Give the pages back.
+            lose_agent(shared, mm, &mut agent_guard, &e);
+            let p = PendingDrop {
+                seq: 0,
+                pages: to_drop,
+                slots: drop_slots,
+                runs: drop_runs,
+                sent: std::time::Instant::now(),
+                said_late: false,
+            };
+            settle_drop(shared, mm, &p, None);
             return 0;
         }
     };
-    drop(agent_guard);
-
+    let waited = agent.wait_drop(pending.seq, pending.pages.len(), shared.policy.drop_timeout);
     lap(&stats.reclaim_drop_ns);
-    // 6. Account for the outcome.
+    finish_drop(shared, mm, &mut agent_guard, pending, waited)
+}
+
+/// Looks for the answer to `mm`'s outstanding DROP without waiting, and settles the batch if
+/// it came (or if the agent is gone). Returns the pages evicted, and whether a DROP is still
+/// outstanding (no other DROP may be sent to that agent meanwhile).
+pub fn poll_pending_drop(shared: &Shared, mm: &Mm) -> (usize, bool) {
+    let Some(mut agent_guard) = mm.agent.try_lock() else {
+        return (0, true);
+    };
+    let Some(pending) = agent_guard.as_mut().and_then(|a| a.pending.take()) else {
+        return (0, false);
+    };
+    let Some(agent) = agent_guard.as_mut() else {
+        return (0, false);
+    };
+    let waited = agent.wait_drop(pending.seq, pending.pages.len(), std::time::Duration::ZERO);
+    let evicted = finish_drop(shared, mm, &mut agent_guard, pending, waited);
+    let outstanding = agent_guard.as_ref().is_some_and(|a| a.pending.is_some());
+    (evicted, outstanding)
+}
+
+/// Acts on the outcome of waiting for a DROP: settles the batch with the agent's answer,
+/// leaves it outstanding if there is none yet, or settles it without one when the agent's end
+/// is gone (nothing moves any more then).
+fn finish_drop(
+    shared: &Shared,
+    mm: &Mm,
+    agent_guard: &mut Option<AgentConn>,
+    pending: PendingDrop,
+    waited: Result<Vec<u8>, DropWait>,
+) -> usize {
+    match waited {
+        Ok(status) => settle_drop(shared, mm, &pending, Some(&status)),
+        Err(DropWait::NotYet) => {
+            let mut pending = pending;
+            if pending.sent.elapsed() >= shared.policy.drop_timeout
+                && !std::mem::replace(&mut pending.said_late, true)
+            {
+                Stats::add(&shared.stats.drop_timeouts, 1);
+                if shared.verbose {
+                    eprintln!(
+                        "uffd-daemon: the agent of pid {:?} has not answered a DROP for {:?} \
+                         (stopped, or starved of CPU?); its {} pages stay protected until it does",
+                        mm.pid(),
+                        shared.policy.drop_timeout,
+                        pending.pages.len()
+                    );
+                }
+            }
+            if let Some(a) = agent_guard.as_mut() {
+                a.pending = Some(pending);
+            }
+            0
+        }
+        Err(DropWait::Gone(e)) | Err(DropWait::Protocol(e)) => {
+            // For a protocol error the connection is closed first: a well-behaved agent
+            // answers only once it has moved what it was going to move.
+            lose_agent(shared, mm, agent_guard, &e);
+            settle_drop(shared, mm, &pending, None)
+        }
+    }
+}
+
+/// Forgets `mm`'s agent after its connection failed: no more evictions from that process.
+/// A connection the agent's end closed is a process exiting or exec'ing (the new image greets
+/// anew); anything else is counted and said.
+fn lose_agent(shared: &Shared, mm: &Mm, agent_guard: &mut Option<AgentConn>, e: &std::io::Error) {
+    *agent_guard = None;
+    let exited = mm.pidfd.lock().as_ref().is_some_and(|p| p.exited());
+    let closed = matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::UnexpectedEof
+    );
+    if exited || closed {
+        return;
+    }
+    Stats::add(&shared.stats.agents_lost, 1);
+    eprintln!(
+        "uffd-daemon: lost the agent of pid {:?} ({e}); its pages are still served, but no \
+         longer evicted",
+        mm.pid()
+    );
+}
+
+/// Accounts for a DROP's outcome: with the agent's per-page answer, moved pages become
+/// `Evicted` and refused ones resident again; without one (the agent is gone and nothing moves
+/// any more, but which pages moved is unknown), every page keeps its stored copy as
+/// `Inherited` (a missing fault is served from it, a write-protect fault lifts the
+/// protection). Then protection is lifted from pages kept in place and waiting writers are
+/// woken. Returns the pages evicted.
+fn settle_drop(shared: &Shared, mm: &Mm, p: &PendingDrop, status: Option<&[u8]>) -> usize {
+    let stats = &shared.stats;
     let mut kept = Vec::new();
     let mut evicted = 0usize;
     let mut zero = 0u64;
     {
         let mut st = mm.state.lock();
-        for (i, &a) in to_drop.iter().enumerate() {
-            let slot = drop_slots[i];
+        for (i, &a) in p.pages.iter().enumerate() {
+            let slot = p.slots[i];
             if st.pages.get(a) != Some(Page::Dropping { slot }) {
                 continue; // refaulted or removed meanwhile: already accounted for
             }
-            if status[i] == 0 {
-                st.pages.insert(a, Page::Evicted { slot });
-                st.resident -= 1;
-                shared.resident_sub(1);
-                evicted += 1;
-                if slot == ZERO_SLOT {
-                    zero += 1;
+            match status.map(|s| s[i]) {
+                Some(0) => {
+                    st.pages.insert(a, Page::Evicted { slot });
+                    st.resident -= 1;
+                    shared.resident_sub(1);
+                    evicted += 1;
+                    if slot == ZERO_SLOT {
+                        zero += 1;
+                    }
                 }
-            } else {
-                st.back_to_resident(a);
-                if slot != ZERO_SLOT {
-                    shared.put_slot(slot);
+                Some(_) => {
+                    st.back_to_resident(a);
+                    if slot != ZERO_SLOT {
+                        shared.put_slot(slot);
+                    }
+                    kept.push(a);
                 }
-                kept.push(a);
+                None => {
+                    st.pages.insert(a, Page::Inherited { slot });
+                    kept.push(a);
+                }
             }
         }
     }
@@ -322,7 +416,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         }
     }
     // Writers that waited on dropped pages retry now and fault them back from the store.
-    for &(start, n) in &drop_runs {
+    for &(start, n) in &p.runs {
         let _ = mm.uffd.wake(start, n as u64 * PAGE_SIZE_U64);
     }
     evicted

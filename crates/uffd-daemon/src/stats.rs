@@ -68,8 +68,12 @@ counters! {
     maps_scans,
     /// DROP requests sent to agents.
     drop_requests,
-    /// DROP requests an agent did not answer in time (its pages kept their stored copies).
+    /// DROP requests an agent did not answer within 10 s (its pages stayed protected until
+    /// it did: it may still have been moving them).
     drop_timeouts,
+    /// Agents whose connection failed while the process lived on: the process's pages are
+    /// still served, but no longer evicted.
+    agents_lost,
     /// Agent threads that named themselves to the daemon (one per managed process).
     agent_threads,
     /// Faults of an agent thread on memory the daemon manages: 0 unless the agent touches

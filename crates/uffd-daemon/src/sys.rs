@@ -631,14 +631,34 @@ pub fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<(
             std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
         }
     }
-    // SAFETY: `msg` points at live buffers for the duration of the call.
-    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
-    cvt_isize(n)?;
-    Ok(())
+    loop {
+        // SAFETY: `msg` points at live buffers for the duration of the call.
+        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        match cvt_isize(n) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r.map(|_| ()),
+        }
+    }
 }
 
 /// Receives one packet and at most one descriptor. Returns the length (0 at end of stream).
 pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    recv_with_fd_flags(sock, buf, 0)
+}
+
+/// [`recv_with_fd`] that never blocks (`MSG_DONTWAIT`): `WouldBlock` when nothing is queued.
+pub fn recv_with_fd_nonblocking(
+    sock: RawFd,
+    buf: &mut [u8],
+) -> io::Result<(usize, Option<OwnedFd>)> {
+    recv_with_fd_flags(sock, buf, libc::MSG_DONTWAIT)
+}
+
+fn recv_with_fd_flags(
+    sock: RawFd,
+    buf: &mut [u8],
+    flags: libc::c_int,
+) -> io::Result<(usize, Option<OwnedFd>)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -651,7 +671,7 @@ pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<Ow
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cbuf);
     // SAFETY: `msg` points at live buffers.
-    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
     let n = cvt_isize(n)?;
     let mut received = None;
     // SAFETY: walking the control messages the kernel wrote into `cbuf`, within msg_controllen.

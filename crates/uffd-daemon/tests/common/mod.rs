@@ -133,6 +133,30 @@ pub fn assert_agents(run: &Run) {
         0,
         "an agent did not answer a DROP"
     );
+    assert_eq!(
+        run.get("agents_lost"),
+        0,
+        "an agent's connection failed while its process lived on"
+    );
+}
+
+/// Builds `tests/clients/NAME.c` with the system C compiler (once per test binary run) and
+/// returns the executable's path.
+pub fn c_client(name: &str) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients")
+        .join(format!("{name}.c"));
+    let out = std::env::temp_dir().join(format!("uffd-test-client-{name}-{}", std::process::id()));
+    if !out.exists() {
+        let st = Command::new("cc")
+            .args(["-O2", "-g", "-pthread", "-Wall", "-Werror", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("running cc");
+        assert!(st.success(), "building {}", src.display());
+    }
+    out
 }
 
 /// `assert_paged` with an explicit slack above the limit, in pages.

@@ -52,6 +52,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <linux/futex.h>
 #include <unistd.h>
 
 #define PAGE 4096UL
@@ -65,14 +66,23 @@
 #define KIND_DROP_DONE 4
 #define KIND_ERROR 5
 #define HELLO_FORK_CHILD 1u
+#define HELLO_NEED_UFFD 2u
+#define HELLO_API_BY_DAEMON 4u
 
 #define SCRATCH_PAGES 512UL
 #define STACK_BYTES (256UL * 1024)
-#define WATCHDOG_STACK_BYTES (64UL * 1024)
+#define WATCHDOG_STACK_BYTES (1024UL * 1024) /* it may run the program's atexit handlers */
 /* Exit status of a process whose daemon died. */
 #define EXIT_DAEMON_LOST 86
 
 /* uapi bits the Debian 12 headers lack. */
+#define PIDFD_THREAD_ O_EXCL
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
 struct uffdio_api_ { uint64_t api, features, ioctls; };
 struct uffdio_range_ { uint64_t start, len; };
 struct uffdio_register_ { struct uffdio_range_ range; uint64_t mode, ioctls; };
@@ -84,11 +94,13 @@ struct uffdio_move_ { uint64_t dst, src, len, mode; int64_t move; };
 #define FEATURES ((1ULL << 0) | (1ULL << 1) | (1ULL << 2) | (1ULL << 3) | (1ULL << 6) | (1ULL << 8) | (1ULL << 16))
 
 struct agent {
-	int sock;            /* connection to the daemon */
-	int uffd;            /* this process's userfaultfd (kept open: see header comment) */
+	int sock;            /* connection to the daemon (in the agent thread's own fd table) */
+	int uffd;            /* this process's userfaultfd (ditto; kept open: see header comment) */
 	pid_t daemon_pid;
-	dev_t sock_dev;
-	ino_t sock_ino;
+	volatile int tid;    /* the agent thread's id, once it has its own fd table (0 before) */
+	volatile int ready;  /* futex: 1 once the agent thread has its own fd table, -1 if it failed */
+	volatile int greeted; /* futex: a fork child's agent greeted the daemon (1) or could not (-1) */
+	int fork_child;      /* started by atfork_child: greets the daemon itself */
 	uint64_t features;
 	char *region;
 	char *probe;
@@ -150,9 +162,16 @@ static void die_daemon_lost(void)
 	} while (pid > 0 && t < 15);
 	while (t > 0)
 		num[n++] = tmp[--t];
-	syscall(SYS_write, 2, head, sizeof head - 1);
-	syscall(SYS_write, 2, num, n);
-	syscall(SYS_write, 2, tail, sizeof tail - 1);
+	/* The agent's threads have no descriptors of the program's: borrow its stderr. */
+	long err = -1;
+	long pfd = syscall(SYS_pidfd_open, syscall(SYS_getpid), 0);
+	if (pfd >= 0)
+		err = syscall(SYS_pidfd_getfd, pfd, 2, 0);
+	if (err < 0)
+		err = 2;
+	syscall(SYS_write, err, head, sizeof head - 1);
+	syscall(SYS_write, err, num, n);
+	syscall(SYS_write, err, tail, sizeof tail - 1);
 	syscall(SYS_exit_group, EXIT_DAEMON_LOST);
 }
 
@@ -273,14 +292,16 @@ static const uint8_t *check_packet(const uint8_t *buf, ssize_t n, uint16_t kind,
 
 static int connect_daemon(void)
 {
-	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	/* Raw syscalls: a fork child's agent thread connects (it may touch managed memory then,
+	 * since no DROP comes before it has named itself, but it need not). */
+	int s = (int)syscall(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (s < 0)
 		return -1;
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
 	memcpy(a.sun_path, g_sock_path, sizeof a.sun_path);
-	if (connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
+	if (syscall(SYS_connect, s, (struct sockaddr *)&a, sizeof a) < 0) {
 		int e = errno;
-		close(s);
+		syscall(SYS_close, s);
 		errno = e;
 		return -1;
 	}
@@ -293,8 +314,8 @@ static int hello(struct agent *ag, uint32_t flags, int send_fd, int *recv_fd)
 	memset(pkt, 0, sizeof pkt);
 	header(pkt, KIND_HELLO, 64);
 	uint8_t *p = pkt + HEADER_LEN;
-	put32(p + 0, (uint32_t)getpid());
-	put32(p + 4, (uint32_t)getppid());
+	put32(p + 0, (uint32_t)syscall(SYS_getpid));
+	put32(p + 4, (uint32_t)syscall(SYS_getppid));
 	put32(p + 8, flags);
 	put64(p + 16, ag->features);
 	put64(p + 24, (uint64_t)ag->region);
@@ -315,11 +336,6 @@ static int hello(struct agent *ag, uint32_t flags, int send_fd, int *recv_fd)
 	if (status != 0) {
 		errno = status > 0 ? status : EPROTO;
 		return -1;
-	}
-	struct stat st;
-	if (fstat(ag->sock, &st) == 0) {
-		ag->sock_dev = st.st_dev;
-		ag->sock_ino = st.st_ino;
 	}
 	return 0;
 }
@@ -391,22 +407,131 @@ static void block_signals(void)
 	syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, NULL, sizeof all);
 }
 
+/* Whether the daemon has exited (also while it is a zombie nobody has reaped yet). */
+static int daemon_exited(pid_t pid)
+{
+	long pfd = syscall(SYS_pidfd_open, pid, 0);
+	if (pfd < 0)
+		return errno == ESRCH;
+	struct pollfd p = { .fd = (int)pfd, .events = POLLIN };
+	long r = syscall(SYS_poll, &p, 1, 0);
+	syscall(SYS_close, pfd);
+	return r > 0 && (p.revents & POLLIN);
+}
+
+/* Closes every descriptor of the calling thread's (own) table but `keep_a` and `keep_b`
+ * (either may be -1). */
+static void close_all_but(int keep_a, int keep_b)
+{
+	int lo = keep_a < keep_b ? keep_a : keep_b, hi = keep_a < keep_b ? keep_b : keep_a;
+	unsigned int from = 0;
+	int keep[2] = { lo, hi };
+	for (int i = 0; i < 2; i++) {
+		if (keep[i] < 0 || (i == 1 && keep[1] == keep[0]))
+			continue;
+		if ((unsigned int)keep[i] > from)
+			syscall(SYS_close_range, from, (unsigned int)keep[i] - 1, 0);
+		from = (unsigned int)keep[i] + 1;
+	}
+	syscall(SYS_close_range, from, ~0U, 0);
+}
+
+static void futex_wake(volatile int *w)
+{
+	syscall(SYS_futex, w, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+/*
+ * Gives the calling agent thread a descriptor table of its own (unshare(CLONE_FILES)), holding
+ * only `keep_a` and `keep_b`. The program's table then holds nothing of the agent's: a program
+ * that closes its descriptors (closefrom, close_range, daemons and shells before exec) cannot
+ * cut the agent off, a fork child inherits none of them, a program started with 0-2 closed
+ * gets its own files there, and a program counting its descriptors sees only its own. Nothing
+ * the program opens later reaches this table either.
+ */
+static int own_fd_table(int keep_a, int keep_b)
+{
+	if (syscall(SYS_unshare, CLONE_FILES) != 0)
+		return -1;
+	close_all_but(keep_a, keep_b);
+	return 0;
+}
+
+/* A copy of the program's standard error, for a message from an agent thread (whose own table
+ * holds none: it would keep the program's stderr open after the program closed it). -1 if the
+ * program has none or the thread-group leader has exited. */
+static int program_stderr(void)
+{
+	int pfd = (int)syscall(SYS_pidfd_open, syscall(SYS_getpid), 0);
+	if (pfd < 0)
+		return -1;
+	int fd = (int)syscall(SYS_pidfd_getfd, pfd, 2, 0);
+	syscall(SYS_close, pfd);
+	return fd;
+}
+
+static void say_from_agent(const char *msg)
+{
+	int fd = program_stderr();
+	if (fd < 0)
+		return;
+	syscall(SYS_write, fd, msg, strlen(msg));
+	syscall(SYS_close, fd);
+}
+
+/* The agent thread of a fork child greets the daemon itself: the child's program goes on at
+ * once, and nothing of the greeting happens in a program thread (whose privileges or seccomp
+ * filter may forbid it). On failure the process runs on: the daemon serves its faults through
+ * the uffd the kernel gave it at the fork, but cannot evict its pages. */
+static int greet_as_fork_child(struct agent *ag)
+{
+	ag->sock = connect_daemon();
+	if (ag->sock < 0)
+		return -1;
+	int fd = -1;
+	if (hello(ag, HELLO_FORK_CHILD, -1, &fd) < 0 || fd < 0) {
+		int e = errno;
+		syscall(SYS_close, ag->sock);
+		errno = e;
+		return -1;
+	}
+	ag->uffd = fd;
+	return 0;
+}
+
 static void *agent_thread(void *arg)
 {
 	struct agent *ag = arg;
 	block_signals();
 	syscall(SYS_prctl, PR_SET_NAME, "uffd-agent", 0, 0, 0);
+	int ok = own_fd_table(ag->fork_child ? -1 : ag->sock, ag->fork_child ? -1 : ag->uffd) == 0;
+	ag->tid = (int)syscall(SYS_gettid);
+	ag->ready = ok ? 1 : -1;
+	futex_wake(&ag->ready);
+	if (!ok)
+		return NULL;
 	/* Name this thread to the daemon: a read of the (empty) first scratch page raises a missing
-	 * fault there that carries our thread id; the daemon maps the zero page, which we drop again
-	 * so the scratch stays empty for UFFDIO_MOVE. */
-	syscall(SYS_madvise, ag->scratch, PAGE, MADV_DONTNEED);
+	 * fault there that carries our thread id; the daemon maps the zero page, which we drop again.
+	 * The whole scratch is emptied first: a fork child inherits whatever its parent's agent had
+	 * moved there and not yet freed. */
+	syscall(SYS_madvise, ag->scratch, SCRATCH_PAGES * PAGE, MADV_DONTNEED);
 	(void)*(volatile char *)ag->scratch;
 	syscall(SYS_madvise, ag->scratch, PAGE, MADV_DONTNEED);
+	int greet = ag->fork_child ? greet_as_fork_child(ag) : 0;
+	if (ag->fork_child) {
+		ag->greeted = greet < 0 ? -1 : 1;
+		futex_wake(&ag->greeted);
+	}
+	if (greet < 0) {
+		char line[200];
+		snprintf(line, sizeof line,
+			 "uffd-agent[%ld]: a forked child cannot greet uffd-daemon (%s); its pages are served "
+			 "but not evicted\n",
+			 syscall(SYS_getpid), strerror(errno));
+		say_from_agent(line);
+		return NULL;
+	}
 	for (;;) {
-		/* The program may close our descriptor (closefrom) and the number may be reused. */
-		struct stat st;
-		if (syscall(SYS_fstat, ag->sock, &st) != 0 || st.st_dev != ag->sock_dev || st.st_ino != ag->sock_ino)
-			break;
 		ssize_t n = recv_packet(ag->sock, ag->buf, sizeof ag->buf, NULL);
 		if (n <= 0) {
 			if (n < 0 && (errno == EINTR || errno == EAGAIN))
@@ -419,52 +544,95 @@ static void *agent_thread(void *arg)
 			fatal("malformed message from the daemon", EPROTO);
 		do_drop(ag, p, len, get32(ag->buf + 12));
 	}
-	/* The connection is gone. If the daemon is gone too, evicted pages can never come back:
-	 * stop now rather than run on with pages that would read as zeros or never arrive. */
-	if (syscall(SYS_kill, ag->daemon_pid, 0) != 0 && errno == ESRCH)
+	/* The connection is gone, and with no DROP in progress. If the daemon is gone too, evicted
+	 * pages can never come back: stop now rather than run on with pages that would read as
+	 * zeros or never arrive. */
+	syscall(SYS_close, ag->sock);
+	if (daemon_exited(ag->daemon_pid))
 		die_daemon_lost();
-	say("uffd-agent: lost the connection to uffd-daemon (closed by the program?); pages are still "
-	    "served but no longer evicted from this process\n");
+	say_from_agent("uffd-agent: lost the connection to uffd-daemon; pages are still served but no "
+		       "longer evicted\n");
 	return NULL;
 }
 
+/* Whether every thread of the process but the agent's two has exited (the leader, once it
+ * has, stays as a zombie and is still counted). glibc ends the process when its last thread
+ * exits, and counts the agent's threads: without this, they would keep a process alive whose
+ * program called pthread_exit in its last thread. `stat_fd` is /proc/self/stat. */
+static int only_agent_threads_left(int stat_fd)
+{
+	char buf[1024];
+	ssize_t n = syscall(SYS_pread64, stat_fd, buf, sizeof buf - 1, 0);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	/* Fields after the command name (which may hold spaces and parentheses): state is the
+	 * first, num_threads the 18th. */
+	char *p = strrchr(buf, ')');
+	if (!p)
+		return 0;
+	p += 2;
+	char state = *p;
+	long threads = 0;
+	for (int field = 0; *p && field < 17; p++)
+		if (*p == ' ')
+			field++;
+	while (*p >= '0' && *p <= '9')
+		threads = threads * 10 + (*p++ - '0');
+	return threads == 2 + (state == 'Z');
+}
+
 /*
- * The watchdog does nothing but wait for the daemon to exit. It is separate from the agent
- * thread because that one can be blocked for good when the daemon dies: its MADV_DONTNEED of
- * the scratch area raises an event that only the daemon can read. _exit() kills every thread of
- * the process, including threads blocked in faults or events (they sleep killable).
+ * The watchdog waits for the daemon to exit, and for the program's last thread to exit. It is
+ * separate from the agent thread because that one can be blocked for good when the daemon
+ * dies: its MADV_DONTNEED of the scratch area raises an event that only the daemon can read.
+ * _exit() kills every thread of the process, including threads blocked in faults or events
+ * (they sleep killable).
  */
 static void *watchdog_thread(void *arg)
 {
 	struct agent *ag = arg;
 	block_signals();
+	syscall(SYS_prctl, PR_SET_NAME, "uffd-watchdog", 0, 0, 0);
+	/* Best effort: without a table of its own it still guards the process, with its two
+	 * descriptors in the program's table (and the liveness check below if they are closed). */
+	(void)own_fd_table(-1, -1);
 	long pfd = syscall(SYS_pidfd_open, ag->daemon_pid, 0);
-	if (pfd < 0) {
-		if (errno == ESRCH)
-			die_daemon_lost();
-		return NULL; /* no pidfd: the agent thread's end-of-stream check remains */
-	}
+	if (pfd < 0 && errno == ESRCH)
+		die_daemon_lost();
+	long stat_fd = syscall(SYS_openat, AT_FDCWD, "/proc/self/stat", O_RDONLY | O_CLOEXEC);
 	for (;;) {
 		struct pollfd p = { .fd = (int)pfd, .events = POLLIN };
-		long r = syscall(SYS_poll, &p, 1, -1);
-		if (r > 0)
+		long r = syscall(SYS_poll, &p, pfd >= 0 ? 1 : 0, 100);
+		if (r > 0 && (p.revents & POLLIN))
 			die_daemon_lost();
-		if (r < 0 && errno != EINTR)
-			return NULL;
+		if (r > 0 && (p.revents & POLLNVAL))
+			pfd = -1;
+		if (pfd < 0 && daemon_exited(ag->daemon_pid))
+			die_daemon_lost();
+		if (stat_fd >= 0 && only_agent_threads_left((int)stat_fd))
+			exit(0); /* what glibc does when the last of its threads exits */
 	}
+	return NULL;
 }
 
-static void start_thread(struct agent *ag)
+/* Starts the agent's two threads and waits until the agent thread has its own descriptor
+ * table; returns 0, or -1 if it could not get one. */
+static int start_threads(struct agent *ag)
 {
 	pthread_attr_t at;
 	pthread_t th;
+	ag->ready = 0;
+	ag->tid = 0;
 	pthread_attr_init(&at);
 	pthread_attr_setstack(&at, ag->stack, STACK_BYTES);
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
 	int rc = pthread_create(&th, &at, agent_thread, ag);
 	pthread_attr_destroy(&at);
-	if (rc != 0)
-		fatal("cannot start the agent thread", rc);
+	if (rc != 0) {
+		errno = rc;
+		return -1;
+	}
 	pthread_attr_init(&at);
 	pthread_attr_setstack(&at, ag->watchdog_stack, WATCHDOG_STACK_BYTES);
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
@@ -472,6 +640,9 @@ static void start_thread(struct agent *ag)
 	pthread_attr_destroy(&at);
 	if (rc != 0)
 		fatal("cannot start the agent's watchdog thread", rc);
+	while (ag->ready == 0)
+		syscall(SYS_futex, &ag->ready, FUTEX_WAIT, 0, NULL, NULL, 0);
+	return ag->ready > 0 ? 0 : -1;
 }
 
 static void atfork_child(void)
@@ -482,22 +653,22 @@ static void atfork_child(void)
 	/* Name ourselves to the daemon: this fault arrives on our new uffd with our tid. */
 	volatile char c = *(volatile char *)ag->probe;
 	(void)c;
-	madvise(ag->probe, PAGE, MADV_DONTNEED);
-	/* The inherited socket and uffd belong to the parent. */
-	close(ag->sock);
-	int parent_uffd = ag->uffd;
-	ag->sock = connect_daemon();
-	if (ag->sock < 0)
-		fatal("cannot connect to uffd-daemon from a forked child", errno);
-	int fd = -1;
-	if (hello(ag, HELLO_FORK_CHILD, -1, &fd) < 0 || fd < 0)
-		fatal("uffd-daemon did not accept this forked child", errno);
-	/* Keep our own uffd at the old number so the program sees no change in its fds. */
-	if (dup3(fd, parent_uffd, O_CLOEXEC) < 0)
-		fatal("dup3 of the child's uffd", errno);
-	close(fd);
-	ag->uffd = parent_uffd;
-	start_thread(ag);
+	syscall(SYS_madvise, ag->probe, PAGE, MADV_DONTNEED);
+	/* The parent's descriptors were in its agent thread's table, not copied here. The new agent
+	 * thread greets the daemon and receives this process's uffd. */
+	ag->sock = -1;
+	ag->uffd = -1;
+	ag->fork_child = 1;
+	ag->greeted = 0;
+	if (start_threads(ag) < 0) {
+		say("uffd-agent: a forked child cannot start its agent; its pages are served but not "
+		    "evicted\n");
+		return;
+	}
+	/* The child starts managed, as its parent did: fork returns once its agent is greeted (a
+	 * futex wait here, nothing a seccomp filter or a privilege drop is likely to forbid). */
+	while (ag->greeted == 0)
+		syscall(SYS_futex, &ag->greeted, FUTEX_WAIT, 0, NULL, NULL, 0);
 }
 
 /*
@@ -508,18 +679,31 @@ static void atfork_child(void)
  * daemon's own scan registers whatever this misses (registering twice with the same uffd is a
  * no-op).
  */
-static void register_new_mapping(void *addr, size_t len, int prot, int flags)
+static int register_new_mapping(void *addr, size_t len, int prot, int flags)
 {
 	struct agent *ag = g_agent;
-	if (!ag || addr == MAP_FAILED || len < 16 * PAGE)
-		return;
+	if (!ag || addr == MAP_FAILED || len < 16 * PAGE || ag->tid <= 0)
+		return -1;
 	if ((flags & (MAP_PRIVATE | MAP_ANONYMOUS)) != (MAP_PRIVATE | MAP_ANONYMOUS) || (flags & MAP_HUGETLB) ||
 	    (prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE))
-		return;
+		return -1;
 	int saved = errno;
-	struct uffdio_register_ reg = { .range = { (uint64_t)addr, (len + PAGE - 1) & ~(PAGE - 1) }, .mode = 1 | 2 };
-	(void)ioctl(ag->uffd, UFFDIO_REGISTER_, &reg); /* best effort, see above */
+	/* The uffd lives in the agent thread's own table: borrow it for the call (Linux 6.9's
+	 * thread pidfds; without them the daemon's scan registers the range a little later). */
+	int rc = -1;
+	int pfd = (int)syscall(SYS_pidfd_open, ag->tid, PIDFD_THREAD_);
+	if (pfd >= 0) {
+		int uffd = (int)syscall(SYS_pidfd_getfd, pfd, ag->uffd, 0);
+		syscall(SYS_close, pfd);
+		if (uffd >= 0) {
+			struct uffdio_register_ reg = { .range = { (uint64_t)addr, (len + PAGE - 1) & ~(PAGE - 1) },
+							.mode = 1 | 2 };
+			rc = (int)syscall(SYS_ioctl, uffd, UFFDIO_REGISTER_, &reg);
+			syscall(SYS_close, uffd);
+		}
+	}
 	errno = saved;
+	return rc;
 }
 
 __attribute__((visibility("default"))) void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
@@ -532,10 +716,12 @@ __attribute__((visibility("default"))) void *mmap(void *addr, size_t len, int pr
 	int populate = managed && (flags & MAP_POPULATE);
 	long r = syscall(SYS_mmap, addr, len, prot, populate ? flags & ~MAP_POPULATE : flags, fd, off);
 	void *p = r == -1 ? MAP_FAILED : (void *)r;
-	register_new_mapping(p, len, prot, flags);
+	int registered = register_new_mapping(p, len, prot, flags) == 0;
 	if (populate && p != MAP_FAILED) {
 		int saved = errno;
-		(void)madvise(p, len, 23 /* MADV_POPULATE_WRITE */);
+		/* Not registered (no thread pidfds): populate now, the daemon's scan finds the pages. */
+		(void)syscall(SYS_madvise, p, len, 23 /* MADV_POPULATE_WRITE */);
+		(void)registered;
 		errno = saved;
 	}
 	return p;
@@ -544,6 +730,31 @@ __attribute__((visibility("default"))) void *mmap(void *addr, size_t len, int pr
 __attribute__((visibility("default"))) void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	return mmap(addr, len, prot, flags, fd, off);
+}
+
+/* A new userfaultfd of this process (syscall, else /dev/userfaultfd), or -1. */
+static int new_uffd(void)
+{
+	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	if (uffd >= 0)
+		return uffd;
+	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+	if (dev < 0)
+		return -1;
+	uffd = ioctl(dev, _IO(0xAA, 0x00), O_CLOEXEC | O_NONBLOCK);
+	close(dev);
+	return uffd;
+}
+
+/* The process runs without the agent: said once, never silently. */
+static void unmanaged(struct agent *ag, const char *why, int err)
+{
+	char line[300];
+	snprintf(line, sizeof line, "uffd-agent[%d]: %s (%s); this process runs unmanaged\n", (int)getpid(), why,
+		 err ? strerror(err) : "failed");
+	say(line);
+	if (ag->sock >= 0)
+		close(ag->sock);
 }
 
 __attribute__((constructor)) static void uffd_agent_init(void)
@@ -568,34 +779,57 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 	ag->watchdog_stack = ag->stack + STACK_BYTES;
 	ag->daemon_pid = (pid_t)atoi(dpid);
 
-	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-	if (uffd < 0) {
-		int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
-		if (dev < 0)
-			fatal("userfaultfd(2) refused and /dev/userfaultfd cannot be opened (needs root or "
-			      "access to /dev/userfaultfd)", errno);
-		uffd = ioctl(dev, _IO(0xAA, 0x00), O_CLOEXEC | O_NONBLOCK);
-		close(dev);
-		if (uffd < 0)
-			fatal("USERFAULTFD_IOC_NEW", errno);
-	}
-	struct uffdio_api_ api = { .api = 0xAA, .features = FEATURES };
-	if (ioctl(uffd, UFFDIO_API_, &api) < 0)
-		fatal("UFFDIO_API refused the features the daemon needs (EVENT_FORK needs "
-		      "CAP_SYS_PTRACE; MOVE needs Linux 6.8)", errno);
-	ag->uffd = uffd;
-	ag->features = api.features;
-	/* Probe and scratch are registered by the agent itself; the daemon never manages them. */
-	struct uffdio_register_ reg = { .range = { (uint64_t)ag->probe, PAGE + SCRATCH_PAGES * PAGE }, .mode = 1 };
-	if (ioctl(uffd, UFFDIO_REGISTER_, &reg) < 0)
-		fatal("registering the agent's scratch area", errno);
-
 	ag->sock = connect_daemon();
 	if (ag->sock < 0)
 		fatal("cannot connect to uffd-daemon", errno);
-	if (hello(ag, 0, uffd, NULL) < 0)
+	uint32_t flags = 0;
+	int uffd = new_uffd();
+	if (uffd >= 0) {
+		struct uffdio_api_ api = { .api = 0xAA, .features = FEATURES };
+		if (ioctl(uffd, UFFDIO_API_, &api) == 0) {
+			ag->features = api.features;
+		} else if (errno == EPERM) {
+			/* EVENT_FORK needs CAP_SYS_PTRACE, which this process lacks (a privilege drop
+			 * before the exec): a fresh uffd, whose API the daemon does. */
+			close(uffd);
+			uffd = new_uffd();
+			flags = HELLO_API_BY_DAEMON;
+		} else {
+			fatal("UFFDIO_API refused the features the daemon needs (MOVE needs Linux 6.8)", errno);
+		}
+	}
+	if (uffd < 0) {
+		/* No access to userfaultfd(2) or /dev/userfaultfd for this user: borrow the device. */
+		int dev = -1;
+		if (hello(ag, HELLO_NEED_UFFD, -1, &dev) < 0 || dev < 0) {
+			unmanaged(ag, "cannot make a userfaultfd, and the daemon lent none", errno);
+			return;
+		}
+		uffd = ioctl(dev, _IO(0xAA, 0x00), O_CLOEXEC | O_NONBLOCK);
+		close(dev);
+		if (uffd < 0) {
+			unmanaged(ag, "USERFAULTFD_IOC_NEW on the daemon's /dev/userfaultfd", errno);
+			return;
+		}
+		flags = HELLO_API_BY_DAEMON;
+	}
+	ag->uffd = uffd;
+	if (!(flags & HELLO_API_BY_DAEMON)) {
+		/* Probe and scratch are registered by the agent itself (or by the daemon with the API);
+		 * the daemon never manages them. */
+		struct uffdio_register_ reg = { .range = { (uint64_t)ag->probe, PAGE + SCRATCH_PAGES * PAGE },
+						.mode = 1 };
+		if (ioctl(uffd, UFFDIO_REGISTER_, &reg) < 0)
+			fatal("registering the agent's scratch area", errno);
+	}
+	if (hello(ag, flags, uffd, NULL) < 0)
 		fatal("uffd-daemon did not accept this process", errno);
+	if (start_threads(ag) < 0)
+		fatal("cannot start the agent thread with a descriptor table of its own", errno);
+	/* The agent thread holds the socket and the uffd in its own table now: nothing of the
+	 * agent's stays in the program's. */
+	close(ag->sock);
+	close(uffd);
 	g_agent = ag;
 	pthread_atfork(NULL, NULL, atfork_child);
-	start_thread(ag);
 }

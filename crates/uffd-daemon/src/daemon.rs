@@ -18,8 +18,10 @@ use crate::agent_conn::AgentConn;
 use crate::config::{AccessMode, PolicyConfig};
 use crate::fault;
 use crate::maps;
-use crate::mm::{Mm, MmState};
-use crate::protocol::{self, Message, HELLO_FORK_CHILD, MAX_PACKET};
+use crate::mm::{Mm, MmState, Page};
+use crate::protocol::{
+    self, Message, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD, MAX_PACKET,
+};
 use crate::reclaim;
 use crate::stats::{Histogram, Stats};
 use crate::sys::{self, PidFd, Uffd, PAGE_SIZE_U64};
@@ -263,9 +265,54 @@ pub fn bind_forked_child(shared: &Shared, mm: &Mm, tid: i32) {
         Ok(fd) => *mm.pidfd.lock() = Some(fd),
         Err(e) => eprintln!("uffd-daemon: pidfd of forked child {pid}: {e}"),
     }
+    forked_table_fixup(shared, mm, pid);
     mm.pid.store(pid, Ordering::Release);
     let _g = shared.bind_lock.lock();
     shared.bind_cv.notify_all();
+}
+
+/// What a fork gives a child beyond a copy of its parent's pages, applied to the child's table
+/// once its pid is known (the child waits in its probe fault meanwhile, so its mappings are as
+/// the fork left them): no pages where the parent had `MADV_WIPEONFORK` (the child reads zeros
+/// there) and none where it had `MADV_DONTFORK` (the child has no mapping there).
+fn forked_table_fixup(shared: &Shared, mm: &Mm, pid: i32) {
+    let vmas = match maps::read_vm_flags(pid) {
+        Ok(v) => v,
+        Err(e) => {
+            // Then nothing can be known of wipe-on-fork: the child's pages cannot be trusted.
+            eprintln!(
+                "uffd-daemon: cannot read the mappings of forked child {pid} ({e}); stopping it \
+                 rather than risk serving its parent's data where it must read zeros"
+            );
+            // SAFETY: kill(2) with integer arguments.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            return;
+        }
+    };
+    let mut st = mm.state.lock();
+    let ranges = st.ranges.clone();
+    let mut forgotten = 0;
+    for (s, e) in ranges {
+        // Parts of a registered range that no mapping of the child covers: DONTFORK.
+        let mut at = s;
+        for &(vs, ve, f) in vmas.iter().filter(|v| v.0 < e && v.1 > s) {
+            if vs > at {
+                forgotten += st.forget_range(shared, at, vs);
+                st.remove_range(at, vs);
+            }
+            if f.wipe_on_fork {
+                forgotten += st.forget_range(shared, vs.max(s), ve.min(e));
+            }
+            at = at.max(ve);
+        }
+        if at < e {
+            forgotten += st.forget_range(shared, at, e);
+            st.remove_range(at, e);
+        }
+    }
+    if forgotten > 0 {
+        Stats::add(&shared.stats.fork_pages_wiped, forgotten as u64);
+    }
 }
 
 /// Releases everything an address space held: its handler, its stored pages, its counts.
@@ -295,6 +342,57 @@ pub fn retire(shared: &Shared, mm: &Arc<Mm>) {
     }
 }
 
+/// Locked memory (mlock, mlockall) is the program's promise that its pages stay in RAM and
+/// never reach swap: the daemon leaves it alone. A locked mapping not registered yet is never
+/// registered; a registered one is unregistered and its pages forgotten once all of them are
+/// resident (mlock faults them in; with `MLOCK_ONFAULT` an evicted page keeps its registration
+/// until it comes back). Counted in `unmanaged_locked_bytes` and said once per process, since
+/// the limit then holds only for the rest. Checked when the process has locked memory at all
+/// (`VmLck`, read from its status; the mappings' flags cost a read of smaps).
+fn leave_locked_memory(shared: &Shared, mm: &Mm, pid: i32) {
+    if maps::locked_bytes(pid) == 0 {
+        return;
+    }
+    let Ok(vmas) = maps::read_vm_flags(pid) else {
+        return;
+    };
+    let mut left = 0u64;
+    let mut st = mm.state.lock();
+    for &(s, e, _) in vmas.iter().filter(|v| v.2.locked) {
+        if mm.in_agent_region(s) || st.refused.contains(&(s, e)) {
+            continue;
+        }
+        // (Registered by the scan or by the agent's mmap wrapper, whose ranges the table may
+        // hold pages of before the scan adds them.)
+        if !st.locked.contains(&(s, e)) {
+            st.locked.push((s, e));
+        }
+        let all_resident = st
+            .pages
+            .range(s..e)
+            .all(|(_, p)| matches!(p, Page::Resident { .. }));
+        if !all_resident || mm.uffd.unregister(s, e - s).is_err() {
+            continue;
+        }
+        st.forget_range(shared, s, e);
+        st.remove_range(s, e);
+        st.locked.retain(|&r| r != (s, e));
+        st.refused.push((s, e));
+        left += e - s;
+    }
+    drop(st);
+    if left > 0 {
+        Stats::add(&shared.stats.unmanaged_locked_bytes, left);
+        if !mm.said_locked.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "uffd-daemon: pid {pid} locked {} KiB of its memory (mlock): left resident and \
+                 unmanaged, outside the limit",
+                left >> 10
+            );
+        }
+    }
+}
+
 /// Registers the managed memory of `mm` that is not registered yet, and records the pages
 /// already present in it.
 pub fn scan_and_register(shared: &Shared, mm: &Mm) {
@@ -303,6 +401,7 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) {
         return;
     };
     Stats::add(&shared.stats.maps_scans, 1);
+    leave_locked_memory(shared, mm, pid);
     for v in vmas.iter().filter(|v| v.is_managed()) {
         // Never the agent's own region.
         let parts: Vec<(u64, u64)> = [
@@ -382,6 +481,50 @@ fn in_tree(pid: i32, root: i32) -> bool {
     false
 }
 
+/// Reads a greeting from `sock` (and the descriptor it carries), refusing the connection with
+/// a reason if it is not a valid HELLO of process `pid`.
+fn read_hello(
+    shared: &Shared,
+    sock: &OwnedFd,
+    pid: i32,
+) -> Option<(protocol::Hello, Option<OwnedFd>)> {
+    let stats = &shared.stats;
+    let mut buf = vec![0u8; MAX_PACKET];
+    let (n, fd) = match sys::recv_with_fd(sock.as_raw_fd(), &mut buf) {
+        Ok(x) => x,
+        Err(e) => {
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                Stats::add(&stats.protocol_errors, 1);
+                refuse(sock, &e.to_string());
+            }
+            return None;
+        }
+    };
+    let hello = match protocol::decode(&buf[..n]) {
+        Ok((Message::Hello(h), _)) => h,
+        Ok((other, _)) => {
+            Stats::add(&stats.protocol_errors, 1);
+            refuse(sock, &format!("expected HELLO, got {other:?}"));
+            return None;
+        }
+        Err(e) => {
+            Stats::add(&stats.protocol_errors, 1);
+            eprintln!("uffd-daemon: bad greeting from pid {pid}: {e}");
+            refuse(sock, &e.to_string());
+            return None;
+        }
+    };
+    if hello.pid as i32 != pid {
+        Stats::add(&stats.protocol_errors, 1);
+        refuse(
+            sock,
+            &format!("HELLO names pid {} but the peer is pid {pid}", hello.pid),
+        );
+        return None;
+    }
+    Some((hello, fd))
+}
+
 /// Serves one new agent connection: checks who it is, reads its greeting, sets it up.
 fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
     let stats = &shared.stats;
@@ -389,50 +532,59 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         Ok(c) => c,
         Err(_) => return,
     };
-    // SAFETY: getuid/getpid cannot fail.
-    let (uid, me) = unsafe { (libc::getuid(), libc::getpid()) };
-    if cred.uid != uid || !in_tree(cred.pid, me) {
+    // Any uid: a process of the tree may have dropped its privileges (a server's workers).
+    // SAFETY: getpid cannot fail.
+    let me = unsafe { libc::getpid() };
+    if !in_tree(cred.pid, me) {
         Stats::add(&stats.protocol_errors, 1);
         eprintln!("uffd-daemon: refusing a connection from pid {} uid {}: not a process this daemon started", cred.pid, cred.uid);
         refuse(&sock, "this daemon serves only the processes it started");
         return;
     }
     let _ = sys::set_recv_timeout(sock.as_raw_fd(), 10_000);
-    let mut buf = vec![0u8; MAX_PACKET];
-    let (n, fd) = match sys::recv_with_fd(sock.as_raw_fd(), &mut buf) {
-        Ok(x) => x,
-        Err(e) => {
-            if e.kind() == std::io::ErrorKind::InvalidData {
-                Stats::add(&stats.protocol_errors, 1);
-                refuse(&sock, &e.to_string());
-            }
-            return;
-        }
-    };
-    let hello = match protocol::decode(&buf[..n]) {
-        Ok((Message::Hello(h), _)) => h,
-        Ok((other, _)) => {
-            Stats::add(&stats.protocol_errors, 1);
-            refuse(&sock, &format!("expected HELLO, got {other:?}"));
-            return;
-        }
-        Err(e) => {
-            Stats::add(&stats.protocol_errors, 1);
-            eprintln!("uffd-daemon: bad greeting from pid {}: {e}", cred.pid);
-            refuse(&sock, &e.to_string());
-            return;
-        }
-    };
-    if hello.pid as i32 != cred.pid {
-        Stats::add(&stats.protocol_errors, 1);
-        refuse(
-            &sock,
-            &format!(
-                "HELLO names pid {} but the peer is pid {}",
-                hello.pid, cred.pid
-            ),
-        );
+    let Some((mut hello, mut fd)) = read_hello(&shared, &sock, cred.pid) else {
         return;
+    };
+    if hello.flags & HELLO_NEED_UFFD != 0 {
+        // A process that cannot make its uffd (a user without access to /dev/userfaultfd):
+        // lend it the device, then read its second greeting, with the uffd made from it.
+        let dev = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/userfaultfd")
+        {
+            Ok(d) => d,
+            Err(e) => {
+                refuse(
+                    &sock,
+                    &format!("the daemon cannot open /dev/userfaultfd: {e}"),
+                );
+                return;
+            }
+        };
+        let ack = protocol::encode(
+            &Message::HelloAck {
+                status: 0,
+                max_drop_pages: 0,
+            },
+            0,
+        );
+        if sys::send_with_fd(sock.as_raw_fd(), &ack, Some(dev.as_raw_fd())).is_err() {
+            return;
+        }
+        drop(dev);
+        let Some(again) = read_hello(&shared, &sock, cred.pid) else {
+            return;
+        };
+        if again.0.flags & (HELLO_NEED_UFFD | HELLO_FORK_CHILD) != 0 {
+            Stats::add(&stats.protocol_errors, 1);
+            refuse(
+                &sock,
+                "a second HELLO must carry the uffd made with the device",
+            );
+            return;
+        }
+        (hello, fd) = again;
     }
     let pid = cred.pid;
     let region = (hello.region_start, hello.region_start + hello.region_len);
@@ -479,6 +631,32 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
     let Some(fd) = fd else {
         refuse(&sock, "HELLO without a userfaultfd attached");
         return;
+    };
+    let fd = if hello.flags & HELLO_API_BY_DAEMON != 0 {
+        // Its process lacks the privilege EVENT_FORK needs; the daemon has it. The agent's
+        // probe and scratch are registered here too (missing faults only, as the agent does).
+        let uffd = Uffd::from_owned(fd);
+        let api = uffd.api(sys::REQUIRED_FEATURES).and_then(|f| {
+            uffd.register(
+                hello.probe,
+                PAGE_SIZE_U64 * (1 + hello.scratch_pages as u64),
+                false,
+            )
+            .map(|()| f)
+        });
+        match api {
+            Ok(f) => hello.features = f,
+            Err(e) => {
+                refuse(
+                    &sock,
+                    &format!("UFFDIO_API or registering the agent's scratch: {e}"),
+                );
+                return;
+            }
+        }
+        uffd.into_owned()
+    } else {
+        fd
     };
     if hello.features & sys::REQUIRED_FEATURES != sys::REQUIRED_FEATURES {
         refuse(
@@ -549,33 +727,6 @@ extern "C" fn on_signal(sig: libc::c_int) {
     SIGNAL.store(sig, Ordering::Relaxed);
 }
 
-/// A private directory for this daemon's sockets and agent: `<base>/<pid>`, mode 0700.
-fn make_run_dir() -> anyhow::Result<PathBuf> {
-    let base = std::env::var_os("UFFD_DAEMON_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(default_run_base);
-    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o700))?;
-    let dir = base.join(std::process::id().to_string());
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-    Ok(dir)
-}
-
-/// Where daemons put their run directories.
-pub fn default_run_base() -> PathBuf {
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
-    if uid == 0 {
-        PathBuf::from("/run/uffd-daemon")
-    } else if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
-        PathBuf::from(x).join("uffd-daemon")
-    } else {
-        PathBuf::from(format!("/tmp/uffd-daemon-{uid}"))
-    }
-}
-
 fn serve_control(listener: UnixListener, shared: Arc<Shared>, started: Instant) {
     for s in listener.incoming() {
         let Ok(mut s) = s else { continue };
@@ -633,15 +784,16 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     }
     check_kernel_support()?;
     let started = Instant::now();
-    let dir = make_run_dir()?;
+    let dir = crate::rundir::create()?;
     let cleanup = RunDirGuard(dir.clone());
     let so = dir.join("libuffd_agent.so");
     {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o500)
-            .open(&so)?;
+            .mode(0o444)
+            .open(&so)
+            .with_context(|| format!("writing the agent library {}", so.display()))?;
         f.write_all(AGENT_SO)?;
     }
     let agent_sock = dir.join("agent.sock");
@@ -653,7 +805,11 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     // SAFETY: `lfd` is a fresh descriptor we own.
     let listen_fd = unsafe { OwnedFd::from_raw_fd(lfd) };
     bind_listen(&listen_fd, &agent_sock)?;
-    let ctl = UnixListener::bind(dir.join("ctl.sock")).context("binding the control socket")?;
+    let ctl_path = dir.join("ctl.sock");
+    let ctl = UnixListener::bind(&ctl_path)
+        .with_context(|| format!("binding the control socket {}", ctl_path.display()))?;
+    std::fs::set_permissions(&ctl_path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("setting the mode of {}", ctl_path.display()))?;
 
     let tiers = Tiers::new(config.tiers.clone())?;
     // Backing files are removed at exit whatever happens (the tiers themselves live as long
@@ -802,7 +958,10 @@ fn bind_listen(fd: &OwnedFd, path: &Path) -> anyhow::Result<()> {
             std::io::Error::last_os_error()
         );
     }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    // Any process of the tree connects, whatever its privileges: who it is is checked at
+    // accept (rundir.rs).
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
     // SAFETY: listen on our bound socket.
     if unsafe { libc::listen(fd.as_raw_fd(), 128) } < 0 {
         bail!("listen: {}", std::io::Error::last_os_error());

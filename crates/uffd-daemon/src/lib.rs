@@ -83,11 +83,13 @@ mod mm;
 pub mod pagetable;
 pub mod protocol;
 mod reclaim;
+mod rundir;
 pub mod stats;
 pub mod sys;
 pub mod tiers;
 
-pub use daemon::{default_run_base, run, Config, EXIT_DAEMON_LOST};
+pub use daemon::{run, Config, EXIT_DAEMON_LOST};
+pub use rundir::{base as run_base, default_base as default_run_base};
 pub use stats::Stats;
 
 /// Parses a size such as `256M`, `1G`, `4096`, `64k` (binary units).

@@ -230,7 +230,7 @@ fn demo(size: u64, limit: u64) -> anyhow::Result<i32> {
 
 fn stat(pid: Option<u32>) -> anyhow::Result<i32> {
     use std::io::Read;
-    let base = uffd_daemon::default_run_base();
+    let base = uffd_daemon::run_base();
     let dirs: Vec<PathBuf> = match pid {
         Some(p) => vec![base.join(p.to_string())],
         None => std::fs::read_dir(&base)
@@ -243,8 +243,16 @@ fn stat(pid: Option<u32>) -> anyhow::Result<i32> {
         let Ok(mut s) = std::os::unix::net::UnixStream::connect(d.join("ctl.sock")) else {
             continue;
         };
+        // A daemon that is stopped (SIGSTOP) or stuck must not hang the others' report.
+        s.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
         let mut out = String::new();
-        s.read_to_string(&mut out)?;
+        if let Err(e) = s.read_to_string(&mut out) {
+            eprintln!(
+                "uffd-daemon stat: {} did not answer ({e}); skipped",
+                d.display()
+            );
+            continue;
+        }
         let name = d
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())

@@ -104,6 +104,59 @@ pub fn rss_anon_bytes(pid: i32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// `VmLck` of `pid` in bytes: memory locked with mlock/mlockall (0 if unreadable).
+pub fn locked_bytes(pid: i32) -> u64 {
+    status_kb(pid, "VmLck:").unwrap_or(0) * 1024
+}
+
+fn status_kb(pid: i32, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    line.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
+/// A mapping's `VmFlags` (two-letter codes of `/proc/PID/smaps`) that change what the daemon
+/// may do with its pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VmFlags {
+    /// `lo`: mlock'ed (VM_LOCKED): never to be evicted or written to swap.
+    pub locked: bool,
+    /// `wf`: MADV_WIPEONFORK: a fork child gets zeros here.
+    pub wipe_on_fork: bool,
+    /// `dd`: MADV_DONTFORK: a fork child has no mapping here.
+    pub dont_fork: bool,
+}
+
+/// The mappings of `pid` with their flags, from `/proc/PID/smaps` (which costs a walk of the
+/// page tables: read at a fork, or when the process has locked memory, not on every scan).
+pub fn read_vm_flags(pid: i32) -> io::Result<Vec<(u64, u64, VmFlags)>> {
+    Ok(parse_smaps_flags(&std::fs::read_to_string(format!(
+        "/proc/{pid}/smaps"
+    ))?))
+}
+
+/// Parses the mapping lines and `VmFlags` lines of smaps text.
+pub fn parse_smaps_flags(text: &str) -> Vec<(u64, u64, VmFlags)> {
+    let mut out: Vec<(u64, u64, VmFlags)> = Vec::new();
+    for line in text.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if let Some(last) = out.last_mut() {
+                for f in flags.split_ascii_whitespace() {
+                    match f {
+                        "lo" => last.2.locked = true,
+                        "wf" => last.2.wipe_on_fork = true,
+                        "dd" => last.2.dont_fork = true,
+                        _ => {}
+                    }
+                }
+            }
+        } else if let Some(v) = parse_line(line) {
+            out.push((v.start, v.end, VmFlags::default()));
+        }
+    }
+    out
+}
+
 /// The parent pid of `pid`.
 pub fn parent_of(pid: i32) -> Option<i32> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -121,6 +174,21 @@ pub fn tgid_of(tid: i32) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn smaps_flags() {
+        let text = "7f00000000-7f00002000 rw-p 00000000 00:00 0 \n\
+                    Size:                  8 kB\n\
+                    VmFlags: rd wr mr mw me ac wf \n\
+                    7f00002000-7f00004000 rw-p 00000000 00:00 0 \n\
+                    Rss:                   8 kB\n\
+                    VmFlags: rd wr mr mw me lo ac dd \n";
+        let v = parse_smaps_flags(text);
+        assert_eq!(v.len(), 2);
+        assert_eq!((v[0].0, v[0].1), (0x7f00000000, 0x7f00002000));
+        assert!(v[0].2.wipe_on_fork && !v[0].2.locked && !v[0].2.dont_fork);
+        assert!(v[1].2.locked && v[1].2.dont_fork && !v[1].2.wipe_on_fork);
+    }
 
     #[test]
     fn parses_and_classifies() {

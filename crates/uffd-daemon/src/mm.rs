@@ -61,8 +61,11 @@ pub struct MmState {
     pub resident: usize,
     /// Registered ranges `[start, end)`, sorted and disjoint.
     pub ranges: Vec<(u64, u64)>,
-    /// Ranges whose registration failed (not retried).
+    /// Ranges whose registration failed (not retried), or that the daemon leaves alone.
     pub refused: Vec<(u64, u64)>,
+    /// Locked (mlock) ranges still registered: never chosen as victims; unregistered once
+    /// every page in them is resident.
+    pub locked: Vec<(u64, u64)>,
 }
 
 impl std::fmt::Debug for MmState {
@@ -116,6 +119,8 @@ pub struct Mm {
     /// does not manage (the stack, copy-on-write pages of libraries' data), so that only
     /// growth beyond it triggers the next scan.
     pub untracked_rss: AtomicU64,
+    /// Whether the daemon said that this process locked memory it leaves alone.
+    pub said_locked: AtomicBool,
 }
 
 impl Mm {
@@ -146,6 +151,7 @@ impl Mm {
             next_batch: AtomicU32::new(1),
             last_scan_tick: AtomicU64::new(0),
             untracked_rss: AtomicU64::new(0),
+            said_locked: AtomicBool::new(false),
         })
     }
 
@@ -178,6 +184,7 @@ impl MmState {
             resident: 0,
             ranges: Vec::new(),
             refused: Vec::new(),
+            locked: Vec::new(),
         }
     }
 
@@ -418,6 +425,14 @@ impl MmState {
         for id in ids {
             let addr = id << 12;
             match self.pages.get(addr) {
+                Some(Page::Resident { .. })
+                    if self.locked.iter().any(|&(s, e)| addr >= s && addr < e) =>
+                {
+                    // Locked: back to the policy, young, until the range is left alone.
+                    let _ = self
+                        .policy
+                        .add(id, Hint::new(PageType::Anon, Arrival::Fault));
+                }
                 Some(Page::Resident { .. }) => {
                     self.pages.insert(addr, Page::Evicting { batch });
                     // The policy's shadow entry lives in the page's word until it returns.

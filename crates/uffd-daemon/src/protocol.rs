@@ -37,6 +37,15 @@ pub const MAX_RUNS: usize = 1024;
 pub const MAX_DROP_PAGES: usize = 4096;
 /// HELLO flag: the sender is a forked child whose uffd the daemon already holds.
 pub const HELLO_FORK_CHILD: u32 = 1;
+/// `Hello::flags`: the process cannot make a userfaultfd itself (a user without access to
+/// `/dev/userfaultfd`, after a privilege drop and exec). The daemon answers with a
+/// `HELLO_ACK` carrying an open `/dev/userfaultfd`; the agent makes its uffd with it and greets
+/// again with [`HELLO_API_BY_DAEMON`].
+pub const HELLO_NEED_UFFD: u32 = 2;
+/// `Hello::flags`: the attached uffd has not had `UFFDIO_API` (its process lacks the
+/// privilege `EVENT_FORK` needs); the daemon enables the features and registers the agent's
+/// probe and scratch pages.
+pub const HELLO_API_BY_DAEMON: u32 = 4;
 
 const KIND_HELLO: u16 = 1;
 const KIND_HELLO_ACK: u16 = 2;
@@ -259,7 +268,7 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
                 scratch: u64_at(p, 48),
                 scratch_pages: u32_at(p, 56),
             };
-            if h.flags & !HELLO_FORK_CHILD != 0 {
+            if h.flags & !(HELLO_FORK_CHILD | HELLO_NEED_UFFD | HELLO_API_BY_DAEMON) != 0 {
                 return Err(payload_err(
                     "HELLO",
                     p.len(),

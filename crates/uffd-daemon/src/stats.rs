@@ -58,6 +58,12 @@ counters! {
     remap_events,
     /// UFFD_EVENT_FORK events.
     fork_events,
+    /// Bytes of locked memory (mlock, mlockall) the daemon left alone: never registered, or
+    /// unregistered once resident. Outside the limit.
+    unmanaged_locked_bytes,
+    /// Pages a fork child did not inherit: its parent's `MADV_WIPEONFORK` (zeros in the child)
+    /// and `MADV_DONTFORK` (no mapping in the child) memory.
+    fork_pages_wiped,
     /// Processes that connected (start, exec, fork).
     processes,
     /// Processes managed now.

@@ -245,6 +245,11 @@ impl Uffd {
         Uffd { fd }
     }
 
+    /// The descriptor, given up.
+    pub fn into_owned(self) -> OwnedFd {
+        self.fd
+    }
+
     /// Takes ownership of a raw descriptor returned by the kernel in a fork event.
     ///
     /// # Safety
@@ -283,14 +288,22 @@ impl Uffd {
             // SAFETY: `fd` is a fresh descriptor we own.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         };
+        let granted = uffd.api(features)?;
+        Ok((uffd, granted))
+    }
+
+    /// `UFFDIO_API` on a uffd that has not had it yet: enables `features` and returns those
+    /// the kernel reports. The privilege some features need (`EVENT_FORK`: `CAP_SYS_PTRACE`) is
+    /// the caller's, so the daemon does this for agents whose process has dropped it.
+    pub fn api(&self, features: u64) -> io::Result<u64> {
         let mut api = UffdioApi {
             api: UFFD_API,
             features,
             ioctls: 0,
         };
         // SAFETY: `api` is a valid `struct uffdio_api` for the duration of the call.
-        cvt(unsafe { libc::ioctl(uffd.raw(), UFFDIO_API, &mut api) })?;
-        Ok((uffd, api.features))
+        cvt(unsafe { libc::ioctl(self.raw(), UFFDIO_API, &mut api) })?;
+        Ok(api.features)
     }
 
     /// Sets `O_NONBLOCK` on the open file description.

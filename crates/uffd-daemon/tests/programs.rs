@@ -121,3 +121,259 @@ fn a_stopped_process_answers_late_and_loses_nothing() {
         "the limit did not hold"
     );
 }
+
+fn lifecycle(limit: &str, name: &str, args: &[&str]) -> Run {
+    let exe = c_client("lifecycle");
+    let exe = exe.to_string_lossy().into_owned();
+    let mut argv = vec![exe.as_str()];
+    argv.extend_from_slice(args);
+    run_under(limit, name, &argv)
+}
+
+/// The agent holds nothing in the program's descriptor table: the program lists the same
+/// descriptors as bare, a program that closes every descriptor (closefrom, as daemons and
+/// shells do before exec) is still managed and evicted, and its fork child's own files are its
+/// own.
+#[test]
+fn the_program_owns_its_descriptors() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client("lifecycle");
+    let bare_out = std::env::temp_dir().join(format!("uffd-fds-bare-{}", std::process::id()));
+    let under_out = std::env::temp_dir().join(format!("uffd-fds-under-{}", std::process::id()));
+    // The same output name in both runs, so that the listings can be compared; standard
+    // output and error are pipes in both.
+    let st = Command::new(&exe)
+        .arg("fds")
+        .arg(&bare_out)
+        .output()
+        .expect("bare run");
+    assert!(st.status.success());
+    let bare = std::fs::read_to_string(&bare_out).expect("bare listing");
+    std::fs::rename(&bare_out, &under_out).expect("rename");
+    let run = lifecycle("8M", "fds", &["fds", &bare_out.to_string_lossy()]);
+    assert_eq!(run.status, 0);
+    let under = std::fs::read_to_string(&bare_out).expect("listing under the daemon");
+    let _ = std::fs::remove_file(&bare_out);
+    let _ = std::fs::remove_file(&under_out);
+    assert_eq!(under, bare, "descriptors differ under the daemon");
+
+    let run = lifecycle("8M", "closefrom", &["closefrom", "48"]);
+    assert_eq!(
+        run.status, 0,
+        "wrong data or the child's files were not its own"
+    );
+    assert!(run.stdout.contains("parent: 48 MiB, 0 bad words"));
+    assert!(run.stdout.contains("child: 24 MiB, 0 bad words"));
+    assert_eq!(run.get("processes"), 2);
+    assert_eq!(
+        run.get("agent_threads"),
+        2,
+        "the child's agent did not start"
+    );
+    // Managed after closing everything: evicted, and the limit held (the child's
+    // copy-on-write pages count in both processes: ARCHITECTURE.md, accounting).
+    assert_paged(&run, 16 << 20);
+}
+
+/// A program started with descriptors 0-2 closed gets its own files there, as bare.
+#[test]
+fn a_program_started_with_0_1_2_closed_gets_them() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client("lifecycle").to_string_lossy().into_owned();
+    let out = std::env::temp_dir().join(format!("uffd-fds012-{}", std::process::id()));
+    let out_s = out.to_string_lossy().into_owned();
+    let script = format!("exec 0<&- 1>&- 2>&-; exec {exe} fds {out_s}");
+    let bare = Command::new("sh")
+        .args(["-c", &script])
+        .status()
+        .expect("sh");
+    assert!(bare.success());
+    let bare = std::fs::read_to_string(&out).expect("bare listing");
+    let run = run_under("8M", "fds012", &["sh", "-c", &script]);
+    assert_eq!(run.status, 0);
+    let under = std::fs::read_to_string(&out).expect("listing under the daemon");
+    let _ = std::fs::remove_file(&out);
+    assert!(
+        bare.starts_with("0 "),
+        "bare: the output file is not fd 0: {bare}"
+    );
+    assert_eq!(under, bare, "descriptors differ under the daemon");
+}
+
+/// POSIX: the process ends when its last thread does, also when the main thread left first
+/// with pthread_exit. The agent's threads must not keep it alive.
+#[test]
+fn pthread_exit_of_the_last_thread_ends_the_process() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client("lifecycle").to_string_lossy().into_owned();
+    let path = stats_path("pthread-exit");
+    let mut child = Command::new(DAEMON)
+        .args(["run", "--limit", "8M", "--stats-json"])
+        .arg(&path)
+        .args(["--", &exe, "pthread-exit", "32"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("uffd-daemon");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the process did not end after its last thread exited");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    let _ = std::fs::remove_file(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("thread: 32 MiB, 0 bad words"), "{stdout}");
+}
+
+/// A server drops its privileges and forks its workers; a worker execs. Every process stays
+/// managed: the fork child greets from its agent thread (any uid of the tree may), and the
+/// image exec'd without privileges gets its userfaultfd through the daemon.
+#[test]
+fn privileges_dropped_then_fork_and_exec() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: dropping privileges needs root");
+        return;
+    }
+    let run = lifecycle("8M", "drop-fork", &["drop-fork", "24"]);
+    assert_eq!(
+        run.status, 0,
+        "a process of the tree failed or saw wrong data"
+    );
+    assert!(run
+        .stdout
+        .contains("dropped child: inherited 24 MiB, 0 bad words"));
+    assert!(run.stdout.contains("inner: 24 MiB, 0 bad words"));
+    assert_eq!(
+        run.get("processes"),
+        3,
+        "parent, forked child, exec'd image"
+    );
+    assert_eq!(run.get("agent_threads"), 3, "an agent did not start");
+    // The child's copy-on-write pages count in both processes (ARCHITECTURE.md, accounting).
+    assert_paged(&run, 16 << 20);
+}
+
+/// MADV_WIPEONFORK: a fork child reads zeros there, whatever its parent stored (libraries keep
+/// keys and RNG state there); MADV_DONTFORK: the child has no mapping there. The parent's
+/// pages, evicted or not, are the child's only elsewhere.
+#[test]
+fn wipe_on_fork_and_dont_fork_hold_in_the_child() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = lifecycle("8M", "wipe-on-fork", &["wipe-on-fork", "16"]);
+    assert!(
+        run.stdout.contains(
+            "child: 0 non-zero words where wipe-on-fork, dont-fork unmapped, 0 bad words"
+        ),
+        "the child saw its parent's wipe-on-fork data or dont-fork mapping"
+    );
+    assert!(run.stdout.contains("parent: 0 bad words"));
+    assert_eq!(run.status, 0);
+    assert!(run.get("fork_pages_wiped") > 0);
+    assert_paged(&run, 16 << 20);
+}
+
+/// mlock: the pages stay in RAM and never reach swap. The daemon leaves locked memory alone
+/// (says so, counts it) and no copy of it is written to the swap file.
+#[test]
+fn locked_memory_never_reaches_swap() {
+    use std::io::{BufRead, Write};
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client("lifecycle");
+    let swap = std::env::temp_dir().join(format!("uffd-mlock-swap-{}", std::process::id()));
+    let _ = std::fs::remove_file(&swap);
+    let path = stats_path("mlock");
+    let backend = format!("file:{}", swap.display());
+    let mut child = Command::new(DAEMON)
+        .args([
+            "run",
+            "--limit",
+            "8M",
+            "--zswap",
+            "off",
+            "--swap-size",
+            "256M",
+            "--backend",
+        ])
+        .arg(&backend)
+        .arg("--stats-json")
+        .arg(&path)
+        .arg("--")
+        .arg(&exe)
+        .args(["mlock", "48"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("uffd-daemon");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut text = String::new();
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).expect("read") == 0 {
+            break;
+        }
+        text.push_str(&line);
+        if line.starts_with("READY") {
+            break;
+        }
+    }
+    // Every byte written to the swap file so far, while the program still runs.
+    let written = std::fs::read(&swap).expect("the swap file");
+    let marker = b"SECRET-MARKER-0123456789";
+    let copies = written
+        .windows(marker.len())
+        .filter(|w| w == marker)
+        .count();
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"\n")
+        .expect("write");
+    let status = child.wait().expect("wait");
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("stats")).expect("json");
+    let _ = std::fs::remove_file(&path);
+    eprintln!("{text}\nstats {stats}");
+    assert!(
+        text.contains("mlock: secret 0 bad, 0 pages not resident"),
+        "{text}"
+    );
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        copies, 0,
+        "{copies} copies of locked memory in the swap file"
+    );
+    assert!(
+        stats["evicted_pages"].as_u64().unwrap_or(0) > 0,
+        "nothing was paged"
+    );
+    assert!(
+        stats["unmanaged_locked_bytes"].as_u64().unwrap_or(0) >= 4 << 20,
+        "the locked memory was not counted"
+    );
+    assert!(!swap.exists(), "the named swap file was left behind");
+}

@@ -53,7 +53,49 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <linux/futex.h>
+#include <stdarg.h>
 #include <unistd.h>
+
+/*
+ * The agent's own system calls, without glibc's syscall(): the agent interposes syscall() (and
+ * prctl()) to learn when the program installs a seccomp filter, and must not go through its own
+ * wrapper. Same contract as syscall(2): -1 and errno on failure. errno is the calling thread's
+ * (the agent threads' TLS lives on their stacks, in the agent region).
+ */
+static long agent_syscall6(long n, long a, long b, long c, long d, long e, long f)
+{
+	long r;
+#if defined(__x86_64__)
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+	__asm__ volatile("syscall"
+			 : "=a"(r)
+			 : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+			 : "rcx", "r11", "memory");
+#elif defined(__aarch64__)
+	register long x8 __asm__("x8") = n;
+	register long x0 __asm__("x0") = a;
+	register long x1 __asm__("x1") = b;
+	register long x2 __asm__("x2") = c;
+	register long x3 __asm__("x3") = d;
+	register long x4 __asm__("x4") = e;
+	register long x5 __asm__("x5") = f;
+	__asm__ volatile("svc #0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5) : "memory");
+	r = x0;
+#else
+#error "the agent's raw system calls are written for x86_64 and aarch64"
+#endif
+	if (r < 0 && r > -4096) {
+		errno = (int)-r;
+		return -1;
+	}
+	return r;
+}
+
+#define AGENT_SYSCALL_N(n, a, b, c, d, e, f, ...) agent_syscall6((long)(n), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
+#define agent_syscall(...) AGENT_SYSCALL_N(__VA_ARGS__, 0, 0, 0, 0, 0, 0, 0)
+#define syscall agent_syscall
 
 #define PAGE 4096UL
 #define MAGIC 0x41444655u /* "UFDA" little-endian */
@@ -100,6 +142,8 @@ struct agent {
 	volatile int tid;    /* the agent thread's id, once it has its own fd table (0 before) */
 	volatile int ready;  /* futex: 1 once the agent thread has its own fd table, -1 if it failed */
 	volatile int greeted; /* futex: a fork child's agent greeted the daemon (1) or could not (-1) */
+	volatile int agent_running; /* the agent thread has started and not yet returned */
+	volatile int filtered; /* the program installed a seccomp filter: no agent work in its threads */
 	int fork_child;      /* started by atfork_child: greets the daemon itself */
 	uint64_t features;
 	char *region;
@@ -499,9 +543,19 @@ static int greet_as_fork_child(struct agent *ag)
 	return 0;
 }
 
+static void *agent_loop(struct agent *ag);
+
 static void *agent_thread(void *arg)
 {
 	struct agent *ag = arg;
+	ag->agent_running = 1;
+	agent_loop(ag);
+	ag->agent_running = 0;
+	return NULL;
+}
+
+static void *agent_loop(struct agent *ag)
+{
 	block_signals();
 	syscall(SYS_prctl, PR_SET_NAME, "uffd-agent", 0, 0, 0);
 	int ok = own_fd_table(ag->fork_child ? -1 : ag->sock, ag->fork_child ? -1 : ag->uffd) == 0;
@@ -559,7 +613,7 @@ static void *agent_thread(void *arg)
  * has, stays as a zombie and is still counted). glibc ends the process when its last thread
  * exits, and counts the agent's threads: without this, they would keep a process alive whose
  * program called pthread_exit in its last thread. `stat_fd` is /proc/self/stat. */
-static int only_agent_threads_left(int stat_fd)
+static int only_agent_threads_left(int stat_fd, int ours)
 {
 	char buf[1024];
 	ssize_t n = syscall(SYS_pread64, stat_fd, buf, sizeof buf - 1, 0);
@@ -579,7 +633,7 @@ static int only_agent_threads_left(int stat_fd)
 			field++;
 	while (*p >= '0' && *p <= '9')
 		threads = threads * 10 + (*p++ - '0');
-	return threads == 2 + (state == 'Z');
+	return threads == ours + (state == 'Z');
 }
 
 /*
@@ -610,7 +664,7 @@ static void *watchdog_thread(void *arg)
 			pfd = -1;
 		if (pfd < 0 && daemon_exited(ag->daemon_pid))
 			die_daemon_lost();
-		if (stat_fd >= 0 && only_agent_threads_left((int)stat_fd))
+		if (stat_fd >= 0 && only_agent_threads_left((int)stat_fd, 1 + ag->agent_running))
 			exit(0); /* what glibc does when the last of its threads exits */
 	}
 	return NULL;
@@ -653,6 +707,12 @@ static void atfork_child(void)
 	/* Name ourselves to the daemon: this fault arrives on our new uffd with our tid. */
 	volatile char c = *(volatile char *)ag->probe;
 	(void)c;
+	/* Under the program's seccomp filter, which this thread and any thread it starts obey, any
+	 * call of ours may be one the filter kills the process for (glibc aborts a new thread whose
+	 * rseq registration is refused): the child runs without an agent, its faults served, its
+	 * pages not evicted, and the daemon's census says so. */
+	if (ag->filtered)
+		return;
 	syscall(SYS_madvise, ag->probe, PAGE, MADV_DONTNEED);
 	/* The parent's descriptors were in its agent thread's table, not copied here. The new agent
 	 * thread greets the daemon and receives this process's uffd. */
@@ -682,7 +742,7 @@ static void atfork_child(void)
 static int register_new_mapping(void *addr, size_t len, int prot, int flags)
 {
 	struct agent *ag = g_agent;
-	if (!ag || addr == MAP_FAILED || len < 16 * PAGE || ag->tid <= 0)
+	if (!ag || addr == MAP_FAILED || len < 16 * PAGE || ag->tid <= 0 || ag->filtered)
 		return -1;
 	if ((flags & (MAP_PRIVATE | MAP_ANONYMOUS)) != (MAP_PRIVATE | MAP_ANONYMOUS) || (flags & MAP_HUGETLB) ||
 	    (prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE))
@@ -711,7 +771,7 @@ __attribute__((visibility("default"))) void *mmap(void *addr, size_t len, int pr
 	/* MAP_POPULATE would fill the whole range before we could register it, past the limit and
 	 * behind the daemon's back: map without it, register, then populate through the faults
 	 * (MADV_POPULATE_WRITE), which the daemon serves and throttles like any other. */
-	int managed = g_agent && (flags & (MAP_PRIVATE | MAP_ANONYMOUS)) == (MAP_PRIVATE | MAP_ANONYMOUS) &&
+	int managed = g_agent && !g_agent->filtered && (flags & (MAP_PRIVATE | MAP_ANONYMOUS)) == (MAP_PRIVATE | MAP_ANONYMOUS) &&
 		      !(flags & MAP_HUGETLB) && (prot & (PROT_READ | PROT_WRITE)) == (PROT_READ | PROT_WRITE);
 	int populate = managed && (flags & MAP_POPULATE);
 	long r = syscall(SYS_mmap, addr, len, prot, populate ? flags & ~MAP_POPULATE : flags, fd, off);
@@ -730,6 +790,43 @@ __attribute__((visibility("default"))) void *mmap(void *addr, size_t len, int pr
 __attribute__((visibility("default"))) void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	return mmap(addr, len, prot, flags, fd, off);
+}
+
+/* A seccomp filter is being installed: from now on the agent does nothing in program threads
+ * (see atfork_child). A filter installed with SECCOMP_FILTER_FLAG_TSYNC reaches the agent's own
+ * threads too; nothing here can exempt them. */
+static void note_seccomp(void)
+{
+	if (g_agent)
+		g_agent->filtered = 1;
+}
+
+#undef syscall
+__attribute__((visibility("default"))) long syscall(long n, ...)
+{
+	va_list ap;
+	va_start(ap, n);
+	long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
+	long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
+	va_end(ap);
+	if (n == SYS_seccomp && a == 1 /* SECCOMP_SET_MODE_FILTER */)
+		note_seccomp();
+	if (n == SYS_prctl && a == PR_SET_SECCOMP && b == 2 /* SECCOMP_MODE_FILTER */)
+		note_seccomp();
+	return agent_syscall6(n, a, b, c, d, e, f);
+}
+#define syscall agent_syscall
+
+__attribute__((visibility("default"))) int prctl(int option, ...)
+{
+	va_list ap;
+	va_start(ap, option);
+	unsigned long a = va_arg(ap, unsigned long), b = va_arg(ap, unsigned long);
+	unsigned long c = va_arg(ap, unsigned long), d = va_arg(ap, unsigned long);
+	va_end(ap);
+	if (option == PR_SET_SECCOMP && a == 2 /* SECCOMP_MODE_FILTER */)
+		note_seccomp();
+	return (int)agent_syscall6(SYS_prctl, option, (long)a, (long)b, (long)c, (long)d, 0);
 }
 
 /* A new userfaultfd of this process (syscall, else /dev/userfaultfd), or -1. */

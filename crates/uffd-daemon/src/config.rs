@@ -97,6 +97,9 @@ pub struct PolicyConfig {
     /// How long reclaim waits for an agent's answer to a DROP before it leaves the batch
     /// outstanding and turns to other work (`[test] drop_timeout_ms`: tests shorten it).
     pub drop_timeout: std::time::Duration,
+    /// What to do about memory of the tree the daemon cannot manage (`unmanaged`,
+    /// `--unmanaged`): say it, or refuse the program.
+    pub unmanaged: crate::unmanaged::Policy,
 }
 
 /// Default of `[fault] spin_us`.
@@ -120,6 +123,7 @@ impl Default for PolicyConfig {
             fault_realtime: false,
             fault_spread: true,
             drop_timeout: std::time::Duration::from_millis(crate::agent_conn::DROP_TIMEOUT_MS),
+            unmanaged: crate::unmanaged::Policy::Warn,
         }
     }
 }
@@ -128,6 +132,7 @@ impl Default for PolicyConfig {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     limit: Option<String>,
+    unmanaged: Option<String>,
     #[serde(default)]
     tiers: FileTiers,
     #[serde(default)]
@@ -205,6 +210,8 @@ pub struct Overrides {
     pub policy: Option<PolicyKind>,
     /// `--access`.
     pub access: Option<AccessMode>,
+    /// `--unmanaged`.
+    pub unmanaged: Option<crate::unmanaged::Policy>,
 }
 
 /// Parses `lz4`, `zstd`, `zstd:LEVEL`, `deflate`, `deflate-iaa`.
@@ -405,6 +412,13 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
             bail!("test.drop_timeout_ms = {ms}: 1 to 600000");
         }
         policy.drop_timeout = std::time::Duration::from_millis(ms);
+    }
+    if let Some(u) = &f.unmanaged {
+        policy.unmanaged =
+            crate::unmanaged::Policy::parse(u).map_err(|e| anyhow::anyhow!("unmanaged = {e}"))?;
+    }
+    if let Some(u) = o.unmanaged {
+        policy.unmanaged = u;
     }
     if let Some(k) = o.policy {
         policy.kind = k;

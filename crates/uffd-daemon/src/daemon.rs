@@ -26,6 +26,7 @@ use crate::reclaim;
 use crate::stats::{Histogram, Stats};
 use crate::sys::{self, PidFd, Uffd, PAGE_SIZE_U64};
 use crate::tiers::{TierConfig, Tiers};
+use crate::unmanaged::Census;
 
 /// The agent shared object, built from `agent/agent.c` by build.rs.
 pub static AGENT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libuffd_agent.so"));
@@ -346,8 +347,7 @@ pub fn retire(shared: &Shared, mm: &Arc<Mm>) {
 /// never reach swap: the daemon leaves it alone. A locked mapping not registered yet is never
 /// registered; a registered one is unregistered and its pages forgotten once all of them are
 /// resident (mlock faults them in; with `MLOCK_ONFAULT` an evicted page keeps its registration
-/// until it comes back). Counted in `unmanaged_locked_bytes` and said once per process, since
-/// the limit then holds only for the rest. Checked when the process has locked memory at all
+/// until it comes back). The census counts it (`unmanaged_locked_bytes`) and says it. Checked when the process has locked memory at all
 /// (`VmLck`, read from its status; the mappings' flags cost a read of smaps).
 fn leave_locked_memory(shared: &Shared, mm: &Mm, pid: i32) {
     if maps::locked_bytes(pid) == 0 {
@@ -356,7 +356,6 @@ fn leave_locked_memory(shared: &Shared, mm: &Mm, pid: i32) {
     let Ok(vmas) = maps::read_vm_flags(pid) else {
         return;
     };
-    let mut left = 0u64;
     let mut st = mm.state.lock();
     for &(s, e, _) in vmas.iter().filter(|v| v.2.locked) {
         if mm.in_agent_region(s) || st.refused.contains(&(s, e)) {
@@ -378,28 +377,22 @@ fn leave_locked_memory(shared: &Shared, mm: &Mm, pid: i32) {
         st.remove_range(s, e);
         st.locked.retain(|&r| r != (s, e));
         st.refused.push((s, e));
-        left += e - s;
-    }
-    drop(st);
-    if left > 0 {
-        Stats::add(&shared.stats.unmanaged_locked_bytes, left);
-        if !mm.said_locked.swap(true, Ordering::Relaxed) {
-            eprintln!(
-                "uffd-daemon: pid {pid} locked {} KiB of its memory (mlock): left resident and \
-                 unmanaged, outside the limit",
-                left >> 10
-            );
-        }
     }
 }
 
 /// Registers the managed memory of `mm` that is not registered yet, and records the pages
 /// already present in it.
-pub fn scan_and_register(shared: &Shared, mm: &Mm) {
-    let Some(pid) = mm.pid() else { return };
+pub fn scan_and_register(shared: &Shared, mm: &Mm) -> bool {
+    let Some(pid) = mm.pid() else { return true };
     let Ok(vmas) = maps::read_maps(pid) else {
-        return;
+        return true;
     };
+    // The agent's probe page is gone: the process exec'd an image without the agent (a static
+    // or set-ID program, or one whose environment dropped LD_PRELOAD). This address space is
+    // no more; the census counts the new one as unmanaged.
+    if !vmas.is_empty() && !vmas.iter().any(|v| v.start <= mm.probe && mm.probe < v.end) {
+        return false;
+    }
     Stats::add(&shared.stats.maps_scans, 1);
     leave_locked_memory(shared, mm, pid);
     for v in vmas.iter().filter(|v| v.is_managed()) {
@@ -439,6 +432,7 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) {
         }
     }
     shared.maybe_kick_reclaim();
+    true
 }
 
 fn refuse(sock: &OwnedFd, why: &str) {
@@ -623,7 +617,7 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         }
         *mm.agent.lock() = Some(conn);
         // Registrations were inherited; pick up anything new.
-        scan_and_register(&shared, &mm);
+        let _ = scan_and_register(&shared, &mm);
         return;
     }
 
@@ -698,7 +692,7 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
     if start_mm(&shared, &mm).is_err() {
         return;
     }
-    scan_and_register(&shared, &mm);
+    let _ = scan_and_register(&shared, &mm);
     let mut conn = match AgentConn::new(sock, max_drop) {
         Ok(c) => c,
         Err(_) => return,
@@ -743,6 +737,32 @@ fn serve_control(listener: UnixListener, shared: Arc<Shared>, started: Instant) 
     }
 }
 
+/// Says at start (or, with `unmanaged = "error"`, refuses) a program the agent cannot load
+/// into: statically linked, or set-ID.
+fn check_program(program: &str, policy: crate::unmanaged::Policy) -> anyhow::Result<()> {
+    let path = if program.contains('/') {
+        Some(PathBuf::from(program))
+    } else {
+        std::env::var_os("PATH").and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(program))
+                .find(|c| c.is_file())
+        })
+    };
+    let Some(kind) = path.as_deref().and_then(crate::unmanaged::program_kind) else {
+        return Ok(());
+    };
+    let why = match kind {
+        crate::unmanaged::Kind::Static => "is statically linked: the agent cannot load into it",
+        _ => "is set-user-ID or set-group-ID: the loader ignores LD_PRELOAD for it",
+    };
+    if policy == crate::unmanaged::Policy::Error {
+        bail!("{program} {why} (unmanaged = \"error\")");
+    }
+    eprintln!("uffd-daemon: {program} {why}; its memory is unmanaged and outside the limit");
+    Ok(())
+}
+
 /// Checks, before starting anything, that this kernel and these privileges give the agent the
 /// userfaultfd it needs, and says what is missing otherwise.
 fn check_kernel_support() -> anyhow::Result<()> {
@@ -783,6 +803,7 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
         );
     }
     check_kernel_support()?;
+    check_program(program, config.policy.unmanaged)?;
     let started = Instant::now();
     let dir = crate::rundir::create()?;
     let cleanup = RunDirGuard(dir.clone());
@@ -969,11 +990,54 @@ fn bind_listen(fd: &OwnedFd, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The census of unmanaged memory (`unmanaged.rs`), and with `unmanaged = "error"` the end of
+/// a tree that has some.
+fn census_round(shared: &Shared, census: &mut Census) {
+    if census.stopped {
+        return;
+    }
+    let managed: std::collections::HashSet<i32> = shared
+        .mms
+        .lock()
+        .iter()
+        .filter(|m| !m.agent.try_lock().is_some_and(|a| a.is_none()))
+        .filter_map(|m| m.pid())
+        .collect();
+    // SAFETY: getpid cannot fail.
+    let me = unsafe { libc::getpid() };
+    let found = census.take(me, &managed, &shared.stats, shared.policy.unmanaged);
+    if let Some((pid, kind)) = found {
+        census.stopped = true;
+        eprintln!(
+            "uffd-daemon: unmanaged = \"error\": pid {pid} has {} memory the daemon cannot \
+             manage; stopping the process tree",
+            kind.name()
+        );
+        let mut tree = Vec::new();
+        let mut stack = vec![me];
+        while let Some(p) = stack.pop() {
+            for c in std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"))
+                .unwrap_or_default()
+                .split_ascii_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok())
+            {
+                tree.push(c);
+                stack.push(c);
+            }
+        }
+        for p in tree {
+            // SAFETY: kill(2) with integer arguments, to processes of our own tree.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+}
+
 /// The scanner: registers new memory, periodically and at once when a process's anonymous
 /// RSS grew beyond what the daemon tracks (memory populated before it was registered).
 /// It runs apart from reclaim so that a slow eviction never delays registration.
 fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     let mut tick: u64 = 0;
+    let mut census = Census::default();
     while !stop.load(Ordering::Relaxed) {
         tick += 1;
         let mut rss_total = 0u64;
@@ -999,7 +1063,10 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             // every tick: stress-ng's processes had their maps read 1000 times a second.
             if tick.saturating_sub(last) >= 50 || rss > tracked(&m) + untracked + (256 << 10) {
                 m.last_scan_tick.store(tick, Ordering::Relaxed);
-                scan_and_register(&shared, &m);
+                if !scan_and_register(&shared, &m) {
+                    retire(&shared, &m);
+                    continue;
+                }
                 let after = maps::rss_anon_bytes(pid).unwrap_or(0);
                 m.untracked_rss
                     .store(after.saturating_sub(tracked(&m)), Ordering::Relaxed);
@@ -1015,6 +1082,9 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             // Give back what the allocator holds free (metadata that shrank after a peak).
             // SAFETY: malloc_trim only releases free memory of the allocator.
             unsafe { libc::malloc_trim(0) };
+        }
+        if tick % 50 == 0 {
+            census_round(&shared, &mut census);
         }
         if tick % 50 == 0 {
             // Every 100 ms: the metadata structures' own count of their bytes.

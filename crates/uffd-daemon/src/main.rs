@@ -54,6 +54,11 @@ enum Cmd {
         /// Access source of the policy: faults or faults+wp. Default faults.
         #[arg(long, value_parser = config::parse_access)]
         access: Option<config::AccessMode>,
+        /// Memory of the tree the daemon cannot manage (static or set-ID programs, shared or
+        /// locked memory): `warn` counts it and says it once per process (default), `error`
+        /// refuses such a program at start and stops the tree when it finds one later.
+        #[arg(long, value_parser = uffd_daemon::unmanaged::Policy::parse)]
+        unmanaged: Option<uffd_daemon::unmanaged::Policy>,
         /// Write the final counters as JSON to this file.
         #[arg(long)]
         stats_json: Option<PathBuf>,
@@ -123,6 +128,7 @@ fn real_main() -> anyhow::Result<i32> {
             compressor,
             policy,
             access,
+            unmanaged,
             stats_json,
             verbose,
             command,
@@ -135,6 +141,7 @@ fn real_main() -> anyhow::Result<i32> {
                 compressor,
                 policy,
                 access,
+                unmanaged,
             };
             let r = config::resolve(config_path.as_deref(), &o)?;
             let config = Config {

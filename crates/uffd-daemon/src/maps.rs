@@ -63,11 +63,21 @@ fn parse_line(line: &str) -> Option<Vma> {
     })
 }
 
-/// Reads the maps of `pid`.
+/// Reads the maps of `pid`. A process whose main thread has exited (`pthread_exit`) shows no
+/// maps through its pid: they are read through one of its live threads then.
 pub fn read_maps(pid: i32) -> io::Result<Vec<Vma>> {
-    Ok(parse_maps(&std::fs::read_to_string(format!(
-        "/proc/{pid}/maps"
-    ))?))
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    if !text.is_empty() {
+        return Ok(parse_maps(&text));
+    }
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
+        if let Ok(text) = std::fs::read_to_string(t.path().join("maps")) {
+            if !text.is_empty() {
+                return Ok(parse_maps(&text));
+            }
+        }
+    }
+    Ok(Vec::new())
 }
 
 /// Addresses of the pages present in `[start, end)` of `pid`.

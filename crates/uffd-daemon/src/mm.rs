@@ -119,8 +119,6 @@ pub struct Mm {
     /// does not manage (the stack, copy-on-write pages of libraries' data), so that only
     /// growth beyond it triggers the next scan.
     pub untracked_rss: AtomicU64,
-    /// Whether the daemon said that this process locked memory it leaves alone.
-    pub said_locked: AtomicBool,
 }
 
 impl Mm {
@@ -151,7 +149,6 @@ impl Mm {
             next_batch: AtomicU32::new(1),
             last_scan_tick: AtomicU64::new(0),
             untracked_rss: AtomicU64::new(0),
-            said_locked: AtomicBool::new(false),
         })
     }
 

@@ -58,8 +58,19 @@ counters! {
     remap_events,
     /// UFFD_EVENT_FORK events.
     fork_events,
-    /// Bytes of locked memory (mlock, mlockall) the daemon left alone: never registered, or
-    /// unregistered once resident. Outside the limit.
+    /// Memory of the tree the daemon does not manage, all kinds, at its peak (bytes; the
+    /// scanner's census every 100 ms: `unmanaged.rs`). Outside the limit.
+    unmanaged_bytes,
+    /// ... of processes whose program is statically linked (no agent can load).
+    unmanaged_static_bytes,
+    /// ... of processes running a set-user-ID or set-group-ID program.
+    unmanaged_setuid_bytes,
+    /// ... of other processes without an agent.
+    unmanaged_no_agent_bytes,
+    /// ... shared memory of managed processes (`RssShmem`: MAP_SHARED anonymous, shm).
+    unmanaged_shared_bytes,
+    /// ... locked memory of managed processes (`VmLck`: mlock, mlockall), which the daemon
+    /// leaves alone: never registered, or unregistered once resident.
     unmanaged_locked_bytes,
     /// Pages a fork child did not inherit: its parent's `MADV_WIPEONFORK` (zeros in the child)
     /// and `MADV_DONTFORK` (no mapping in the child) memory.

@@ -13,6 +13,8 @@
  *   lifecycle mlock MIB        mlock 4 MiB and fill it with a secret marker, then page MIB MiB
  *                              of other memory, check the secret, print READY and wait for a
  *                              line on stdin
+ *   lifecycle shared MIB       fill MIB MiB of MAP_SHARED anonymous memory, check it, hold it a
+ *                              moment (for the daemon's census)
  *   lifecycle wipe-on-fork MIB map MIB MiB wipe-on-fork, MIB MiB dont-fork and MIB MiB plain,
  *                              fill all three (they page), fork: the child must read zeros,
  *                              no mapping and its parent's data
@@ -170,6 +172,20 @@ int main(int argc, char **argv)
 		       WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
 		return bad || !WIFEXITED(st) || WEXITSTATUS(st) != 0;
 	}
+	if (!strcmp(mode, "shared")) {
+		size_t bytes = mib << 20;
+		uint64_t *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		if (m == MAP_FAILED)
+			return 2;
+		for (size_t i = 0; i < bytes / 8; i++)
+			m[i] = i * 3;
+		usleep(400 * 1000);
+		long bad = 0;
+		for (size_t i = 0; i < bytes / 8; i++)
+			bad += m[i] != i * 3;
+		printf("shared: %zu MiB, %ld bad words\n", mib, bad);
+		return bad != 0;
+	}
 	if (!strcmp(mode, "mlock")) {
 		size_t bytes = 4 << 20;
 		char *secret = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -230,8 +246,12 @@ int main(int argc, char **argv)
 		printf("parent: %ld bad words\n", bad);
 		return bad || !WIFEXITED(st) || WEXITSTATUS(st) != 0;
 	}
-	if (!strcmp(mode, "inner"))
-		return page(mib, 6, "inner");
+	if (!strcmp(mode, "inner")) {
+		int rc = page(mib, 6, "inner");
+		uint64_t *m = fill(mib, 6); /* held a moment, for the daemon's census */
+		usleep(300 * 1000);
+		return rc || check(m, mib, 6);
+	}
 	fprintf(stderr, "lifecycle: unknown mode %s\n", mode);
 	return 2;
 }

@@ -143,13 +143,27 @@ pub fn assert_agents(run: &Run) {
 /// Builds `tests/clients/NAME.c` with the system C compiler (once per test binary run) and
 /// returns the executable's path.
 pub fn c_client(name: &str) -> PathBuf {
+    c_client_with(name, "")
+}
+
+/// [`c_client`] linked statically (`gcc -static`): a program the agent cannot load into.
+pub fn c_client_static(name: &str) -> PathBuf {
+    c_client_with(name, "-static")
+}
+
+fn c_client_with(name: &str, flag: &str) -> PathBuf {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/clients")
         .join(format!("{name}.c"));
-    let out = std::env::temp_dir().join(format!("uffd-test-client-{name}-{}", std::process::id()));
+    let out = std::env::temp_dir().join(format!(
+        "uffd-test-client-{name}{flag}-{}",
+        std::process::id()
+    ));
     if !out.exists() {
         let st = Command::new("cc")
-            .args(["-O2", "-g", "-pthread", "-Wall", "-Werror", "-o"])
+            .args(["-O2", "-g", "-pthread", "-Wall", "-Werror"])
+            .args((!flag.is_empty()).then_some(flag))
+            .arg("-o")
             .arg(&out)
             .arg(&src)
             .status()

@@ -1,0 +1,315 @@
+//! Memory of the process tree that the daemon does not manage: found, counted by kind, and
+//! said once, so that a limit that does not hold says why.
+//!
+//! | kind | what | why the daemon cannot page it |
+//! |---|---|---|
+//! | `static` | a process whose program is statically linked | the dynamic loader never loads the agent |
+//! | `setuid` | a process running a set-user-ID or set-group-ID program | the loader ignores `LD_PRELOAD` for it |
+//! | `no_agent` | any other process of the tree without an agent | its environment dropped `LD_PRELOAD`, or its agent could not start (it said why) |
+//! | `shared` | `MAP_SHARED` anonymous memory, System V and POSIX shared memory of managed processes (`RssShmem`) | shared memory pages are not the process's own: userfaultfd's missing faults on shmem would need the other sharers' cooperation |
+//! | `locked` | `mlock`ed memory of managed processes (`VmLck`) | the program asked that it never leave RAM |
+//!
+//! The scanner walks the tree every 100 ms ([`Census::take`]); the counters are the peak of the
+//! current amount of each kind (`unmanaged_<kind>_bytes`) and of their sum
+//! (`unmanaged_bytes`), so a user sees how far the limit could not reach. With
+//! `unmanaged = "error"` the daemon refuses such a program at start where it can tell
+//! (a static or set-ID program), and stops the tree when it finds one later.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use crate::stats::Stats;
+
+/// Why memory is not managed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A statically linked program.
+    Static,
+    /// A set-user-ID or set-group-ID program.
+    Setuid,
+    /// A process of the tree without an agent for another reason.
+    NoAgent,
+    /// Shared memory of managed processes.
+    Shared,
+    /// Locked memory of managed processes.
+    Locked,
+}
+
+impl Kind {
+    /// The name used in counters and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Static => "static",
+            Kind::Setuid => "setuid",
+            Kind::NoAgent => "no_agent",
+            Kind::Shared => "shared",
+            Kind::Locked => "locked",
+        }
+    }
+
+    fn why(self) -> &'static str {
+        match self {
+            Kind::Static => "its program is statically linked, so the agent cannot load",
+            Kind::Setuid => "its program is set-user-ID or set-group-ID, so the loader ignores LD_PRELOAD",
+            Kind::NoAgent => "it runs without the agent (LD_PRELOAD dropped from its environment, a seccomp filter in force at its fork, or the agent could not start)",
+            Kind::Shared => "shared memory (MAP_SHARED anonymous, shm) is not paged",
+            Kind::Locked => "locked memory (mlock) stays in RAM",
+        }
+    }
+}
+
+/// What to do about unmanaged memory (`unmanaged` in the config, `--unmanaged`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Count it and say it once per process (the default).
+    #[default]
+    Warn,
+    /// Refuse to start a program known to be unmanageable, and stop the tree when such memory
+    /// is found later.
+    Error,
+}
+
+impl Policy {
+    /// Parses `warn` or `error`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "warn" => Ok(Policy::Warn),
+            "error" => Ok(Policy::Error),
+            other => Err(format!("{other:?}: warn or error")),
+        }
+    }
+}
+
+/// Whether the program at `path` cannot carry the agent: statically linked (an ELF file without
+/// a program interpreter) or set-ID. `None` when it can, or when this cannot be told.
+pub fn program_kind(path: &Path) -> Option<Kind> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.permissions().mode() & 0o6000 != 0 {
+        return Some(Kind::Setuid);
+    }
+    let bytes = std::fs::read(path).ok()?;
+    elf_is_static(&bytes).then_some(Kind::Static)
+}
+
+/// An ELF executable (`ET_EXEC` or `ET_DYN`) with no `PT_INTERP` program header: nothing
+/// loads `LD_PRELOAD` libraries into it. Scripts and other formats are not static.
+pub fn elf_is_static(b: &[u8]) -> bool {
+    if b.len() < 64 || &b[..4] != b"\x7fELF" || b[4] != 2 || b[5] != 1 {
+        return false; // only 64-bit little-endian ELF is judged
+    }
+    let u16_at = |o: usize| b.get(o..o + 2).map(|s| u16::from_le_bytes([s[0], s[1]]));
+    let u64_at = |o: usize| {
+        b.get(o..o + 8)
+            .map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
+    };
+    let (Some(e_type), Some(phoff), Some(phentsize), Some(phnum)) =
+        (u16_at(16), u64_at(32), u16_at(54), u16_at(56))
+    else {
+        return false;
+    };
+    if e_type != 2 && e_type != 3 {
+        return false;
+    }
+    const PT_INTERP: u32 = 3;
+    for i in 0..phnum as usize {
+        let off = phoff as usize + i * phentsize as usize;
+        match b.get(off..off + 4) {
+            Some(t) if u32::from_le_bytes(t.try_into().expect("4 bytes")) == PT_INTERP => {
+                return false
+            }
+            Some(_) => {}
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The scanner's census of unmanaged memory, kept between walks.
+#[derive(Debug, Default)]
+pub struct Census {
+    /// Processes without an agent seen in the previous walk (one that may yet get an agent is
+    /// counted from its second walk, so that one between its exec and its agent's greeting is
+    /// not).
+    seen_unmanaged: HashSet<i32>,
+    /// What was said, per process and kind.
+    said: HashSet<(i32, Kind)>,
+    /// Whether `Policy::Error` has stopped the tree.
+    pub stopped: bool,
+}
+
+/// One process's figures from `/proc/PID/status`, in bytes.
+#[derive(Debug, Default, Clone, Copy)]
+struct Status {
+    rss_anon: u64,
+    rss_shmem: u64,
+    locked: u64,
+}
+
+fn status(pid: i32) -> Option<Status> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let mut s = Status::default();
+    for line in text.lines() {
+        let kb = |l: &str| -> u64 {
+            l.split_ascii_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+                * 1024
+        };
+        if line.starts_with("RssAnon:") {
+            s.rss_anon = kb(line);
+        } else if line.starts_with("RssShmem:") {
+            s.rss_shmem = kb(line);
+        } else if line.starts_with("VmLck:") {
+            s.locked = kb(line);
+        }
+    }
+    Some(s)
+}
+
+/// Every descendant of `root` (through each thread's `children`).
+fn descendants(root: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let path = t.path().join("children");
+            if let Ok(c) = std::fs::read_to_string(path) {
+                for pid in c.split_ascii_whitespace().filter_map(|s| s.parse().ok()) {
+                    out.push(pid);
+                    stack.push(pid);
+                }
+            }
+        }
+    }
+    out
+}
+
+impl Census {
+    /// Walks the tree under `root` (the daemon): `managed` are the pids with an agent. Updates
+    /// the counters, says what is new, and returns the first kind found if `policy` is
+    /// `Error` (the caller stops the tree).
+    pub fn take(
+        &mut self,
+        root: i32,
+        managed: &HashSet<i32>,
+        stats: &Stats,
+        policy: Policy,
+    ) -> Option<(i32, Kind)> {
+        let mut now: HashMap<Kind, u64> = HashMap::new();
+        let mut unmanaged = HashSet::new();
+        let mut found = None;
+        for pid in descendants(root) {
+            let Some(st) = status(pid) else { continue };
+            if managed.contains(&pid) {
+                for (kind, bytes) in [(Kind::Shared, st.rss_shmem), (Kind::Locked, st.locked)] {
+                    if bytes > 0 {
+                        *now.entry(kind).or_default() += bytes;
+                        found = found.or(Some((pid, kind)));
+                        self.say(pid, kind, bytes);
+                    }
+                }
+                continue;
+            }
+            if st.rss_anon + st.rss_shmem == 0 {
+                continue; // a zombie, or a kernel-side process of no memory
+            }
+            unmanaged.insert(pid);
+            let kind = std::fs::read_link(format!("/proc/{pid}/exe"))
+                .ok()
+                .and_then(|exe| program_kind(&exe))
+                .unwrap_or(Kind::NoAgent);
+            if kind == Kind::NoAgent && !self.seen_unmanaged.contains(&pid) {
+                continue;
+            }
+            *now.entry(kind).or_default() += st.rss_anon + st.rss_shmem;
+            found = found.or(Some((pid, kind)));
+            self.say(pid, kind, st.rss_anon + st.rss_shmem);
+        }
+        self.seen_unmanaged = unmanaged;
+        let mut total = 0;
+        for kind in [
+            Kind::Static,
+            Kind::Setuid,
+            Kind::NoAgent,
+            Kind::Shared,
+            Kind::Locked,
+        ] {
+            let v = now.get(&kind).copied().unwrap_or(0);
+            total += v;
+            counter(stats, kind).fetch_max(v, Ordering::Relaxed);
+        }
+        stats.unmanaged_bytes.fetch_max(total, Ordering::Relaxed);
+        match policy {
+            Policy::Error => found,
+            Policy::Warn => None,
+        }
+    }
+
+    fn say(&mut self, pid: i32, kind: Kind, bytes: u64) {
+        if self.said.insert((pid, kind)) {
+            eprintln!(
+                "uffd-daemon: pid {pid}: {} KiB unmanaged ({}): {}; outside the limit",
+                bytes >> 10,
+                kind.name(),
+                kind.why()
+            );
+        }
+    }
+}
+
+fn counter(stats: &Stats, kind: Kind) -> &std::sync::atomic::AtomicU64 {
+    match kind {
+        Kind::Static => &stats.unmanaged_static_bytes,
+        Kind::Setuid => &stats.unmanaged_setuid_bytes,
+        Kind::NoAgent => &stats.unmanaged_no_agent_bytes,
+        Kind::Shared => &stats.unmanaged_shared_bytes,
+        Kind::Locked => &stats.unmanaged_locked_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_and_dynamic_elf_are_told_apart() {
+        // This test binary is dynamically linked (it has an interpreter).
+        let me = std::env::current_exe().unwrap();
+        assert_eq!(program_kind(&me), None);
+        assert!(!elf_is_static(&std::fs::read(&me).unwrap()));
+        // Not ELF at all: a script.
+        assert!(!elf_is_static(b"#!/bin/sh\necho hi\n"));
+        assert!(!elf_is_static(&[0u8; 10]));
+        // A minimal static ELF header: ET_EXEC, one PT_LOAD program header.
+        let mut b = vec![0u8; 64 + 56];
+        b[..4].copy_from_slice(b"\x7fELF");
+        b[4] = 2;
+        b[5] = 1;
+        b[16] = 2; // ET_EXEC
+        b[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+        b[54..56].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
+        b[56..58].copy_from_slice(&1u16.to_le_bytes()); // e_phnum
+        b[64..68].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+        assert!(elf_is_static(&b));
+        b[64..68].copy_from_slice(&3u32.to_le_bytes()); // PT_INTERP
+        assert!(!elf_is_static(&b));
+        // Truncated program headers are not judged static.
+        b.truncate(70);
+        assert!(!elf_is_static(&b));
+    }
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!(Policy::parse("warn"), Ok(Policy::Warn));
+        assert_eq!(Policy::parse("error"), Ok(Policy::Error));
+        assert!(Policy::parse("ignore")
+            .unwrap_err()
+            .contains("warn or error"));
+    }
+}

@@ -1,0 +1,63 @@
+/*
+ * A program with a strict seccomp allow-list (unlisted calls fail with EPERM, as libseccomp's
+ * SCMP_ACT_ERRNO does): it fills memory, maps more, forks a child that checks what it
+ * inherited, and checks its own. Exits non-zero on any wrong word or a child that died.
+ */
+#define _GNU_SOURCE
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define ALLOW(n) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, n, 0, 1), BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)
+
+int main(int argc, char **argv)
+{
+	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 64;
+	struct sock_filter f[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		ALLOW(SYS_read), ALLOW(SYS_write), ALLOW(SYS_exit), ALLOW(SYS_exit_group), ALLOW(SYS_brk),
+		ALLOW(SYS_mmap), ALLOW(SYS_munmap), ALLOW(SYS_mprotect), ALLOW(SYS_futex),
+		ALLOW(SYS_rt_sigreturn), ALLOW(SYS_rt_sigprocmask), ALLOW(SYS_newfstatat), ALLOW(SYS_fstat),
+		ALLOW(SYS_clone), ALLOW(SYS_wait4), ALLOW(SYS_madvise), ALLOW(SYS_getpid),
+		ALLOW(SYS_set_robust_list), ALLOW(SYS_clone3), ALLOW(SYS_gettid),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | 1),
+	};
+	struct sock_fprog prog = { sizeof f / sizeof f[0], f };
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)) {
+		perror("seccomp");
+		return 2;
+	}
+	size_t n = mib << 17;
+	unsigned long *m = malloc(n * 8);
+	for (size_t i = 0; i < n; i++)
+		m[i] = i * 7;
+	char *x = mmap(NULL, 8 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	memset(x, 1, 8 << 20);
+	pid_t c = fork();
+	if (c == 0) {
+		long bad = 0;
+		for (size_t i = 0; i < n; i++)
+			bad += m[i] != i * 7;
+		printf("child: %ld bad words\n", bad);
+		fflush(stdout);
+		_exit(bad != 0);
+	}
+	int st;
+	waitpid(c, &st, 0);
+	long bad = 0;
+	for (size_t i = 0; i < n; i++)
+		bad += m[i] != i * 7;
+	for (size_t i = 0; i < (8 << 20); i++)
+		bad += x[i] != 1;
+	printf("parent: %ld bad words, child %s %d\n", bad, WIFEXITED(st) ? "exited" : "killed by signal",
+	       WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+	return bad || !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+}

@@ -54,6 +54,11 @@ enum Cmd {
         /// Access source of the policy: faults or faults+wp. Default faults.
         #[arg(long, value_parser = config::parse_access)]
         access: Option<config::AccessMode>,
+        /// Encryption at rest, on or off: every page written to the backing device sealed with
+        /// AES-256-GCM under a key made at start and held only in the daemon's locked memory,
+        /// and authenticated when read back. Default on.
+        #[arg(long, value_parser = config::parse_on_off, value_name = "on|off")]
+        encrypt: Option<bool>,
         /// Write the final counters as JSON to this file.
         #[arg(long)]
         stats_json: Option<PathBuf>,
@@ -123,6 +128,7 @@ fn real_main() -> anyhow::Result<i32> {
             compressor,
             policy,
             access,
+            encrypt,
             stats_json,
             verbose,
             command,
@@ -135,6 +141,7 @@ fn real_main() -> anyhow::Result<i32> {
                 compressor,
                 policy,
                 access,
+                encrypt,
             };
             let r = config::resolve(config_path.as_deref(), &o)?;
             let config = Config {

@@ -8,6 +8,8 @@
 //! swap_size = "8G"               # swap space: slots, and the backend's size (--swap-size)
 //! large_folios = true            # evict aligned 64 KiB runs as order-4 folios
 //! discard = true                 # punch freed clusters out of a swap file
+//! encrypt = true                 # seal every page on the backend with AES-256-GCM under a key
+//!                                # held only in the daemon's locked memory (--encrypt on|off)
 //!
 //! [zswap]
 //! enabled = true                 # (--zswap off)
@@ -152,6 +154,7 @@ struct FileTiers {
     swap_size: Option<String>,
     large_folios: Option<bool>,
     discard: Option<bool>,
+    encrypt: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -212,6 +215,8 @@ pub struct Overrides {
     pub access: Option<AccessMode>,
     /// `--unmanaged`.
     pub unmanaged: Option<crate::unmanaged::Policy>,
+    /// `--encrypt on|off`.
+    pub encrypt: Option<bool>,
 }
 
 /// Parses `lz4`, `zstd`, `zstd:LEVEL`, `deflate`, `deflate-iaa`.
@@ -227,6 +232,15 @@ pub fn parse_compressor(s: &str) -> Result<Compressor, String> {
                 "unknown compressor {s:?}: expected lz4, zstd, zstd:LEVEL (-7..=22), deflate or deflate-iaa"
             )),
         },
+    }
+}
+
+/// Parses `on` or `off` (`--encrypt`).
+pub fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(format!("{s:?}: expected on or off")),
     }
 }
 
@@ -435,6 +449,7 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
             swap_bytes,
             large_folios: f.tiers.large_folios.unwrap_or(true),
             discard: f.tiers.discard.unwrap_or(true),
+            encrypt: o.encrypt.or(f.tiers.encrypt).unwrap_or(true),
             fail_writes,
             tmp_dir: PathBuf::from("/var/tmp"),
         },
@@ -481,6 +496,7 @@ mod tests {
         );
         let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
         assert_eq!(r.limit, 64 << 20);
+        assert!(r.tiers.encrypt, "encryption at rest is on by default");
         assert_eq!(r.tiers.backend, BackendSpec::Pmem("/tmp/x".into()));
         assert_eq!(r.tiers.swap_bytes, 1 << 30);
         let z = r.tiers.zswap.as_ref().unwrap();
@@ -513,6 +529,28 @@ mod tests {
         assert_eq!(r.tiers.backend, BackendSpec::File(None));
     }
 
+    /// `[tiers] encrypt`, and `--encrypt` over it.
+    #[test]
+    fn encryption_at_rest_setting() {
+        let off = write("limit = \"64M\"\n[tiers]\nencrypt = false\n");
+        let r = resolve(Some(&off.0), &Overrides::default()).unwrap();
+        assert!(!r.tiers.encrypt);
+        let on = Overrides {
+            encrypt: Some(true),
+            ..Overrides::default()
+        };
+        assert!(resolve(Some(&off.0), &on).unwrap().tiers.encrypt);
+        let p = write("limit = \"64M\"\n[tiers]\nencrypt = true\n");
+        let o = Overrides {
+            encrypt: Some(false),
+            ..Overrides::default()
+        };
+        assert!(!resolve(Some(&p.0), &o).unwrap().tiers.encrypt);
+        assert_eq!(parse_on_off("on"), Ok(true));
+        assert_eq!(parse_on_off("off"), Ok(false));
+        assert!(parse_on_off("aes").unwrap_err().contains("on or off"));
+    }
+
     #[test]
     fn errors_name_what_is_wrong() {
         // A file alone: the words its error must name.
@@ -537,6 +575,14 @@ mod tests {
             (
                 "limit = \"64M\"\n[fault]\ncpu_latency_us = 0\n",
                 &["fault.cpu_latency_us", "idle_poll", "remove"],
+            ),
+            (
+                "limit = \"64M\"\n[tiers]\nencrypted = true\n",
+                &["encrypted", "encrypt"],
+            ),
+            (
+                "limit = \"64M\"\n[tiers]\nencrypt = \"aes\"\n",
+                &["encrypt", "bool"],
             ),
         ] {
             let p = write(text);

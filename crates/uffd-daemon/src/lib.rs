@@ -21,6 +21,9 @@
 //! * **Tiers** (`tiers.rs`): every stored page is named by its slot on a `swap-alloc` device
 //!   (order 4 for an aligned 64 KiB folio); `zswap` is keyed by slot; the backend (a swap file,
 //!   or a pmem-backed device) holds slot `s` at `s * 4096`, so writeback needs no allocation.
+//!   Encryption at rest (on by default, `tiers/seal.rs`): each page on the backend is sealed
+//!   with AES-256-GCM under a key held only in the daemon's locked memory, its tag beside it,
+//!   its nonce's counter in the daemon; a page altered on the device fails its read.
 //!   Reference counts are swap-alloc's (fork shares a slot, count 2).
 //! * **Policy** (`mm.rs`): each address space has an `mglru` (or clock) policy holding its
 //!   resident pages, fed by faults and, optionally, write-protect faults
@@ -44,7 +47,8 @@
 //!    is write-protected; a write that races with the eviction waits in a write-protect fault
 //!    and is replayed on the page that comes back (`reclaim.rs`). Nothing is ever lost.
 //! 2. The daemon serves only processes it started (peer credentials, process-tree check) and
-//!    its swap file is mode 0600 (or unnamed) and removed at exit.
+//!    its swap file is mode 0600 (or unnamed), holds only sealed pages (unless `--encrypt
+//!    off`), and is removed at exit.
 //! 3. A malformed agent message is refused with an error that names the problem
 //!    (`protocol.rs`, fuzzed); if the daemon dies the agent stops its process at once
 //!    (exit status 86) instead of letting it read evicted pages as zeros.

@@ -59,6 +59,11 @@ enum Cmd {
         /// refuses such a program at start and stops the tree when it finds one later.
         #[arg(long, value_parser = uffd_daemon::unmanaged::Policy::parse)]
         unmanaged: Option<uffd_daemon::unmanaged::Policy>,
+        /// Encryption at rest, on or off: every page written to the backing device sealed with
+        /// AES-256-GCM under a key made at start and held only in the daemon's locked memory,
+        /// and authenticated when read back. Default on.
+        #[arg(long, value_parser = config::parse_on_off, value_name = "on|off")]
+        encrypt: Option<bool>,
         /// Write the final counters as JSON to this file.
         #[arg(long)]
         stats_json: Option<PathBuf>,
@@ -129,6 +134,7 @@ fn real_main() -> anyhow::Result<i32> {
             policy,
             access,
             unmanaged,
+            encrypt,
             stats_json,
             verbose,
             command,
@@ -142,6 +148,7 @@ fn real_main() -> anyhow::Result<i32> {
                 policy,
                 access,
                 unmanaged,
+                encrypt,
             };
             let r = config::resolve(config_path.as_deref(), &o)?;
             let config = Config {

@@ -18,6 +18,13 @@
 //! the entry invalidated (`put_slot`), so a new store under the same slot can never be removed
 //! by a late invalidation.
 //!
+//! With encryption at rest (`encrypt`, on by default) the backend is wrapped in a
+//! `SealedBackend` (`seal.rs`): every page is sealed with AES-256-GCM on its way to the device
+//! and authenticated on its way back, under a key that exists only in the daemon's locked
+//! memory; a page altered on the device fails its read like a CRC mismatch. The wrapper
+//! stores slot `s` (its page, then its 16-byte tag) at `s * 4112` of the device beneath it;
+//! above it, everything still addresses slot `s` at `s * 4096`.
+//!
 //! A backend that fails (EIO, ENOSPC) loses nothing: a direct store that fails leaves the pages
 //! resident (the caller aborts their eviction), a writeback that fails leaves the entry in
 //! zswap; both are counted and the first of each is logged.
@@ -36,6 +43,9 @@ use swap_alloc::{DeviceConfig, DeviceId, DiscardHook, SwapDevice, SwapEntry};
 use zswap::{Compressor, LoadError, StoreError, Zswap};
 
 use crate::sys::{PAGE_SIZE, PAGE_SIZE_U64};
+
+mod seal;
+pub use seal::SealedBackend;
 
 /// Slot value meaning "the page was all zeros; nothing is stored".
 pub const ZERO_SLOT: u32 = u32::MAX;
@@ -100,6 +110,9 @@ pub struct TierConfig {
     pub large_folios: bool,
     /// Punch freed clusters out of a swap file (the discard hook).
     pub discard: bool,
+    /// Seal every page written to the backend with AES-256-GCM under a key held only in the
+    /// daemon's locked memory (`SealedBackend`). No effect without a backend.
+    pub encrypt: bool,
     /// Failure injection (tests).
     pub fail_writes: Option<FailWrites>,
     /// Directory for an unnamed swap file.
@@ -493,6 +506,8 @@ pub struct Tiers {
     dev: SwapDevice,
     zswap: Option<Arc<Zswap>>,
     backend: Option<Arc<dyn Backend>>,
+    /// The backend's sealing layer (the same object as `backend`) when encryption is on.
+    sealer: Option<Arc<SealedBackend<ArcBackend>>>,
     registry: shrinker::ShrinkerRegistry,
     _shrinkers: Vec<ShrinkerHandle>,
     /// Counters.
@@ -604,6 +619,12 @@ impl Tiers {
         use anyhow::Context;
         let nslots = (cfg.swap_bytes / PAGE_SIZE_U64).clamp(1024, u64::from(ZERO_SLOT - 1));
         let swap_bytes = nslots * PAGE_SIZE_U64;
+        // A sealed page takes its tag with it on the device (`seal::SEALED_PAGE_BYTES`).
+        let device_bytes = if cfg.encrypt {
+            seal::device_bytes(nslots)
+        } else {
+            swap_bytes
+        };
         let backend: Option<Arc<dyn Backend>> = match &cfg.backend {
             BackendSpec::None => None,
             BackendSpec::File(path) => {
@@ -619,9 +640,23 @@ impl Tiers {
                 Some(Arc::new(b))
             }
             BackendSpec::Pmem(path) => Some(Arc::new(
-                PmemBackend::open(path, swap_bytes).context("setting up the pmem device")?,
+                PmemBackend::open(path, device_bytes).context("setting up the pmem device")?,
             )),
         };
+        // Encryption at rest: everything below this layer (and the device) sees only sealed
+        // pages.
+        let (backend, sealer) = match backend {
+            Some(b) if cfg.encrypt => {
+                let s = Arc::new(
+                    SealedBackend::new(ArcBackend(b))
+                        .context("setting up encryption at rest (--encrypt off to go without)")?,
+                );
+                let dyn_s: Arc<dyn Backend> = Arc::clone(&s) as Arc<dyn Backend>;
+                (Some(dyn_s), Some(s))
+            }
+            b => (b, None),
+        };
+        // Failure injection outermost: its byte count is of pages, sealed or not.
         let backend: Option<Arc<dyn Backend>> = match (backend, cfg.fail_writes) {
             (Some(b), Some(fail)) => {
                 let inner: Box<dyn Backend> = Box::new(ArcBackend(b));
@@ -698,6 +733,7 @@ impl Tiers {
             dev,
             zswap,
             backend,
+            sealer,
             registry,
             _shrinkers: shrinkers,
             stats,
@@ -910,6 +946,10 @@ impl Tiers {
     /// Frees slots that were just allocated and hold nothing anywhere.
     fn put_fresh(&self, slots: &[u32]) {
         for &s in slots {
+            // (Part of a unit may have reached the device before another part failed.)
+            if let Some(sealer) = &self.sealer {
+                sealer.forget(u64::from(s));
+            }
             if let Err(e) = self.dev.put(self.entry(s)) {
                 eprintln!("uffd-daemon: BUG: freeing fresh slot {s}: {e}");
             }
@@ -1046,6 +1086,10 @@ impl Tiers {
                     if let Some(z) = &self.zswap {
                         z.invalidate(u64::from(slot), 1);
                     }
+                    // Still pinned: the slot cannot be sealed anew before its seal is gone.
+                    if let Some(s) = &self.sealer {
+                        s.forget(u64::from(slot));
+                    }
                 }
             }
         }
@@ -1079,15 +1123,31 @@ impl Tiers {
         self.zswap.as_ref().map_or(0, |z| z.stats().pool_total_size)
     }
 
-    /// Heap bytes of the tiers' metadata: the slot device's, and zswap's (index, LRU and
-    /// pool bookkeeping, not the compressed bytes).
+    /// Heap bytes of the tiers' metadata: the slots' (the slot device's, and with encryption
+    /// the side table of the sealed slots' nonce counters, 8 bytes a sealed slot), and
+    /// zswap's (index, LRU and pool bookkeeping, not the compressed bytes).
     pub fn metadata_bytes(&self) -> (usize, usize) {
         (
-            self.dev.metadata_bytes(),
+            self.dev.metadata_bytes() + self.seal_metadata_bytes(),
             self.zswap
                 .as_ref()
                 .map_or(0, |z| z.stats().metadata_bytes as usize),
         )
+    }
+
+    /// Heap bytes of the side table of seals (0 without encryption).
+    pub fn seal_metadata_bytes(&self) -> usize {
+        self.sealer.as_ref().map_or(0, |s| s.metadata_bytes())
+    }
+
+    /// Whether pages written to the backend are sealed (encryption on, and a backend).
+    pub fn encrypted(&self) -> bool {
+        self.sealer.is_some()
+    }
+
+    /// Pages read back from the backend that failed authentication.
+    pub fn backend_auth_failures(&self) -> u64 {
+        self.sealer.as_ref().map_or(0, |s| s.auth_failures())
     }
 
     /// Slots in use.
@@ -1152,6 +1212,18 @@ impl Tiers {
         v["backend_write_errors"] = ld(&s.backend_write_errors).into();
         v["backend_read_errors"] = ld(&s.backend_read_errors).into();
         v["writeback_errors"] = ld(&s.writeback_errors).into();
+        // Encryption at rest: whether the backend's pages are sealed, with what, pages that
+        // failed authentication when read back, and the bytes of the side table of nonce
+        // counters (counted in the slots' metadata).
+        v["backend_encrypted"] = self.encrypted().into();
+        v["backend_cipher"] = if self.encrypted() {
+            seal::CIPHER
+        } else {
+            "none"
+        }
+        .into();
+        v["backend_auth_failures"] = self.backend_auth_failures().into();
+        v["backend_seal_metadata_bytes"] = self.seal_metadata_bytes().into();
         v["store_refused"] = ld(&s.store_refused).into();
         v["shrink_calls"] = ld(&s.shrink_calls).into();
         v["zswap_pool_max_bytes"] = ld(&s.pool_max_bytes).into();
@@ -1236,6 +1308,7 @@ mod tests {
             swap_bytes: 64 << 20,
             large_folios: true,
             discard: true,
+            encrypt: true,
             fail_writes: None,
             tmp_dir: std::env::temp_dir(),
         }
@@ -1248,6 +1321,11 @@ mod tests {
             ("zswap+file", cfg(Some(64 << 20), BackendSpec::File(None))),
             ("file", cfg(None, BackendSpec::File(None))),
             ("pmem", cfg(Some(1 << 20), BackendSpec::Pmem(tmp("pmem")))),
+            ("file, unencrypted", {
+                let mut c = cfg(None, BackendSpec::File(None));
+                c.encrypt = false;
+                c
+            }),
         ]
     }
 
@@ -1318,6 +1396,13 @@ mod tests {
                 - v["zswpwb"].as_u64().unwrap();
             assert_eq!(out_pages, 21, "{name}: {v}");
             assert_eq!(v["swpout_order4"].as_u64(), Some(1), "{name}: {v}");
+            let sealed = t.backend.is_some() && t.cfg.encrypt;
+            assert_eq!(
+                v["backend_encrypted"].as_bool(),
+                Some(sealed),
+                "{name}: {v}"
+            );
+            assert_eq!(v["backend_auth_failures"].as_u64(), Some(0), "{name}: {v}");
         }
     }
 
@@ -1476,5 +1561,232 @@ mod tests {
         assert!(b.write(1 << 20, &page(1)).is_err(), "beyond the device");
         drop(b);
         assert!(!p.exists());
+    }
+
+    /// A test page (compressible as the others) that says `SECRET-PAGE-` every 256 bytes:
+    /// the pattern to look for on the device.
+    fn secret_page(tag: u64) -> Vec<u8> {
+        let mut p = page(tag);
+        for chunk in p.chunks_exact_mut(256) {
+            chunk[..12].copy_from_slice(b"SECRET-PAGE-");
+        }
+        p
+    }
+
+    fn holds_plaintext(device: &[u8]) -> bool {
+        device.windows(12).any(|w| w == b"SECRET-PAGE-")
+    }
+
+    fn named(c: TierConfig) -> (TierConfig, PathBuf) {
+        let path = match &c.backend {
+            BackendSpec::File(Some(p)) | BackendSpec::Pmem(p) => p.clone(),
+            _ => unreachable!("a named backend"),
+        };
+        let _ = std::fs::remove_file(&path);
+        (c, path)
+    }
+
+    /// Pages stored through the tiers (direct stores of a folio and single pages, and zswap's
+    /// writeback) leave no plaintext on the swap file or the pmem file with encryption on,
+    /// and read back whole; with it off the same search finds the pattern (the search works),
+    /// and freed space keeps only ciphertext.
+    #[test]
+    fn the_device_holds_only_ciphertext() {
+        for encrypt in [true, false] {
+            for (name, zswap, backend) in [
+                ("file", None, BackendSpec::File(Some(tmp("ct-file")))),
+                ("pmem", None, BackendSpec::Pmem(tmp("ct-pmem"))),
+                (
+                    "zswap+file (writeback)",
+                    Some(1 << 20),
+                    BackendSpec::File(Some(tmp("ct-wb"))),
+                ),
+            ] {
+                let mut c = cfg(zswap, backend);
+                c.encrypt = encrypt;
+                c.large_folios = zswap.is_none();
+                let (c, path) = named(c);
+                let t = Tiers::new(c).unwrap();
+                let mut stored: Vec<(u32, Vec<u8>)> = Vec::new();
+                if zswap.is_none() {
+                    let folio: Vec<u8> = (0..16).flat_map(secret_page).collect();
+                    let slots = t.store_units(&[(4, &folio[..])]).pop().unwrap().unwrap();
+                    for (i, &s) in slots.iter().enumerate() {
+                        stored.push((s, secret_page(i as u64)));
+                    }
+                }
+                let singles = if zswap.is_some() { 1200 } else { 64 };
+                for i in 100..100 + singles {
+                    let p = secret_page(i);
+                    let s = t.store_units(&[(0, &p[..])]).pop().unwrap().unwrap()[0];
+                    stored.push((s, p));
+                    t.balance();
+                }
+                assert!(t.stats.pswpout.load(Ordering::Relaxed) > 0, "{name}");
+                if zswap.is_some() {
+                    assert!(t.stats.zswpwb.load(Ordering::Relaxed) > 0, "{name}");
+                }
+                let device = std::fs::read(&path).unwrap();
+                assert_eq!(
+                    holds_plaintext(&device),
+                    !encrypt,
+                    "{name}, encrypt {encrypt}: plaintext on the device"
+                );
+                let mut out = vec![0u8; PAGE_SIZE];
+                for (s, p) in &stored {
+                    t.read(*s, &mut out).unwrap();
+                    assert_eq!(&out, p, "{name}, encrypt {encrypt}: slot {s}");
+                }
+                for (s, _) in &stored {
+                    t.put(*s).unwrap();
+                }
+                if encrypt {
+                    assert!(!holds_plaintext(&std::fs::read(&path).unwrap()), "{name}");
+                    assert!(t.read(stored[0].0, &mut out).is_err(), "freed: forgotten");
+                    assert_eq!(t.seal_metadata_bytes(), seal::EMPTY_TABLE_BYTES, "{name}");
+                }
+                t.check_integrity().unwrap();
+                drop(t);
+                assert!(!path.exists(), "{name}: the named file is removed");
+            }
+        }
+    }
+
+    /// Flips one bit of a stored page in the file: its read fails with an error and hands
+    /// out no bytes; a run over it stops before it; the counters say so.
+    #[test]
+    fn a_page_altered_on_the_device_fails_its_read() {
+        for (name, backend) in [
+            ("file", BackendSpec::File(Some(tmp("alt-file")))),
+            ("pmem", BackendSpec::Pmem(tmp("alt-pmem"))),
+        ] {
+            let (c, path) = named(cfg(None, backend));
+            let t = Tiers::new(c).unwrap();
+            let folio: Vec<u8> = (0..16).flat_map(secret_page).collect();
+            let f = t.store_units(&[(4, &folio[..])]).pop().unwrap().unwrap();
+            let p = secret_page(99);
+            let s = t.store_units(&[(0, &p[..])]).pop().unwrap().unwrap()[0];
+            let dev = std::fs::OpenOptions::new()
+                .write(true)
+                .read(true)
+                .open(&path)
+                .unwrap();
+            let flip = |slot: u32, at: u64| {
+                let off = u64::from(slot) * seal::SEALED_PAGE_BYTES as u64 + at;
+                let mut b = [0u8];
+                dev.read_exact_at(&mut b, off).unwrap();
+                dev.write_all_at(&[b[0] ^ 0x01], off).unwrap();
+            };
+            flip(s, 1234);
+            let mut out = vec![0xa5u8; PAGE_SIZE];
+            let e = t.read(s, &mut out).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{name}: {e}");
+            assert!(e.to_string().contains("authentication"), "{name}: {e}");
+            assert!(
+                out.iter().all(|&x| x == 0),
+                "{name}: bytes of a failed read"
+            );
+            assert_eq!(t.backend_auth_failures(), 1, "{name}");
+            // Page 5 of the folio: a run from its first page stops before it (the stretch read
+            // fails, the first page is read alone), and page 5 alone fails.
+            flip(f[5], 0);
+            let mut run = vec![0u8; 16 * PAGE_SIZE];
+            let (n, tier) = t.read_run(f[0], 16, &mut run).unwrap();
+            assert_eq!((n, tier), (1, Tier::Backend), "{name}");
+            assert_eq!(run[..PAGE_SIZE], folio[..PAGE_SIZE], "{name}");
+            assert!(t.read(f[5], &mut out).is_err(), "{name}");
+            t.read(f[4], &mut out).unwrap();
+            assert_eq!(out, secret_page(4), "{name}");
+            let mut v = serde_json::json!({});
+            t.to_json(&mut v);
+            assert_eq!(v["backend_auth_failures"].as_u64(), Some(3), "{name}: {v}");
+            assert_eq!(v["backend_cipher"].as_str(), Some("aes-256-gcm"), "{name}");
+            assert!(
+                v["backend_read_errors"].as_u64().unwrap() >= 3,
+                "{name}: {v}"
+            );
+        }
+    }
+
+    /// A page's ciphertext copied to another slot's offset is refused there.
+    #[test]
+    fn a_page_copied_to_another_slot_fails() {
+        let (c, path) = named(cfg(None, BackendSpec::File(Some(tmp("copy")))));
+        let t = Tiers::new(c).unwrap();
+        let (a, b) = (secret_page(1), secret_page(2));
+        let sa = t.store_units(&[(0, &a[..])]).pop().unwrap().unwrap()[0];
+        let sb = t.store_units(&[(0, &b[..])]).pop().unwrap().unwrap()[0];
+        let dev = std::fs::OpenOptions::new()
+            .write(true)
+            .read(true)
+            .open(&path)
+            .unwrap();
+        // The sealed page and its tag.
+        let stride = seal::SEALED_PAGE_BYTES as u64;
+        let mut ct = vec![0u8; seal::SEALED_PAGE_BYTES];
+        dev.read_exact_at(&mut ct, u64::from(sa) * stride).unwrap();
+        dev.write_all_at(&ct, u64::from(sb) * stride).unwrap();
+        let mut out = vec![0u8; PAGE_SIZE];
+        assert!(t.read(sb, &mut out).is_err());
+        t.read(sa, &mut out).unwrap();
+        assert_eq!(out, a);
+        assert_eq!(t.backend_auth_failures(), 1);
+    }
+
+    /// A slot freed and stored again (the same page each time) takes a new nonce every time,
+    /// and its ciphertext changes; the side table of nonces costs 8-10 bytes a sealed page
+    /// and is given back when the pages go.
+    #[test]
+    fn rewrites_of_a_slot_never_reuse_a_nonce() {
+        // A small device (2048 slots), so that slots come round again.
+        let mut c = cfg(None, BackendSpec::File(Some(tmp("nonce"))));
+        c.swap_bytes = 8 << 20;
+        let (c, path) = named(c);
+        let t = Tiers::new(c).unwrap();
+        let sealer = t.sealer.clone().unwrap();
+        let p = secret_page(5);
+        let dev = std::fs::File::open(&path).unwrap();
+        let mut nonces = std::collections::HashSet::new();
+        let mut last = std::collections::HashMap::new();
+        let mut rewrites = 0;
+        for _ in 0..3 * 2048 {
+            let s = t.store_units(&[(0, &p[..])]).pop().unwrap().unwrap()[0];
+            let counter = sealer.seal_of(u64::from(s)).unwrap();
+            assert!(nonces.insert(counter), "nonce {counter} reused");
+            let stride = seal::SEALED_PAGE_BYTES as u64;
+            let mut ct = vec![0u8; seal::SEALED_PAGE_BYTES];
+            dev.read_exact_at(&mut ct, u64::from(s) * stride).unwrap();
+            if let Some(before) = last.insert(s, ct.clone()) {
+                rewrites += 1;
+                assert_ne!(
+                    ct, before,
+                    "the same page in slot {s} gave the same ciphertext"
+                );
+            }
+            t.put(s).unwrap();
+            assert_eq!(
+                sealer.seal_of(u64::from(s)),
+                None,
+                "a freed slot's seal is forgotten"
+            );
+        }
+        assert!(rewrites >= 2048, "{rewrites} rewrites of a slot");
+        let pages: Vec<Vec<u8>> = (0..1536).map(secret_page).collect();
+        let slots: Vec<u32> = pages
+            .iter()
+            .map(|p| t.store_units(&[(0, &p[..])]).pop().unwrap().unwrap()[0])
+            .collect();
+        let per_page =
+            (t.seal_metadata_bytes() - seal::EMPTY_TABLE_BYTES) as f64 / slots.len() as f64;
+        assert!(
+            (8.0..10.0).contains(&per_page),
+            "{per_page} bytes a sealed page"
+        );
+        let (with_seals, _) = t.metadata_bytes();
+        assert_eq!(with_seals, t.dev.metadata_bytes() + t.seal_metadata_bytes());
+        for s in slots {
+            t.put(s).unwrap();
+        }
+        assert_eq!(t.seal_metadata_bytes(), seal::EMPTY_TABLE_BYTES);
     }
 }

@@ -101,6 +101,15 @@ fn assert_tiers(run: &Run, setup: &Setup) {
     }
     assert_eq!(run.get("backend_write_errors"), 0, "{}", setup.name);
     assert_eq!(run.get("writeback_errors"), 0, "{}", setup.name);
+    // Encryption at rest is on by default: whatever reaches a device is sealed, and every
+    // page read back authenticated.
+    assert_eq!(
+        run.stats["backend_encrypted"].as_bool(),
+        Some(setup.device),
+        "{}",
+        setup.name
+    );
+    assert_eq!(run.get("backend_auth_failures"), 0, "{}", setup.name);
 }
 
 /// Fork (pages shared by parent and child in zswap and on the device), mremap, munmap and
@@ -212,6 +221,96 @@ fn redis_in_every_setup() {
         assert_paged(&run, 24 << 20);
         assert_tiers(&run, &setup);
     }
+}
+
+/// A named swap file (`--backend file:PATH`) is removed on every exit the daemon controls:
+/// the program's own exit (with encryption on, the default, and off: the stats say which),
+/// a termination signal (forwarded to the program, which dies of it), and a program that
+/// cannot be started after the file was made.
+#[test]
+fn named_swap_file_is_removed_on_every_exit() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let swap =
+        TempFile(std::env::temp_dir().join(format!("uffd-test-named-swap-{}", std::process::id())));
+    let _ = std::fs::remove_file(&swap.0);
+    let backend = format!("file:{}", swap.0.display());
+    for encrypt in ["on", "off"] {
+        let run = run_with(
+            &[
+                "--limit",
+                "16M",
+                "--zswap",
+                "off",
+                "--backend",
+                &backend,
+                "--encrypt",
+                encrypt,
+            ],
+            "named-swap",
+            &[DAEMON, "workload", "--size", "40M"],
+        );
+        assert_eq!(
+            run.status, 0,
+            "encrypt {encrypt}: the workload found bad pages"
+        );
+        assert!(run.stdout.contains("0 bad pages"), "encrypt {encrypt}");
+        assert!(
+            run.get("pswpin") > 0,
+            "encrypt {encrypt}: the device was not used"
+        );
+        assert_eq!(
+            run.stats["backend_encrypted"].as_bool(),
+            Some(encrypt == "on"),
+            "{}",
+            run.stats
+        );
+        assert_eq!(run.get("backend_auth_failures"), 0);
+        assert!(!swap.0.exists(), "encrypt {encrypt}: the swap file is left");
+    }
+    // The program cannot be started: the daemon fails after making the file.
+    let out = Command::new(DAEMON)
+        .args(["run", "--limit", "16M", "--backend", &backend, "--"])
+        .arg("/nonexistent/uffd-test-program")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("starting"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!swap.0.exists(), "left after a failed start");
+    // SIGTERM to the daemon: forwarded to the program, which dies of it; the daemon exits.
+    let mut daemon = Command::new(DAEMON)
+        .args([
+            "run",
+            "--limit",
+            "16M",
+            "--backend",
+            &backend,
+            "--",
+            "sleep",
+            "60",
+        ])
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !swap.0.exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the swap file never appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // SAFETY: kill(2) of our own child with a constant signal.
+    assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) }, 0);
+    let status = daemon.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    assert!(!swap.0.exists(), "left after SIGTERM");
 }
 
 fn write_config(name: &str, text: &str) -> TempFile {

@@ -2,9 +2,11 @@
 //! reading its counters.
 #![allow(dead_code)] // each test binary uses part of it
 
-use std::path::PathBuf;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 pub const DAEMON: &str = env!("CARGO_BIN_EXE_uffd-daemon");
 pub const CHECKER: &str = env!("CARGO_BIN_EXE_uffd-checker");
@@ -48,6 +50,10 @@ pub struct Run {
     pub stdout: String,
     pub stderr: String,
     pub stats: serde_json::Value,
+    /// The run did not end by its deadline and was killed (`status` is then 128 + SIGKILL).
+    pub timed_out: bool,
+    /// For a run killed at its deadline: where each of its threads waited then.
+    pub hung_in: String,
 }
 
 impl Run {
@@ -58,38 +64,268 @@ impl Run {
     }
 }
 
+/// How long `run_with` lets a run go before it kills it: only a guard against a hang.
+pub const HANG_GUARD: Duration = Duration::from_secs(600);
+
 pub fn run_under(limit: &str, name: &str, program: &[&str]) -> Run {
     run_with(&["--limit", limit], name, program)
 }
 
 /// Runs `program` under `uffd-daemon run ARGS`.
 pub fn run_with(args: &[&str], name: &str, program: &[&str]) -> Run {
+    run_with_deadline(args, name, program, HANG_GUARD)
+}
+
+/// Runs `program` under `uffd-daemon run ARGS`, killing the daemon and everything it started
+/// if it has not ended after `timeout`.
+pub fn run_with_deadline(args: &[&str], name: &str, program: &[&str], timeout: Duration) -> Run {
     let path = stats_path(name);
-    let _ = std::fs::remove_file(&path);
-    let out = Command::new(DAEMON)
-        .arg("run")
+    let done = Bounded::spawn(daemon_command(args, &path, program), name).wait(timeout);
+    finish_run(name, done, &path)
+}
+
+/// `uffd-daemon run ARGS --stats-json STATS -- PROGRAM`, with no stale `STATS` left.
+pub fn daemon_command(args: &[&str], stats: &Path, program: &[&str]) -> Command {
+    let _ = std::fs::remove_file(stats);
+    let mut cmd = Command::new(DAEMON);
+    cmd.arg("run")
         .args(args)
         .arg("--stats-json")
-        .arg(&path)
+        .arg(stats)
         .arg("--")
-        .args(program)
-        .output()
-        .expect("running uffd-daemon");
-    let stats = std::fs::read_to_string(&path)
-        .map(|s| serde_json::from_str(&s).expect("stats JSON"))
-        .unwrap_or(serde_json::Value::Null);
-    let _ = std::fs::remove_file(&path);
+        .args(program);
+    cmd
+}
+
+/// The `Run` of a `daemon_command` that has ended: its output and its counters (`Null` if the
+/// daemon wrote none).
+pub fn finish_run(name: &str, done: Finished, stats: &Path) -> Run {
     let run = Run {
-        status: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        stats,
+        status: done.status,
+        stdout: done.stdout,
+        stderr: done.stderr,
+        stats: take_stats(stats),
+        timed_out: done.timed_out,
+        hung_in: done.hung_in,
     };
     eprintln!(
-        "--- {name}: status {}\nstdout:\n{}\nstderr:\n{}\nstats: {}",
-        run.status, run.stdout, run.stderr, run.stats
+        "--- {name}: status {}{}\nstdout:\n{}\nstderr:\n{}\nstats: {}",
+        run.status,
+        if run.timed_out {
+            " (killed at its deadline)"
+        } else {
+            ""
+        },
+        run.stdout,
+        run.stderr,
+        run.stats
     );
     run
+}
+
+/// The counters a daemon wrote with `--stats-json PATH` (`Null` if it wrote none); the file
+/// is removed.
+pub fn take_stats(path: &Path) -> serde_json::Value {
+    let stats = std::fs::read_to_string(path)
+        .map(|s| serde_json::from_str(&s).expect("stats JSON"))
+        .unwrap_or(serde_json::Value::Null);
+    let _ = std::fs::remove_file(path);
+    stats
+}
+
+/// Runs `program` without the daemon, as `run_with_deadline` runs it under it.
+pub fn run_bare(name: &str, program: &[&str], timeout: Duration) -> Finished {
+    let mut cmd = Command::new(program[0]);
+    cmd.args(&program[1..]);
+    let done = Bounded::spawn(cmd, name).wait(timeout);
+    eprintln!(
+        "--- {name} (bare): status {}{}, peak RSS {} KiB\nstdout:\n{}\nstderr:\n{}",
+        done.status,
+        if done.timed_out {
+            " (killed at its deadline)"
+        } else {
+            ""
+        },
+        done.peak_rss >> 10,
+        done.stdout,
+        done.stderr
+    );
+    done
+}
+
+/// A process that `Bounded` ran to its end or killed at its deadline.
+pub struct Finished {
+    /// The exit status, or 128 + N for signal N (as the daemon reports its program's).
+    pub status: i32,
+    pub stdout: String,
+    pub stderr: String,
+    /// Bytes: the largest high-water mark of resident memory (VmHWM) of a process of its
+    /// group, sampled every 10 ms (not their sum). Not `wait4`'s `ru_maxrss`: a program that
+    /// std starts through vfork inherits at exec the test process's own high-water mark.
+    pub peak_rss: u64,
+    pub timed_out: bool,
+    /// For a run killed at its deadline: where each of its threads waited then.
+    pub hung_in: String,
+}
+
+/// A process started in a process group of its own, its output going to files (a descendant
+/// that keeps a pipe open cannot make the reader hang), its group's peak resident memory
+/// sampled while it runs, and killed with its whole group at a deadline.
+pub struct Bounded {
+    pid: i32,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Bounded {
+    #[allow(
+        clippy::zombie_processes,
+        reason = "reaped by `wait` with waitpid, beside its sampling; never through `Child`"
+    )]
+    pub fn spawn(mut cmd: Command, name: &str) -> Bounded {
+        let dir = std::env::temp_dir();
+        let tag = format!("{name}-{}", std::process::id());
+        let stdout = dir.join(format!("uffd-test-{tag}.out"));
+        let stderr = dir.join(format!("uffd-test-{tag}.err"));
+        let file = |p: &PathBuf| std::fs::File::create(p).expect("creating an output file");
+        let child = cmd
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(file(&stdout))
+            .stderr(file(&stderr))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
+        Bounded {
+            pid: child.id() as i32,
+            stdout,
+            stderr,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn wait(self, timeout: Duration) -> Finished {
+        self.wait_or_grace(timeout, &|| false, Duration::ZERO)
+    }
+
+    /// `wait`, with a shorter deadline once `over()` holds (the program's work is over, as its
+    /// own report says): `grace` after that, for a program that does not exit.
+    pub fn wait_or_grace(
+        self,
+        timeout: Duration,
+        over: &dyn Fn() -> bool,
+        grace: Duration,
+    ) -> Finished {
+        let mut deadline = Instant::now() + timeout;
+        let mut seen_over = false;
+        let mut st: libc::c_int = 0;
+        let mut peak_rss = 0;
+        let mut timed_out = false;
+        let mut hung_in = String::new();
+        loop {
+            peak_rss = peak_rss.max(group_peak_rss(self.pid));
+            // SAFETY: waitpid of our own child with a valid status pointer.
+            let r = unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG) };
+            if r == self.pid {
+                break;
+            }
+            assert!(
+                r == 0,
+                "waitpid({}): {}",
+                self.pid,
+                std::io::Error::last_os_error()
+            );
+            if !seen_over && over() {
+                seen_over = true;
+                deadline = deadline.min(Instant::now() + grace);
+            }
+            if Instant::now() >= deadline {
+                timed_out = true;
+                hung_in = wait_channels(self.pid);
+                // SAFETY: kill(2) of the process group we created; then a blocking waitpid.
+                unsafe {
+                    libc::kill(-self.pid, libc::SIGKILL);
+                    libc::waitpid(self.pid, &mut st, 0);
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Whatever the group left behind (a daemon's program, their descendants) goes too.
+        // SAFETY: kill(2) of the process group we created.
+        unsafe { libc::kill(-self.pid, libc::SIGKILL) };
+        let status = if libc::WIFEXITED(st) {
+            libc::WEXITSTATUS(st)
+        } else {
+            128 + libc::WTERMSIG(st)
+        };
+        let read = |p: &PathBuf| {
+            let text = String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+            let _ = std::fs::remove_file(p);
+            text
+        };
+        Finished {
+            status,
+            stdout: read(&self.stdout),
+            stderr: read(&self.stderr),
+            peak_rss,
+            timed_out,
+            hung_in,
+        }
+    }
+}
+
+/// The processes of process group `pgid`: (pid, command name) each, from /proc.
+fn group_members(pgid: i32) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let comm = &stat[stat.find('(').map_or(0, |i| i + 1)..close];
+        if stat[close + 1..].split_whitespace().nth(2) == Some(&pgid.to_string()) {
+            found.push((pid, comm.to_string()));
+        }
+    }
+    found
+}
+
+/// The largest high-water mark of resident memory (VmHWM, bytes) among the processes of
+/// process group `pgid`.
+fn group_peak_rss(pgid: i32) -> u64 {
+    group_members(pgid)
+        .iter()
+        .filter_map(|(pid, _)| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib << 10)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Where the threads of process group `pgid` wait, from /proc: "pid/tid comm: wchan" each.
+fn wait_channels(pgid: i32) -> String {
+    let mut found = Vec::new();
+    for (pid, comm) in group_members(pgid) {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"));
+        for task in tasks.into_iter().flatten().flatten() {
+            let tid = task.file_name().to_string_lossy().into_owned();
+            let wchan = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan"))
+                .unwrap_or_default();
+            found.push(format!("{pid}/{tid} {comm}: {wchan}"));
+        }
+    }
+    found.join(", ")
 }
 
 pub fn assert_paged(run: &Run, limit_bytes: u64) {
@@ -218,65 +454,102 @@ pub fn real_python() -> String {
     String::from_utf8_lossy(&real.stdout).trim().to_string()
 }
 
-/// redis-server under `uffd-daemon run ARGS`, filled with `keys` keys of 2 KiB whose values
-/// derive from their names; every key is read back over RESP and compared. Asserts the data
-/// and returns the daemon's counters.
-pub fn redis_under(args: &[&str], name: &str, keys: usize) -> Run {
+/// What one redis-server session gave: the server's end, the client's report and the
+/// daemon's counters (`Null` for a bare server).
+pub struct RedisSession {
+    pub server: Finished,
+    pub client_ok: bool,
+    pub report: String,
+    pub stats: serde_json::Value,
+}
+
+/// redis-server, bare (`daemon_args` `None`) or under `uffd-daemon run ARGS`, filled with
+/// `keys` keys of 2 KiB whose values derive from their names; every key is read back over RESP
+/// and compared, then the client shuts the server down. Asserts nothing.
+pub fn redis_session(daemon_args: Option<&[&str]>, name: &str, keys: usize) -> RedisSession {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .expect("a free port");
+        .expect("a free port")
+        .to_string();
     let path = stats_path(name);
-    let _ = std::fs::remove_file(&path);
-    let mut daemon = Command::new(DAEMON)
-        .arg("run")
-        .args(args)
-        .arg("--stats-json")
-        .arg(&path)
-        .args([
-            "--",
-            "redis-server",
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-        ])
-        .args([
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--protected-mode",
-            "yes",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("starting redis under the daemon");
+    let server = [
+        "redis-server",
+        "--port",
+        &port,
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "yes",
+    ];
+    let cmd = match daemon_args {
+        Some(args) => daemon_command(args, &path, &server),
+        None => {
+            let mut cmd = Command::new(server[0]);
+            cmd.args(&server[1..]);
+            cmd
+        }
+    };
+    let server = Bounded::spawn(cmd, name);
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/clients/redis_fill_check.py"
     );
     let client = Command::new(real_python())
-        .args([script, &port.to_string(), &keys.to_string(), "2048"])
+        .args([script, &port, &keys.to_string(), "2048"])
         .output()
         .expect("running the redis client");
-    let out = String::from_utf8_lossy(&client.stdout).into_owned();
-    eprintln!("{out}{}", String::from_utf8_lossy(&client.stderr));
-    let status = daemon.wait().expect("daemon");
-    let stats: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).expect("stats")).expect("JSON");
-    let _ = std::fs::remove_file(&path);
-    eprintln!("--- {name}: stats: {stats}");
-    assert!(client.status.success(), "the redis data did not verify");
-    assert!(
-        out.contains(&format!("{keys} keys of 2048 bytes, dbsize {keys}, 0 bad")),
-        "redis: {out}"
+    let report = String::from_utf8_lossy(&client.stdout).into_owned();
+    eprintln!("{report}{}", String::from_utf8_lossy(&client.stderr));
+    // The client has shut the server down (or failed): the deadline only guards a hang.
+    let server = server.wait(Duration::from_secs(60));
+    let stats = take_stats(&path);
+    eprintln!(
+        "--- {name}: server status {}{}, peak RSS {} KiB\nstderr:\n{}\nstats: {stats}",
+        server.status,
+        if server.timed_out {
+            " (killed at its deadline)"
+        } else {
+            ""
+        },
+        server.peak_rss >> 10,
+        server.stderr
     );
-    assert!(status.success(), "redis-server exited with {status}");
+    RedisSession {
+        server,
+        client_ok: client.status.success(),
+        report,
+        stats,
+    }
+}
+
+/// redis-server under `uffd-daemon run ARGS`, filled with `keys` keys of 2 KiB whose values
+/// derive from their names; every key is read back over RESP and compared. Asserts the data
+/// and returns the daemon's counters.
+pub fn redis_under(args: &[&str], name: &str, keys: usize) -> Run {
+    let s = redis_session(Some(args), name, keys);
+    assert!(s.client_ok, "the redis data did not verify");
+    assert!(
+        s.report
+            .contains(&format!("{keys} keys of 2048 bytes, dbsize {keys}, 0 bad")),
+        "redis: {}",
+        s.report
+    );
+    assert!(
+        s.server.status == 0 && !s.server.timed_out,
+        "redis-server exited with {}",
+        s.server.status
+    );
     Run {
         status: 0,
-        stdout: out,
-        stderr: String::new(),
-        stats,
+        stdout: s.report,
+        stderr: s.server.stderr,
+        stats: s.stats,
+        timed_out: false,
+        hung_in: String::new(),
     }
 }

@@ -52,6 +52,8 @@ fn sigint_to_the_daemon_stops_nothing() {
         stdout,
         stderr: String::new(),
         stats,
+        timed_out: false,
+        hung_in: String::new(),
     };
     assert_eq!(run.status, 0, "the workload found bad pages");
     assert!(run.stdout.contains("0 bad pages"));

@@ -51,6 +51,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <linux/futex.h>
 #include <stdarg.h>
@@ -112,6 +113,7 @@ static long agent_syscall6(long n, long a, long b, long c, long d, long e, long 
 #define HELLO_API_BY_DAEMON 4u
 
 #define SCRATCH_PAGES 512UL
+#define GREETING_TIMEOUT_S 10
 #define STACK_BYTES (256UL * 1024)
 #define WATCHDOG_STACK_BYTES (1024UL * 1024) /* it may run the program's atexit handlers */
 /* Exit status of a process whose daemon died. */
@@ -369,7 +371,18 @@ static int hello(struct agent *ag, uint32_t flags, int send_fd, int *recv_fd)
 	put32(p + 56, SCRATCH_PAGES);
 	if (send_packet(ag->sock, pkt, sizeof pkt, send_fd) < 0)
 		return -1;
+	/* The answer comes within GREETING_TIMEOUT_S or never: a daemon that cannot answer (out of
+	 * descriptors, stopped) must not hang the program's start or its fork. */
+	struct timeval tv = { .tv_sec = GREETING_TIMEOUT_S, .tv_usec = 0 };
+	syscall(SYS_setsockopt, ag->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	ssize_t n = recv_packet(ag->sock, ag->buf, sizeof ag->buf, recv_fd);
+	int recv_errno = errno;
+	struct timeval none = { 0, 0 };
+	syscall(SYS_setsockopt, ag->sock, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+	if (n < 0 && (recv_errno == EAGAIN || recv_errno == EWOULDBLOCK)) {
+		errno = ETIMEDOUT;
+		return -1;
+	}
 	uint32_t len;
 	const uint8_t *ack = check_packet(ag->buf, n, KIND_HELLO_ACK, &len);
 	if (!ack || len != 8) {
@@ -877,8 +890,10 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 	ag->daemon_pid = (pid_t)atoi(dpid);
 
 	ag->sock = connect_daemon();
-	if (ag->sock < 0)
-		fatal("cannot connect to uffd-daemon", errno);
+	if (ag->sock < 0) {
+		unmanaged(ag, "cannot connect to uffd-daemon", errno);
+		return;
+	}
 	uint32_t flags = 0;
 	int uffd = new_uffd();
 	if (uffd >= 0) {
@@ -919,8 +934,16 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 		if (ioctl(uffd, UFFDIO_REGISTER_, &reg) < 0)
 			fatal("registering the agent's scratch area", errno);
 	}
-	if (hello(ag, flags, uffd, NULL) < 0)
-		fatal("uffd-daemon did not accept this process", errno);
+	if (hello(ag, flags, uffd, NULL) < 0) {
+		/* Not answered in time, refused, or the daemon out of descriptors: the process runs
+		 * unmanaged. The daemon may still take the uffd and serve its faults; with no agent
+		 * nothing is evicted, so nothing can be lost either way. */
+		unmanaged(ag, errno == ETIMEDOUT ? "uffd-daemon did not answer the greeting in 10 s"
+						 : "uffd-daemon did not accept this process",
+			  errno);
+		close(uffd);
+		return;
+	}
 	if (start_threads(ag) < 0)
 		fatal("cannot start the agent thread with a descriptor table of its own", errno);
 	/* The agent thread holds the socket and the uffd in its own table now: nothing of the

@@ -318,6 +318,17 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
         .swap_size
         .or(size_field(&f.tiers.swap_size, "tiers.swap_size")?)
         .unwrap_or(8 << 30);
+    // Slots are numbered in 32 bits (one number is the zero page's): at most 16 TiB of swap.
+    const MAX_SWAP: u64 = (u32::MAX as u64 - 1) * 4096;
+    if swap_bytes < 4 << 20 {
+        bail!(
+            "swap size {swap_bytes} bytes cannot hold an eviction batch: at least 4M (the \
+             default is 8G)"
+        );
+    }
+    if swap_bytes > MAX_SWAP {
+        bail!("swap size {swap_bytes} bytes is above the 16T that 32-bit slot numbers address");
+    }
     let zswap_on = match o.zswap {
         Some(None) => false,
         Some(Some(_)) => true,

@@ -2,7 +2,7 @@
 //! registers new memory, retires dead address spaces and drives reclaim.
 
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -79,6 +79,10 @@ pub struct Shared {
     bind_lock: Mutex<()>,
     bind_cv: Condvar,
     stalled: AtomicBool,
+    /// After stores failed for a whole batch (swap space full, a failing device): how many
+    /// batches in a row, and when reclaim may try again (a pause that doubles up to a second,
+    /// instead of a CPU's worth of failed writes).
+    pub store_backoff: Mutex<(u32, Option<Instant>)>,
     /// The idle keepers (`[fault] idle_poll_us`), if any.
     pub idle_poll: Option<crate::idlepoll::IdlePoll>,
     /// Log decisions.
@@ -110,6 +114,7 @@ impl Shared {
             bind_lock: Mutex::new(()),
             bind_cv: Condvar::new(),
             stalled: AtomicBool::new(false),
+            store_backoff: Mutex::new((0, None)),
             idle_poll: crate::idlepoll::IdlePoll::start(
                 policy.fault_idle_poll,
                 policy.fault_idle_poll_mode,
@@ -475,6 +480,78 @@ fn in_tree(pid: i32, root: i32) -> bool {
     false
 }
 
+/// Handshakes in progress at most (each on a thread of its own, for at most
+/// [`GREETING_TIMEOUT_MS`]): a flood of connections that never greet waits in the listen
+/// backlog instead of taking a thread each.
+const MAX_HANDSHAKES: usize = 32;
+
+/// How long a connection may take to greet.
+const GREETING_TIMEOUT_MS: u64 = 2_000;
+
+/// Accepts agents' connections for the daemon's whole life: an accept error (the descriptor
+/// limit reached, memory short) is counted, said once, and retried after a growing pause, never
+/// the end of accepting.
+fn accept_loop(shared: &Arc<Shared>, lfd: RawFd) {
+    let in_flight = Arc::new((parking_lot::Mutex::new(0usize), parking_lot::Condvar::new()));
+    let mut backoff = Duration::from_millis(1);
+    loop {
+        {
+            let (n, cv) = &*in_flight;
+            let mut n = n.lock();
+            while *n >= MAX_HANDSHAKES {
+                cv.wait(&mut n);
+            }
+        }
+        // SAFETY: accept4 on our listening socket; null address arguments are allowed.
+        let fd = unsafe {
+            libc::accept4(
+                lfd,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            if shared.stats.accept_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                eprintln!(
+                    "uffd-daemon: accepting an agent's connection failed ({e}); retrying \
+                     (processes of the tree wait to start until it works)"
+                );
+            }
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+            continue;
+        }
+        backoff = Duration::from_millis(1);
+        // SAFETY: `fd` is a fresh descriptor we own.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let shared = Arc::clone(shared);
+        *in_flight.0.lock() += 1;
+        let done = Arc::clone(&in_flight);
+        let spawned = std::thread::Builder::new()
+            .name("uffd-conn".into())
+            .spawn(move || {
+                handle_connection(shared, sock);
+                *done.0.lock() -= 1;
+                done.1.notify_one();
+            });
+        if spawned.is_err() {
+            *in_flight.0.lock() -= 1;
+        }
+    }
+}
+
+/// Whether `fd` is a userfaultfd (an anonymous inode named `[userfaultfd]`): a greeting's
+/// descriptor is checked before anything reads it or trusts what comes out of it.
+fn is_userfaultfd(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|t| t.as_os_str() == "anon_inode:[userfaultfd]")
+}
+
 /// Reads a greeting from `sock` (and the descriptor it carries), refusing the connection with
 /// a reason if it is not a valid HELLO of process `pid`.
 fn read_hello(
@@ -530,12 +607,20 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
     // SAFETY: getpid cannot fail.
     let me = unsafe { libc::getpid() };
     if !in_tree(cred.pid, me) {
+        // Out of descriptors, the daemon cannot read /proc to tell who it is: say that.
+        if let Err(e) = std::fs::File::open("/proc/self/stat") {
+            if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                Stats::add(&stats.accept_errors, 1);
+                refuse(&sock, "the daemon is out of descriptors (RLIMIT_NOFILE)");
+                return;
+            }
+        }
         Stats::add(&stats.protocol_errors, 1);
         eprintln!("uffd-daemon: refusing a connection from pid {} uid {}: not a process this daemon started", cred.pid, cred.uid);
         refuse(&sock, "this daemon serves only the processes it started");
         return;
     }
-    let _ = sys::set_recv_timeout(sock.as_raw_fd(), 10_000);
+    let _ = sys::set_recv_timeout(sock.as_raw_fd(), GREETING_TIMEOUT_MS);
     let Some((mut hello, mut fd)) = read_hello(&shared, &sock, cred.pid) else {
         return;
     };
@@ -626,6 +711,15 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         refuse(&sock, "HELLO without a userfaultfd attached");
         return;
     };
+    if !is_userfaultfd(&fd) {
+        Stats::add(&stats.protocol_errors, 1);
+        eprintln!(
+            "uffd-daemon: pid {} greeted with a descriptor that is not a userfaultfd; refused",
+            cred.pid
+        );
+        refuse(&sock, "the HELLO's descriptor is not a userfaultfd");
+        return;
+    }
     let fd = if hello.flags & HELLO_API_BY_DAEMON != 0 {
         // Its process lacks the privilege EVENT_FORK needs; the daemon has it. The agent's
         // probe and scratch are registered here too (missing faults only, as the agent does).
@@ -737,6 +831,23 @@ fn serve_control(listener: UnixListener, shared: Arc<Shared>, started: Instant) 
     }
 }
 
+/// The daemon holds several descriptors per client (its uffd, socket, pidfd, two eventfds):
+/// the soft limit goes up to the hard one, so that a tree of a few hundred processes does not
+/// run the daemon out of them (the accept loop and the greetings survive it anyway).
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit structure.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 /// Says at start (or, with `unmanaged = "error"`, refuses) a program the agent cannot load
 /// into: statically linked, or set-ID.
 fn check_program(program: &str, policy: crate::unmanaged::Policy) -> anyhow::Result<()> {
@@ -804,6 +915,16 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     }
     check_kernel_support()?;
     check_program(program, config.policy.unmanaged)?;
+    // Every output path is checked before the program starts, not after it has run.
+    if let Some(p) = &config.stats_json {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(p)
+            .with_context(|| format!("--stats-json {}: cannot be written", p.display()))?;
+    }
+    raise_fd_limit();
     let started = Instant::now();
     let dir = crate::rundir::create()?;
     let cleanup = RunDirGuard(dir.clone());
@@ -870,30 +991,7 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
         let lfd = listen_fd.as_raw_fd();
         std::thread::Builder::new()
             .name("uffd-accept".into())
-            .spawn(move || loop {
-                // SAFETY: accept4 on our listening socket; null address arguments are allowed.
-                let fd = unsafe {
-                    libc::accept4(
-                        lfd,
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                        libc::SOCK_CLOEXEC,
-                    )
-                };
-                if fd < 0 {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() == std::io::ErrorKind::Interrupted {
-                        continue;
-                    }
-                    return;
-                }
-                // SAFETY: `fd` is a fresh descriptor we own.
-                let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-                let shared = Arc::clone(&shared);
-                let _ = std::thread::Builder::new()
-                    .name("uffd-conn".into())
-                    .spawn(move || handle_connection(shared, sock));
-            })?;
+            .spawn(move || accept_loop(&shared, lfd))?;
     }
 
     let preload = match std::env::var("LD_PRELOAD") {
@@ -1159,7 +1257,16 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
         // Retire address spaces whose process exited.
         let mms: Vec<Arc<Mm>> = shared.mms.lock().clone();
         for m in &mms {
-            let exited = m.pidfd.lock().as_ref().is_some_and(|p| p.exited());
+            // (Without a pidfd, which the daemon may have failed to open when it was out of
+            // descriptors, the pid itself: the monitor reaps the tree, so a gone pid is gone.)
+            let exited = match m.pidfd.lock().as_ref() {
+                Some(p) => p.exited(),
+                None => m.pid().is_some_and(|pid| {
+                    // SAFETY: kill(2) with signal 0 only checks that the process exists.
+                    let rc = unsafe { libc::kill(pid, 0) };
+                    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+                }),
+            };
             if exited {
                 retire(shared, m);
             }

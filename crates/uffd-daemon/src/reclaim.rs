@@ -100,6 +100,30 @@ fn unprotect(mm: &Mm, start: u64, len: u64) {
     }
 }
 
+/// Backs reclaim off while no tier takes anything: a batch whose every unit was refused
+/// pauses eviction (1 ms, doubling up to 1 s) and, the first time, says why and that the
+/// limit does not hold meanwhile. A batch that stored anything ends the pause.
+fn note_store_outcome(shared: &Shared, all_failed: bool, e: Option<crate::tiers::StoreFail>) {
+    let mut b = shared.store_backoff.lock();
+    if !all_failed {
+        *b = (0, None);
+        return;
+    }
+    b.0 += 1;
+    let pause = std::time::Duration::from_millis(1 << b.0.min(10));
+    b.1 = Some(std::time::Instant::now() + pause);
+    if b.0 == 1 && Stats::add_first(&shared.stats.store_stalls) {
+        if let Some(e) = e {
+            eprintln!(
+                "uffd-daemon: {e}: pages stay resident and the limit does not hold until the \
+                 tiers take pages again (counted in store_stalls; retried with a pause)"
+            );
+        }
+    } else if b.0 == 1 {
+        Stats::add(&shared.stats.store_stalls, 1);
+    }
+}
+
 /// Evicts one batch from `mm`. Returns the pages evicted.
 pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let Some(pid) = mm.pid() else { return 0 };
@@ -114,6 +138,14 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let Some(agent) = agent_guard.as_mut() else {
         return 0;
     };
+    if shared
+        .store_backoff
+        .lock()
+        .1
+        .is_some_and(|t| std::time::Instant::now() < t)
+    {
+        return 0;
+    }
     // One DROP at a time: an outstanding one is settled first.
     if agent.pending.is_some() {
         drop(agent_guard);
@@ -195,16 +227,19 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
                 (order, &data[i * PAGE_SIZE..(i + n) * PAGE_SIZE])
             })
             .collect();
+        let mut first_error = None;
         for (&(i, order), r) in units.iter().zip(shared.tiers.store_units(&spans)) {
             let n = 1usize << order;
             match r {
                 Ok(s) => slots[i..i + n].copy_from_slice(&s),
-                Err(_) => {
+                Err(e) => {
                     Stats::add(&shared.stats.backend_errors, 1);
                     refused.extend_from_slice(&victims[i..i + n]);
+                    first_error.get_or_insert(e);
                 }
             }
         }
+        note_store_outcome(shared, refused.len() == victims.len(), first_error);
     }
     if !refused.is_empty() {
         abort_pages(shared, mm, batch, &refused);

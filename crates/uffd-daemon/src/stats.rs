@@ -11,6 +11,7 @@ macro_rules! counters {
         }
 
         impl Stats {
+
             /// A snapshot as JSON, with every counter by name.
             pub fn to_json(&self) -> serde_json::Value {
                 let mut m = serde_json::Map::new();
@@ -137,8 +138,15 @@ counters! {
     reclaim_store_ns,
     /// Reclaim time waiting for the agent to drop victims, in nanoseconds.
     reclaim_drop_ns,
-    /// Messages refused from agents (malformed or unexpected).
+    /// Messages refused from agents (malformed or unexpected), descriptors that were not what
+    /// they claimed to be.
     protocol_errors,
+    /// Times eviction stalled because no tier took any page of a batch (the swap space full, a
+    /// failing device): the limit does not hold until it ends.
+    store_stalls,
+    /// Failed accepts of agents' connections (retried after a pause), and greetings refused
+    /// because the daemon was out of descriptors.
+    accept_errors,
     /// Write-protect faults on resident pages armed by the access source (seen as accesses).
     wp_access_faults,
     /// Ranges the access source write-protected after the aging cleared their bits.
@@ -177,6 +185,10 @@ counters! {
 }
 
 impl Stats {
+    /// Adds one to `c`; true if it was 0 (the first time: say it).
+    pub fn add_first(c: &AtomicU64) -> bool {
+        c.fetch_add(1, Relaxed) == 0
+    }
     /// Adds to a counter.
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Relaxed);

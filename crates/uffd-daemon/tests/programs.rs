@@ -148,13 +148,11 @@ fn the_program_owns_its_descriptors() {
     let bare_out = std::env::temp_dir().join(format!("uffd-fds-bare-{}", std::process::id()));
     let under_out = std::env::temp_dir().join(format!("uffd-fds-under-{}", std::process::id()));
     // The same output name in both runs, so that the listings can be compared; standard
-    // output and error are pipes in both.
-    let st = Command::new(&exe)
-        .arg("fds")
-        .arg(&bare_out)
-        .output()
-        .expect("bare run");
-    assert!(st.status.success());
+    // output and error are the same files in both (named after the run's name).
+    let exe_s = exe.to_string_lossy().into_owned();
+    let bare_s = bare_out.to_string_lossy().into_owned();
+    let st = run_bare("fds", &[&exe_s, "fds", &bare_s], Duration::from_secs(60));
+    assert_eq!(st.status, 0);
     let bare = std::fs::read_to_string(&bare_out).expect("bare listing");
     std::fs::rename(&bare_out, &under_out).expect("rename");
     let run = lifecycle("8M", "fds", &["fds", &bare_out.to_string_lossy()]);

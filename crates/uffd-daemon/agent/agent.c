@@ -108,6 +108,7 @@ static long agent_syscall6(long n, long a, long b, long c, long d, long e, long 
 #define KIND_DROP 3
 #define KIND_DROP_DONE 4
 #define KIND_ERROR 5
+#define KIND_RELEASE 6
 #define HELLO_FORK_CHILD 1u
 #define HELLO_NEED_UFFD 2u
 #define HELLO_API_BY_DAEMON 4u
@@ -840,6 +841,58 @@ __attribute__((visibility("default"))) int prctl(int option, ...)
 	if (option == PR_SET_SECCOMP && a == 2 /* SECCOMP_MODE_FILTER */)
 		note_seccomp();
 	return (int)agent_syscall6(SYS_prctl, option, (long)a, (long)b, (long)c, (long)d, 0);
+}
+
+/* Asks the daemon to hand [start, start+len) over to the program's own userfaultfd (on a
+ * connection of this thread's own, closed at once): it brings back what it evicted there and
+ * unregisters the range. 0 on success. */
+static int release_to_program(uint64_t start, uint64_t len)
+{
+	int sock = connect_daemon();
+	if (sock < 0)
+		return -1;
+	uint8_t pkt[HEADER_LEN + 16];
+	header(pkt, KIND_RELEASE, 16);
+	put64(pkt + HEADER_LEN, start);
+	put64(pkt + HEADER_LEN + 8, len);
+	int rc = -1;
+	struct timeval tv = { .tv_sec = GREETING_TIMEOUT_S, .tv_usec = 0 };
+	syscall(SYS_setsockopt, sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	if (send_packet(sock, pkt, sizeof pkt, -1) == 0) {
+		uint8_t ans[HEADER_LEN + 64];
+		ssize_t n = recv_packet(sock, ans, sizeof ans, NULL);
+		uint32_t l;
+		const uint8_t *ack = check_packet(ans, n, KIND_HELLO_ACK, &l);
+		if (ack && l == 8 && get32(ack) == 0)
+			rc = 0;
+	}
+	syscall(SYS_close, sock);
+	return rc;
+}
+
+/*
+ * ioctl: a program that registers memory with a userfaultfd of its own gets EBUSY where the
+ * daemon's uffd has registered that memory first. Then the daemon steps aside (see
+ * release_to_program) and the program's registration is tried again: the program's memory is
+ * then its own to handle, as it would be without the daemon.
+ */
+#define UFFDIO_REGISTER_IOCTL 0xc020aa00UL
+__attribute__((visibility("default"))) int ioctl(int fd, unsigned long req, ...)
+{
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	long r = agent_syscall6(SYS_ioctl, fd, (long)req, (long)arg, 0, 0, 0);
+	if (r < 0 && errno == EBUSY && req == UFFDIO_REGISTER_IOCTL && g_agent && !g_agent->filtered && arg) {
+		struct uffdio_register_ reg;
+		memcpy(&reg, arg, sizeof reg);
+		if (release_to_program(reg.range.start, reg.range.len) == 0)
+			r = agent_syscall6(SYS_ioctl, fd, (long)req, (long)arg, 0, 0, 0);
+		else
+			errno = EBUSY;
+	}
+	return (int)r;
 }
 
 /* A new userfaultfd of this process (syscall, else /dev/userfaultfd), or -1. */

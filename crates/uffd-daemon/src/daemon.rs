@@ -18,13 +18,13 @@ use crate::agent_conn::AgentConn;
 use crate::config::{AccessMode, PolicyConfig};
 use crate::fault;
 use crate::maps;
-use crate::mm::{Mm, MmState, Page};
+use crate::mm::{Mm, MmState, Page, ZERO_SLOT};
 use crate::protocol::{
     self, Message, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD, MAX_PACKET,
 };
 use crate::reclaim;
 use crate::stats::{Histogram, Stats};
-use crate::sys::{self, PidFd, Uffd, PAGE_SIZE_U64};
+use crate::sys::{self, Fill, PidFd, Uffd, PAGE_SIZE, PAGE_SIZE_U64};
 use crate::tiers::{TierConfig, Tiers};
 use crate::unmanaged::Census;
 
@@ -552,6 +552,82 @@ fn is_userfaultfd(fd: &OwnedFd) -> bool {
         .is_ok_and(|t| t.as_os_str() == "anon_inode:[userfaultfd]")
 }
 
+/// A program registers memory the daemon manages with a userfaultfd of its own (its
+/// `UFFDIO_REGISTER` failed with `EBUSY`; the agent's `ioctl` wrapper asks): the daemon steps
+/// aside. It waits for an eviction of that address space in flight to end and keeps new ones
+/// out (the agent lock), brings back every page of the range that it evicted (the program's
+/// handler would otherwise see a missing fault where the page has data), unregisters the
+/// range, forgets its pages and never registers it again (`own_uffd_bytes`).
+fn release_to_program(shared: &Shared, pid: i32, start: u64, len: u64) -> std::io::Result<()> {
+    let end = start + len;
+    let Some(mm) = shared
+        .mms
+        .lock()
+        .iter()
+        .find(|m| m.pid() == Some(pid) && !m.retired.load(Ordering::Acquire))
+        .cloned()
+    else {
+        return Ok(()); // not managed: nothing of ours is registered there
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let _agent = loop {
+        let g = mm.agent.lock();
+        if g.as_ref().is_none_or(|a| a.pending.is_none()) {
+            break g;
+        }
+        drop(g); // a DROP is outstanding: the monitor settles it when its answer comes
+        if Instant::now() > deadline {
+            return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let mut page = vec![0u8; PAGE_SIZE];
+    loop {
+        let mut st = mm.state.lock();
+        let stored: Vec<(u64, u32)> = st
+            .pages
+            .range(start..end)
+            .filter_map(|(a, p)| p.slot().map(|s| (a, s)))
+            .collect();
+        let mut again = false;
+        for (a, slot) in stored {
+            if slot == ZERO_SLOT {
+                page.fill(0);
+            } else {
+                shared.tiers.read(slot, &mut page)?;
+            }
+            match mm.uffd.copy(a, &page) {
+                Ok(f @ (Fill::Filled | Fill::Exists)) => {
+                    if f == Fill::Filled {
+                        Stats::add(&shared.stats.own_uffd_pages_restored, 1);
+                    }
+                    if let Some(p) = st.pages.remove(a) {
+                        st.release(shared, a, p);
+                    }
+                }
+                // An event is queued: the handler must read it, and it may need the state lock.
+                Ok(Fill::Again) => {
+                    again = true;
+                    break;
+                }
+                Ok(Fill::Gone) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if again {
+            drop(st);
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        mm.uffd.unregister(start, len)?;
+        st.forget_range(shared, start, end);
+        st.remove_range(start, end);
+        st.refused.push((start, end));
+        Stats::add(&shared.stats.own_uffd_bytes, len);
+        return Ok(());
+    }
+}
+
 /// Reads a greeting from `sock` (and the descriptor it carries), refusing the connection with
 /// a reason if it is not a valid HELLO of process `pid`.
 fn read_hello(
@@ -573,6 +649,27 @@ fn read_hello(
     };
     let hello = match protocol::decode(&buf[..n]) {
         Ok((Message::Hello(h), _)) => h,
+        Ok((Message::Release { start, len }, _)) => {
+            let status = match release_to_program(shared, pid, start, len) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!(
+                        "uffd-daemon: pid {pid}: cannot hand {start:#x}+{len:#x} over to its own \
+                         userfaultfd: {e}"
+                    );
+                    e.raw_os_error().unwrap_or(libc::EIO)
+                }
+            };
+            let ack = protocol::encode(
+                &Message::HelloAck {
+                    status,
+                    max_drop_pages: 0,
+                },
+                0,
+            );
+            let _ = sys::send_with_fd(sock.as_raw_fd(), &ack, None);
+            return None;
+        }
         Ok((other, _)) => {
             Stats::add(&stats.protocol_errors, 1);
             refuse(sock, &format!("expected HELLO, got {other:?}"));

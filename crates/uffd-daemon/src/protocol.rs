@@ -52,6 +52,7 @@ const KIND_HELLO_ACK: u16 = 2;
 const KIND_DROP: u16 = 3;
 const KIND_DROP_DONE: u16 = 4;
 const KIND_ERROR: u16 = 5;
+const KIND_RELEASE: u16 = 6;
 
 /// The agent's greeting.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +98,16 @@ pub enum Message {
     DropDone {
         /// One status per page.
         status: Vec<u8>,
+    },
+    /// From a program thread of a managed process, on a connection of its own: the program
+    /// registers `[start, start + len)` with a userfaultfd of its own; the daemon brings back
+    /// every page it evicted there and steps aside (answered with `HelloAck`, status 0 or an
+    /// errno).
+    Release {
+        /// Page-aligned start.
+        start: u64,
+        /// Length in bytes, page-aligned, not zero.
+        len: u64,
     },
     /// A fatal error for the agent.
     Error {
@@ -194,6 +205,11 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
             p.extend_from_slice(&0u32.to_le_bytes());
             p.extend_from_slice(status);
             KIND_DROP_DONE
+        }
+        Message::Release { start, len } => {
+            p.extend_from_slice(&start.to_le_bytes());
+            p.extend_from_slice(&len.to_le_bytes());
+            KIND_RELEASE
         }
         Message::Error { code, message } => {
             p.extend_from_slice(&code.to_le_bytes());
@@ -376,6 +392,22 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
                 message: String::from_utf8_lossy(&p[4..]).into_owned(),
             }
         }
+        KIND_RELEASE => {
+            if p.len() != 16 {
+                return Err(payload_err("RELEASE", p.len(), "expected 16 bytes"));
+            }
+            let (start, len) = (u64_at(p, 0), u64_at(p, 8));
+            let page = crate::sys::PAGE_SIZE_U64;
+            if start % page != 0 || len % page != 0 || len == 0 || start.checked_add(len).is_none()
+            {
+                return Err(payload_err(
+                    "RELEASE",
+                    p.len(),
+                    format!("range {start:#x}+{len:#x} is not page aligned, empty or wraps"),
+                ));
+            }
+            Message::Release { start, len }
+        }
         other => return Err(ProtocolError::Kind(other)),
     };
     Ok((msg, seq))
@@ -423,6 +455,10 @@ mod tests {
                 .prop_map(|status| Message::DropDone { status }),
             (any::<i32>(), "[a-z ]{0,40}")
                 .prop_map(|(code, message)| Message::Error { code, message }),
+            (page_addr(), 1u64..1024).prop_map(|(start, pages)| Message::Release {
+                start,
+                len: pages * 4096
+            }),
         ]
     }
 

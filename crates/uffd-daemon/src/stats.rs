@@ -141,6 +141,11 @@ counters! {
     /// Messages refused from agents (malformed or unexpected), descriptors that were not what
     /// they claimed to be.
     protocol_errors,
+    /// Bytes of memory the daemon handed over to programs that registered it with a
+    /// userfaultfd of their own (every evicted page brought back first); not managed since.
+    own_uffd_bytes,
+    /// Evicted pages brought back before such a hand-over.
+    own_uffd_pages_restored,
     /// Times eviction stalled because no tier took any page of a batch (the swap space full, a
     /// failing device): the limit does not hold until it ends.
     store_stalls,

@@ -450,3 +450,28 @@ fn a_seccomp_allow_list_is_obeyed() {
         "the child was not counted"
     );
 }
+
+/// A program with a userfaultfd of its own registers memory the daemon manages (and has
+/// evicted): its registration used to fail with EBUSY. The daemon brings back what it evicted
+/// there and steps aside; the program's own handler then serves its faults.
+#[test]
+fn a_programs_own_userfaultfd_gets_its_memory() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client("ownuffd").to_string_lossy().into_owned();
+    let run = run_under("16M", "ownuffd", &[&exe, "24"]);
+    assert!(
+        run.stdout
+            .contains("own uffd: 0 bad words, 2048 of 2048 words served by its own handler"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(run.status, 0);
+    assert_eq!(run.get("own_uffd_bytes"), 24 << 20);
+    assert!(
+        run.get("own_uffd_pages_restored") > 0,
+        "nothing of the range had been evicted: the test did not test the hand-over"
+    );
+}

@@ -1058,6 +1058,11 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
         crate::tiers::BackendSpec::Pmem(p) if p.is_file() => Some(RunDirGuard::file(p.clone())),
         _ => None,
     };
+    // A daemon killed with SIGKILL cannot remove its named backing file: the next one does,
+    // from this note (rundir.rs).
+    if let Some(g) = &_swap_guard {
+        crate::rundir::note_backing_file(&dir, &g.0);
+    }
     if config.verbose {
         eprintln!("uffd-daemon: tiers: {}", tiers.describe());
     }

@@ -11,7 +11,8 @@
 //! directory (not a symlink) owned by the daemon's user and writable by nobody else, or the
 //! daemon stops with an error naming it. Its one change to an existing base is to make its own
 //! `0700` base searchable (`0711`), the mode earlier versions created it with. Run directories
-//! left by daemons that died (kill -9) are removed at the next start.
+//! left by daemons that died (kill -9) are removed at the next start, with the named backing
+//! file each noted there (a regular file of this user only).
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -157,7 +158,38 @@ fn remove_stale(base: &Path) {
             continue;
         };
         if m.is_dir() && m.uid() == my_uid() {
+            remove_noted_backing_file(&e.path());
             let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// The name of the note, in a run directory, of the backing file the daemon created.
+const BACKING_NOTE: &str = "backing-file";
+
+/// Notes in the run directory `dir` the backing file the daemon created at `path`, so that the
+/// next daemon removes it if this one dies without doing so.
+pub fn note_backing_file(dir: &Path, path: &Path) {
+    let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let _ = std::fs::write(dir.join(BACKING_NOTE), abs.as_os_str().as_encoded_bytes());
+}
+
+/// Removes the backing file a dead daemon noted in its run directory `dir`: a regular file of
+/// this user (never a device, never a symlink).
+fn remove_noted_backing_file(dir: &Path) {
+    let Ok(bytes) = std::fs::read(dir.join(BACKING_NOTE)) else {
+        return;
+    };
+    // SAFETY: the bytes were written from an OsStr by `note_backing_file` on this system.
+    let path = PathBuf::from(unsafe { std::ffi::OsString::from_encoded_bytes_unchecked(bytes) });
+    if let Ok(m) = std::fs::symlink_metadata(&path) {
+        if m.file_type().is_file() && m.uid() == my_uid() {
+            if std::fs::remove_file(&path).is_ok() {
+                eprintln!(
+                    "uffd-daemon: removed {}, the backing file of a daemon that died",
+                    path.display()
+                );
+            }
         }
     }
 }
@@ -239,8 +271,13 @@ mod tests {
         // A stale run directory of a dead daemon goes; a live one's stays.
         std::fs::create_dir(b.join("999999999")).unwrap();
         std::fs::create_dir(b.join(std::process::id().to_string())).unwrap();
+        // ... with its named backing file, which goes too.
+        let backing = tmp("backing");
+        std::fs::write(&backing, b"ciphertext").unwrap();
+        note_backing_file(&b.join("999999999"), &backing);
         remove_stale(&b);
         assert!(!b.join("999999999").exists());
+        assert!(!backing.exists(), "the dead daemon's backing file stayed");
         assert!(b.join(std::process::id().to_string()).exists());
         std::fs::remove_dir_all(&b).unwrap();
     }

@@ -311,6 +311,51 @@ fn named_swap_file_is_removed_on_every_exit() {
     let status = daemon.wait().unwrap();
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
     assert!(!swap.0.exists(), "left after SIGTERM");
+    // SIGKILL: the daemon cannot clean up; the next daemon to start removes the file (noted in
+    // the dead daemon's run directory) along with that directory.
+    let mut daemon = Command::new(DAEMON)
+        .args([
+            "run",
+            "--limit",
+            "16M",
+            "--backend",
+            &backend,
+            "--",
+            "sleep",
+            "60",
+        ])
+        .spawn()
+        .unwrap();
+    let dead = daemon.id();
+    let started = std::time::Instant::now();
+    while !swap.0.exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the swap file never appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // SAFETY: kill(2) of our own child with a constant signal.
+    assert_eq!(unsafe { libc::kill(dead as i32, libc::SIGKILL) }, 0);
+    let _ = daemon.wait();
+    assert!(
+        swap.0.exists(),
+        "the test needs the file left behind by SIGKILL"
+    );
+    let out = Command::new(DAEMON)
+        .args(["run", "--limit", "16M", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        !swap.0.exists(),
+        "the next daemon did not remove the dead one's swap file"
+    );
+    assert!(
+        !uffd_daemon::run_base().join(dead.to_string()).exists(),
+        "the dead daemon's run directory stayed"
+    );
 }
 
 fn write_config(name: &str, text: &str) -> TempFile {

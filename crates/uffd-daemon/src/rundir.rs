@@ -183,13 +183,11 @@ fn remove_noted_backing_file(dir: &Path) {
     // SAFETY: the bytes were written from an OsStr by `note_backing_file` on this system.
     let path = PathBuf::from(unsafe { std::ffi::OsString::from_encoded_bytes_unchecked(bytes) });
     if let Ok(m) = std::fs::symlink_metadata(&path) {
-        if m.file_type().is_file() && m.uid() == my_uid() {
-            if std::fs::remove_file(&path).is_ok() {
-                eprintln!(
-                    "uffd-daemon: removed {}, the backing file of a daemon that died",
-                    path.display()
-                );
-            }
+        if m.file_type().is_file() && m.uid() == my_uid() && std::fs::remove_file(&path).is_ok() {
+            eprintln!(
+                "uffd-daemon: removed {}, the backing file of a daemon that died",
+                path.display()
+            );
         }
     }
 }

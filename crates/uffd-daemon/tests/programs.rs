@@ -3,6 +3,7 @@
 //! threads' lifetimes. Every case checks the program's data and that the daemon went on
 //! managing it (the limit held, the agent connected).
 
+use std::cell::Cell;
 use std::process::Command;
 use std::time::Duration;
 
@@ -19,45 +20,27 @@ fn sigint_to_the_daemon_stops_nothing() {
     if !can_run() {
         return;
     }
-    let path = stats_path("sigint");
-    let _ = std::fs::remove_file(&path);
-    let mut child = Command::new(DAEMON)
-        .args(["run", "--limit", "16M", "--stats-json"])
-        .arg(&path)
-        .args(["--", DAEMON, "workload", "--size", "96M"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("uffd-daemon");
-    let pid = child.id() as i32;
-    // The daemon handles signals once it has started the program.
-    let children = format!("/proc/{pid}/task/{pid}/children");
-    while std::fs::read_to_string(&children).is_ok_and(|c| c.trim().is_empty()) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let mut sent = 0;
-    while child.try_wait().expect("wait").is_none() {
-        // SAFETY: kill(2) with integer arguments, to our own child.
-        unsafe { libc::kill(pid, libc::SIGINT) };
-        sent += 1;
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let out = child.wait_with_output().expect("output");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stats: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).expect("stats")).expect("json");
-    let _ = std::fs::remove_file(&path);
-    eprintln!("{sent} SIGINTs sent; stdout {stdout}; stats {stats}");
-    let run = Run {
-        status: out.status.code().unwrap_or(-1),
-        stdout,
-        stderr: String::new(),
-        stats,
-        timed_out: false,
-        hung_in: String::new(),
-    };
+    let sent = Cell::new(0);
+    let run = run_poking(
+        &["--limit", "16M"],
+        "sigint",
+        &[DAEMON, "workload", "--size", "96M"],
+        &|daemon, program| {
+            // (Once the daemon has started the program, it handles signals.)
+            if program.is_some() {
+                // SAFETY: kill(2) with integer arguments, to our own child.
+                unsafe { libc::kill(daemon, libc::SIGINT) };
+                sent.set(sent.get() + 1);
+            }
+        },
+    );
     assert_eq!(run.status, 0, "the workload found bad pages");
     assert!(run.stdout.contains("0 bad pages"));
-    assert!(sent > 100, "too few signals to matter ({sent})");
+    assert!(
+        sent.get() >= 20,
+        "too few signals to matter ({})",
+        sent.get()
+    );
     assert_paged(&run, 16 << 20);
 }
 
@@ -73,57 +56,66 @@ fn a_stopped_process_answers_late_and_loses_nothing() {
     }
     let cfg = std::env::temp_dir().join(format!("uffd-test-stop-{}.toml", std::process::id()));
     std::fs::write(&cfg, "[test]\ndrop_timeout_ms = 20\n").expect("config");
-    let path = stats_path("stopped");
-    let _ = std::fs::remove_file(&path);
     let cfg_s = cfg.to_string_lossy().into_owned();
-    let mut child = Command::new(DAEMON)
-        .args(["run", "--limit", "16M", "--config", &cfg_s, "--stats-json"])
-        .arg(&path)
-        .args(["--", DAEMON, "workload", "--size", "96M"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("uffd-daemon");
-    let pid = child.id() as i32;
-    let children = format!("/proc/{pid}/task/{pid}/children");
-    let program = loop {
-        let c = std::fs::read_to_string(&children).unwrap_or_default();
-        if let Some(p) = c.split_whitespace().next() {
-            break p.parse::<i32>().expect("pid");
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    let mut stops = 0;
-    while child.try_wait().expect("wait").is_none() {
-        std::thread::sleep(Duration::from_millis(30));
-        // SAFETY: kill(2) with integer arguments, to our own grandchild.
-        unsafe { libc::kill(program, libc::SIGSTOP) };
-        std::thread::sleep(Duration::from_millis(150));
-        // SAFETY: as above.
-        unsafe { libc::kill(program, libc::SIGCONT) };
-        stops += 1;
-    }
-    let out = child.wait_with_output().expect("output");
-    let _ = std::fs::remove_file(&cfg);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stats: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).expect("stats")).expect("json");
-    let _ = std::fs::remove_file(&path);
-    eprintln!("{stops} stops; stdout {stdout}; stats {stats}");
-    assert_eq!(out.status.code(), Some(0), "the workload found bad pages");
-    assert!(stdout.contains("0 bad pages"));
-    let get = |k: &str| stats[k].as_u64().unwrap_or_else(|| panic!("no {k}"));
-    assert!(
-        get("drop_timeouts") >= 1,
-        "no DROP was late: the test did not stop the agent mid-DROP ({stops} stops)"
+    // Every 180 ms: stopped for 150, running for 30.
+    let (ticks, stops) = (Cell::new(0u32), Cell::new(0u32));
+    let run = run_poking(
+        &["--limit", "16M", "--config", &cfg_s],
+        "stopped",
+        &[DAEMON, "workload", "--size", "96M"],
+        &|_, program| {
+            let Some(program) = program else { return };
+            ticks.set(ticks.get() + 1);
+            let sig = match ticks.get() % 18 {
+                3 => libc::SIGSTOP,
+                0 => libc::SIGCONT,
+                _ => return,
+            };
+            // SAFETY: kill(2) with integer arguments, to our own grandchild.
+            unsafe { libc::kill(program, sig) };
+            stops.set(stops.get() + u32::from(sig == libc::SIGSTOP));
+        },
     );
-    assert_eq!(get("agents_lost"), 0, "a late answer lost the agent");
-    assert!(get("evicted_pages") > 24576 / 2, "eviction did not go on");
+    let _ = std::fs::remove_file(&cfg);
+    assert_eq!(run.status, 0, "the workload found bad pages");
+    assert!(run.stdout.contains("0 bad pages"));
+    assert!(
+        run.get("drop_timeouts") >= 1,
+        "no DROP was late: the test did not stop the agent mid-DROP ({} stops)",
+        stops.get()
+    );
+    assert_eq!(run.get("agents_lost"), 0, "a late answer lost the agent");
+    assert!(
+        run.get("evicted_pages") > 24576 / 2,
+        "eviction did not go on"
+    );
     // Loose: while a DROP is outstanding its pages stay counted, and faults go through when
     // reclaim can free nothing else.
     assert!(
-        get("resident_pages_max") <= 2 * 4096,
+        run.get("resident_pages_max") <= 2 * 4096,
         "the limit did not hold"
     );
+}
+
+/// Runs `program` under `uffd-daemon run ARGS`, calling `poke(daemon, program)` every 10 ms
+/// while it runs (`program`: the daemon's first child, once started).
+fn run_poking(args: &[&str], name: &str, program: &[&str], poke: &dyn Fn(i32, Option<i32>)) -> Run {
+    let path = stats_path(name);
+    let b = Bounded::spawn(daemon_command(args, &path, program), name);
+    let daemon = b.pid();
+    let children = format!("/proc/{daemon}/task/{daemon}/children");
+    let done = b.wait_or_grace(
+        Duration::from_secs(300),
+        &|| {
+            let child = std::fs::read_to_string(&children)
+                .ok()
+                .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()));
+            poke(daemon, child);
+            false
+        },
+        Duration::ZERO,
+    );
+    finish_run(name, done, &path)
 }
 
 fn lifecycle(limit: &str, name: &str, args: &[&str]) -> Run {
@@ -217,27 +209,23 @@ fn pthread_exit_of_the_last_thread_ends_the_process() {
         return;
     }
     let exe = c_client("lifecycle").to_string_lossy().into_owned();
-    let path = stats_path("pthread-exit");
-    let mut child = Command::new(DAEMON)
-        .args(["run", "--limit", "8M", "--stats-json"])
-        .arg(&path)
-        .args(["--", &exe, "pthread-exit", "32"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("uffd-daemon");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while child.try_wait().expect("wait").is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the process did not end after its last thread exited");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().expect("output");
-    let _ = std::fs::remove_file(&path);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
-    assert!(stdout.contains("thread: 32 MiB, 0 bad words"), "{stdout}");
+    let run = run_with_deadline(
+        &["--limit", "8M"],
+        "pthread-exit",
+        &[&exe, "pthread-exit", "32"],
+        Duration::from_secs(60),
+    );
+    assert!(
+        !run.timed_out,
+        "the process did not end after its last thread exited: {}",
+        run.hung_in
+    );
+    assert_eq!(run.status, 0, "{}", run.stdout);
+    assert!(
+        run.stdout.contains("thread: 32 MiB, 0 bad words"),
+        "{}",
+        run.stdout
+    );
 }
 
 /// A server drops its privileges and forks its workers; a worker execs. Every process stays

@@ -877,12 +877,21 @@ static int release_to_program(uint64_t start, uint64_t len)
  * then its own to handle, as it would be without the daemon.
  */
 #define UFFDIO_REGISTER_IOCTL 0xc020aa00UL
+#define UFFDIO_MOVE_IOCTL 0xc028aa05UL
 __attribute__((visibility("default"))) int ioctl(int fd, unsigned long req, ...)
 {
 	va_list ap;
 	va_start(ap, req);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
+	/* The program moves pages out of memory the daemon may manage (UFFDIO_MOVE's source need
+	 * not be registered with the program's uffd): the kernel tells the daemon nothing of a
+	 * move, so the daemon first brings back what it evicted there and steps aside. */
+	if (req == UFFDIO_MOVE_IOCTL && g_agent && !g_agent->filtered && arg) {
+		struct uffdio_move_ mv;
+		memcpy(&mv, arg, sizeof mv);
+		(void)release_to_program(mv.src, mv.len);
+	}
 	long r = agent_syscall6(SYS_ioctl, fd, (long)req, (long)arg, 0, 0, 0);
 	if (r < 0 && errno == EBUSY && req == UFFDIO_REGISTER_IOCTL && g_agent && !g_agent->filtered && arg) {
 		struct uffdio_register_ reg;

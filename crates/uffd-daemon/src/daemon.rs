@@ -381,7 +381,7 @@ fn leave_locked_memory(shared: &Shared, mm: &Mm, pid: i32) {
         st.forget_range(shared, s, e);
         st.remove_range(s, e);
         st.locked.retain(|&r| r != (s, e));
-        st.refused.push((s, e));
+        st.refuse(s, e);
     }
 }
 
@@ -619,11 +619,16 @@ fn release_to_program(shared: &Shared, pid: i32, start: u64, len: u64) -> std::i
             std::thread::sleep(Duration::from_millis(1));
             continue;
         }
+        let managed: u64 = st
+            .registered_parts(start, end)
+            .iter()
+            .map(|(s, e)| e - s)
+            .sum();
         mm.uffd.unregister(start, len)?;
         st.forget_range(shared, start, end);
         st.remove_range(start, end);
-        st.refused.push((start, end));
-        Stats::add(&shared.stats.own_uffd_bytes, len);
+        st.refuse(start, end);
+        Stats::add(&shared.stats.own_uffd_bytes, managed);
         return Ok(());
     }
 }

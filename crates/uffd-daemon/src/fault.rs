@@ -706,6 +706,7 @@ fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent) {
             let mut st = mm.state.lock();
             st.forget_range(shared, start, end);
             st.remove_range(start, end);
+            st.unmapped(start, end);
         }
         UffdEvent::Remap { from, to, len } => {
             Stats::add(&stats.remap_events, 1);

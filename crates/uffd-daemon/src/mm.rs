@@ -266,20 +266,21 @@ impl MmState {
 
     /// Removes `[start, end)` from the registered ranges.
     pub fn remove_range(&mut self, start: u64, end: u64) {
-        let mut out = Vec::with_capacity(self.ranges.len() + 1);
-        for &(s, e) in &self.ranges {
-            if e <= start || s >= end {
-                out.push((s, e));
-                continue;
-            }
-            if s < start {
-                out.push((s, start));
-            }
-            if e > end {
-                out.push((end, e));
-            }
+        subtract(&mut self.ranges, start, end);
+    }
+
+    /// A mapping at `[start, end)` is gone (UNMAP): what the daemon refused or left there is
+    /// forgotten too, so that a new mapping at those addresses is managed as new memory.
+    pub fn unmapped(&mut self, start: u64, end: u64) {
+        subtract(&mut self.refused, start, end);
+        subtract(&mut self.locked, start, end);
+    }
+
+    /// Adds `[start, end)` to the ranges the daemon leaves alone (once).
+    pub fn refuse(&mut self, start: u64, end: u64) {
+        if !self.refused.iter().any(|&(s, e)| s <= start && end <= e) {
+            self.refused.push((start, end));
         }
-        self.ranges = out;
     }
 
     /// Parts of `[start, end)` not covered by `ranges` or `refused`.
@@ -490,6 +491,24 @@ impl PageBits<'_> {
             _ => self.cleared.push((start, end)),
         }
     }
+}
+
+/// Removes `[start, end)` from a list of disjoint ranges, splitting those it cuts.
+fn subtract(list: &mut Vec<(u64, u64)>, start: u64, end: u64) {
+    let mut out = Vec::with_capacity(list.len() + 1);
+    for &(s, e) in list.iter() {
+        if e <= start || s >= end {
+            out.push((s, e));
+            continue;
+        }
+        if s < start {
+            out.push((s, start));
+        }
+        if e > end {
+            out.push((end, e));
+        }
+    }
+    *list = out;
 }
 
 /// Sorted page addresses grouped into runs of consecutive pages: `(start, pages)`.

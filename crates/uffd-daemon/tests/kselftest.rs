@@ -146,7 +146,7 @@ struct Known {
 }
 
 /// Differences the daemon makes by design.
-const KNOWN: [Known; 7] = [
+const KNOWN: [Known; 3] = [
     // ARCHITECTURE.md, "What a program can see": an evicted page is neither present nor
     // swapped in /proc/PID/pagemap (it is simply not mapped). After MADV_POPULATE_(READ|WRITE)
     // madv_populate's range_is_populated() asks pagemap_is_populated() of every page, and
@@ -163,37 +163,6 @@ const KNOWN: [Known; 7] = [
         selftest: "ksm_functional_tests",
         check: "test_unmerge_zero_pages: *",
         shows: "failed: 'ksm_zero_pages' updated after merging",
-    },
-    // The program's own userfaultfd: the agent registered the range with the daemon's uffd at
-    // mmap, a range can be registered with one uffd only, and the daemon does not yet
-    // arbitrate a second one, so the program's UFFDIO_REGISTER fails with EBUSY.
-    // test_unmerge_uffd_wp() registers its range for write-protection.
-    Known {
-        selftest: "ksm_functional_tests",
-        check: "test_unmerge_uffd_wp: *",
-        shows: "failed: UFFDIO_REGISTER_MODE_WP failed",
-    },
-    // The same in uffd-unit-tests: every test on anonymous memory registers it, and the error
-    // (errno=16, EBUSY) ends the run (its err() exits) ...
-    Known {
-        selftest: "uffd-unit-tests",
-        check: "* on anon",
-        shows: "errno=16",
-    },
-    // ... so the shmem variants of the same test, which come after it, have no result
-    // (shared memory is not the daemon's: the `minor*` tests, shmem only, pass).
-    Known {
-        selftest: "uffd-unit-tests",
-        check: "* on shmem*",
-        shows: "no result (the run ended: exit status 1: ERROR: * (errno=16,",
-    },
-    // The same in pagemap_ioctl: its first UFFDIO_REGISTER (UFFD_FEATURE_WP_ASYNC, with which
-    // PAGEMAP_SCAN tracks written pages) fails with EBUSY and it bails out before any check.
-    Known {
-        selftest: "pagemap_ioctl",
-        check: "*",
-        shows:
-            "no result (the run ended: Bail out! ioctl(UFFDIO_REGISTER) 16 Device or resource busy",
     },
     // No THP where the daemon fills pages: it serves each missing fault with UFFDIO_COPY or
     // UFFDIO_ZEROPAGE of one 4 KiB page, so the cases that need a THP populated at the first

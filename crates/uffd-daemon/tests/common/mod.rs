@@ -126,7 +126,11 @@ pub fn finish_run(name: &str, done: Finished, stats: &Path) -> Run {
 /// The counters a daemon wrote with `--stats-json PATH` (`Null` if it wrote none); the file
 /// is removed.
 pub fn take_stats(path: &Path) -> serde_json::Value {
+    // (Empty when the daemon did not get to write it: it creates the file at start, to refuse
+    // a path it cannot write before the program runs.)
     let stats = std::fs::read_to_string(path)
+        .ok()
+        .filter(|s| !s.is_empty())
         .map(|s| serde_json::from_str(&s).expect("stats JSON"))
         .unwrap_or(serde_json::Value::Null);
     let _ = std::fs::remove_file(path);

@@ -1387,7 +1387,15 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
         // DROPs that were not answered in time: settle those answered since, so that writers
         // waiting on their pages go on.
         for m in shared.mms.lock().clone() {
-            reclaim::poll_pending_drop(shared, &m);
+            let (_, outstanding) = reclaim::poll_pending_drop(shared, &m);
+            // Writers held on pages moved while their DROP was in flight go on once none is
+            // (the monitor is the reclaim thread: no batch of its runs now).
+            if !outstanding && m.wp_waiters.swap(false, Ordering::AcqRel) {
+                let ranges = m.state.lock().ranges.clone();
+                for (s, e) in ranges {
+                    let _ = m.uffd.wake(s, e - s);
+                }
+            }
         }
         // Reclaim down to the low watermark, biggest address space first.
         if shared.resident() > shared.high_pages {

@@ -377,6 +377,15 @@ fn serve_fault(
                 st.pages.insert(addr, Page::Resident { referenced: true });
                 Stats::add(&stats.wp_access_faults, 1);
             }
+            // A page that was `Dropping` and moved here (mremap): while a DROP is in flight the
+            // agent may move whatever is at the old address, and mremap can bring this page
+            // back there; a write now could be moved away with it after its copy was stored.
+            // The writer waits until no DROP is in flight (the monitor wakes it then).
+            Some(Page::Inherited { .. }) if drop_in_flight(mm) => {
+                mm.wp_waiters
+                    .store(true, std::sync::atomic::Ordering::Release);
+                return true;
+            }
             _ => {}
         }
         let r = mm.uffd.writeprotect(addr, PAGE_SIZE_U64, false);
@@ -588,7 +597,12 @@ fn serve_fault(
         // The page is present: this message is stale (two threads faulted on the page, or a
         // waiter was woken and faulted again). Change nothing: in particular a `Dropping` page
         // is about to be moved out, and its stored copy must stay.
-        Ok(Fill::Exists) => return true,
+        Ok(Fill::Exists) => {
+            // Woken all the same: a page can arrive at the address by another way than our
+            // fill (mremap moves one there), and then nobody else wakes a waiter.
+            let _ = mm.uffd.wake(addr, PAGE_SIZE_U64);
+            return true;
+        }
         Ok(Fill::Filled) => {}
         Err(e) => {
             // Transient (ENOMEM under pressure): retry. A fill that keeps failing would leave
@@ -691,6 +705,16 @@ fn serve_fault(
     true
 }
 
+/// Whether reclaim may have a DROP to this address space's agent in flight: it holds the agent
+/// lock for a batch (a try, never a wait: the handler must not wait for reclaim), or a DROP is
+/// outstanding.
+fn drop_in_flight(mm: &Mm) -> bool {
+    match mm.agent.try_lock() {
+        None => true,
+        Some(g) => g.as_ref().is_some_and(|a| a.pending.is_some()),
+    }
+}
+
 fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent) {
     let stats = &shared.stats;
     match event {
@@ -711,10 +735,10 @@ fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent) {
         UffdEvent::Remap { from, to, len } => {
             Stats::add(&stats.remap_events, 1);
             let mut st = mm.state.lock();
-            if st.remap(shared, from, to, len) {
-                // Pages moved mid-eviction keep their write protection at the new address;
-                // lift it (under the lock, see the WP fault path) so no writer waits there.
-                let _ = mm.uffd.writeprotect(to, len, false);
+            // Pages moved mid-eviction keep their write protection at the new address; lift it
+            // (under the lock, see the WP fault path) where no DROP can reach them.
+            for (start, n) in crate::mm::runs_of(&st.remap(shared, from, to, len)) {
+                let _ = mm.uffd.writeprotect(start, n as u64 * PAGE_SIZE_U64, false);
             }
         }
         UffdEvent::Fork { ufd } => {

@@ -119,6 +119,9 @@ pub struct Mm {
     /// does not manage (the stack, copy-on-write pages of libraries' data), so that only
     /// growth beyond it triggers the next scan.
     pub untracked_rss: AtomicU64,
+    /// Writers wait in write-protect faults on pages moved while `Dropping` (see the fault
+    /// path): the monitor wakes them once no DROP is in flight.
+    pub wp_waiters: AtomicBool,
 }
 
 impl Mm {
@@ -149,6 +152,7 @@ impl Mm {
             next_batch: AtomicU32::new(1),
             last_scan_tick: AtomicU64::new(0),
             untracked_rss: AtomicU64::new(0),
+            wp_waiters: AtomicBool::new(false),
         })
     }
 
@@ -307,11 +311,12 @@ impl MmState {
 
     /// Moves page states from `[from, from+len)` to `to` (mremap). Pages caught mid-eviction
     /// become resident or `Inherited` (the reclaim batch finds them gone and gives up);
-    /// returns whether any was write-protected so that the caller lifts the protection at the
-    /// new address, under the state lock.
-    pub fn remap(&mut self, shared: &Shared, from: u64, to: u64, len: u64) -> bool {
+    /// returns the new addresses of the pages that were `Evicting`, whose write protection the
+    /// caller lifts under the state lock. Pages that were `Dropping` keep theirs: the agent may
+    /// still move whatever comes to their old address (see the WP fault path).
+    pub fn remap(&mut self, shared: &Shared, from: u64, to: u64, len: u64) -> Vec<u64> {
         let moved: Vec<(u64, Page)> = self.pages.range(from..from + len).collect();
-        let mut had_wp = false;
+        let mut unprotect = Vec::new();
         for (k, p) in &moved {
             self.pages.remove(*k);
             if matches!(p, Page::Resident { .. }) {
@@ -324,13 +329,10 @@ impl MmState {
             let nk = k - from + to;
             let np = match p {
                 Page::Evicting { .. } => {
-                    had_wp = true;
+                    unprotect.push(nk);
                     Page::Resident { referenced: true }
                 }
-                Page::Dropping { slot } | Page::Inherited { slot } => {
-                    had_wp = true;
-                    Page::Inherited { slot }
-                }
+                Page::Dropping { slot } | Page::Inherited { slot } => Page::Inherited { slot },
                 other => other,
             };
             self.pages.insert(nk, np);
@@ -342,7 +344,7 @@ impl MmState {
         }
         self.remove_range(from, from + len);
         self.add_range(to, to + len);
-        had_wp
+        unprotect
     }
 
     /// The state a forked child starts with: one copy of everything, stored pages shared

@@ -126,13 +126,16 @@ pub fn elf_is_static(b: &[u8]) -> bool {
     true
 }
 
+/// How long a process of the tree may go without an agent before it counts as `no_agent`.
+const NO_AGENT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The scanner's census of unmanaged memory, kept between walks.
 #[derive(Debug, Default)]
 pub struct Census {
-    /// Processes without an agent seen in the previous walk (one that may yet get an agent is
-    /// counted from its second walk, so that one between its exec and its agent's greeting is
-    /// not).
-    seen_unmanaged: HashSet<i32>,
+    /// Processes without an agent, and when they were first seen so: one that may yet get an
+    /// agent is counted after [`NO_AGENT_GRACE`], so that one between its fork or exec and
+    /// its agent's greeting (which a loaded machine can make slow) is not.
+    seen_unmanaged: HashMap<i32, std::time::Instant>,
     /// What was said, per process and kind.
     said: HashSet<(i32, Kind)>,
     /// Whether `Policy::Error` has stopped the tree.
@@ -202,7 +205,7 @@ impl Census {
         policy: Policy,
     ) -> Option<(i32, Kind)> {
         let mut now: HashMap<Kind, u64> = HashMap::new();
-        let mut unmanaged = HashSet::new();
+        let mut unmanaged = HashMap::new();
         let mut found = None;
         for pid in descendants(root) {
             let Some(st) = status(pid) else { continue };
@@ -219,12 +222,17 @@ impl Census {
             if st.rss_anon + st.rss_shmem == 0 {
                 continue; // a zombie, or a kernel-side process of no memory
             }
-            unmanaged.insert(pid);
+            let first = self
+                .seen_unmanaged
+                .get(&pid)
+                .copied()
+                .unwrap_or_else(std::time::Instant::now);
+            unmanaged.insert(pid, first);
             let kind = std::fs::read_link(format!("/proc/{pid}/exe"))
                 .ok()
                 .and_then(|exe| program_kind(&exe))
                 .unwrap_or(Kind::NoAgent);
-            if kind == Kind::NoAgent && !self.seen_unmanaged.contains(&pid) {
+            if kind == Kind::NoAgent && first.elapsed() < NO_AGENT_GRACE {
                 continue;
             }
             *now.entry(kind).or_default() += st.rss_anon + st.rss_shmem;

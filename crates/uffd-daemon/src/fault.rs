@@ -307,7 +307,26 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
                         deferred.push(p);
                     }
                 }
-                event => handle_event(shared, mm, event),
+                event => {
+                    // A fault waiting to be retried in a range that is gone or emptied is not
+                    // filled any more: filled later, it could put a page into a new mapping at
+                    // the same addresses that the program never touched. Its thread is woken
+                    // instead and retries its access, faulting again if it must.
+                    if let UffdEvent::Unmap { start, end } | UffdEvent::Remove { start, end } =
+                        event
+                    {
+                        deferred.retain(|p| {
+                            let stale = p.address >= start && p.address < end;
+                            if stale {
+                                let _ = mm
+                                    .uffd
+                                    .wake(p.address & !(PAGE_SIZE_U64 - 1), PAGE_SIZE_U64);
+                            }
+                            !stale
+                        });
+                    }
+                    handle_event(shared, mm, event)
+                }
             }
         }
         // Retry what an event blocked, now that the event has been read.

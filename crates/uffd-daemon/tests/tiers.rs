@@ -284,28 +284,7 @@ fn named_swap_file_is_removed_on_every_exit() {
     );
     assert!(!swap.0.exists(), "left after a failed start");
     // SIGTERM to the daemon: forwarded to the program, which dies of it; the daemon exits.
-    let mut daemon = Command::new(DAEMON)
-        .args([
-            "run",
-            "--limit",
-            "16M",
-            "--backend",
-            &backend,
-            "--",
-            "sleep",
-            "60",
-        ])
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while !swap.0.exists() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(20),
-            "the swap file never appeared"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut daemon = daemon_with_its_swap_file(&backend, &swap.0);
     // SAFETY: kill(2) of our own child with a constant signal.
     assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) }, 0);
     let status = daemon.wait().unwrap();
@@ -313,29 +292,8 @@ fn named_swap_file_is_removed_on_every_exit() {
     assert!(!swap.0.exists(), "left after SIGTERM");
     // SIGKILL: the daemon cannot clean up; the next daemon to start removes the file (noted in
     // the dead daemon's run directory) along with that directory.
-    let mut daemon = Command::new(DAEMON)
-        .args([
-            "run",
-            "--limit",
-            "16M",
-            "--backend",
-            &backend,
-            "--",
-            "sleep",
-            "60",
-        ])
-        .spawn()
-        .unwrap();
+    let mut daemon = daemon_with_its_swap_file(&backend, &swap.0);
     let dead = daemon.id();
-    let started = std::time::Instant::now();
-    while !swap.0.exists() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(20),
-            "the swap file never appeared"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(300));
     // SAFETY: kill(2) of our own child with a constant signal.
     assert_eq!(unsafe { libc::kill(dead as i32, libc::SIGKILL) }, 0);
     let _ = daemon.wait();
@@ -356,6 +314,33 @@ fn named_swap_file_is_removed_on_every_exit() {
         !uffd_daemon::run_base().join(dead.to_string()).exists(),
         "the dead daemon's run directory stayed"
     );
+}
+
+/// `uffd-daemon run --backend BACKEND -- sleep 60`, once it has made its swap file at `path`.
+fn daemon_with_its_swap_file(backend: &str, path: &std::path::Path) -> std::process::Child {
+    let daemon = Command::new(DAEMON)
+        .args([
+            "run",
+            "--limit",
+            "16M",
+            "--backend",
+            backend,
+            "--",
+            "sleep",
+            "60",
+        ])
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !path.exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the swap file never appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    daemon
 }
 
 fn write_config(name: &str, text: &str) -> TempFile {

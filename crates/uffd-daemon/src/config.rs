@@ -286,6 +286,49 @@ pub struct Resolved {
     pub policy: PolicyConfig,
 }
 
+/// What the tiers cannot hold, said at start: each line names the setting and what follows
+/// from it. Settings that cannot work at all are refused by [`resolve`]; these can, for some
+/// programs, and the daemon counts the pages refused while it runs
+/// (`store_refused_*_pages`).
+pub fn capacity_warnings(limit: u64, tiers: &TierConfig) -> Vec<String> {
+    let mib = |b: u64| b >> 20;
+    let mut w = Vec::new();
+    let ram = physical_memory();
+    if ram > 0 && limit >= ram {
+        w.push(format!(
+            "the limit ({} MiB) is not below this machine's memory ({} MiB): the daemon evicts \
+             only what the limit asks, so it may never evict",
+            mib(limit),
+            mib(ram)
+        ));
+    }
+    match (&tiers.zswap, &tiers.backend) {
+        (Some(z), BackendSpec::None) => w.push(format!(
+            "no backing device (--backend none): pages leave memory only into the zswap pool of \
+             at most {} MiB, and pages that do not compress below a page stay resident; the \
+             limit holds only while the program's memory beyond {} MiB compresses into the pool",
+            mib(z.max_pool_bytes),
+            mib(limit)
+        )),
+        (Some(z), _) if ram > 0 && z.max_pool_bytes > ram / 2 => w.push(format!(
+            "the zswap pool may grow to {} MiB, more than half of this machine's memory ({} MiB)",
+            mib(z.max_pool_bytes),
+            mib(ram)
+        )),
+        _ => {}
+    }
+    if tiers.swap_bytes < limit {
+        w.push(format!(
+            "the swap space ({} MiB, --swap-size) is smaller than the limit ({} MiB): a program \
+             whose anonymous memory passes {} MiB cannot be held under the limit",
+            mib(tiers.swap_bytes),
+            mib(limit),
+            mib(limit + tiers.swap_bytes)
+        ));
+    }
+    w
+}
+
 fn size_field(v: &Option<String>, field: &str) -> anyhow::Result<Option<u64>> {
     v.as_deref()
         .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("{field}: {e}")))

@@ -791,6 +791,15 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
             let mut g = shared.bind_lock.lock();
             shared.bind_cv.wait_for(&mut g, Duration::from_millis(20));
         };
+        // One agent per address space: a second greeting would take the first one's place
+        // (and with it a DROP it may have outstanding).
+        let mut slot = mm.agent.lock();
+        if slot.is_some() {
+            drop(slot);
+            Stats::add(&stats.protocol_errors, 1);
+            refuse(&sock, "this process already has an agent connection");
+            return;
+        }
         let mut conn = match AgentConn::new(sock, max_drop) {
             Ok(c) => c,
             Err(_) => return,
@@ -802,7 +811,8 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         if conn.send(&ack, Some(mm.uffd.raw())).is_err() {
             return;
         }
-        *mm.agent.lock() = Some(conn);
+        *slot = Some(conn);
+        drop(slot);
         // Registrations were inherited; pick up anything new.
         let _ = scan_and_register(&shared, &mm);
         return;
@@ -1017,6 +1027,9 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     }
     check_kernel_support()?;
     check_program(program, config.policy.unmanaged)?;
+    for w in crate::config::capacity_warnings(config.limit_bytes, &config.tiers) {
+        eprintln!("uffd-daemon: warning: {w}");
+    }
     // Every output path is checked before the program starts, not after it has run.
     if let Some(p) = &config.stats_json {
         std::fs::OpenOptions::new()

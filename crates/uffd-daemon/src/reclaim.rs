@@ -100,10 +100,45 @@ fn unprotect(mm: &Mm, start: u64, len: u64) {
     }
 }
 
-/// Backs reclaim off while no tier takes anything: a batch whose every unit was refused
-/// pauses eviction (1 ms, doubling up to 1 s) and, the first time, says why and that the
-/// limit does not hold meanwhile. A batch that stored anything ends the pause.
-fn note_store_outcome(shared: &Shared, all_failed: bool, e: Option<crate::tiers::StoreFail>) {
+/// Counts the pages no tier took, by cause, says each cause once with what to change, and
+/// backs reclaim off while no tier takes anything: a batch whose every unit was refused pauses
+/// eviction (1 ms, doubling up to 1 s). A batch that stored anything ends the pause.
+fn note_store_outcome(
+    shared: &Shared,
+    all_failed: bool,
+    failures: &[(crate::tiers::StoreFail, usize)],
+) {
+    use crate::tiers::Refusal;
+    let stats = &shared.stats;
+    for cause in Refusal::ALL {
+        let pages: usize = failures
+            .iter()
+            .filter(|(e, _)| e.refusal() == cause)
+            .map(|&(_, n)| n)
+            .sum();
+        if pages == 0 {
+            continue;
+        }
+        let counter = match cause {
+            Refusal::Full => &stats.store_refused_full_pages,
+            Refusal::Pool => &stats.store_refused_pool_pages,
+            Refusal::Incompressible => &stats.store_refused_incompressible_pages,
+            Refusal::Io => &stats.store_refused_io_pages,
+        };
+        if counter.fetch_add(pages as u64, std::sync::atomic::Ordering::Relaxed) == 0 {
+            let e = failures
+                .iter()
+                .find(|(e, _)| e.refusal() == cause)
+                .map(|(e, _)| e.to_string())
+                .unwrap_or_default();
+            eprintln!(
+                "uffd-daemon: {e}: such pages stay resident, and while they do the limit may not \
+                 hold; {} (counted in {})",
+                cause.remedy(),
+                refusal_counter_name(cause)
+            );
+        }
+    }
     let mut b = shared.store_backoff.lock();
     if !all_failed {
         *b = (0, None);
@@ -112,15 +147,19 @@ fn note_store_outcome(shared: &Shared, all_failed: bool, e: Option<crate::tiers:
     b.0 += 1;
     let pause = std::time::Duration::from_millis(1 << b.0.min(10));
     b.1 = Some(std::time::Instant::now() + pause);
-    if b.0 == 1 && Stats::add_first(&shared.stats.store_stalls) {
-        if let Some(e) = e {
-            eprintln!(
-                "uffd-daemon: {e}: pages stay resident and the limit does not hold until the \
-                 tiers take pages again (counted in store_stalls; retried with a pause)"
-            );
-        }
-    } else if b.0 == 1 {
-        Stats::add(&shared.stats.store_stalls, 1);
+    if b.0 == 1 {
+        Stats::add(&stats.store_stalls, 1);
+    }
+}
+
+/// The counter of the pages refused for `cause`, as `stat` names it.
+fn refusal_counter_name(cause: crate::tiers::Refusal) -> &'static str {
+    use crate::tiers::Refusal;
+    match cause {
+        Refusal::Full => "store_refused_full_pages",
+        Refusal::Pool => "store_refused_pool_pages",
+        Refusal::Incompressible => "store_refused_incompressible_pages",
+        Refusal::Io => "store_refused_io_pages",
     }
 }
 
@@ -227,7 +266,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
                 (order, &data[i * PAGE_SIZE..(i + n) * PAGE_SIZE])
             })
             .collect();
-        let mut first_error = None;
+        let mut failures = Vec::new();
         for (&(i, order), r) in units.iter().zip(shared.tiers.store_units(&spans)) {
             let n = 1usize << order;
             match r {
@@ -235,11 +274,11 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
                 Err(e) => {
                     Stats::add(&shared.stats.backend_errors, 1);
                     refused.extend_from_slice(&victims[i..i + n]);
-                    first_error.get_or_insert(e);
+                    failures.push((e, n));
                 }
             }
         }
-        note_store_outcome(shared, refused.len() == victims.len(), first_error);
+        note_store_outcome(shared, refused.len() == victims.len(), &failures);
     }
     if !refused.is_empty() {
         abort_pages(shared, mm, batch, &refused);

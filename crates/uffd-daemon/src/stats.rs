@@ -149,6 +149,16 @@ counters! {
     /// Times eviction stalled because no tier took any page of a batch (the swap space full, a
     /// failing device): the limit does not hold until it ends.
     store_stalls,
+    /// Pages no tier took because the swap space was full (raise `--swap-size`).
+    store_refused_full_pages,
+    /// Pages no tier took because the zswap pool was at its limit and there is no backing
+    /// device (`--backend none`).
+    store_refused_pool_pages,
+    /// Pages no tier took because they do not compress below a page and there is no backing
+    /// device.
+    store_refused_incompressible_pages,
+    /// Pages no tier took because writing them to the backing device failed.
+    store_refused_io_pages,
     /// Failed accepts of agents' connections (retried after a pause), and greetings refused
     /// because the daemon was out of descriptors.
     accept_errors,

@@ -484,6 +484,55 @@ pub enum StoreFail {
     Io(io::Error),
 }
 
+/// Why no tier took a page, for counting and for saying it once with what to change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The swap space has no free slot.
+    Full,
+    /// The pool is at its limit and there is no backing device.
+    Pool,
+    /// The page does not compress below a page and there is no backing device.
+    Incompressible,
+    /// The backing device failed the write.
+    Io,
+}
+
+impl Refusal {
+    /// Every cause, in the order they are reported.
+    pub const ALL: [Refusal; 4] = [
+        Refusal::Full,
+        Refusal::Pool,
+        Refusal::Incompressible,
+        Refusal::Io,
+    ];
+
+    /// What a user can change so that such pages can leave memory.
+    pub fn remedy(self) -> &'static str {
+        match self {
+            Refusal::Full => "give more swap space (--swap-size)",
+            Refusal::Pool => {
+                "raise the pool limit (--zswap SIZE) or add a backing device (--backend)"
+            }
+            Refusal::Incompressible => {
+                "add a backing device (--backend): pages that do not compress can only go there"
+            }
+            Refusal::Io => "check the backing device",
+        }
+    }
+}
+
+impl StoreFail {
+    /// The cause, as counted.
+    pub fn refusal(&self) -> Refusal {
+        match self {
+            StoreFail::NoSpace => Refusal::Full,
+            StoreFail::Refused(StoreError::CompressPoor { .. }) => Refusal::Incompressible,
+            StoreFail::Refused(_) => Refusal::Pool,
+            StoreFail::Io(_) => Refusal::Io,
+        }
+    }
+}
+
 /// Where a page was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {

@@ -35,6 +35,19 @@ def hello(fd):
     magic, version, kind, plen, seq = struct.unpack("<IHHII", reply[:16])
     assert kind == 5, "expected an ERROR, got kind %d" % kind
     return reply[20:].decode()
+def hello_fork():
+    # A fork child's greeting (flag 1) from a process whose agent has already greeted: it
+    # would have taken the agent's place.
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(path)
+    payload = struct.pack("<IIIIQQQQQI", os.getpid(), os.getppid(), 1, 0, 0xffffffff,
+                          base, 4 << 20, base, base + 4096, 512) + b"\0" * 4
+    s.send(struct.pack("<IHHII", 0x41444655, 1, 1, len(payload), 1) + payload)
+    reply = s.recv(65536)
+    s.close()
+    assert struct.unpack("<IHHII", reply[:16])[2] == 5, "a second greeting was accepted"
+    return reply[20:].decode()
+print("again:", hello_fork())
 r, w = os.pipe()
 # A forged fork event (uffd_msg: event 0x13, the descriptor number 3) waiting in the pipe.
 os.write(w, struct.pack("<BBHI", 0x13, 0, 0, 0) + struct.pack("<I", 3) + b"\0" * 20)
@@ -76,6 +89,12 @@ for s in half:
         .stdout
         .contains("null: the HELLO's descriptor is not a userfaultfd"));
     assert!(run.stdout.contains("bystander: 0 bad bytes"));
+    assert!(
+        run.stdout
+            .contains("again: this process already has an agent connection"),
+        "{}",
+        run.stdout
+    );
     let line = run
         .stdout
         .lines()
@@ -89,7 +108,7 @@ for s in half:
         nums[1] <= nums[0] + 40,
         "half greetings took a thread each: {line}"
     );
-    assert!(run.get("protocol_errors") >= 2);
+    assert!(run.get("protocol_errors") >= 3);
     assert!(run.get("evicted_pages") > 0 && run.get("swapins") > 0);
 }
 
@@ -181,9 +200,73 @@ fn bad_sizes_are_refused_and_a_full_swap_space_backs_off() {
         "said more than once"
     );
     assert!(run.get("store_stalls") >= 1);
+    assert!(run.get("store_refused_full_pages") > 0);
+    assert!(
+        run.stderr.contains("smaller than the limit"),
+        "a swap space below the limit not warned about at start: {}",
+        run.stderr
+    );
     assert!(
         run.get("backend_errors") < 20_000,
         "no back-off: {} failed stores",
         run.get("backend_errors")
     );
+}
+
+/// Without a backing device, pages that do not compress and pages beyond a full pool cannot
+/// leave memory: said at start, said once per cause while running with what to change,
+/// counted by cause, and the program's data stays whole (it was counted only as
+/// `store_refused`, with nothing said unless a whole batch failed).
+#[test]
+fn no_backend_refusals_are_said_and_counted_by_cause() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    // 48 MiB, random (no compressor takes it) or a compressible pattern that a pool of 1 MiB
+    // cannot hold; every chunk's digest checked three times.
+    let script = r#"
+import os, sys, hashlib
+chunks = []
+for i in range(48):
+    c = os.urandom(1 << 20) if sys.argv[1] == 'random' else (b'%08d' % i) * (1 << 17)
+    chunks.append((c, hashlib.sha256(c).digest()))
+for r in range(3):
+    for c, d in chunks:
+        assert hashlib.sha256(c).digest() == d
+print('checked', len(chunks))
+"#;
+    for (data, pool, counter, needle) in [
+        (
+            "random",
+            "64M",
+            "store_refused_incompressible_pages",
+            "compresses poorly",
+        ),
+        ("pattern", "1M", "store_refused_pool_pages", "pool holds"),
+    ] {
+        let run = run_with(
+            &["--limit", "16M", "--backend", "none", "--zswap", pool],
+            "no-backend",
+            &["python3", "-c", script, data],
+        );
+        assert_eq!(run.status, 0, "{}", run.stderr);
+        assert!(run.stdout.contains("checked 48"), "{}", run.stdout);
+        assert!(
+            run.stderr.contains("no backing device (--backend none)"),
+            "not warned at start: {}",
+            run.stderr
+        );
+        assert!(
+            run.get(counter) > 0,
+            "{counter} not counted: {}",
+            run.stderr
+        );
+        assert_eq!(
+            run.stderr.matches(needle).count(),
+            1,
+            "{needle:?} not said exactly once: {}",
+            run.stderr
+        );
+    }
 }

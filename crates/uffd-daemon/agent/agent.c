@@ -109,6 +109,7 @@ static long agent_syscall6(long n, long a, long b, long c, long d, long e, long 
 #define KIND_DROP_DONE 4
 #define KIND_ERROR 5
 #define KIND_RELEASE 6
+#define KIND_LEAVE 7
 #define HELLO_FORK_CHILD 1u
 #define HELLO_NEED_UFFD 2u
 #define HELLO_API_BY_DAEMON 4u
@@ -147,6 +148,8 @@ struct agent {
 	volatile int greeted; /* futex: a fork child's agent greeted the daemon (1) or could not (-1) */
 	volatile int agent_running; /* the agent thread has started and not yet returned */
 	volatile int filtered; /* the program installed a seccomp filter: no agent work in its threads */
+	volatile int leaving; /* the process leaves management (a TSYNC filter): the agent's threads end */
+	volatile int watchdog_tid; /* the watchdog thread's id (0 before it runs or after it ends) */
 	int fork_child;      /* started by atfork_child: greets the daemon itself */
 	uint64_t features;
 	char *region;
@@ -616,6 +619,8 @@ static void *agent_loop(struct agent *ag)
 	 * pages can never come back: stop now rather than run on with pages that would read as
 	 * zeros or never arrive. */
 	syscall(SYS_close, ag->sock);
+	if (ag->leaving)
+		return NULL; /* the daemon closed it on our LEAVE: it brings every page back */
 	if (daemon_exited(ag->daemon_pid))
 		die_daemon_lost();
 	say_from_agent("uffd-agent: lost the connection to uffd-daemon; pages are still served but no "
@@ -662,6 +667,7 @@ static void *watchdog_thread(void *arg)
 	struct agent *ag = arg;
 	block_signals();
 	syscall(SYS_prctl, PR_SET_NAME, "uffd-watchdog", 0, 0, 0);
+	ag->watchdog_tid = (int)syscall(SYS_gettid);
 	/* Best effort: without a table of its own it still guards the process, with its two
 	 * descriptors in the program's table (and the liveness check below if they are closed). */
 	(void)own_fd_table(-1, -1);
@@ -680,6 +686,12 @@ static void *watchdog_thread(void *arg)
 			die_daemon_lost();
 		if (stat_fd >= 0 && only_agent_threads_left((int)stat_fd, 1 + ag->agent_running))
 			exit(0); /* what glibc does when the last of its threads exits */
+		if (ag->leaving) {
+			/* Every evicted page is coming back: the daemon's end no longer matters. */
+			syscall(SYS_close, stat_fd);
+			syscall(SYS_close, pfd);
+			return NULL;
+		}
 	}
 	return NULL;
 }
@@ -807,12 +819,54 @@ __attribute__((visibility("default"))) void *mmap64(void *addr, size_t len, int 
 }
 
 /* A seccomp filter is being installed: from now on the agent does nothing in program threads
- * (see atfork_child). A filter installed with SECCOMP_FILTER_FLAG_TSYNC reaches the agent's own
- * threads too; nothing here can exempt them. */
+ * (see atfork_child). */
 static void note_seccomp(void)
 {
 	if (g_agent)
 		g_agent->filtered = 1;
+}
+
+static int ask_daemon(uint16_t kind, const uint8_t *payload, uint32_t len);
+
+/* Whether thread `tid` of this process has ended. */
+static int thread_gone(int tid)
+{
+	return tid <= 0 || (syscall(SYS_tgkill, syscall(SYS_getpid), tid, 0) < 0 && errno == ESRCH);
+}
+
+/*
+ * A filter installed with SECCOMP_FILTER_FLAG_TSYNC reaches every thread, the agent's two too,
+ * and any call of theirs (a recvmsg, a UFFDIO_MOVE, a poll) could be one the filter kills the
+ * process for. So the process leaves management first: the daemon settles any DROP in flight,
+ * closes the agent's connection (the agent thread ends on that, the watchdog within 100 ms),
+ * brings back every page it evicted and unregisters everything. Once both threads are gone,
+ * the filter is installed as the program asked, on the program's threads only. The process then
+ * runs as one without an agent: its memory resident and counted by the daemon's census.
+ */
+static void leave_for_tsync(void)
+{
+	struct agent *ag = g_agent;
+	if (!ag || ag->leaving)
+		return;
+	ag->filtered = 1;
+	ag->leaving = 1;
+	if (ask_daemon(KIND_LEAVE, NULL, 0) != 0) {
+		say("uffd-agent: uffd-daemon did not take this process back before its seccomp filter "
+		    "(TSYNC); the filter reaches the agent's threads\n");
+		return;
+	}
+	/* Bounded: a thread that cannot end in 5 s (it never should) gets the filter too. */
+	uint64_t deadline = now_us() + 5000000;
+	while (!(thread_gone(ag->tid) && thread_gone(ag->watchdog_tid)) && now_us() < deadline) {
+		struct timespec ts = { 0, 1000000 };
+		syscall(SYS_nanosleep, &ts, NULL);
+	}
+	char line[200];
+	snprintf(line, sizeof line,
+		 "uffd-agent[%ld]: the program puts every thread under a seccomp filter (TSYNC), the "
+		 "agent's too: its pages are back in memory and it runs unmanaged from now on\n",
+		 syscall(SYS_getpid));
+	say(line);
 }
 
 #undef syscall
@@ -823,8 +877,11 @@ __attribute__((visibility("default"))) long syscall(long n, ...)
 	long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
 	long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
 	va_end(ap);
-	if (n == SYS_seccomp && a == 1 /* SECCOMP_SET_MODE_FILTER */)
+	if (n == SYS_seccomp && a == 1 /* SECCOMP_SET_MODE_FILTER */) {
 		note_seccomp();
+		if (b & 1 /* SECCOMP_FILTER_FLAG_TSYNC */)
+			leave_for_tsync();
+	}
 	if (n == SYS_prctl && a == PR_SET_SECCOMP && b == 2 /* SECCOMP_MODE_FILTER */)
 		note_seccomp();
 	return agent_syscall6(n, a, b, c, d, e, f);
@@ -843,22 +900,23 @@ __attribute__((visibility("default"))) int prctl(int option, ...)
 	return (int)agent_syscall6(SYS_prctl, option, (long)a, (long)b, (long)c, (long)d, 0);
 }
 
-/* Asks the daemon to hand [start, start+len) over to the program's own userfaultfd (on a
- * connection of this thread's own, closed at once): it brings back what it evicted there and
- * unregisters the range. 0 on success. */
-static int release_to_program(uint64_t start, uint64_t len)
+/* Sends one request of `kind` to the daemon on a connection of this thread's own (closed at
+ * once) and waits for its answer: 0 if it answered status 0. */
+static int ask_daemon(uint16_t kind, const uint8_t *payload, uint32_t len)
 {
 	int sock = connect_daemon();
 	if (sock < 0)
 		return -1;
 	uint8_t pkt[HEADER_LEN + 16];
-	header(pkt, KIND_RELEASE, 16);
-	put64(pkt + HEADER_LEN, start);
-	put64(pkt + HEADER_LEN + 8, len);
+	if (len > 16)
+		return -1;
+	header(pkt, kind, len);
+	if (len)
+		memcpy(pkt + HEADER_LEN, payload, len);
 	int rc = -1;
 	struct timeval tv = { .tv_sec = GREETING_TIMEOUT_S, .tv_usec = 0 };
 	syscall(SYS_setsockopt, sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	if (send_packet(sock, pkt, sizeof pkt, -1) == 0) {
+	if (send_packet(sock, pkt, HEADER_LEN + len, -1) == 0) {
 		uint8_t ans[HEADER_LEN + 64];
 		ssize_t n = recv_packet(sock, ans, sizeof ans, NULL);
 		uint32_t l;
@@ -868,6 +926,16 @@ static int release_to_program(uint64_t start, uint64_t len)
 	}
 	syscall(SYS_close, sock);
 	return rc;
+}
+
+/* Asks the daemon to hand [start, start+len) over to the program's own userfaultfd: it brings
+ * back what it evicted there and unregisters the range. 0 on success. */
+static int release_to_program(uint64_t start, uint64_t len)
+{
+	uint8_t p[16];
+	put64(p, start);
+	put64(p + 8, len);
+	return ask_daemon(KIND_RELEASE, p, sizeof p);
 }
 
 /*

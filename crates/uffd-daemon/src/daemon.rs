@@ -559,28 +559,89 @@ fn is_userfaultfd(fd: &OwnedFd) -> bool {
 /// handler would otherwise see a missing fault where the page has data), unregisters the
 /// range, forgets its pages and never registers it again (`own_uffd_bytes`).
 fn release_to_program(shared: &Shared, pid: i32, start: u64, len: u64) -> std::io::Result<()> {
-    let end = start + len;
-    let Some(mm) = shared
+    let Some(mm) = live_mm(shared, pid) else {
+        return Ok(()); // not managed: nothing of ours is registered there
+    };
+    let _agent = agent_without_drop(&mm)?;
+    let managed = restore_and_step_aside(shared, &mm, start, start + len, Unregister::Whole)?;
+    Stats::add(&shared.stats.own_uffd_bytes, managed);
+    Ok(())
+}
+
+/// The end of the user address space with 5-level page tables: beyond any user address.
+const USER_END: u64 = 1 << 57;
+
+/// The process is about to put all its threads under a seccomp filter
+/// (`SECCOMP_FILTER_FLAG_TSYNC`), the agent's threads too, and any call of theirs could then
+/// be one the filter kills the process for: the daemon stops managing it, as it would a
+/// process that never had an agent. The agent's connection is closed with no DROP in flight
+/// (the agent's threads end on that), every evicted page is brought back, everything the daemon
+/// registered is unregistered, and nothing of the process is registered again. The census
+/// counts it from then on (`unmanaged_no_agent_bytes`).
+fn leave_management(shared: &Shared, pid: i32) -> std::io::Result<()> {
+    let Some(mm) = live_mm(shared, pid) else {
+        return Ok(());
+    };
+    let conn = agent_without_drop(&mm)?.take();
+    drop(conn);
+    let managed = restore_and_step_aside(shared, &mm, 0, USER_END, Unregister::Parts)?;
+    Stats::add(&shared.stats.tsync_left_processes, 1);
+    Stats::add(&shared.stats.tsync_left_bytes, managed);
+    eprintln!(
+        "uffd-daemon: pid {pid} puts every thread under a seccomp filter (TSYNC), the agent's \
+         too: its {} MiB are brought back and the process is no longer managed (counted in \
+         unmanaged_no_agent_bytes)",
+        managed >> 20
+    );
+    Ok(())
+}
+
+/// The live (not retired) address space of `pid`, if the daemon manages one.
+fn live_mm(shared: &Shared, pid: i32) -> Option<Arc<Mm>> {
+    shared
         .mms
         .lock()
         .iter()
         .find(|m| m.pid() == Some(pid) && !m.retired.load(Ordering::Acquire))
         .cloned()
-    else {
-        return Ok(()); // not managed: nothing of ours is registered there
-    };
+}
+
+/// The agent slot of `mm` once no DROP is outstanding on it (the monitor settles one when its
+/// answer comes), held so that no new one starts. `EAGAIN` after 10 s.
+fn agent_without_drop(mm: &Mm) -> std::io::Result<parking_lot::MutexGuard<'_, Option<AgentConn>>> {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let _agent = loop {
+    loop {
         let g = mm.agent.lock();
         if g.as_ref().is_none_or(|a| a.pending.is_none()) {
-            break g;
+            return Ok(g);
         }
-        drop(g); // a DROP is outstanding: the monitor settles it when its answer comes
+        drop(g);
         if Instant::now() > deadline {
             return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
         }
         std::thread::sleep(Duration::from_millis(5));
-    };
+    }
+}
+
+/// How [`restore_and_step_aside`] unregisters.
+enum Unregister {
+    /// The whole range at once (a program's own registration: one anonymous range).
+    Whole,
+    /// Each part the daemon registered (a range that may hold mappings no userfaultfd takes,
+    /// which the kernel refuses to unregister).
+    Parts,
+}
+
+/// Brings back every page of `[start, end)` the daemon evicted (the program's memory reads as
+/// before), unregisters it, forgets its pages and refuses to register it again. Returns the
+/// bytes of it the daemon had registered.
+fn restore_and_step_aside(
+    shared: &Shared,
+    mm: &Mm,
+    start: u64,
+    end: u64,
+    how: Unregister,
+) -> std::io::Result<u64> {
     let mut page = vec![0u8; PAGE_SIZE];
     loop {
         let mut st = mm.state.lock();
@@ -619,17 +680,20 @@ fn release_to_program(shared: &Shared, pid: i32, start: u64, len: u64) -> std::i
             std::thread::sleep(Duration::from_millis(1));
             continue;
         }
-        let managed: u64 = st
-            .registered_parts(start, end)
-            .iter()
-            .map(|(s, e)| e - s)
-            .sum();
-        mm.uffd.unregister(start, len)?;
+        let parts = st.registered_parts(start, end);
+        let managed: u64 = parts.iter().map(|(s, e)| e - s).sum();
+        match how {
+            Unregister::Whole => mm.uffd.unregister(start, end - start)?,
+            Unregister::Parts => {
+                for (s, e) in parts {
+                    mm.uffd.unregister(s, e - s)?;
+                }
+            }
+        }
         st.forget_range(shared, start, end);
         st.remove_range(start, end);
         st.refuse(start, end);
-        Stats::add(&shared.stats.own_uffd_bytes, managed);
-        return Ok(());
+        return Ok(managed);
     }
 }
 
@@ -662,6 +726,24 @@ fn read_hello(
                         "uffd-daemon: pid {pid}: cannot hand {start:#x}+{len:#x} over to its own \
                          userfaultfd: {e}"
                     );
+                    e.raw_os_error().unwrap_or(libc::EIO)
+                }
+            };
+            let ack = protocol::encode(
+                &Message::HelloAck {
+                    status,
+                    max_drop_pages: 0,
+                },
+                0,
+            );
+            let _ = sys::send_with_fd(sock.as_raw_fd(), &ack, None);
+            return None;
+        }
+        Ok((Message::Leave, _)) => {
+            let status = match leave_management(shared, pid) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("uffd-daemon: pid {pid}: cannot stop managing it: {e}");
                     e.raw_os_error().unwrap_or(libc::EIO)
                 }
             };

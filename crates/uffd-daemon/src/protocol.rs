@@ -53,6 +53,7 @@ const KIND_DROP: u16 = 3;
 const KIND_DROP_DONE: u16 = 4;
 const KIND_ERROR: u16 = 5;
 const KIND_RELEASE: u16 = 6;
+const KIND_LEAVE: u16 = 7;
 
 /// The agent's greeting.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +110,12 @@ pub enum Message {
         /// Length in bytes, page-aligned, not zero.
         len: u64,
     },
+    /// From a program thread of a managed process, on a connection of its own: the program
+    /// is about to install a seccomp filter on all its threads (`SECCOMP_FILTER_FLAG_TSYNC`),
+    /// which would reach the agent's threads too. The daemon settles any DROP in flight, closes
+    /// the agent's connection (its threads then end), brings back every page it evicted from
+    /// the process and stops managing it (answered with `HelloAck`, status 0 or an errno).
+    Leave,
     /// A fatal error for the agent.
     Error {
         /// Code.
@@ -211,6 +218,7 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
             p.extend_from_slice(&len.to_le_bytes());
             KIND_RELEASE
         }
+        Message::Leave => KIND_LEAVE,
         Message::Error { code, message } => {
             p.extend_from_slice(&code.to_le_bytes());
             let bytes = message.as_bytes();
@@ -408,6 +416,12 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
             }
             Message::Release { start, len }
         }
+        KIND_LEAVE => {
+            if !p.is_empty() {
+                return Err(payload_err("LEAVE", p.len(), "expected no payload"));
+            }
+            Message::Leave
+        }
         other => return Err(ProtocolError::Kind(other)),
     };
     Ok((msg, seq))
@@ -459,6 +473,7 @@ mod tests {
                 start,
                 len: pages * 4096
             }),
+            Just(Message::Leave),
         ]
     }
 

@@ -144,8 +144,14 @@ counters! {
     /// Bytes of memory the daemon handed over to programs that registered it with a
     /// userfaultfd of their own (every evicted page brought back first); not managed since.
     own_uffd_bytes,
-    /// Evicted pages brought back before such a hand-over.
+    /// Evicted pages brought back before such a hand-over (also before a `tsync_left` one).
     own_uffd_pages_restored,
+    /// Processes that put every thread, the agent's too, under a seccomp filter
+    /// (`SECCOMP_FILTER_FLAG_TSYNC`): the daemon brought their pages back and stopped managing
+    /// them.
+    tsync_left_processes,
+    /// Bytes the daemon managed in those processes when they left.
+    tsync_left_bytes,
     /// Times eviction stalled because no tier took any page of a batch (the swap space full, a
     /// failing device): the limit does not hold until it ends.
     store_stalls,

@@ -439,6 +439,46 @@ fn a_seccomp_allow_list_is_obeyed() {
     );
 }
 
+/// A program that, its memory paged out, puts every thread under a seccomp filter that kills
+/// the process for any call not on its list (`SECCOMP_FILTER_FLAG_TSYNC`, as sandboxes do): the
+/// filter reached the agent's threads too, and the watchdog's next poll killed the process
+/// (SIGSYS). Now the process leaves management first: every page comes back, the filter then
+/// reaches only the program's threads, and the process runs on unmanaged, counted and said.
+#[test]
+fn a_tsync_seccomp_filter_takes_the_process_out_whole() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client("seccomp").to_string_lossy().into_owned();
+    let bare = run_bare(
+        "seccomp-tsync",
+        &[&exe, "64", "tsync"],
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(bare.status, 0, "bare: {}", bare.stderr);
+    let run = run_under("16M", "seccomp-tsync", &[&exe, "64", "tsync"]);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("parent: 0 bad words, child exited 0"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.get("evicted_pages") > 0, "nothing was paged out first");
+    assert_eq!(run.get("tsync_left_processes"), 1);
+    assert!(run.get("tsync_left_bytes") >= 64 << 20);
+    assert!(
+        run.get("own_uffd_pages_restored") > 0,
+        "no page brought back"
+    );
+    assert!(
+        run.stderr.contains("(TSYNC)"),
+        "the process left unmanaged without a word: {}",
+        run.stderr
+    );
+    assert_eq!(run.get("agents_lost"), 0);
+}
+
 /// A program with a userfaultfd of its own registers memory the daemon manages (and has
 /// evicted): its registration used to fail with EBUSY. The daemon brings back what it evicted
 /// there and steps aside; the program's own handler then serves its faults.

@@ -2,6 +2,11 @@
  * A program with a strict seccomp allow-list (unlisted calls fail with EPERM, as libseccomp's
  * SCMP_ACT_ERRNO does): it fills memory, maps more, forks a child that checks what it
  * inherited, and checks its own. Exits non-zero on any wrong word or a child that died.
+ *
+ *   seccomp MIB          the filter first (prctl), on the main thread only
+ *   seccomp MIB tsync    the memory filled first, then the filter on every thread
+ *                        (SECCOMP_FILTER_FLAG_TSYNC), killing the process for any unlisted call,
+ *                        as sandboxes do
  */
 #define _GNU_SOURCE
 #include <linux/filter.h>
@@ -14,6 +19,7 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define ALLOW(n) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, n, 0, 1), BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)
@@ -31,7 +37,11 @@ int main(int argc, char **argv)
 		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | 1),
 	};
 	struct sock_fprog prog = { sizeof f / sizeof f[0], f };
-	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)) {
+	int tsync = argc > 2 && !strcmp(argv[2], "tsync");
+	if (tsync)
+		f[sizeof f / sizeof f[0] - 1].k = SECCOMP_RET_KILL_PROCESS;
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
+	    (!tsync && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))) {
 		perror("seccomp");
 		return 2;
 	}
@@ -39,6 +49,16 @@ int main(int argc, char **argv)
 	unsigned long *m = malloc(n * 8);
 	for (size_t i = 0; i < n; i++)
 		m[i] = i * 7;
+	if (tsync) {
+		long r = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog);
+		if (r != 0) {
+			fprintf(stderr, "seccomp TSYNC: %ld (%m)\n", r);
+			return 2;
+		}
+		/* Time for any thread of the process to make a call the filter kills it for. */
+		struct timespec ts = { 0, 400 * 1000 * 1000 };
+		nanosleep(&ts, NULL);
+	}
 	char *x = mmap(NULL, 8 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	memset(x, 1, 8 << 20);
 	pid_t c = fork();

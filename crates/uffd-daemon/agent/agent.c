@@ -110,6 +110,10 @@ static long agent_syscall6(long n, long a, long b, long c, long d, long e, long 
 #define KIND_ERROR 5
 #define KIND_RELEASE 6
 #define KIND_LEAVE 7
+#define KIND_LOCK 8
+#define LOCK_ON 1
+/* Beyond any user address (5-level page tables). */
+#define USER_END (1ULL << 57)
 #define HELLO_FORK_CHILD 1u
 #define HELLO_NEED_UFFD 2u
 #define HELLO_API_BY_DAEMON 4u
@@ -150,6 +154,7 @@ struct agent {
 	volatile int filtered; /* the program installed a seccomp filter: no agent work in its threads */
 	volatile int leaving; /* the process leaves management (a TSYNC filter): the agent's threads end */
 	volatile int watchdog_tid; /* the watchdog thread's id (0 before it runs or after it ends) */
+	volatile int lock_future; /* mlockall(MCL_FUTURE): every new mapping is locked at birth */
 	int fork_child;      /* started by atfork_child: greets the daemon itself */
 	uint64_t features;
 	char *region;
@@ -797,8 +802,11 @@ __attribute__((visibility("default"))) void *mmap(void *addr, size_t len, int pr
 	/* MAP_POPULATE would fill the whole range before we could register it, past the limit and
 	 * behind the daemon's back: map without it, register, then populate through the faults
 	 * (MADV_POPULATE_WRITE), which the daemon serves and throttles like any other. */
+	/* Locked mappings (MAP_LOCKED, or any after mlockall(MCL_FUTURE)) are the program's to keep
+	 * in RAM: not registered here (the census leaves them alone). */
 	int managed = g_agent && !g_agent->filtered && (flags & (MAP_PRIVATE | MAP_ANONYMOUS)) == (MAP_PRIVATE | MAP_ANONYMOUS) &&
-		      !(flags & MAP_HUGETLB) && (prot & (PROT_READ | PROT_WRITE)) == (PROT_READ | PROT_WRITE);
+		      !(flags & (MAP_HUGETLB | MAP_LOCKED)) && !g_agent->lock_future &&
+		      (prot & (PROT_READ | PROT_WRITE)) == (PROT_READ | PROT_WRITE);
 	int populate = managed && (flags & MAP_POPULATE);
 	long r = syscall(SYS_mmap, addr, len, prot, populate ? flags & ~MAP_POPULATE : flags, fd, off);
 	void *p = r == -1 ? MAP_FAILED : (void *)r;
@@ -907,8 +915,8 @@ static int ask_daemon(uint16_t kind, const uint8_t *payload, uint32_t len)
 	int sock = connect_daemon();
 	if (sock < 0)
 		return -1;
-	uint8_t pkt[HEADER_LEN + 16];
-	if (len > 16)
+	uint8_t pkt[HEADER_LEN + 24];
+	if (len > 24)
 		return -1;
 	header(pkt, kind, len);
 	if (len)
@@ -936,6 +944,78 @@ static int release_to_program(uint64_t start, uint64_t len)
 	put64(p, start);
 	put64(p + 8, len);
 	return ask_daemon(KIND_RELEASE, p, sizeof p);
+}
+
+/*
+ * mlock and friends: the kernel promises that locked pages never reach swap. The daemon's
+ * census leaves locked mappings alone, but sees a lock only at its next scan (100 ms): a page
+ * chosen for eviction meanwhile would be stored once. So the daemon is told first (LOCK), and
+ * answers once no eviction of this process is in flight and none of the range can be chosen;
+ * a lock that then fails withdraws the request. Nothing is asked under a seccomp filter.
+ */
+static void lock_ask(uint64_t start, uint64_t len, uint32_t flags)
+{
+	if (!g_agent || g_agent->filtered || len == 0)
+		return;
+	uint8_t p[24];
+	put64(p, start);
+	put64(p + 8, len);
+	put32(p + 16, flags);
+	put32(p + 20, 0);
+	(void)ask_daemon(KIND_LOCK, p, sizeof p);
+}
+
+static void lock_range_ask(const void *addr, size_t len, int on)
+{
+	uint64_t s = (uint64_t)addr & ~(uint64_t)(PAGE - 1);
+	uint64_t e = ((uint64_t)addr + len + PAGE - 1) & ~(uint64_t)(PAGE - 1);
+	if (e > s && e <= USER_END)
+		lock_ask(s, e - s, on ? LOCK_ON : 0);
+}
+
+__attribute__((visibility("default"))) int mlock2(const void *addr, size_t len, unsigned int flags)
+{
+	lock_range_ask(addr, len, 1);
+	long r = syscall(SYS_mlock2, addr, len, flags);
+	if (r != 0) {
+		int e = errno;
+		lock_range_ask(addr, len, 0);
+		errno = e;
+	}
+	return (int)r;
+}
+
+__attribute__((visibility("default"))) int mlock(const void *addr, size_t len)
+{
+	return mlock2(addr, len, 0);
+}
+
+__attribute__((visibility("default"))) int mlockall(int flags)
+{
+	/* MCL_FUTURE: mappings made through mmap() here are left alone; the census finds the
+	 * others (malloc's, brk) locked before it registers them. */
+	if (flags & MCL_CURRENT)
+		lock_ask(0, USER_END, LOCK_ON);
+	if ((flags & MCL_FUTURE) && g_agent)
+		g_agent->lock_future = 1;
+	long r = syscall(SYS_mlockall, flags);
+	if (r != 0) {
+		int e = errno;
+		if (flags & MCL_CURRENT)
+			lock_ask(0, USER_END, 0);
+		if (g_agent)
+			g_agent->lock_future = 0;
+		errno = e;
+	}
+	return (int)r;
+}
+
+__attribute__((visibility("default"))) int munlockall(void)
+{
+	long r = syscall(SYS_munlockall);
+	if (r == 0 && g_agent)
+		g_agent->lock_future = 0;
+	return (int)r;
 }
 
 /*

@@ -355,6 +355,13 @@ pub fn retire(shared: &Shared, mm: &Arc<Mm>) {
 /// until it comes back). The census counts it (`unmanaged_locked_bytes`) and says it. Checked when the process has locked memory at all
 /// (`VmLck`, read from its status; the mappings' flags cost a read of smaps).
 fn leave_locked_memory(shared: &Shared, mm: &Mm, pid: i32) {
+    // A lock asked for more than a second before this scan has been seen by now (the agent
+    // locks right after the answer), or it failed: its request has done its work.
+    let seen = Instant::now().checked_sub(Duration::from_secs(1));
+    mm.state
+        .lock()
+        .lock_requests
+        .retain(|&(_, _, t)| seen.is_none_or(|seen| t > seen));
     if maps::locked_bytes(pid) == 0 {
         return;
     }
@@ -596,6 +603,36 @@ fn leave_management(shared: &Shared, pid: i32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A program thread is about to lock `[start, start + len)` (`mlock`, `mlock2`, `mlockall`):
+/// from the answer on, reclaim chooses no page of it, and none is in the middle of an eviction
+/// (the agent slot is held while the request is noted, and no DROP is outstanding), so no page
+/// of it reaches a tier after the lock. Or, without `LOCK_ON`, a lock asked for did not happen
+/// the request is withdrawn.
+fn lock_request(
+    shared: &Shared,
+    pid: i32,
+    start: u64,
+    len: u64,
+    flags: u32,
+) -> std::io::Result<()> {
+    let Some(mm) = live_mm(shared, pid) else {
+        return Ok(());
+    };
+    let end = start.saturating_add(len);
+    let _agent = agent_without_drop(&mm)?;
+    let mut st = mm.state.lock();
+    if flags & protocol::LOCK_ON == 0 {
+        st.lock_requests.retain(|&(s, e, _)| (s, e) != (start, end));
+        return Ok(());
+    }
+    // Bounded: a program locking many small ranges keeps the newest requests.
+    if st.lock_requests.len() >= 1024 {
+        st.lock_requests.remove(0);
+    }
+    st.lock_requests.push((start, end, Instant::now()));
+    Ok(())
+}
+
 /// The live (not retired) address space of `pid`, if the daemon manages one.
 fn live_mm(shared: &Shared, pid: i32) -> Option<Arc<Mm>> {
     shared
@@ -728,6 +765,21 @@ fn read_hello(
                     );
                     e.raw_os_error().unwrap_or(libc::EIO)
                 }
+            };
+            let ack = protocol::encode(
+                &Message::HelloAck {
+                    status,
+                    max_drop_pages: 0,
+                },
+                0,
+            );
+            let _ = sys::send_with_fd(sock.as_raw_fd(), &ack, None);
+            return None;
+        }
+        Ok((Message::Lock { start, len, flags }, _)) => {
+            let status = match lock_request(shared, pid, start, len, flags) {
+                Ok(()) => 0,
+                Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
             };
             let ack = protocol::encode(
                 &Message::HelloAck {

@@ -66,6 +66,9 @@ pub struct MmState {
     /// Locked (mlock) ranges still registered: never chosen as victims; unregistered once
     /// every page in them is resident.
     pub locked: Vec<(u64, u64)>,
+    /// Ranges a program thread said it is about to lock (`LOCK`), with when it said so: never
+    /// victims until the census has seen the lock (then `locked`, and left alone).
+    pub lock_requests: Vec<(u64, u64, std::time::Instant)>,
 }
 
 impl std::fmt::Debug for MmState {
@@ -186,6 +189,7 @@ impl MmState {
             ranges: Vec::new(),
             refused: Vec::new(),
             locked: Vec::new(),
+            lock_requests: Vec::new(),
         }
     }
 
@@ -426,7 +430,11 @@ impl MmState {
             let addr = id << 12;
             match self.pages.get(addr) {
                 Some(Page::Resident { .. })
-                    if self.locked.iter().any(|&(s, e)| addr >= s && addr < e) =>
+                    if self.locked.iter().any(|&(s, e)| addr >= s && addr < e)
+                        || self
+                            .lock_requests
+                            .iter()
+                            .any(|&(s, e, _)| addr >= s && addr < e) =>
                 {
                     // Locked: back to the policy, young, until the range is left alone.
                     let _ = self

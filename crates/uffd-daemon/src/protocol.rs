@@ -54,6 +54,10 @@ const KIND_DROP_DONE: u16 = 4;
 const KIND_ERROR: u16 = 5;
 const KIND_RELEASE: u16 = 6;
 const KIND_LEAVE: u16 = 7;
+const KIND_LOCK: u16 = 8;
+
+/// `Lock::flags`: the range is about to be locked (clear: a lock asked for did not happen).
+pub const LOCK_ON: u32 = 1;
 
 /// The agent's greeting.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +120,19 @@ pub enum Message {
     /// the agent's connection (its threads then end), brings back every page it evicted from
     /// the process and stops managing it (answered with `HelloAck`, status 0 or an errno).
     Leave,
+    /// From a program thread of a managed process, on a connection of its own, before its
+    /// `mlock`, `mlock2` or `mlockall` (or after one that failed): no page of the range may be
+    /// chosen for eviction from now on, so that none reaches a tier after the lock (the
+    /// census, which leaves locked mappings alone, sees a lock only at its next scan). Answered
+    /// with `HelloAck` once no eviction of the process is in flight.
+    Lock {
+        /// Page-aligned start.
+        start: u64,
+        /// Length in bytes, page-aligned, not zero.
+        len: u64,
+        /// `LOCK_*` flags.
+        flags: u32,
+    },
     /// A fatal error for the agent.
     Error {
         /// Code.
@@ -219,6 +236,13 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
             KIND_RELEASE
         }
         Message::Leave => KIND_LEAVE,
+        Message::Lock { start, len, flags } => {
+            p.extend_from_slice(&start.to_le_bytes());
+            p.extend_from_slice(&len.to_le_bytes());
+            p.extend_from_slice(&flags.to_le_bytes());
+            p.extend_from_slice(&0u32.to_le_bytes());
+            KIND_LOCK
+        }
         Message::Error { code, message } => {
             p.extend_from_slice(&code.to_le_bytes());
             let bytes = message.as_bytes();
@@ -422,6 +446,29 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
             }
             Message::Leave
         }
+        KIND_LOCK => {
+            if p.len() != 24 {
+                return Err(payload_err("LOCK", p.len(), "expected 24 bytes"));
+            }
+            let (start, len, flags) = (u64_at(p, 0), u64_at(p, 8), u32_at(p, 16));
+            let page = crate::sys::PAGE_SIZE_U64;
+            if start % page != 0 || len % page != 0 || len == 0 || start.checked_add(len).is_none()
+            {
+                return Err(payload_err(
+                    "LOCK",
+                    p.len(),
+                    format!("range {start:#x}+{len:#x} is not page aligned, empty or wraps"),
+                ));
+            }
+            if flags & !LOCK_ON != 0 {
+                return Err(payload_err(
+                    "LOCK",
+                    p.len(),
+                    format!("unknown flags {flags:#x}"),
+                ));
+            }
+            Message::Lock { start, len, flags }
+        }
         other => return Err(ProtocolError::Kind(other)),
     };
     Ok((msg, seq))
@@ -474,6 +521,11 @@ mod tests {
                 len: pages * 4096
             }),
             Just(Message::Leave),
+            (page_addr(), 1u64..1024, 0u32..2).prop_map(|(start, pages, flags)| Message::Lock {
+                start,
+                len: pages * 4096,
+                flags
+            }),
         ]
     }
 

@@ -13,6 +13,11 @@
  *   lifecycle mlock MIB        mlock 4 MiB and fill it with a secret marker, then page MIB MiB
  *                              of other memory, check the secret, print READY and wait for a
  *                              line on stdin
+ *   lifecycle mlock-race MIB   20 rounds: fill 1 MiB with filler, let it go cold while
+ *                              paging MIB MiB of other memory, mlock it and at once write a
+ *                              secret marker into it; the daemon's reclaim is choosing victims
+ *                              all the while. Checks every secret, prints READY and waits for a
+ *                              line on stdin
  *   lifecycle shared MIB       fill MIB MiB of MAP_SHARED anonymous memory, check it, hold it a
  *                              moment (for the daemon's census)
  *   lifecycle wipe-on-fork MIB map MIB MiB wipe-on-fork, MIB MiB dont-fork and MIB MiB plain,
@@ -214,6 +219,39 @@ int main(int argc, char **argv)
 		char line[8];
 		(void)!read(0, line, sizeof line);
 		return rc || bad || absent;
+	}
+	if (!strcmp(mode, "mlock-race")) {
+		static const char marker[64] = "LOCKED-BEFORE-WRITTEN-MARKER-0123456789-abcdefghijklmnopqrstuv!";
+		enum { ROUNDS = 20, BYTES = 1 << 20 };
+		char *r[ROUNDS];
+		uint64_t *other = fill(mib, 11);
+		size_t words = mib << 17;
+		for (int k = 0; k < ROUNDS; k++) {
+			r[k] = mmap(NULL, BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			if (r[k] == MAP_FAILED)
+				return 2;
+			memset(r[k], 0x5a, BYTES);
+			/* Cold: a pass over the other memory pushes reclaim past it. */
+			for (size_t i = 0; i < words; i += 512)
+				other[i] ^= 1;
+			if (mlock(r[k], BYTES)) {
+				perror("mlock");
+				return 2;
+			}
+			for (size_t i = 0; i < BYTES; i += 64)
+				memcpy(r[k] + i, marker, 64);
+		}
+		long bad = 0;
+		for (int k = 0; k < ROUNDS; k++)
+			for (size_t i = 0; i < BYTES; i += 64)
+				bad += memcmp(r[k] + i, marker, 64) != 0;
+		for (size_t i = 0; i < words; i += 512)
+			other[i] ^= 0; /* touched once more: the mlock'd rounds stay resident */
+		printf("mlock-race: %ld bad secrets\nREADY\n", bad);
+		fflush(stdout);
+		char line[8];
+		(void)!read(0, line, sizeof line);
+		return bad != 0;
 	}
 	if (!strcmp(mode, "wipe-on-fork")) {
 		size_t bytes = mib << 20;

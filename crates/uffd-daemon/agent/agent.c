@@ -98,32 +98,15 @@ static long agent_syscall6(long n, long a, long b, long c, long d, long e, long 
 #define agent_syscall(...) AGENT_SYSCALL_N(__VA_ARGS__, 0, 0, 0, 0, 0, 0, 0)
 #define syscall agent_syscall
 
+#include "uffd_protocol.h" /* the wire protocol's constants, generated from src/wire.rs */
+
 #define PAGE 4096UL
-#define MAGIC 0x41444655u /* "UFDA" little-endian */
-#define VERSION 1
-#define HEADER_LEN 16
-#define MAX_PACKET (64 * 1024)
-#define KIND_HELLO 1
-#define KIND_HELLO_ACK 2
-#define KIND_DROP 3
-#define KIND_DROP_DONE 4
-#define KIND_ERROR 5
-#define KIND_RELEASE 6
-#define KIND_LEAVE 7
-#define KIND_LOCK 8
-#define LOCK_ON 1
-/* Beyond any user address (5-level page tables). */
-#define USER_END (1ULL << 57)
-#define HELLO_FORK_CHILD 1u
-#define HELLO_NEED_UFFD 2u
-#define HELLO_API_BY_DAEMON 4u
 
 #define SCRATCH_PAGES 512UL
+_Static_assert(SCRATCH_PAGES <= MAX_DROP_PAGES, "a DROP names at most MAX_DROP_PAGES pages");
 #define GREETING_TIMEOUT_S 10
 #define STACK_BYTES (256UL * 1024)
 #define WATCHDOG_STACK_BYTES (1024UL * 1024) /* it may run the program's atexit handlers */
-/* Exit status of a process whose daemon died. */
-#define EXIT_DAEMON_LOST 86
 
 /* uapi bits the Debian 12 headers lack. */
 #define PIDFD_THREAD_ O_EXCL
@@ -141,7 +124,6 @@ struct uffdio_move_ { uint64_t dst, src, len, mode; int64_t move; };
 #define UFFDIO_REGISTER_ _IOWR(0xAA, 0x00, struct uffdio_register_)
 #define UFFDIO_MOVE_ _IOWR(0xAA, 0x05, struct uffdio_move_)
 #define UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES (1ULL << 1)
-#define FEATURES ((1ULL << 0) | (1ULL << 1) | (1ULL << 2) | (1ULL << 3) | (1ULL << 6) | (1ULL << 8) | (1ULL << 16))
 
 struct agent {
 	int sock;            /* connection to the daemon (in the agent thread's own fd table) */

@@ -31,8 +31,7 @@ use crate::unmanaged::Census;
 /// The agent shared object, built from `agent/agent.c` by build.rs.
 pub static AGENT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libuffd_agent.so"));
 
-/// Exit status of a client whose daemon died (the agent's `EXIT_DAEMON_LOST`).
-pub const EXIT_DAEMON_LOST: i32 = 86;
+pub use crate::wire::EXIT_DAEMON_LOST;
 
 /// How the daemon runs.
 #[derive(Debug, Clone)]
@@ -575,9 +574,6 @@ fn release_to_program(shared: &Shared, pid: i32, start: u64, len: u64) -> std::i
     Ok(())
 }
 
-/// The end of the user address space with 5-level page tables: beyond any user address.
-const USER_END: u64 = 1 << 57;
-
 /// The process is about to put all its threads under a seccomp filter
 /// (`SECCOMP_FILTER_FLAG_TSYNC`), the agent's threads too, and any call of theirs could then
 /// be one the filter kills the process for: the daemon stops managing it, as it would a
@@ -591,7 +587,7 @@ fn leave_management(shared: &Shared, pid: i32) -> std::io::Result<()> {
     };
     let conn = agent_without_drop(&mm)?.take();
     drop(conn);
-    let managed = restore_and_step_aside(shared, &mm, 0, USER_END, Unregister::Parts)?;
+    let managed = restore_and_step_aside(shared, &mm, 0, crate::wire::USER_END, Unregister::Parts)?;
     Stats::add(&shared.stats.tsync_left_processes, 1);
     Stats::add(&shared.stats.tsync_left_bytes, managed);
     eprintln!(

@@ -92,6 +92,7 @@ pub mod stats;
 pub mod sys;
 pub mod tiers;
 pub mod unmanaged;
+pub mod wire;
 
 pub use daemon::{run, Config, EXIT_DAEMON_LOST};
 pub use rundir::{base as run_base, default_base as default_run_base};

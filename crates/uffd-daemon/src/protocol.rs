@@ -23,41 +23,11 @@
 
 use thiserror::Error;
 
-/// `"UFDA"` little-endian.
-pub const MAGIC: u32 = u32::from_le_bytes(*b"UFDA");
-/// Protocol version.
-pub const VERSION: u16 = 1;
-/// Header size.
-pub const HEADER_LEN: usize = 16;
-/// Largest packet either side sends or accepts.
-pub const MAX_PACKET: usize = 64 * 1024;
-/// Most runs in one DROP.
-pub const MAX_RUNS: usize = 1024;
-/// Most pages in one DROP (and statuses in one DROP_DONE).
-pub const MAX_DROP_PAGES: usize = 4096;
-/// HELLO flag: the sender is a forked child whose uffd the daemon already holds.
-pub const HELLO_FORK_CHILD: u32 = 1;
-/// `Hello::flags`: the process cannot make a userfaultfd itself (a user without access to
-/// `/dev/userfaultfd`, after a privilege drop and exec). The daemon answers with a
-/// `HELLO_ACK` carrying an open `/dev/userfaultfd`; the agent makes its uffd with it and greets
-/// again with [`HELLO_API_BY_DAEMON`].
-pub const HELLO_NEED_UFFD: u32 = 2;
-/// `Hello::flags`: the attached uffd has not had `UFFDIO_API` (its process lacks the
-/// privilege `EVENT_FORK` needs); the daemon enables the features and registers the agent's
-/// probe and scratch pages.
-pub const HELLO_API_BY_DAEMON: u32 = 4;
-
-const KIND_HELLO: u16 = 1;
-const KIND_HELLO_ACK: u16 = 2;
-const KIND_DROP: u16 = 3;
-const KIND_DROP_DONE: u16 = 4;
-const KIND_ERROR: u16 = 5;
-const KIND_RELEASE: u16 = 6;
-const KIND_LEAVE: u16 = 7;
-const KIND_LOCK: u16 = 8;
-
-/// `Lock::flags`: the range is about to be locked (clear: a lock asked for did not happen).
-pub const LOCK_ON: u32 = 1;
+pub use crate::wire::{
+    HEADER_LEN, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD, KIND_DROP, KIND_DROP_DONE,
+    KIND_ERROR, KIND_HELLO, KIND_HELLO_ACK, KIND_LEAVE, KIND_LOCK, KIND_RELEASE, LOCK_ON, MAGIC,
+    MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
+};
 
 /// The agent's greeting.
 #[derive(Debug, Clone, PartialEq, Eq)]

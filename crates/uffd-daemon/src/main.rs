@@ -88,6 +88,9 @@ enum Cmd {
         /// The daemon's pid.
         #[arg(long)]
         pid: Option<u32>,
+        /// The Prometheus text format instead of JSON.
+        #[arg(long)]
+        prometheus: bool,
     },
     /// The demo's workload itself (what `demo` runs under the daemon).
     #[command(hide = true)]
@@ -161,7 +164,7 @@ fn real_main() -> anyhow::Result<i32> {
             uffd_daemon::run(&config, &command[0], &command[1..])
         }
         Cmd::Demo { size, limit } => demo(size, limit),
-        Cmd::Stat { pid } => stat(pid),
+        Cmd::Stat { pid, prometheus } => stat(pid, prometheus),
         Cmd::Workload { size, seed } => Ok(if uffd_daemon::demo::workload(size, seed) == 0 {
             0
         } else {
@@ -242,7 +245,7 @@ fn demo(size: u64, limit: u64) -> anyhow::Result<i32> {
     Ok(status)
 }
 
-fn stat(pid: Option<u32>) -> anyhow::Result<i32> {
+fn stat(pid: Option<u32>, prometheus: bool) -> anyhow::Result<i32> {
     use std::io::Read;
     let base = uffd_daemon::run_base();
     let dirs: Vec<PathBuf> = match pid {
@@ -271,7 +274,13 @@ fn stat(pid: Option<u32>) -> anyhow::Result<i32> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        println!("{{\"daemon_pid\": {name}, \"stats\": {}}}", out.trim());
+        if prometheus {
+            let v: serde_json::Value = serde_json::from_str(out.trim())
+                .with_context(|| format!("{} answered something that is not JSON", d.display()))?;
+            print!("{}", uffd_daemon::stats::prometheus_text(&name, &v));
+        } else {
+            println!("{{\"daemon_pid\": {name}, \"stats\": {}}}", out.trim());
+        }
         found += 1;
     }
     if found == 0 {

@@ -310,3 +310,115 @@ mod tests {
         assert_eq!(h.count(), 6, "huge samples land in the last bucket");
     }
 }
+
+/// Whether the counter named `name` in the JSON snapshot is a level (resident pages, pool
+/// bytes, a peak, a latency quantile, a ratio) rather than a running count.
+fn is_gauge(name: &str) -> bool {
+    const LEVELS: [&str; 13] = [
+        "resident_pages",
+        "processes_live",
+        "limit_pages",
+        "swap_slots",
+        "swap_slots_in_use",
+        "zswap_pool_bytes",
+        "zswap_compressed_bytes",
+        "zswap_metadata_bytes",
+        "zswap_stored_pages",
+        "zswap_same_filled_pages",
+        "backend_seal_metadata_bytes",
+        "elapsed_s",
+        "exit_status",
+    ];
+    LEVELS.contains(&name)
+        || name.contains("_max")
+        || name.contains("ratio")
+        || name.starts_with("unmanaged_")
+        || name.starts_with("daemon_metadata_")
+        || name.ends_with("_us")
+}
+
+/// The JSON snapshot of daemon `daemon_pid` in the Prometheus text format (version 0.0.4):
+/// each number as `uffd_daemon_NAME{daemon_pid="PID"}`, running counts as counters (with
+/// `_total`), levels as gauges; text and yes/no settings as labels of `uffd_daemon_info`.
+pub fn prometheus_text(daemon_pid: &str, v: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let mut info = Vec::new();
+    let Some(m) = v.as_object() else {
+        return out;
+    };
+    let pid = daemon_pid.replace(['\\', '"', '\n'], "_");
+    for (k, val) in m {
+        let name: String = k
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        match val {
+            serde_json::Value::Number(n) => {
+                let (metric, kind) = if is_gauge(k) {
+                    (format!("uffd_daemon_{name}"), "gauge")
+                } else {
+                    (format!("uffd_daemon_{name}_total"), "counter")
+                };
+                let _ = writeln!(out, "# TYPE {metric} {kind}");
+                let _ = writeln!(out, "{metric}{{daemon_pid=\"{pid}\"}} {n}");
+            }
+            serde_json::Value::Bool(b) => info.push((name, b.to_string())),
+            serde_json::Value::String(t) => info.push((
+                name,
+                t.replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n"),
+            )),
+            _ => {}
+        }
+    }
+    if !info.is_empty() {
+        let labels: Vec<String> = info.iter().map(|(k, t)| format!("{k}=\"{t}\"")).collect();
+        let _ = writeln!(out, "# TYPE uffd_daemon_info gauge");
+        let _ = writeln!(
+            out,
+            "uffd_daemon_info{{daemon_pid=\"{pid}\",{}}} 1",
+            labels.join(",")
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod prometheus_tests {
+    use super::*;
+
+    /// Every line is a comment or `name{labels} value` with a valid metric name; counts are
+    /// counters, levels gauges; text settings become labels.
+    #[test]
+    fn prometheus_text_is_well_formed() {
+        let mut v = Stats::default().to_json();
+        v["faults"] = 12.into();
+        v["resident_pages"] = 3.into();
+        v["zswap_compression_ratio"] = 2.5.into();
+        v["fault_zswap_p50_us"] = 9.0.into();
+        v["idle_poll"] = "kernel".into();
+        v["backend_encrypted"] = true.into();
+        let t = prometheus_text("42", &v);
+        for line in t.lines() {
+            if line.starts_with('#') {
+                assert!(line.starts_with("# TYPE uffd_daemon_"), "{line}");
+                continue;
+            }
+            let (name, rest) = line.split_once('{').expect(line);
+            assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+            let (_, value) = rest.rsplit_once("} ").expect(line);
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+        }
+        assert!(t.contains("# TYPE uffd_daemon_faults_total counter"));
+        assert!(t.contains("uffd_daemon_faults_total{daemon_pid=\"42\"} 12"));
+        assert!(t.contains("# TYPE uffd_daemon_resident_pages gauge"));
+        assert!(t.contains("# TYPE uffd_daemon_resident_pages_max gauge"));
+        assert!(t.contains("# TYPE uffd_daemon_zswap_compression_ratio gauge"));
+        assert!(t.contains("# TYPE uffd_daemon_fault_zswap_p50_us gauge"));
+        assert!(t.contains(
+            "uffd_daemon_info{daemon_pid=\"42\",backend_encrypted=\"true\",idle_poll=\"kernel\"} 1"
+        ));
+    }
+}

@@ -270,6 +270,27 @@ fn stat_reports_a_running_daemon_and_strangers_are_refused() {
         assert_eq!(v["stats"]["idle_poll"], "kernel", "{v}");
     }
     assert_eq!(v["stats"]["realtime_handlers"].as_u64(), Some(0), "{v}");
+    // The same counters in the Prometheus text format.
+    let out = Command::new(DAEMON)
+        .args(["stat", "--prometheus", "--pid", &pid.to_string()])
+        .output()
+        .expect("uffd-daemon stat --prometheus");
+    let prom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let faults = format!("uffd_daemon_faults_total{{daemon_pid=\"{pid}\"}} ");
+    assert!(
+        prom.contains("# TYPE uffd_daemon_faults_total counter"),
+        "{prom}"
+    );
+    assert!(prom.contains(&faults), "{prom}");
+    assert!(
+        prom.contains("# TYPE uffd_daemon_resident_pages gauge"),
+        "{prom}"
+    );
 
     // A process this daemon did not start is refused, whatever it sends.
     // (std has no SOCK_SEQPACKET: plain libc.)

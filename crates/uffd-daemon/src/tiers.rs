@@ -30,22 +30,28 @@
 //! zswap; both are counted and the first of each is logged.
 
 use std::fmt;
-use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use shrinker::{Count, Scan, ShrinkControl, Shrinker, ShrinkerConfig, ShrinkerHandle};
-use swap_alloc::{DeviceConfig, DeviceId, DiscardHook, SwapDevice, SwapEntry};
-use zswap::{Compressor, LoadError, StoreError, Zswap};
+use shrinker::{ShrinkerConfig, ShrinkerHandle};
+use swap_alloc::{DeviceConfig, SwapDevice, SwapEntry};
+use zswap::{LoadError, StoreError, Zswap};
 
 use crate::sys::{PAGE_SIZE, PAGE_SIZE_U64};
 
+mod backend;
+mod config;
 mod seal;
+mod shrinkers;
+mod stats;
+
+use backend::{ArcBackend, Discarder, Failing};
+pub use backend::{Backend, FileBackend, PmemBackend};
+pub use config::{BackendSpec, FailWrites, TierConfig, ZswapTier};
 pub use seal::SealedBackend;
+use shrinkers::{CompactShrinker, ZswapShrinker};
+pub use stats::TierStats;
 
 /// Slot value meaning "the page was all zeros; nothing is stored".
 pub const ZERO_SLOT: u32 = u32::MAX;
@@ -58,417 +64,6 @@ pub const FOLIO_ORDER: u32 = 4;
 /// Free slots a partly used cluster needs before allocation refills it ahead of free clusters
 /// (a 32nd of a 512-slot cluster: each refill visit yields at least 16 slots).
 const NONFULL_MIN_FREE: usize = 16;
-
-/// Where the backing device lives.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BackendSpec {
-    /// No backing device: zswap only (pages zswap refuses stay resident).
-    None,
-    /// A swap file: the named path (created 0600, must not exist, removed at exit), or an
-    /// unnamed temporary file when `None`.
-    File(Option<PathBuf>),
-    /// A pmem-backed device: a DAX character device (`/dev/daxX.Y`), a file on a DAX mount
-    /// (mapped with `MAP_SYNC`), or else an ordinary file mapped shared ("simulated pmem").
-    /// A file is created 0600 (must not exist) and removed at exit.
-    Pmem(PathBuf),
-}
-
-impl BackendSpec {
-    /// Parses `none`, `file`, `file:PATH`, `pmem:PATH`.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        match s.split_once(':') {
-            None if s == "none" => Ok(BackendSpec::None),
-            None if s == "file" => Ok(BackendSpec::File(None)),
-            Some(("file", p)) if !p.is_empty() => Ok(BackendSpec::File(Some(PathBuf::from(p)))),
-            Some(("pmem", p)) if !p.is_empty() => Ok(BackendSpec::Pmem(PathBuf::from(p))),
-            _ => Err(format!(
-                "unknown backend {s:?}: expected none, file, file:PATH or pmem:PATH"
-            )),
-        }
-    }
-}
-
-/// An injected failure, for tests of the failure paths (`[backend] fail_writes_after`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FailWrites {
-    /// Writes succeed for this many bytes, then every write fails.
-    pub after_bytes: u64,
-    /// The errno they fail with (`EIO` or `ENOSPC`).
-    pub errno: i32,
-}
-
-/// The tiers' configuration.
-#[derive(Debug, Clone)]
-pub struct TierConfig {
-    /// The compressed tier; `None` to write evicted pages straight to the backend.
-    pub zswap: Option<ZswapTier>,
-    /// The backing device.
-    pub backend: BackendSpec,
-    /// Size of the swap space (slots on the device, and the backend's size), bytes.
-    pub swap_bytes: u64,
-    /// Evict aligned runs of 16 pages as one order-4 folio.
-    pub large_folios: bool,
-    /// Punch freed clusters out of a swap file (the discard hook).
-    pub discard: bool,
-    /// Seal every page written to the backend with AES-256-GCM under a key held only in the
-    /// daemon's locked memory (`SealedBackend`). No effect without a backend.
-    pub encrypt: bool,
-    /// Failure injection (tests).
-    pub fail_writes: Option<FailWrites>,
-    /// Directory for an unnamed swap file.
-    pub tmp_dir: PathBuf,
-}
-
-/// The compressed tier's settings.
-#[derive(Debug, Clone)]
-pub struct ZswapTier {
-    /// The compressor.
-    pub compressor: Compressor,
-    /// The pool's limit in bytes.
-    pub max_pool_bytes: u64,
-    /// Accept threshold, percent of the limit.
-    pub accept_threshold_percent: u8,
-    /// Compress large folios as one multi-page object (better ratio, costlier single loads).
-    pub multi_page: bool,
-    /// CRC32C of every page, checked on load.
-    pub crc: bool,
-    /// Writeback to the backend starts when the pool passes this percentage of its limit.
-    pub writeback_start_percent: u8,
-}
-
-impl Default for ZswapTier {
-    fn default() -> Self {
-        ZswapTier {
-            compressor: Compressor::Lz4,
-            max_pool_bytes: 256 << 20,
-            accept_threshold_percent: 90,
-            multi_page: false,
-            crc: true,
-            writeback_start_percent: 95,
-        }
-    }
-}
-
-/// The backing device's interface: page-granular reads and writes at byte offsets.
-pub trait Backend: Send + Sync + fmt::Debug {
-    /// `file` or `pmem` (and how it is mapped).
-    fn describe(&self) -> String;
-    /// Writes `data` (whole pages) at `offset`.
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()>;
-    /// Reads `out.len()` bytes at `offset`.
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()>;
-    /// The slots `[offset, offset + len)` are free: the backend may drop their contents.
-    fn discard(&self, _offset: u64, _len: u64) {}
-}
-
-fn create_private(path: &Path) -> io::Result<File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", path.display())))
-}
-
-/// A swap file, read and written with `pread`/`pwrite`.
-#[derive(Debug)]
-pub struct FileBackend {
-    file: File,
-    path: Option<PathBuf>,
-}
-
-impl FileBackend {
-    /// Creates `path` (must not exist) with mode 0600, or an unnamed `O_TMPFILE` in `dir`.
-    pub fn create(path: Option<&Path>, dir: &Path) -> io::Result<Self> {
-        let file = match path {
-            Some(p) => create_private(p)?,
-            None => std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .mode(0o600)
-                .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
-                .open(dir)
-                .map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("creating a temporary swap file in {}: {e}", dir.display()),
-                    )
-                })?,
-        };
-        Ok(FileBackend {
-            file,
-            path: path.map(Path::to_path_buf),
-        })
-    }
-}
-
-impl Backend for FileBackend {
-    fn describe(&self) -> String {
-        match &self.path {
-            Some(p) => format!("file {}", p.display()),
-            None => "file (unnamed)".into(),
-        }
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.file.write_all_at(data, offset)
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.file.read_exact_at(out, offset)
-    }
-    fn discard(&self, offset: u64, len: u64) {
-        // SAFETY: fallocate(2) on our own descriptor with integer arguments.
-        unsafe {
-            libc::fallocate(
-                self.file.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
-    }
-}
-
-impl Drop for FileBackend {
-    fn drop(&mut self) {
-        if let Some(p) = &self.path {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
-
-/// A pmem-backed device mapped into the daemon and accessed by memory copy.
-pub struct PmemBackend {
-    base: *mut u8,
-    len: usize,
-    mode: &'static str,
-    path: PathBuf,
-    remove_at_exit: bool,
-    _file: File,
-}
-
-// SAFETY: the mapping is plain shared memory owned by this value; every access copies bytes
-// of a range checked against `len`, and callers never access one slot from two threads at
-// once (a slot is written before it is published and read only while referenced).
-unsafe impl Send for PmemBackend {}
-// SAFETY: see `Send`.
-unsafe impl Sync for PmemBackend {}
-
-impl fmt::Debug for PmemBackend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PmemBackend")
-            .field("path", &self.path)
-            .field("len", &self.len)
-            .field("mode", &self.mode)
-            .finish()
-    }
-}
-
-impl PmemBackend {
-    /// Opens a DAX character device, or creates `path` (must not exist) of `len` bytes,
-    /// fully allocated so that a store can never fault for lack of space, and maps it: with
-    /// `MAP_SYNC` where the file system is DAX, shared otherwise.
-    pub fn open(path: &Path, len: u64) -> io::Result<Self> {
-        let meta = std::fs::metadata(path).ok();
-        let is_dax_dev = meta
-            .as_ref()
-            .is_some_and(|m| m.file_type().is_char_device());
-        let (file, len, remove) = if is_dax_dev {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(path)
-                .map_err(|e| {
-                    io::Error::new(e.kind(), format!("opening {}: {e}", path.display()))
-                })?;
-            let size = dax_device_size(path).unwrap_or(len).min(len.max(1));
-            (f, size, false)
-        } else {
-            let f = create_private(path)?;
-            // SAFETY: fallocate(2) on our own descriptor.
-            let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
-            if rc != 0 {
-                let e = io::Error::last_os_error();
-                let _ = std::fs::remove_file(path);
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!(
-                        "allocating {len} bytes for pmem file {}: {e}",
-                        path.display()
-                    ),
-                ));
-            }
-            (f, len, true)
-        };
-        let len = len as usize;
-        let fd = file.as_raw_fd();
-        let prot = libc::PROT_READ | libc::PROT_WRITE;
-        // SAFETY: mmap(2) of our own descriptor, a fresh mapping chosen by the kernel.
-        let mut base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
-                fd,
-                0,
-            )
-        };
-        let mut mode = if is_dax_dev {
-            "dax device"
-        } else {
-            "dax file, MAP_SYNC"
-        };
-        if base == libc::MAP_FAILED {
-            // Not DAX: the seeds' "simulated pmem", an ordinary shared mapping of the file.
-            // SAFETY: as above.
-            base = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
-            mode = "simulated (shared file mapping)";
-        }
-        if base == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            if remove {
-                let _ = std::fs::remove_file(path);
-            }
-            return Err(io::Error::new(
-                e.kind(),
-                format!("mapping pmem {}: {e}", path.display()),
-            ));
-        }
-        Ok(PmemBackend {
-            base: base.cast(),
-            len,
-            mode,
-            path: path.to_path_buf(),
-            remove_at_exit: remove,
-            _file: file,
-        })
-    }
-
-    fn check(&self, offset: u64, n: usize) -> io::Result<usize> {
-        let off = usize::try_from(offset).unwrap_or(usize::MAX);
-        if off.checked_add(n).is_none_or(|end| end > self.len) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "pmem access of {n} bytes at {offset:#x} beyond its {} bytes",
-                    self.len
-                ),
-            ));
-        }
-        Ok(off)
-    }
-}
-
-fn dax_device_size(path: &Path) -> Option<u64> {
-    let name = path.file_name()?.to_str()?;
-    let s = std::fs::read_to_string(format!("/sys/bus/dax/devices/{name}/size")).ok()?;
-    s.trim().parse().ok()
-}
-
-impl Backend for PmemBackend {
-    fn describe(&self) -> String {
-        format!("pmem {} ({})", self.path.display(), self.mode)
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        let off = self.check(offset, data.len())?;
-        // SAFETY: `off..off + len` lies in the mapping (checked); `data` does not overlap it.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(off), data.len()) };
-        Ok(())
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        let off = self.check(offset, out.len())?;
-        // SAFETY: as in `write`.
-        unsafe { std::ptr::copy_nonoverlapping(self.base.add(off), out.as_mut_ptr(), out.len()) };
-        Ok(())
-    }
-}
-
-impl Drop for PmemBackend {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `open`, unmapped once.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-        if self.remove_at_exit {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
-/// Failure injection around a backend (tests of the failure paths).
-#[derive(Debug)]
-struct Failing {
-    inner: Box<dyn Backend>,
-    fail: FailWrites,
-    written: AtomicU64,
-}
-
-impl Backend for Failing {
-    fn describe(&self) -> String {
-        format!(
-            "{} (writes fail with errno {} after {} bytes)",
-            self.inner.describe(),
-            self.fail.errno,
-            self.fail.after_bytes
-        )
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        let before = self.written.fetch_add(data.len() as u64, Ordering::Relaxed);
-        if before + data.len() as u64 > self.fail.after_bytes {
-            return Err(io::Error::from_raw_os_error(self.fail.errno));
-        }
-        self.inner.write(offset, data)
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.inner.read(offset, out)
-    }
-    fn discard(&self, offset: u64, len: u64) {
-        self.inner.discard(offset, len)
-    }
-}
-
-/// The per-tier counters, named like /proc/vmstat.
-#[derive(Debug, Default)]
-pub struct TierStats {
-    /// Pages written to the backend, by eviction and by zswap writeback (`pswpout`: the
-    /// kernel counts a writeback as a swap-out too).
-    pub pswpout: AtomicU64,
-    /// Pages read from the backend by faults (`pswpin`).
-    pub pswpin: AtomicU64,
-    /// Reads from the backend by faults (a stretch of consecutive slots is one read).
-    pub backend_reads: AtomicU64,
-    /// Pages written back from zswap to the backend (`zswpwb`).
-    pub zswpwb: AtomicU64,
-    /// Pages stored by eviction in zswap (`zswpout`).
-    pub zswpout: AtomicU64,
-    /// Pages read from zswap by faults (`zswpin`).
-    pub zswpin: AtomicU64,
-    /// Folios stored, by order 0..=9 (`swpout` per mTHP size).
-    pub swpout_by_order: [AtomicU64; 10],
-    /// Order-4 slot allocations that failed and fell back to single slots
-    /// (`swpout_fallback`).
-    pub swpout_fallback: AtomicU64,
-    /// Folios that zswap refused and went to the backend.
-    pub zswap_rejected: AtomicU64,
-    /// Backend writes that failed (pages stayed resident or in zswap).
-    pub backend_write_errors: AtomicU64,
-    /// Backend reads that failed.
-    pub backend_read_errors: AtomicU64,
-    /// Writeback attempts that failed (entries stayed in zswap).
-    pub writeback_errors: AtomicU64,
-    /// Evictions refused because no tier could take the pages (no space, no backend).
-    pub store_refused: AtomicU64,
-    /// Shrink passes the daemon ran.
-    pub shrink_calls: AtomicU64,
-    /// The largest zswap pool seen after an eviction batch, bytes.
-    pub pool_max_bytes: AtomicU64,
-    /// Pool pages released by the compaction shrinker.
-    pub compacted_pages: AtomicU64,
-    /// The compression ratio (stored bytes / pool bytes) when the pool was largest, as f64
-    /// bits.
-    pub ratio_at_max_bits: AtomicU64,
-}
 
 /// Why a store failed; the pages are not stored anywhere and keep no slot.
 #[derive(Debug, thiserror::Error)]
@@ -542,13 +137,6 @@ pub enum Tier {
     Backend,
 }
 
-struct Discarder(Arc<dyn Backend>);
-impl DiscardHook for Discarder {
-    fn discard(&self, _device: DeviceId, first: u64, nr: u64) {
-        self.0.discard(first * PAGE_SIZE_U64, nr * PAGE_SIZE_U64);
-    }
-}
-
 /// The tiers: the slot device, zswap, the backend, and the shrinker registry that drives
 /// zswap's writeback.
 pub struct Tiers {
@@ -573,92 +161,6 @@ impl fmt::Debug for Tiers {
             .field("zswap", &self.zswap.is_some())
             .field("backend", &self.backend)
             .finish()
-    }
-}
-
-/// zswap's writeback shrinker: `count_objects` is what zswap could write back, `scan_objects`
-/// writes that many of its coldest entries to the backend.
-struct ZswapShrinker {
-    zswap: Arc<Zswap>,
-    backend: Arc<dyn Backend>,
-    stats: Arc<TierStats>,
-    logged: Arc<AtomicBool>,
-}
-
-impl Shrinker for ZswapShrinker {
-    fn count_objects(&self, _sc: &ShrinkControl) -> Count {
-        match self.zswap.count_objects() {
-            0 => Count::Empty,
-            n => Count::Objects(n as u64),
-        }
-    }
-    fn scan_objects(&self, sc: &mut ShrinkControl) -> Scan {
-        let backend = &self.backend;
-        let mut first_error = None;
-        let r = self
-            .zswap
-            .scan_objects(sc.nr_to_scan as usize, &mut |entry: u64, page: &[u8]| {
-                backend.write(entry * PAGE_SIZE_U64, page).inspect_err(|e| {
-                    if first_error.is_none() {
-                        first_error = Some(e.to_string());
-                    }
-                })
-            });
-        sc.nr_scanned = r.scanned as u64;
-        self.stats
-            .zswpwb
-            .fetch_add(r.written_back as u64, Ordering::Relaxed);
-        self.stats
-            .pswpout
-            .fetch_add(r.written_back as u64, Ordering::Relaxed);
-        if r.failed > 0 {
-            self.stats
-                .writeback_errors
-                .fetch_add(r.failed as u64, Ordering::Relaxed);
-            if !self.logged.swap(true, Ordering::Relaxed) {
-                eprintln!(
-                    "uffd-daemon: zswap writeback to the backing device failed ({}); the pages stay in zswap",
-                    first_error.as_deref().unwrap_or("decompression failed")
-                );
-            }
-        }
-        if r.written_back == 0 {
-            Scan::Stop
-        } else {
-            Scan::Freed(r.written_back as u64)
-        }
-    }
-}
-
-/// zsmalloc's compaction shrinker (`zs_shrinker_count` / `zs_shrinker_scan`): the objects are
-/// the pool pages that compaction could give back.
-struct CompactShrinker {
-    zswap: Arc<Zswap>,
-    stats: Arc<TierStats>,
-}
-
-impl Shrinker for CompactShrinker {
-    fn count_objects(&self, _sc: &ShrinkControl) -> Count {
-        let st = self.zswap.stats();
-        let slack = st.pool_total_size.saturating_sub(st.compressed_bytes) / PAGE_SIZE_U64;
-        // Partly filled spans are normal; only whole pages of slack beyond one span per
-        // class are worth a pass.
-        match slack.saturating_sub(64) {
-            0 => Count::Objects(0),
-            n => Count::Objects(n),
-        }
-    }
-    fn scan_objects(&self, sc: &mut ShrinkControl) -> Scan {
-        let freed = self.zswap.compact() / PAGE_SIZE_U64;
-        self.stats
-            .compacted_pages
-            .fetch_add(freed, Ordering::Relaxed);
-        sc.nr_scanned = sc.nr_to_scan;
-        if freed == 0 {
-            Scan::Stop
-        } else {
-            Scan::Freed(freed)
-        }
     }
 }
 
@@ -849,9 +351,21 @@ impl Tiers {
     /// Stores evicted units: each is `(order, data)` with `data` of `2^order` pages. Returns,
     /// for each unit, the slot of each of its pages, or why it could not be stored (then it
     /// holds no slot and is stored nowhere). Units are independent: one failing does not fail
-    /// the others.
+    /// the others. Three stages, as the kernel's swap-out: slots, zswap, the backend.
     pub fn store_units(&self, units: &[(u32, &[u8])]) -> Vec<Result<Vec<u32>, StoreFail>> {
-        // 1. Slots: contiguous for a folio, or one per page if its order cannot be served.
+        let slots = self.alloc_units(units);
+        let mut out: Vec<Option<Result<Vec<u32>, StoreFail>>> =
+            (0..units.len()).map(|_| None).collect();
+        let to_backend = self.store_in_zswap(units, &slots, &mut out);
+        self.write_to_backend(units, &slots, &to_backend, &mut out);
+        out.into_iter()
+            .map(|r| r.unwrap_or(Err(StoreFail::NoSpace)))
+            .collect()
+    }
+
+    /// Stage 1: slots, contiguous for a folio, or one per page if its order cannot be served;
+    /// `None` for a unit no slot is free for.
+    fn alloc_units(&self, units: &[(u32, &[u8])]) -> Vec<Option<Vec<u32>>> {
         // With zswap in front storing page by page (`multi_page` off), a folio takes a slot per
         // page: the slots are then only zswap's keys (it stores and writes back each page on
         // its own), and order-0 slots fill the holes that random faults leave in partly used
@@ -859,12 +373,13 @@ impl Tiers {
         // sparse (35 stored pages per 64-entry chunk under redis with zswap alone; zswap's
         // metadata peak 2.39 MB then, 1.65 MB with a slot per page).
         let per_page_slots = self.zswap.is_some() && !self.multi_page();
-        let mut slots: Vec<Option<Vec<u32>>> = Vec::with_capacity(units.len());
-        for &(order, data) in units {
-            let n = data.len() / PAGE_SIZE;
-            let got = if order > 0 && per_page_slots {
-                self.alloc_per_page(n)
-            } else {
+        units
+            .iter()
+            .map(|&(order, data)| {
+                let n = data.len() / PAGE_SIZE;
+                if order > 0 && per_page_slots {
+                    return self.alloc_per_page(n);
+                }
                 match self.dev.alloc(order) {
                     Ok(e) => Some((0..n as u32).map(|i| e.offset() as u32 + i).collect()),
                     Err(_) if order > 0 => {
@@ -873,38 +388,27 @@ impl Tiers {
                     }
                     Err(_) => None,
                 }
-            };
-            slots.push(got);
-        }
-        let mut out: Vec<Option<Result<Vec<u32>, StoreFail>>> =
-            (0..units.len()).map(|_| None).collect();
-        // 2. zswap first; what it refuses goes to the backend.
-        let mut to_backend: Vec<(u32, usize, usize)> = Vec::new(); // (slot, unit, page)
-        for (u, (&(order, data), s)) in units.iter().zip(&slots).enumerate() {
+            })
+            .collect()
+    }
+
+    /// Stage 2: each unit with slots into zswap; settles in `out` what zswap took and what no
+    /// tier can take, and returns what goes on to the backend, as `(slot, unit, page)`.
+    fn store_in_zswap(
+        &self,
+        units: &[(u32, &[u8])],
+        slots: &[Option<Vec<u32>>],
+        out: &mut [Option<Result<Vec<u32>, StoreFail>>],
+    ) -> Vec<(u32, usize, usize)> {
+        let mut to_backend = Vec::new();
+        for (u, (&(order, data), s)) in units.iter().zip(slots).enumerate() {
             let Some(s) = s else {
                 self.stats.store_refused.fetch_add(1, Ordering::Relaxed);
                 out[u] = Some(Err(StoreFail::NoSpace));
                 continue;
             };
-            let contiguous = s.windows(2).all(|w| w[1] == w[0] + 1);
             if let Some(z) = &self.zswap {
-                let stored = if contiguous {
-                    z.store(u64::from(s[0]), data)
-                } else {
-                    // Fallback slots: page by page, all or nothing.
-                    let mut r = Ok(());
-                    for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
-                        if let Err(e) = z.store(u64::from(s[i]), page) {
-                            for &done in &s[..i] {
-                                z.invalidate(u64::from(done), 1);
-                            }
-                            r = Err(e);
-                            break;
-                        }
-                    }
-                    r
-                };
-                match stored {
+                match Self::zswap_store(z, s, data) {
                     Ok(()) => {
                         self.stats
                             .zswpout
@@ -932,67 +436,92 @@ impl Tiers {
                 to_backend.push((slot, u, i));
             }
         }
-        // 3. Backend writes, one per run of consecutive slots.
-        if let Some(b) = &self.backend {
-            to_backend.sort_unstable_by_key(|&(slot, _, _)| slot);
-            let mut failed_units: Vec<(usize, io::Error)> = Vec::new();
-            let mut buf = Vec::new();
-            let mut i = 0;
-            while i < to_backend.len() {
-                let mut j = i + 1;
-                while j < to_backend.len() && to_backend[j].0 == to_backend[j - 1].0 + 1 {
-                    j += 1;
-                }
-                buf.clear();
-                for &(_, u, p) in &to_backend[i..j] {
-                    buf.extend_from_slice(&units[u].1[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]);
-                }
-                if let Err(e) = b.write(u64::from(to_backend[i].0) * PAGE_SIZE_U64, &buf) {
-                    for &(_, u, _) in &to_backend[i..j] {
-                        if !failed_units.iter().any(|(f, _)| *f == u) {
-                            let copy = match e.raw_os_error() {
-                                Some(code) => io::Error::from_raw_os_error(code),
-                                None => io::Error::new(e.kind(), e.to_string()),
-                            };
-                            failed_units.push((u, copy));
-                        }
-                    }
-                }
-                i = j;
-            }
-            for (u, e) in failed_units {
-                if out[u].is_none() {
-                    self.stats
-                        .backend_write_errors
-                        .fetch_add(1, Ordering::Relaxed);
-                    if !self.write_error_logged.swap(true, Ordering::Relaxed) {
-                        eprintln!(
-                            "uffd-daemon: writing to the backing device failed: {e}; the pages stay resident"
-                        );
-                    }
-                    if let Some(s) = &slots[u] {
-                        self.put_fresh(s);
-                    }
-                    out[u] = Some(Err(StoreFail::Io(e)));
-                }
-            }
-            for &(_, u, _) in &to_backend {
-                if out[u].is_none() {
-                    let s = slots[u].clone().unwrap_or_default();
-                    self.stats
-                        .pswpout
-                        .fetch_add(s.len() as u64, Ordering::Relaxed);
-                    self.stats.swpout_by_order[units[u].0 as usize].fetch_add(1, Ordering::Relaxed);
-                    out[u] = Some(Ok(s));
-                }
-            }
-        }
-        out.into_iter()
-            .map(|r| r.unwrap_or(Err(StoreFail::NoSpace)))
-            .collect()
+        to_backend
     }
 
-    /// Frees slots that were just allocated and hold nothing anywhere.
+    /// One unit into zswap: as one folio under contiguous slots, else page by page (fallback
+    /// slots), all or nothing.
+    fn zswap_store(z: &Zswap, s: &[u32], data: &[u8]) -> Result<(), StoreError> {
+        if s.windows(2).all(|w| w[1] == w[0] + 1) {
+            return z.store(u64::from(s[0]), data);
+        }
+        for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
+            if let Err(e) = z.store(u64::from(s[i]), page) {
+                for &done in &s[..i] {
+                    z.invalidate(u64::from(done), 1);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stage 3: the pages zswap did not take, to the backend, one write per run of
+    /// consecutive slots; a unit any of whose writes failed gives its slots back and stays
+    /// resident.
+    fn write_to_backend(
+        &self,
+        units: &[(u32, &[u8])],
+        slots: &[Option<Vec<u32>>],
+        to_backend: &[(u32, usize, usize)],
+        out: &mut [Option<Result<Vec<u32>, StoreFail>>],
+    ) {
+        let Some(b) = &self.backend else { return };
+        let mut to_backend = to_backend.to_vec();
+        to_backend.sort_unstable_by_key(|&(slot, _, _)| slot);
+        let mut failed_units: Vec<(usize, io::Error)> = Vec::new();
+        let mut buf = Vec::new();
+        let mut i = 0;
+        while i < to_backend.len() {
+            let mut j = i + 1;
+            while j < to_backend.len() && to_backend[j].0 == to_backend[j - 1].0 + 1 {
+                j += 1;
+            }
+            buf.clear();
+            for &(_, u, p) in &to_backend[i..j] {
+                buf.extend_from_slice(&units[u].1[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]);
+            }
+            if let Err(e) = b.write(u64::from(to_backend[i].0) * PAGE_SIZE_U64, &buf) {
+                for &(_, u, _) in &to_backend[i..j] {
+                    if !failed_units.iter().any(|(f, _)| *f == u) {
+                        let copy = match e.raw_os_error() {
+                            Some(code) => io::Error::from_raw_os_error(code),
+                            None => io::Error::new(e.kind(), e.to_string()),
+                        };
+                        failed_units.push((u, copy));
+                    }
+                }
+            }
+            i = j;
+        }
+        for (u, e) in failed_units {
+            if out[u].is_none() {
+                self.stats
+                    .backend_write_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                if !self.write_error_logged.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "uffd-daemon: writing to the backing device failed: {e}; the pages stay resident"
+                    );
+                }
+                if let Some(s) = &slots[u] {
+                    self.put_fresh(s);
+                }
+                out[u] = Some(Err(StoreFail::Io(e)));
+            }
+        }
+        for &(_, u, _) in &to_backend {
+            if out[u].is_none() {
+                let s = slots[u].clone().unwrap_or_default();
+                self.stats
+                    .pswpout
+                    .fetch_add(s.len() as u64, Ordering::Relaxed);
+                self.stats.swpout_by_order[units[u].0 as usize].fetch_add(1, Ordering::Relaxed);
+                out[u] = Some(Ok(s));
+            }
+        }
+    }
+
     fn put_fresh(&self, slots: &[u32]) {
         for &s in slots {
             // (Part of a unit may have reached the device before another part failed.)
@@ -1315,27 +844,11 @@ impl Tiers {
     }
 }
 
-/// An `Arc<dyn Backend>` as a backend (for wrapping).
-#[derive(Debug)]
-struct ArcBackend(Arc<dyn Backend>);
-impl Backend for ArcBackend {
-    fn describe(&self) -> String {
-        self.0.describe()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.0.write(offset, data)
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.0.read(offset, out)
-    }
-    fn discard(&self, offset: u64, len: u64) {
-        self.0.discard(offset, len)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileExt;
+    use std::path::PathBuf;
 
     fn page(tag: u64) -> Vec<u8> {
         let mut p = vec![0u8; PAGE_SIZE];

@@ -1,0 +1,321 @@
+//! The backing devices beneath zswap: a swap file, a pmem (DAX) device or file, and the
+//! failure-injecting double the tests use. A new device is a new [`Backend`]: the tiers, the
+//! fault path and reclaim only ever call `write`, `read` and `discard` at `slot * 4096`.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use swap_alloc::{DeviceId, DiscardHook};
+
+use super::FailWrites;
+use crate::sys::PAGE_SIZE_U64;
+
+/// The backing device's interface: page-granular reads and writes at byte offsets.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// `file` or `pmem` (and how it is mapped).
+    fn describe(&self) -> String;
+    /// Writes `data` (whole pages) at `offset`.
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Reads `out.len()` bytes at `offset`.
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()>;
+    /// The slots `[offset, offset + len)` are free: the backend may drop their contents.
+    fn discard(&self, _offset: u64, _len: u64) {}
+}
+
+fn create_private(path: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", path.display())))
+}
+
+/// A swap file, read and written with `pread`/`pwrite`.
+#[derive(Debug)]
+pub struct FileBackend {
+    file: File,
+    path: Option<PathBuf>,
+}
+
+impl FileBackend {
+    /// Creates `path` (must not exist) with mode 0600, or an unnamed `O_TMPFILE` in `dir`.
+    pub fn create(path: Option<&Path>, dir: &Path) -> io::Result<Self> {
+        let file = match path {
+            Some(p) => create_private(p)?,
+            None => std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+                .open(dir)
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("creating a temporary swap file in {}: {e}", dir.display()),
+                    )
+                })?,
+        };
+        Ok(FileBackend {
+            file,
+            path: path.map(Path::to_path_buf),
+        })
+    }
+}
+
+impl Backend for FileBackend {
+    fn describe(&self) -> String {
+        match &self.path {
+            Some(p) => format!("file {}", p.display()),
+            None => "file (unnamed)".into(),
+        }
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(data, offset)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(out, offset)
+    }
+    fn discard(&self, offset: u64, len: u64) {
+        // SAFETY: fallocate(2) on our own descriptor with integer arguments.
+        unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+    }
+}
+
+impl Drop for FileBackend {
+    fn drop(&mut self) {
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// A pmem-backed device mapped into the daemon and accessed by memory copy.
+pub struct PmemBackend {
+    base: *mut u8,
+    len: usize,
+    mode: &'static str,
+    path: PathBuf,
+    remove_at_exit: bool,
+    _file: File,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; every access copies bytes
+// of a range checked against `len`, and callers never access one slot from two threads at
+// once (a slot is written before it is published and read only while referenced).
+unsafe impl Send for PmemBackend {}
+// SAFETY: see `Send`.
+unsafe impl Sync for PmemBackend {}
+
+impl fmt::Debug for PmemBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PmemBackend")
+            .field("path", &self.path)
+            .field("len", &self.len)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+impl PmemBackend {
+    /// Opens a DAX character device, or creates `path` (must not exist) of `len` bytes,
+    /// fully allocated so that a store can never fault for lack of space, and maps it: with
+    /// `MAP_SYNC` where the file system is DAX, shared otherwise.
+    pub fn open(path: &Path, len: u64) -> io::Result<Self> {
+        let meta = std::fs::metadata(path).ok();
+        let is_dax_dev = meta
+            .as_ref()
+            .is_some_and(|m| m.file_type().is_char_device());
+        let (file, len, remove) = if is_dax_dev {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(path)
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("opening {}: {e}", path.display()))
+                })?;
+            let size = dax_device_size(path).unwrap_or(len).min(len.max(1));
+            (f, size, false)
+        } else {
+            let f = create_private(path)?;
+            // SAFETY: fallocate(2) on our own descriptor.
+            let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
+            if rc != 0 {
+                let e = io::Error::last_os_error();
+                let _ = std::fs::remove_file(path);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "allocating {len} bytes for pmem file {}: {e}",
+                        path.display()
+                    ),
+                ));
+            }
+            (f, len, true)
+        };
+        let len = len as usize;
+        let fd = file.as_raw_fd();
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: mmap(2) of our own descriptor, a fresh mapping chosen by the kernel.
+        let mut base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
+                fd,
+                0,
+            )
+        };
+        let mut mode = if is_dax_dev {
+            "dax device"
+        } else {
+            "dax file, MAP_SYNC"
+        };
+        if base == libc::MAP_FAILED {
+            // Not DAX: the seeds' "simulated pmem", an ordinary shared mapping of the file.
+            // SAFETY: as above.
+            base = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
+            mode = "simulated (shared file mapping)";
+        }
+        if base == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            if remove {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(io::Error::new(
+                e.kind(),
+                format!("mapping pmem {}: {e}", path.display()),
+            ));
+        }
+        Ok(PmemBackend {
+            base: base.cast(),
+            len,
+            mode,
+            path: path.to_path_buf(),
+            remove_at_exit: remove,
+            _file: file,
+        })
+    }
+
+    fn check(&self, offset: u64, n: usize) -> io::Result<usize> {
+        let off = usize::try_from(offset).unwrap_or(usize::MAX);
+        if off.checked_add(n).is_none_or(|end| end > self.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "pmem access of {n} bytes at {offset:#x} beyond its {} bytes",
+                    self.len
+                ),
+            ));
+        }
+        Ok(off)
+    }
+}
+
+fn dax_device_size(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    let s = std::fs::read_to_string(format!("/sys/bus/dax/devices/{name}/size")).ok()?;
+    s.trim().parse().ok()
+}
+
+impl Backend for PmemBackend {
+    fn describe(&self) -> String {
+        format!("pmem {} ({})", self.path.display(), self.mode)
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let off = self.check(offset, data.len())?;
+        // SAFETY: `off..off + len` lies in the mapping (checked); `data` does not overlap it.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(off), data.len()) };
+        Ok(())
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        let off = self.check(offset, out.len())?;
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(off), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+}
+
+impl Drop for PmemBackend {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `open`, unmapped once.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+        if self.remove_at_exit {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Failure injection around a backend (tests of the failure paths).
+#[derive(Debug)]
+pub(super) struct Failing {
+    pub(super) inner: Box<dyn Backend>,
+    pub(super) fail: FailWrites,
+    pub(super) written: AtomicU64,
+}
+
+impl Backend for Failing {
+    fn describe(&self) -> String {
+        format!(
+            "{} (writes fail with errno {} after {} bytes)",
+            self.inner.describe(),
+            self.fail.errno,
+            self.fail.after_bytes
+        )
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let before = self.written.fetch_add(data.len() as u64, Ordering::Relaxed);
+        if before + data.len() as u64 > self.fail.after_bytes {
+            return Err(io::Error::from_raw_os_error(self.fail.errno));
+        }
+        self.inner.write(offset, data)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn discard(&self, offset: u64, len: u64) {
+        self.inner.discard(offset, len)
+    }
+}
+
+pub(super) struct Discarder(pub(super) Arc<dyn Backend>);
+impl DiscardHook for Discarder {
+    fn discard(&self, _device: DeviceId, first: u64, nr: u64) {
+        self.0.discard(first * PAGE_SIZE_U64, nr * PAGE_SIZE_U64);
+    }
+}
+
+/// An `Arc<dyn Backend>` as a backend (for wrapping).
+#[derive(Debug)]
+pub(super) struct ArcBackend(pub(super) Arc<dyn Backend>);
+impl Backend for ArcBackend {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write(offset, data)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.0.read(offset, out)
+    }
+    fn discard(&self, offset: u64, len: u64) {
+        self.0.discard(offset, len)
+    }
+}

@@ -101,8 +101,8 @@ fn unprotect(mm: &Mm, start: u64, len: u64) {
 }
 
 /// Counts the pages no tier took, by cause, says each cause once with what to change, and
-/// backs reclaim off while no tier takes anything: a batch whose every unit was refused pauses
-/// eviction (1 ms, doubling up to 1 s). A batch that stored anything ends the pause.
+/// backs reclaim off while no tier takes anything, or the swap space is full: such a batch
+/// pauses eviction (1 ms, doubling up to 1 s); a batch without either ends the pause.
 fn note_store_outcome(
     shared: &Shared,
     all_failed: bool,
@@ -139,8 +139,12 @@ fn note_store_outcome(
             );
         }
     }
+    // A full swap space pauses reclaim even when a few freed slots took part of the batch:
+    // the rest would be read and refused again at once (the kernel stops reclaiming anonymous
+    // memory while no swap slot is free). Other refusals pause it only when nothing was taken.
+    let full = failures.iter().any(|(e, _)| e.refusal() == Refusal::Full);
     let mut b = shared.store_backoff.lock();
-    if !all_failed {
+    if !all_failed && !full {
         *b = (0, None);
         return;
     }

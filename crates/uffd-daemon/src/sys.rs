@@ -847,6 +847,44 @@ pub fn thread_voluntary_switches() -> u64 {
     ru.ru_nvcsw as u64
 }
 
+/// Starts writeback of `[offset, offset + len)` of `file` to its device, without waiting
+/// (`sync_file_range` with `WRITE`).
+pub fn start_writeback(file: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
+    sync_file_range(file, offset, len, libc::SYNC_FILE_RANGE_WRITE)
+}
+
+fn sync_file_range(file: &std::fs::File, offset: u64, len: u64, flags: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sync_file_range(2) on a descriptor the caller owns, with integer arguments.
+    let r = unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            flags,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Writes `[offset, offset + len)` of `file` through to its device and waits until it is
+/// there (`sync_file_range` with `WAIT_BEFORE | WRITE | WAIT_AFTER`: data only, no metadata,
+/// which a swap file that dies with the daemon does not need); an error the device reports for
+/// the range comes back here. rustix has no `sync_file_range`.
+pub fn write_through(file: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
+    sync_file_range(
+        file,
+        offset,
+        len,
+        libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

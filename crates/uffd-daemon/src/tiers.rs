@@ -469,20 +469,29 @@ impl Tiers {
         let Some(b) = &self.backend else { return };
         let mut to_backend = to_backend.to_vec();
         to_backend.sort_unstable_by_key(|&(slot, _, _)| slot);
-        let mut failed_units: Vec<(usize, io::Error)> = Vec::new();
-        let mut buf = Vec::new();
+        // The runs of consecutive slots, each one write, all in one batch to the device.
+        let mut runs: Vec<(usize, usize, Vec<u8>)> = Vec::new(); // [i, j) of to_backend, bytes
         let mut i = 0;
         while i < to_backend.len() {
             let mut j = i + 1;
             while j < to_backend.len() && to_backend[j].0 == to_backend[j - 1].0 + 1 {
                 j += 1;
             }
-            buf.clear();
+            let mut buf = Vec::with_capacity((j - i) * PAGE_SIZE);
             for &(_, u, p) in &to_backend[i..j] {
                 buf.extend_from_slice(&units[u].1[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]);
             }
-            if let Err(e) = b.write(u64::from(to_backend[i].0) * PAGE_SIZE_U64, &buf) {
-                for &(_, u, _) in &to_backend[i..j] {
+            runs.push((i, j, buf));
+            i = j;
+        }
+        let writes: Vec<(u64, &[u8])> = runs
+            .iter()
+            .map(|(i, _, buf)| (u64::from(to_backend[*i].0) * PAGE_SIZE_U64, &buf[..]))
+            .collect();
+        let mut failed_units: Vec<(usize, io::Error)> = Vec::new();
+        for ((i, j, _), r) in runs.iter().zip(b.write_all(&writes)) {
+            if let Err(e) = r {
+                for &(_, u, _) in &to_backend[*i..*j] {
                     if !failed_units.iter().any(|(f, _)| *f == u) {
                         let copy = match e.raw_os_error() {
                             Some(code) => io::Error::from_raw_os_error(code),
@@ -492,7 +501,6 @@ impl Tiers {
                     }
                 }
             }
-            i = j;
         }
         for (u, e) in failed_units {
             if out[u].is_none() {
@@ -1234,7 +1242,7 @@ mod tests {
                 .open(&path)
                 .unwrap();
             let flip = |slot: u32, at: u64| {
-                let off = u64::from(slot) * seal::SEALED_PAGE_BYTES as u64 + at;
+                let off = seal::data_offset(u64::from(slot)) + at;
                 let mut b = [0u8];
                 dev.read_exact_at(&mut b, off).unwrap();
                 dev.write_all_at(&[b[0] ^ 0x01], off).unwrap();
@@ -1284,10 +1292,14 @@ mod tests {
             .open(&path)
             .unwrap();
         // The sealed page and its tag.
-        let stride = seal::SEALED_PAGE_BYTES as u64;
-        let mut ct = vec![0u8; seal::SEALED_PAGE_BYTES];
-        dev.read_exact_at(&mut ct, u64::from(sa) * stride).unwrap();
-        dev.write_all_at(&ct, u64::from(sb) * stride).unwrap();
+        let (sa, sb64) = (u64::from(sa), u64::from(sb));
+        let mut ct = vec![0u8; PAGE_SIZE];
+        let mut tag = [0u8; 16];
+        dev.read_exact_at(&mut ct, seal::data_offset(sa)).unwrap();
+        dev.read_exact_at(&mut tag, seal::tag_offset(sa)).unwrap();
+        dev.write_all_at(&ct, seal::data_offset(sb64)).unwrap();
+        dev.write_all_at(&tag, seal::tag_offset(sb64)).unwrap();
+        let sa = sa as u32;
         let mut out = vec![0u8; PAGE_SIZE];
         assert!(t.read(sb, &mut out).is_err());
         t.read(sa, &mut out).unwrap();
@@ -1315,9 +1327,9 @@ mod tests {
             let s = t.store_units(&[(0, &p[..])]).pop().unwrap().unwrap()[0];
             let counter = sealer.seal_of(u64::from(s)).unwrap();
             assert!(nonces.insert(counter), "nonce {counter} reused");
-            let stride = seal::SEALED_PAGE_BYTES as u64;
-            let mut ct = vec![0u8; seal::SEALED_PAGE_BYTES];
-            dev.read_exact_at(&mut ct, u64::from(s) * stride).unwrap();
+            let mut ct = vec![0u8; PAGE_SIZE];
+            dev.read_exact_at(&mut ct, seal::data_offset(u64::from(s)))
+                .unwrap();
             if let Some(before) = last.insert(s, ct.clone()) {
                 rewrites += 1;
                 assert_ne!(

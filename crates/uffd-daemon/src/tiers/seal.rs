@@ -20,23 +20,27 @@
 //! * **Associated data is the page's slot** (its absolute number, so a page's index within a
 //!   multi-page write is bound with it): a sealed page copied to another slot's offset fails
 //!   authentication, even with its nonce moved along.
-//! * **The tag goes to the device beside its page; the nonce's counter stays in memory.** The
-//!   device holds slot `s` at `s * 4112` (`SEALED_PAGE_BYTES`: the 4096 bytes of ciphertext,
-//!   then the 16-byte tag), so a run of slots is still one contiguous read and a folio one
-//!   write, and the wrapper maps its callers' `slot * 4096` offsets (and discards) onto it. The
-//!   daemon keeps, for each sealed slot, only the 8-byte counter that made its nonce, in a side
-//!   table of chunks of 64 slots that exist while one of their slots is sealed (`Tiers::put`
-//!   forgets a slot when its last reference goes). Since the nonce a page must open under is
-//!   not on the device, a page rolled back to an older sealing of the same slot (with its old
-//!   tag) fails as well as an altered one.
+//! * **The tag goes to the device, in a page of tags; the nonce's counter stays in memory.**
+//!   The device holds slots in groups of 255: slot `s` of group `g = s / 255` at page
+//!   `g * 256 + s % 255`, and the group's 255 tags, 16 bytes each, in its last page
+//!   (`data_offset`, `tag_offset`). Data pages stay whole and page-aligned, so a swap file
+//!   writes and drops them whole (a page-straddling 4112-byte record made every write a
+//!   read-modify-write of two pages once the file's pages left the page cache), a run of slots
+//!   within a group is one read of its pages plus one of its tags, and a folio one write of each.
+//!   The wrapper maps its callers' `slot * 4096` offsets (and discards) onto this. The daemon
+//!   keeps, for each sealed slot, only the 8-byte counter that made its nonce, in a side table
+//!   of chunks of 64 slots that exist while one of their slots is sealed (`Tiers::put` forgets a
+//!   slot when its last reference goes). Since the nonce a page must open under is not on the
+//!   device, a page rolled back to an older sealing of the same slot (with its old tag) fails as
+//!   well as an altered one.
 //!
 //!   Why not all of it in memory (24 bytes a slot, the device left at `s * 4096`): the side
 //!   table is as dense as the slots in use, and random faults leave a quarter of the slots
 //!   spanned free; in the daemon, paging 256 MiB through a swap file under a 64 MiB limit, the
 //!   24-byte table cost 32-34 bytes per stored page and took the daemon's metadata from 0.54%
 //!   of the managed memory to 1.18% (the project's goal is 1%); with the counters alone it
-//!   went to 0.76%. What the stride costs: 0.4% more device, and a copy of each page on its
-//!   way in and out (a memcpy of a page is a tenth of sealing it).
+//!   went to 0.76%. What the tag pages cost: 0.4% more device, and a write of the group's tag
+//!   page beside each write of its data pages.
 //! * **Freed swap space holds only ciphertext**: nothing is ever written to the device
 //!   unsealed, and a freed slot's counter is forgotten at once, so even this daemon can no
 //!   longer open what remains there; the key dies with the daemon.
@@ -62,13 +66,42 @@ pub const CIPHER: &str = "aes-256-gcm";
 
 /// Bytes of a tag.
 const TAG_LEN: usize = 16;
-/// Bytes a sealed page takes on the device: the ciphertext, then its tag.
-pub const SEALED_PAGE_BYTES: usize = PAGE_SIZE + TAG_LEN;
-const STRIDE: u64 = SEALED_PAGE_BYTES as u64;
+/// Slots in a group: their pages, then one page of their tags.
+const GROUP_SLOTS: u64 = (PAGE_SIZE / TAG_LEN) as u64 - 1;
+/// Device pages a group takes.
+const GROUP_PAGES: u64 = GROUP_SLOTS + 1;
 
 /// Bytes of device that `nslots` sealed slots need.
 pub fn device_bytes(nslots: u64) -> u64 {
-    nslots * STRIDE
+    nslots.div_ceil(GROUP_SLOTS) * GROUP_PAGES * PAGE_SIZE_U64
+}
+
+/// Where the device holds slot `slot`'s sealed page.
+pub(in crate::tiers) fn data_offset(slot: u64) -> u64 {
+    ((slot / GROUP_SLOTS) * GROUP_PAGES + slot % GROUP_SLOTS) * PAGE_SIZE_U64
+}
+
+/// Where the device holds slot `slot`'s tag: in the last page of its group.
+pub(in crate::tiers) fn tag_offset(slot: u64) -> u64 {
+    ((slot / GROUP_SLOTS) * GROUP_PAGES + GROUP_SLOTS) * PAGE_SIZE_U64
+        + (slot % GROUP_SLOTS) * TAG_LEN as u64
+}
+
+/// The runs of `[first, first + n)` that lie in one group each, as `(start, len)` relative to
+/// `first`.
+fn group_runs(first: u64, n: usize) -> impl Iterator<Item = (usize, usize)> {
+    let end = first + n as u64;
+    let mut at = first;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let group_end = (at / GROUP_SLOTS + 1) * GROUP_SLOTS;
+        let stop = group_end.min(end);
+        let run = ((at - first) as usize, (stop - at) as usize);
+        at = stop;
+        Some(run)
+    })
 }
 /// Bytes of the key.
 const KEY_LEN: usize = 32;
@@ -421,8 +454,9 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Scratch capacity a thread keeps between calls (a run of 16 pages needs a quarter of it).
-const SCRATCH_KEEP: usize = 64 * SEALED_PAGE_BYTES;
+/// Scratch capacity a thread keeps between calls: an eviction batch's pages with their tags
+/// (`reclaim::BATCH_PAGES`), so that sealing a batch neither allocates nor faults in memory.
+const SCRATCH_KEEP: usize = 256 * (PAGE_SIZE + TAG_LEN);
 
 /// Runs `f` on `len` bytes of this thread's scratch.
 fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
@@ -500,17 +534,24 @@ impl<B: Backend> SealedBackend<B> {
         self.seals.heap_bytes()
     }
 
-    /// Seals the pages of `data` (slots from `first`, counters from `base`) into `buf`, each
-    /// followed by its tag.
-    fn seal_pages(&self, first: u64, base: u64, data: &[u8], buf: &mut [u8]) -> io::Result<()> {
+    /// Seals the pages of `data` (slots from `first`, counters from `base`) into `cts`, their
+    /// tags into `tags`.
+    fn seal_pages(
+        &self,
+        first: u64,
+        base: u64,
+        data: &[u8],
+        cts: &mut [u8],
+        tags: &mut [u8],
+    ) -> io::Result<()> {
         let key = self.key.get();
         let pages = data.chunks_exact(PAGE_SIZE);
-        for (i, (page, dst)) in pages
-            .zip(buf.chunks_exact_mut(SEALED_PAGE_BYTES))
+        for (i, ((page, ct), tag)) in pages
+            .zip(cts.chunks_exact_mut(PAGE_SIZE))
+            .zip(tags.chunks_exact_mut(TAG_LEN))
             .enumerate()
         {
             let (slot, counter) = (first + i as u64, base + i as u64);
-            let (ct, tag) = dst.split_at_mut(PAGE_SIZE);
             ct.copy_from_slice(page);
             let t = key
                 .seal_in_place_separate_tag(nonce(counter), Aad::from(slot.to_le_bytes()), ct)
@@ -539,30 +580,85 @@ impl<B: Backend> SealedBackend<B> {
 impl<B: Backend> Backend for SealedBackend<B> {
     fn describe(&self) -> String {
         format!(
-            "{}, sealed with AES-256-GCM ({SEALED_PAGE_BYTES} bytes a page; key in locked memory)",
+            "{}, sealed with AES-256-GCM (a page of tags per {GROUP_SLOTS} pages; key in locked memory)",
             self.inner.describe()
         )
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        let (first, n) = slots_of(offset, data.len())?;
-        if n == 0 {
-            return Ok(());
-        }
-        let base = self.next_counter.fetch_add(n as u64, Ordering::Relaxed);
-        if base >= COUNTER_LIMIT {
-            return Err(io::Error::other(
-                "the sealing key's nonce counter is exhausted",
-            ));
-        }
-        with_scratch(n * SEALED_PAGE_BYTES, |buf| {
-            self.seal_pages(first, base, data, buf)?;
-            self.inner.write(first * STRIDE, buf)
-        })?;
-        // Published only once the device holds the pages: a reader finds them there.
-        let seals: Vec<Seal> = (0..n as u64).map(|i| Seal { counter: base + i }).collect();
-        self.seals.record(first, &seals);
-        Ok(())
+        self.write_all(&[(offset, data)]).pop().unwrap_or(Ok(()))
+    }
+
+    /// Each write's pages sealed into this thread's scratch, then all of them (pages and
+    /// tags, a pair of writes per group a write spans) to the device in one batch; a write's
+    /// seals are published once the device holds all of its parts.
+    fn write_all(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
+        let total: usize = writes.iter().map(|(_, d)| d.len() / PAGE_SIZE).sum();
+        with_scratch(total * (PAGE_SIZE + TAG_LEN), |buf| {
+            let (cts, tags) = buf.split_at_mut(total * PAGE_SIZE);
+            // (first slot, first counter, pages, first page in the scratch) of each write.
+            let mut sealed: Vec<io::Result<(u64, u64, usize, usize)>> =
+                Vec::with_capacity(writes.len());
+            let mut k = 0;
+            for &(offset, data) in writes {
+                sealed.push((|| {
+                    let (first, n) = slots_of(offset, data.len())?;
+                    let base = self.next_counter.fetch_add(n as u64, Ordering::Relaxed);
+                    if base >= COUNTER_LIMIT {
+                        return Err(io::Error::other(
+                            "the sealing key's nonce counter is exhausted",
+                        ));
+                    }
+                    self.seal_pages(
+                        first,
+                        base,
+                        data,
+                        &mut cts[k * PAGE_SIZE..(k + n) * PAGE_SIZE],
+                        &mut tags[k * TAG_LEN..(k + n) * TAG_LEN],
+                    )?;
+                    Ok((first, base, n, k))
+                })());
+                if let Ok((_, _, n, _)) = sealed.last().expect("just pushed") {
+                    k += n;
+                }
+            }
+            // The device's writes, each with the index of the write it is part of.
+            let (cts, tags) = (&*cts, &*tags);
+            let mut parts: Vec<(u64, &[u8])> = Vec::new();
+            let mut owner: Vec<usize> = Vec::new();
+            for (w, s) in sealed.iter().enumerate() {
+                let Ok((first, _, n, k)) = *s else { continue };
+                for (at, len) in group_runs(first, n) {
+                    let slot = first + at as u64;
+                    let (p0, p1) = (k + at, k + at + len);
+                    parts.push((data_offset(slot), &cts[p0 * PAGE_SIZE..p1 * PAGE_SIZE]));
+                    parts.push((tag_offset(slot), &tags[p0 * TAG_LEN..p1 * TAG_LEN]));
+                    owner.extend([w, w]);
+                }
+            }
+            let mut failed: Vec<Option<io::Error>> = (0..writes.len()).map(|_| None).collect();
+            for (r, &w) in self.inner.write_all(&parts).into_iter().zip(&owner) {
+                if let Err(e) = r {
+                    failed[w].get_or_insert(e);
+                }
+            }
+            sealed
+                .into_iter()
+                .zip(failed)
+                .map(|(s, f)| {
+                    let (first, base, n, _) = s?;
+                    if let Some(e) = f {
+                        return Err(e);
+                    }
+                    // Published only once the device holds the pages: a reader finds them
+                    // there.
+                    let seals: Vec<Seal> =
+                        (0..n as u64).map(|i| Seal { counter: base + i }).collect();
+                    self.seals.record(first, &seals);
+                    Ok(())
+                })
+                .collect()
+        })
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
@@ -575,14 +671,23 @@ impl<B: Backend> Backend for SealedBackend<B> {
             ));
         }
         let key = self.key.get();
-        let failed = with_scratch(n * SEALED_PAGE_BYTES, |buf| -> io::Result<Option<u64>> {
-            self.inner.read(first * STRIDE, buf)?;
-            let sealed = buf.chunks_exact(SEALED_PAGE_BYTES).zip(&seals);
-            for (i, ((src, seal), page)) in sealed.zip(out.chunks_exact_mut(PAGE_SIZE)).enumerate()
+        let failed = with_scratch(n * TAG_LEN, |tags| -> io::Result<Option<u64>> {
+            // The ciphertext lands in `out` itself and is opened in place.
+            for (at, len) in group_runs(first, n) {
+                let slot = first + at as u64;
+                self.inner.read(
+                    data_offset(slot),
+                    &mut out[at * PAGE_SIZE..(at + len) * PAGE_SIZE],
+                )?;
+                self.inner.read(
+                    tag_offset(slot),
+                    &mut tags[at * TAG_LEN..(at + len) * TAG_LEN],
+                )?;
+            }
+            let sealed = tags.chunks_exact(TAG_LEN).zip(&seals);
+            for (i, ((tag, seal), page)) in sealed.zip(out.chunks_exact_mut(PAGE_SIZE)).enumerate()
             {
                 let slot = first + i as u64;
-                let (ct, tag) = src.split_at(PAGE_SIZE);
-                page.copy_from_slice(ct);
                 let mut t = [0u8; TAG_LEN];
                 t.copy_from_slice(tag);
                 let opened = key.open_in_place_separate_tag(
@@ -615,7 +720,12 @@ impl<B: Backend> Backend for SealedBackend<B> {
 
     fn discard(&self, offset: u64, len: u64) {
         let (first, n) = (offset / PAGE_SIZE_U64, len / PAGE_SIZE_U64);
-        self.inner.discard(first * STRIDE, n * STRIDE)
+        // The data pages; a tag left behind opens nothing without its seal, which is forgotten.
+        for (at, run) in group_runs(first, n as usize) {
+            let slot = first + at as u64;
+            self.inner
+                .discard(data_offset(slot), run as u64 * PAGE_SIZE_U64);
+        }
     }
 }
 
@@ -657,10 +767,47 @@ mod tests {
         p
     }
 
-    /// A slot's sealed page (ciphertext and tag) as the device holds it.
+    /// A slot's sealed page (ciphertext, then tag) as the device holds it.
     fn device(b: &SealedBackend<MemBackend>, slot: u64) -> Vec<u8> {
         let v = b.inner.0.lock();
-        v[(slot * STRIDE) as usize..][..SEALED_PAGE_BYTES].to_vec()
+        let mut out = v[data_offset(slot) as usize..][..PAGE_SIZE].to_vec();
+        out.extend_from_slice(&v[tag_offset(slot) as usize..][..TAG_LEN]);
+        out
+    }
+
+    /// Puts `sealed` (ciphertext, then tag) on the device where slot `slot`'s go.
+    fn put_device(b: &SealedBackend<MemBackend>, slot: u64, sealed: &[u8]) {
+        b.inner
+            .write(data_offset(slot), &sealed[..PAGE_SIZE])
+            .unwrap();
+        b.inner
+            .write(tag_offset(slot), &sealed[PAGE_SIZE..])
+            .unwrap();
+    }
+
+    /// Groups: a run across a group's end is split there, pages and tags land where the
+    /// offsets say, and the device is as large as the slots need.
+    #[test]
+    fn runs_across_groups_round_trip() {
+        let b = SealedBackend::new(MemBackend::default()).unwrap();
+        let first = GROUP_SLOTS - 3;
+        let run: Vec<u8> = (0..8).flat_map(|i| page(i as u8 + 1)).collect();
+        b.write(first * PAGE_SIZE_U64, &run).unwrap();
+        let mut out = vec![0u8; run.len()];
+        b.read(first * PAGE_SIZE_U64, &mut out).unwrap();
+        assert_eq!(out, run);
+        assert_eq!(
+            group_runs(first, 8).collect::<Vec<_>>(),
+            vec![(0, 3), (3, 5)]
+        );
+        assert_eq!(data_offset(GROUP_SLOTS), GROUP_PAGES * PAGE_SIZE_U64);
+        assert_eq!(tag_offset(0), GROUP_SLOTS * PAGE_SIZE_U64);
+        assert!(tag_offset(GROUP_SLOTS - 1) + TAG_LEN as u64 <= GROUP_PAGES * PAGE_SIZE_U64);
+        assert!(b.inner.0.lock().len() as u64 <= device_bytes(first + 8));
+        // The data pages of the run are whole on the device: a page's offset is page-aligned.
+        for s in first..first + 8 {
+            assert_eq!(data_offset(s) % PAGE_SIZE_U64, 0);
+        }
     }
 
     #[test]
@@ -719,7 +866,7 @@ mod tests {
         let b = SealedBackend::new(MemBackend::default()).unwrap();
         b.write(0, &page(1)).unwrap();
         b.write(5 * PAGE_SIZE_U64, &page(2)).unwrap();
-        b.inner.write(5 * STRIDE, &device(&b, 0)).unwrap();
+        put_device(&b, 5, &device(&b, 0));
         let mut out = vec![0u8; PAGE_SIZE];
         assert!(b.read(5 * PAGE_SIZE_U64, &mut out).is_err());
         b.copy_seal(0, 5);
@@ -734,7 +881,7 @@ mod tests {
         let b = SealedBackend::new(MemBackend::default()).unwrap();
         let run: Vec<u8> = (0..16).flat_map(|i| page(i as u8)).collect();
         b.write(0, &run).unwrap();
-        b.inner.0.lock()[9 * SEALED_PAGE_BYTES + 2000] ^= 0x10;
+        b.inner.0.lock()[data_offset(9) as usize + 2000] ^= 0x10;
         let mut out = vec![0u8; run.len()];
         let e = b.read(0, &mut out).unwrap_err();
         assert!(e.to_string().contains("slot 9"), "{e}");
@@ -743,7 +890,7 @@ mod tests {
         b.read(0, &mut out[..9 * PAGE_SIZE]).unwrap();
         assert_eq!(out[..9 * PAGE_SIZE], run[..9 * PAGE_SIZE]);
         // A bit of a tag (page 3's) is as good as one of the page.
-        b.inner.0.lock()[3 * SEALED_PAGE_BYTES + PAGE_SIZE + 5] ^= 0x80;
+        b.inner.0.lock()[tag_offset(3) as usize + 5] ^= 0x80;
         let e = b.read(0, &mut out[..9 * PAGE_SIZE]).unwrap_err();
         assert!(e.to_string().contains("slot 3"), "{e}");
         assert_eq!(b.auth_failures(), 2);

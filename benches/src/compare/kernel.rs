@@ -36,6 +36,12 @@ pub struct ZswapParams {
     pub compressor: String,
     /// `max_pool_percent`.
     pub max_pool_percent: String,
+    /// `accept_threshold_percent` (absent in kernels without it, and in old state files).
+    #[serde(default)]
+    pub accept_threshold_percent: Option<String>,
+    /// `shrinker_enabled` (absent in kernels without it, and in old state files).
+    #[serde(default)]
+    pub shrinker_enabled: Option<String>,
 }
 
 impl ZswapParams {
@@ -47,19 +53,78 @@ impl ZswapParams {
                 .trim()
                 .to_string())
         };
+        let optional = |n: &str| {
+            fs::read_to_string(format!("{ZSWAP}/{n}"))
+                .ok()
+                .map(|s| s.trim().to_string())
+        };
         Ok(Self {
             enabled: r("enabled")?,
             compressor: r("compressor")?,
             max_pool_percent: r("max_pool_percent")?,
+            accept_threshold_percent: optional("accept_threshold_percent"),
+            shrinker_enabled: optional("shrinker_enabled"),
         })
+    }
+
+    /// The kernel's own defaults, `enabled` on: `max_pool_percent` 20 and
+    /// `accept_threshold_percent` 90 (mm/zswap.c), the compressor and the shrinker setting this
+    /// kernel was built with (`CONFIG_ZSWAP_COMPRESSOR_DEFAULT`,
+    /// `CONFIG_ZSWAP_SHRINKER_DEFAULT_ON`, from /proc/config.gz; without it, the compressor
+    /// and the shrinker setting stay as the machine has them). Knobs this kernel lacks stay
+    /// absent.
+    pub fn kernel_defaults(machine: &ZswapParams) -> Self {
+        let config = Command::new("zcat")
+            .arg("/proc/config.gz")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let (compressor, shrinker) = kernel_config_zswap_defaults(&config);
+        ZswapParams {
+            enabled: "Y".into(),
+            compressor: compressor.unwrap_or_else(|| machine.compressor.clone()),
+            max_pool_percent: "20".into(),
+            accept_threshold_percent: machine
+                .accept_threshold_percent
+                .as_ref()
+                .map(|_| "90".into()),
+            shrinker_enabled: machine.shrinker_enabled.as_ref().map(|m| {
+                shrinker.map_or_else(|| m.clone(), |on| if on { "Y" } else { "N" }.into())
+            }),
+        }
     }
 
     /// Writes them back: the pool settings first, `enabled` last.
     fn write(&self) -> Result<()> {
         write_sys(&format!("{ZSWAP}/compressor"), &self.compressor)?;
         write_sys(&format!("{ZSWAP}/max_pool_percent"), &self.max_pool_percent)?;
+        if let Some(v) = &self.accept_threshold_percent {
+            write_sys(&format!("{ZSWAP}/accept_threshold_percent"), v)?;
+        }
+        if let Some(v) = &self.shrinker_enabled {
+            write_sys(&format!("{ZSWAP}/shrinker_enabled"), v)?;
+        }
         write_sys(&format!("{ZSWAP}/enabled"), &self.enabled)
     }
+}
+
+/// From a kernel config: zswap's default compressor and whether its shrinker is on by default
+/// (`None` where the config does not say).
+fn kernel_config_zswap_defaults(config: &str) -> (Option<String>, Option<bool>) {
+    let mut compressor = None;
+    let mut shrinker = None;
+    for l in config.lines() {
+        if let Some(v) = l.strip_prefix("CONFIG_ZSWAP_COMPRESSOR_DEFAULT=") {
+            compressor = Some(v.trim().trim_matches('"').to_string());
+        } else if l.starts_with("CONFIG_ZSWAP_SHRINKER_DEFAULT_ON=y") {
+            shrinker = Some(true);
+        } else if l.starts_with("# CONFIG_ZSWAP_SHRINKER_DEFAULT_ON is not set") {
+            shrinker = Some(false);
+        }
+    }
+    (compressor, shrinker)
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -186,11 +251,14 @@ pub struct KernelSwap {
     pub device: String,
     /// zram's compressor, when zram.
     pub zram_comp: Option<String>,
+    /// zswap's parameters while active, when zswap is on.
+    pub zswap: Option<ZswapParams>,
 }
 
 impl KernelSwap {
     /// Activates `setup` with a swap area of `swap_bytes`; for kzswap the pool is limited to
-    /// `zswap_pool_percent` of RAM. Refuses if any swap is already active.
+    /// `zswap_pool_percent` of RAM, for kzswap-default zswap is at the kernel's defaults.
+    /// Refuses if any swap is already active.
     pub fn activate(setup: Setup, swap_bytes: u64, zswap_pool_percent: u32) -> Result<Self> {
         let active = active_swaps();
         if !active.is_empty() {
@@ -204,6 +272,7 @@ impl KernelSwap {
             state: State::default(),
             device: String::new(),
             zram_comp: None,
+            zswap: None,
         };
         // zswap: on for kzswap, off for the others, restored on drop.
         let prior = ZswapParams::read()?;
@@ -214,7 +283,10 @@ impl KernelSwap {
                 enabled: "Y".into(),
                 compressor: "lzo".into(),
                 max_pool_percent: zswap_pool_percent.to_string(),
+                ..prior.clone()
             }
+        } else if setup == Setup::KernelZswapDefault {
+            ZswapParams::kernel_defaults(&prior)
         } else {
             ZswapParams {
                 enabled: "N".into(),
@@ -226,8 +298,9 @@ impl KernelSwap {
             write_sys(&format!("{ZSWAP}/enabled"), "N")?;
             want.write()?;
         }
+        ks.zswap = (want.enabled == "Y").then(|| want.clone());
         match setup {
-            Setup::KernelSwap | Setup::KernelZswap => {
+            Setup::KernelSwap | Setup::KernelZswap | Setup::KernelZswapDefault => {
                 ks.state.swap_file = Some(SWAP_FILE.into());
                 ks.state.persist()?;
                 let _ = fs::remove_file(SWAP_FILE);
@@ -502,6 +575,25 @@ impl ZramSampler {
     }
 }
 
+/// CPU seconds the whole machine has spent busy since boot (all CPUs: user, nice, system,
+/// irq, softirq and steal of /proc/stat's `cpu` line), or `None` if unreadable.
+pub fn machine_busy_s() -> Option<f64> {
+    let stat = fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    if v.len() < 8 {
+        return None;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some((v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) as f64 / hz)
+}
+
 /// Selected /proc/vmstat counters.
 pub fn vmstat() -> std::collections::BTreeMap<String, u64> {
     const KEYS: [&str; 6] = [
@@ -521,4 +613,28 @@ pub fn vmstat() -> std::collections::BTreeMap<String, u64> {
                 .then(|| Some((k.to_string(), v.trim().parse().ok()?)))?
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zswap_defaults_from_the_kernel_config() {
+        let cfg = "CONFIG_ZSWAP=y\n# CONFIG_ZSWAP_SHRINKER_DEFAULT_ON is not set\n\
+                   CONFIG_ZSWAP_COMPRESSOR_DEFAULT=\"lzo\"\n";
+        assert_eq!(
+            kernel_config_zswap_defaults(cfg),
+            (Some("lzo".to_string()), Some(false))
+        );
+        assert_eq!(
+            kernel_config_zswap_defaults("CONFIG_ZSWAP_SHRINKER_DEFAULT_ON=y\n"),
+            (None, Some(true))
+        );
+        // An old state file (without the newer knobs) still parses.
+        let p: ZswapParams =
+            serde_json::from_str(r#"{"enabled":"N","compressor":"lzo","max_pool_percent":"20"}"#)
+                .unwrap();
+        assert_eq!(p.shrinker_enabled, None);
+    }
 }

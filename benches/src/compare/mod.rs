@@ -3,10 +3,15 @@
 //!
 //! ```text
 //! cargo run --release -p bench --bin compare -- [--quick] [--json] [--limit 256M]
-//!     [--workloads random,sequential,stress-ng,redis] [--setups zswap,zswap+file,file,pmem,
-//!     default,kswap,kzswap,zram] [--repeats N] [--out docs/plots] [--doc docs/kernel-comparison.md]
-//!     [--daemon PATH | --no-build]
+//!     [--workloads random,sequential,zipf,stress-ng,redis,threads] [--setups zswap,zswap+file,
+//!     file,file-plain,pmem,default,default-plain,kswap,kzswap,kzswap-default,zram,bare]
+//!     [--repeats N] [--out docs/plots] [--doc docs/kernel-comparison.md]
+//!     [--daemon PATH | --no-build] [--threads-limit SIZE] [--threads-rounds N]
 //! ```
+//!
+//! Repeats alternate the setups: round 1 runs every setup once, then round 2, and so on, so
+//! that a noisy stretch of the shared machine falls on all setups alike; the tables give the
+//! median of the rounds and, in the spread table, their min and max.
 //!
 //! * Daemon setups run `uffd-daemon run --limit L <tier flags> -- PROGRAM`; the tier flags of
 //!   each setup are written in one place, [`setup::daemon_args`]. Before the runs each daemon
@@ -20,9 +25,11 @@
 //!   (`getrusage(RUSAGE_CHILDREN)`); for the daemon, `wait4` on the daemon minus that is the
 //!   daemon's own CPU time, the work the kernel does in the workload's system time.
 //!
-//! Workloads: `random` and `sequential` ([`usemem`], every touch verifies the page),
+//! Workloads: `random`, `sequential` and `zipf` ([`usemem`], every touch verifies the page),
 //! `stress-ng` (`--vm 2 --vm-method rand-set --verify`), `redis` (redis-server filled with
-//! checkable values by [`redis`], `redis-benchmark -t get`, every key read back and compared).
+//! checkable values by [`redis`], `redis-benchmark -t get`, every key read back and compared),
+//! `threads` ([`threads`]: 32 threads' atomic adds and stripe stores on one malloc'd buffer,
+//! the sum checked; run at a limit of a third of its bare peak, measured first).
 
 pub mod hist;
 pub mod kernel;
@@ -32,6 +39,7 @@ pub mod redis;
 pub mod run;
 pub mod setup;
 pub mod svg;
+pub mod threads;
 pub mod usemem;
 
 use std::path::{Path, PathBuf};
@@ -75,16 +83,32 @@ pub enum Workload {
     Random,
     /// usemem, pages in order, wrapping.
     Sequential,
+    /// usemem, Zipf(0.99) over page ranks, ranks scattered over the pages.
+    Zipf,
     /// stress-ng's vm stressor with --verify.
     StressNg,
     /// redis-server, filled, benchmarked and read back.
     Redis,
+    /// 32 threads: atomic adds at random words and stores to their stripes, sum checked.
+    Threads,
 }
 
 /// Every workload, in run order.
-pub const WORKLOADS: [Workload; 4] = [
+pub const WORKLOADS: [Workload; 6] = [
     Workload::Random,
     Workload::Sequential,
+    Workload::Zipf,
+    Workload::StressNg,
+    Workload::Redis,
+    Workload::Threads,
+];
+
+/// The workloads run when `--workloads` is not given (`threads` is asked for by name: it needs
+/// a bare calibration run and is read against `bare`).
+pub const DEFAULT_WORKLOADS: [Workload; 5] = [
+    Workload::Random,
+    Workload::Sequential,
+    Workload::Zipf,
     Workload::StressNg,
     Workload::Redis,
 ];
@@ -95,8 +119,10 @@ impl Workload {
         match self {
             Workload::Random => "random",
             Workload::Sequential => "sequential",
+            Workload::Zipf => "zipf",
             Workload::StressNg => "stress-ng",
             Workload::Redis => "redis",
+            Workload::Threads => "threads",
         }
     }
 
@@ -117,19 +143,28 @@ impl Workload {
     /// The unit of its throughput figure.
     pub fn unit(self) -> &'static str {
         match self {
-            Workload::Random | Workload::Sequential => "touches/s",
+            Workload::Random | Workload::Sequential | Workload::Zipf => "touches/s",
             Workload::StressNg => "bogo ops/s",
             Workload::Redis => "GET/s",
+            Workload::Threads => "adds/s",
         }
+    }
+
+    /// True for the usemem workloads (one touch loop, a JSON line).
+    pub fn is_usemem(self) -> bool {
+        matches!(
+            self,
+            Workload::Random | Workload::Sequential | Workload::Zipf
+        )
     }
 
     /// What its p50/p99 columns mean.
     pub fn latency_meaning(self) -> Option<&'static str> {
         match self {
-            Workload::Random | Workload::Sequential => {
+            Workload::Random | Workload::Sequential | Workload::Zipf => {
                 Some("first access of touches that faulted (> 2 us)")
             }
-            Workload::StressNg => None,
+            Workload::StressNg | Workload::Threads => None,
             Workload::Redis => Some("GET latency seen by redis-benchmark"),
         }
     }
@@ -164,6 +199,16 @@ pub struct Plan {
     pub swap_bytes: u64,
     /// kzswap `max_pool_percent` (the pool about as large as the limit).
     pub zswap_pool_percent: u32,
+    /// `threads`: its buffer (4x the limit), threads and atomic adds per thread.
+    pub threads_bytes: u64,
+    /// `threads`: number of threads.
+    pub threads_n: usize,
+    /// `threads`: atomic adds per thread.
+    pub threads_rounds: u64,
+    /// `threads`: its bare peak RSS (measured by a calibration run), when measured.
+    pub threads_peak: Option<u64>,
+    /// `threads`: the limit it runs under (a third of its bare peak, or `--threads-limit`).
+    pub threads_limit: Option<u64>,
     /// Which daemon ran: its path and the source it was built from.
     pub daemon_build: String,
 }
@@ -193,7 +238,21 @@ impl Plan {
             run_timeout: Duration::from_secs(if quick { 180 } else { 300 }),
             swap_bytes: (8 * limit).max(2 << 30),
             zswap_pool_percent: ((limit as f64 * 100.0 / ram as f64).round() as u32).max(1),
+            threads_bytes: 4 * limit,
+            threads_n: 32,
+            threads_rounds: 16384,
+            threads_peak: None,
+            threads_limit: None,
             daemon_build: String::new(),
+        }
+    }
+
+    /// The memory limit `w` runs under: `threads` at its own (a third of its peak), the others
+    /// at `--limit`.
+    pub fn limit_for(&self, w: Workload) -> u64 {
+        match (w, self.threads_limit) {
+            (Workload::Threads, Some(l)) => l,
+            _ => self.limit,
         }
     }
 }
@@ -223,19 +282,23 @@ struct Options {
     no_build: bool,
     seconds: Option<f64>,
     stress_seconds: Option<u64>,
+    threads_limit: Option<u64>,
+    threads_rounds: Option<u64>,
 }
 
-const USAGE: &str = "usage: compare [--quick] [--json] [--limit 256M] [--workloads random,sequential,stress-ng,redis] \
-[--setups zswap,zswap+file,file,pmem,default,kswap,kzswap,zram] [--repeats N] [--out docs/plots] \
-[--doc docs/kernel-comparison.md] [--daemon PATH | --no-build] [--seconds S] [--stress-seconds S]";
+const USAGE: &str = "usage: compare [--quick] [--json] [--limit 256M] \
+[--workloads random,sequential,zipf,stress-ng,redis,threads] \
+[--setups zswap,zswap+file,file,file-plain,pmem,default,default-plain,kswap,kzswap,kzswap-default,zram,bare] \
+[--repeats N] [--out docs/plots] [--doc docs/kernel-comparison.md] [--daemon PATH | --no-build] \
+[--seconds S] [--stress-seconds S] [--threads-limit SIZE] [--threads-rounds N]";
 
 fn parse_options(args: &[String]) -> Result<Options> {
     let mut o = Options {
         quick: false,
         json: false,
         limit: 256 << 20,
-        workloads: WORKLOADS.to_vec(),
-        setups: setup::ALL.to_vec(),
+        workloads: DEFAULT_WORKLOADS.to_vec(),
+        setups: setup::DEFAULT.to_vec(),
         repeats: 1,
         out: PathBuf::from("docs/plots"),
         doc: None,
@@ -243,6 +306,8 @@ fn parse_options(args: &[String]) -> Result<Options> {
         no_build: false,
         seconds: None,
         stress_seconds: None,
+        threads_limit: None,
+        threads_rounds: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -276,6 +341,12 @@ fn parse_options(args: &[String]) -> Result<Options> {
             "--seconds" => o.seconds = Some(val()?.parse().context("--seconds")?),
             "--stress-seconds" => {
                 o.stress_seconds = Some(val()?.parse().context("--stress-seconds")?)
+            }
+            "--threads-limit" => {
+                o.threads_limit = Some(parse_size(val()?).map_err(anyhow::Error::msg)?)
+            }
+            "--threads-rounds" => {
+                o.threads_rounds = Some(val()?.parse().context("--threads-rounds")?)
             }
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -395,7 +466,9 @@ fn kernel_prerequisites(s: Setup) -> Result<(), String> {
         return Err("no cgroup v1 memory controller at /sys/fs/cgroup/memory".into());
     }
     match s {
-        Setup::KernelZswap if !Path::new("/sys/module/zswap/parameters/enabled").exists() => {
+        Setup::KernelZswap | Setup::KernelZswapDefault
+            if !Path::new("/sys/module/zswap/parameters/enabled").exists() =>
+        {
             Err("no zswap in this kernel".into())
         }
         Setup::KernelZram
@@ -444,6 +517,10 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
     if let Some(s) = o.stress_seconds {
         plan.stress_seconds = s;
     }
+    if let Some(r) = o.threads_rounds {
+        plan.threads_rounds = r;
+    }
+    plan.threads_limit = o.threads_limit;
     let needs_daemon = o.setups.iter().any(|s| s.is_daemon());
     let daemon = if needs_daemon {
         find_daemon(&o, &self_exe)
@@ -464,13 +541,41 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
     } else {
         "/tmp"
     });
-    let ctx = Ctx {
+    let mut ctx = Ctx {
         self_exe,
         daemon: daemon.as_ref().cloned().unwrap_or_default(),
         workdir,
         pmem_dir,
         plan: plan.clone(),
     };
+
+    // threads runs at a third of its peak: measure the peak bare first (not a result).
+    if o.workloads.contains(&Workload::Threads) && o.threads_limit.is_none() {
+        eprint!("compare: threads: measuring its bare peak ... ");
+        let r = run::run_one(&ctx, Setup::Bare, Workload::Threads, 0, None)?;
+        eprintln!("{}", output::one_line(&r, Workload::Threads));
+        let peak_mib = r
+            .metrics
+            .get("maxrss_mib")
+            .copied()
+            .filter(|_| r.status == "ok")
+            .with_context(|| {
+                format!(
+                    "the bare calibration run of threads failed: {}",
+                    r.reason.as_deref().unwrap_or("no peak RSS")
+                )
+            })?;
+        let peak = (peak_mib * (1 << 20) as f64) as u64;
+        // A third of the peak, rounded up to a MiB.
+        let limit = (peak / 3).div_ceil(1 << 20) << 20;
+        eprintln!(
+            "compare: threads: bare peak {peak_mib:.1} MiB; it runs at a limit of {} MiB",
+            limit >> 20
+        );
+        plan.threads_peak = Some(peak);
+        plan.threads_limit = Some(limit);
+        ctx.plan = plan.clone();
+    }
 
     // Which setups can run here.
     let mut unavailable: Vec<(Setup, String)> = Vec::new();
@@ -480,13 +585,15 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
                 Err(e) => Err(format!("{e:#}")),
                 Ok(_) => run::probe_daemon_setup(&ctx, s),
             }
-        } else {
+        } else if s.is_kernel() {
             kernel_prerequisites(s)
+        } else {
+            Ok(())
         };
         match verdict {
-            Ok(()) => eprintln!("compare: setup {:<10} available", s.name()),
+            Ok(()) => eprintln!("compare: setup {:<14} available", s.name()),
             Err(why) => {
-                eprintln!("compare: setup {:<10} UNAVAILABLE: {why}", s.name());
+                eprintln!("compare: setup {:<14} UNAVAILABLE: {why}", s.name());
                 unavailable.push((s, why));
             }
         }
@@ -508,7 +615,7 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
                 n += o.workloads.len();
                 continue;
             }
-            let kswap = if s.is_daemon() {
+            let kswap = if !s.is_kernel() {
                 None
             } else {
                 match kernel::KernelSwap::activate(s, plan.swap_bytes, plan.zswap_pool_percent) {
@@ -533,7 +640,7 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
                 }
                 n += 1;
                 eprint!(
-                    "compare: [{n}/{total}] {:<10} under {:<10} ... ",
+                    "compare: [{n}/{total}] {:<10} under {:<14} ... ",
                     w.name(),
                     s.name()
                 );
@@ -559,7 +666,12 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
     let _ = std::fs::remove_dir(&ctx.workdir);
 
     let rows = output::aggregate(&results, &o.workloads, &o.setups);
-    let table = output::table(&rows, &o.workloads);
+    let table = format!(
+        "{}\nMedians with [min, max] over the rounds; x bare = elapsed / bare's median \
+         elapsed:\n\n{}",
+        output::table(&rows, &o.workloads),
+        output::spread_table(&rows)
+    );
     let command = output::command_line(args);
     if o.json {
         eprintln!("{table}");

@@ -26,6 +26,10 @@ pub struct Row {
     pub reason: Option<String>,
     /// Median of each metric over the repeats that produced it.
     pub metrics: BTreeMap<String, f64>,
+    /// Smallest value of each metric over the same repeats.
+    pub mins: BTreeMap<String, f64>,
+    /// Largest value of each metric over the same repeats.
+    pub maxs: BTreeMap<String, f64>,
     /// Repeats that ran.
     pub runs: usize,
 }
@@ -98,16 +102,22 @@ pub fn aggregate(results: &[RunResult], workloads: &[Workload], setups: &[Setup]
             let mut keys: Vec<&String> = src.iter().flat_map(|r| r.metrics.keys()).collect();
             keys.sort();
             keys.dedup();
-            let metrics = keys
-                .into_iter()
-                .filter_map(|k| {
-                    let v: Vec<f64> = src
-                        .iter()
-                        .filter_map(|r| r.metrics.get(k).copied())
-                        .collect();
-                    median(&v).map(|m| (k.clone(), m))
-                })
-                .collect();
+            let (mut metrics, mut mins, mut maxs) =
+                (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+            for k in keys {
+                let v: Vec<f64> = src
+                    .iter()
+                    .filter_map(|r| r.metrics.get(k).copied())
+                    .collect();
+                if let Some(m) = median(&v) {
+                    metrics.insert(k.clone(), m);
+                    mins.insert(k.clone(), v.iter().copied().fold(f64::INFINITY, f64::min));
+                    maxs.insert(
+                        k.clone(),
+                        v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                    );
+                }
+            }
             rows.push(Row {
                 workload: w,
                 setup: s,
@@ -115,6 +125,8 @@ pub fn aggregate(results: &[RunResult], workloads: &[Workload], setups: &[Setup]
                 check,
                 reason,
                 metrics,
+                mins,
+                maxs,
                 runs: rs.len(),
             });
         }
@@ -257,6 +269,93 @@ pub fn table(rows: &[Row], workloads: &[Workload]) -> String {
     out
 }
 
+/// `median [min, max]` of a metric, or `-`.
+fn spread(r: &Row, k: &str) -> String {
+    match (r.metrics.get(k), r.mins.get(k), r.maxs.get(k)) {
+        (Some(m), Some(lo), Some(hi)) if r.runs > 1 => {
+            format!("{} [{}, {}]", num(*m), num(*lo), num(*hi))
+        }
+        (Some(m), _, _) => num(*m),
+        _ => "-".into(),
+    }
+}
+
+/// The spread table: per cell, the median with the min and max over the rounds of the figures
+/// the comparisons turn on, the machine-independent counts, and the slowdown against `bare`
+/// where the run had it.
+pub fn spread_table(rows: &[Row]) -> String {
+    const COLS: [&str; 13] = [
+        "workload",
+        "setup",
+        "runs",
+        "limit MiB",
+        "throughput",
+        "elapsed s",
+        "x bare",
+        "cpu sum s",
+        "cpu us / swapin",
+        "swapins",
+        "faults",
+        "pages to swap device",
+        "other CPU busy s",
+    ];
+    let mut out = format!("| {} |\n|{}\n", COLS.join(" | "), "---|".repeat(COLS.len()));
+    for r in rows.iter().filter(|r| r.status != "unavailable") {
+        let bare = rows
+            .iter()
+            .find(|b| b.workload == r.workload && b.setup == Setup::Bare && b.status == "ok")
+            .and_then(|b| b.metrics.get("elapsed_s").copied());
+        let x_bare = match (bare, r.metrics.get("elapsed_s")) {
+            (Some(b), Some(_)) if b > 0.0 => {
+                let f = |m: &BTreeMap<String, f64>| m.get("elapsed_s").map_or(0.0, |v| v / b);
+                if r.runs > 1 {
+                    format!(
+                        "{} [{}, {}]",
+                        num(f(&r.metrics)),
+                        num(f(&r.mins)),
+                        num(f(&r.maxs))
+                    )
+                } else {
+                    num(f(&r.metrics))
+                }
+            }
+            _ => "-".into(),
+        };
+        // Faults the setup served: the daemon's count; the kernel's major faults otherwise.
+        let faults = if r.setup.is_daemon() {
+            spread(r, "d_faults")
+        } else {
+            spread(r, "majflt")
+        };
+        let mut status = r.status.clone();
+        if status == "ok" {
+            status.clear();
+        } else {
+            status = format!(" ({status})");
+        }
+        let cells = [
+            r.workload.name().to_string(),
+            format!("{}{status}", r.setup.name()),
+            r.runs.to_string(),
+            r.metrics
+                .get("limit_mib")
+                .filter(|_| r.setup != Setup::Bare)
+                .map_or("-".into(), |v| num(*v)),
+            spread(r, "throughput"),
+            spread(r, "elapsed_s"),
+            x_bare,
+            spread(r, "cpu_total_s"),
+            spread(r, "cpu_us_per_swapin"),
+            spread(r, "swapins"),
+            faults,
+            spread(r, "dev_write_pages"),
+            spread(r, "other_busy_s"),
+        ];
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    out
+}
+
 /// A second table: where the pages went and what memory the tiers took.
 pub fn extra_table(rows: &[Row]) -> String {
     const COLS: [&str; 11] = [
@@ -277,10 +376,11 @@ pub fn extra_table(rows: &[Row]) -> String {
         let g = |k: &str| r.metrics.get(k).copied();
         let f = |v: Option<f64>| v.map_or("-".to_string(), num);
         let fill = match r.workload {
-            Workload::Random | Workload::Sequential => {
+            Workload::Random | Workload::Sequential | Workload::Zipf => {
                 g("fill_mib_s").map(|v| format!("{} MiB/s", num(v)))
             }
             Workload::Redis => g("set_rps").map(|v| format!("{} SET/s", num(v))),
+            Workload::Threads => g("init_s").map(|v| format!("{} s zeroing", num(v))),
             Workload::StressNg => None,
         };
         let d = r.setup.is_daemon();
@@ -345,6 +445,8 @@ fn plan_json(p: &Plan) -> Value {
         "stress_vm_bytes_per_worker": p.stress_bytes, "stress_seconds": p.stress_seconds,
         "redis_keys": p.redis_keys, "redis_value_bytes": p.redis_value_bytes, "redis_gets": p.redis_gets,
         "kernel_swap_bytes": p.swap_bytes, "kzswap_max_pool_percent": p.zswap_pool_percent,
+        "threads_bytes": p.threads_bytes, "threads": p.threads_n, "threads_rounds": p.threads_rounds,
+        "threads_bare_peak_bytes": p.threads_peak, "threads_limit_bytes": p.threads_limit,
         "run_timeout_s": p.run_timeout.as_secs(),
     })
 }
@@ -374,7 +476,7 @@ pub fn json(
         "medians": rows.iter().map(|r| json!({
             "workload": r.workload.name(), "setup": r.setup.name(), "status": r.status,
             "check": r.check, "reason": r.reason, "runs": r.runs,
-            "unit": r.workload.unit(), "metrics": r.metrics,
+            "unit": r.workload.unit(), "metrics": r.metrics, "min": r.mins, "max": r.maxs,
         })).collect::<Vec<_>>(),
         "runs": results,
     })
@@ -513,6 +615,15 @@ pub fn write_doc(
         let _ = writeln!(g, "Daemon: {}.\n", plan.daemon_build);
     }
     g.push_str(&table(rows, workloads));
+    g.push('\n');
+    let _ = writeln!(
+        g,
+        "Medians with [min, max] over the rounds (setups alternate within each round), CPU per \
+         page swapped in (cpu sum / swapins), the faults served (daemon: its `faults`; kernel: \
+         major faults), pages written to the swap device, the slowdown against `bare` where it \
+         ran, and the CPU the rest of the machine was busy with meanwhile (the noise):\n"
+    );
+    g.push_str(&spread_table(rows));
     g.push('\n');
     let _ = writeln!(
         g,

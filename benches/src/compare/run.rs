@@ -166,19 +166,14 @@ fn program(ctx: &Ctx, w: Workload, sock: &Path) -> Vec<String> {
     let p = &ctx.plan;
     let exe = ctx.self_exe.display().to_string();
     match w {
-        Workload::Random | Workload::Sequential => {
+        Workload::Random | Workload::Sequential | Workload::Zipf => {
             let mut v = vec![
                 exe,
                 "__usemem".into(),
                 "--bytes".into(),
                 p.usemem_bytes.to_string(),
                 "--mode".into(),
-                if w == Workload::Random {
-                    "random"
-                } else {
-                    "sequential"
-                }
-                .into(),
+                w.name().into(),
                 "--seconds".into(),
                 p.usemem_seconds.to_string(),
             ];
@@ -187,6 +182,18 @@ fn program(ctx: &Ctx, w: Workload, sock: &Path) -> Vec<String> {
             }
             v
         }
+        Workload::Threads => vec![
+            exe,
+            "__usemem".into(),
+            "--mode".into(),
+            "threads".into(),
+            "--bytes".into(),
+            p.threads_bytes.to_string(),
+            "--threads".into(),
+            p.threads_n.to_string(),
+            "--rounds".into(),
+            p.threads_rounds.to_string(),
+        ],
         Workload::StressNg => vec![
             "stress-ng".into(),
             // -v: stress-ng reports each worker the OOM killer took only at debug level.
@@ -280,8 +287,19 @@ pub fn run_one(
     remove_daemon_files(ctx);
     let prog = program(ctx, w, &sock);
     let exe = ctx.self_exe.display().to_string();
+    let limit = ctx.plan.limit_for(w);
+    r.metrics.insert("limit_mib".into(), (limit >> 20) as f64);
     let mut cgroup = None;
-    let argv: Vec<String> = if setup.is_daemon() {
+    let argv: Vec<String> = if setup == Setup::Bare {
+        let mut v = vec![
+            exe,
+            "__wrap".into(),
+            wrap_json.display().to_string(),
+            "--".into(),
+        ];
+        v.extend(prog);
+        v
+    } else if setup.is_daemon() {
         let (sf, pf) = (ctx.swap_file(), ctx.pmem_file());
         let paths = DaemonPaths {
             swap_file: &sf,
@@ -290,7 +308,7 @@ pub fn run_one(
         };
         let mut v = vec![ctx.daemon.display().to_string(), "run".into()];
         v.extend(
-            setup::daemon_args(setup, ctx.plan.limit, ctx.plan.swap_bytes, &paths)
+            setup::daemon_args(setup, limit, ctx.plan.swap_bytes, &paths)
                 .context("daemon setup")?,
         );
         v.extend([
@@ -303,7 +321,7 @@ pub fn run_one(
         v.extend(prog);
         v
     } else {
-        let cg = Cgroup::create(ctx.plan.limit)?;
+        let cg = Cgroup::create(limit)?;
         let mut v = vec![
             exe,
             "__wrap".into(),
@@ -321,6 +339,7 @@ pub fn run_one(
         .and_then(KernelSwap::zram_mm_stat_path)
         .map(kernel::ZramSampler::start);
     let vm0 = kernel::vmstat();
+    let busy0 = kernel::machine_busy_s();
     let t0 = Instant::now();
     let mut child = proc::spawn(&argv, &out, &err)?;
     // Lets the next run kill this group if the driver is killed outright.
@@ -347,6 +366,7 @@ pub fn run_one(
     let ended = child.wait(deadline);
     let _ = std::fs::remove_file(ctx.file(PGID_FILE));
     let wall = t0.elapsed().as_secs_f64();
+    let busy1 = kernel::machine_busy_s();
     let vm1 = kernel::vmstat();
     let zram_peak = zram.map(kernel::ZramSampler::finish);
     let delta = |k: &str| {
@@ -404,10 +424,18 @@ pub fn run_one(
     } else if wrap.is_some() {
         m.insert("cpu_total_s".into(), workload_cpu);
     }
+    // The noise: CPU the whole machine spent during the run beyond this run's own processes
+    // (other users' builds and tests; also kernel threads such as kworkers and kswapd).
+    if let (Some(b0), Some(b1), Some(cpu)) = (busy0, busy1, m.get("cpu_total_s").copied()) {
+        m.insert("machine_busy_s".into(), b1 - b0);
+        m.insert("other_busy_s".into(), (b1 - b0 - cpu).max(0.0));
+    }
     for k in ["pswpin", "pswpout", "zswpin", "zswpout", "zswpwb"] {
         m.insert(format!("k_{k}"), delta(k));
     }
-    if setup.is_daemon() {
+    if setup == Setup::Bare {
+        m.insert("swapins".into(), delta("pswpin") + delta("zswpin"));
+    } else if setup.is_daemon() {
         let stats: Option<Value> = std::fs::read_to_string(&stats_json)
             .ok()
             .and_then(|s| serde_json::from_str(&s).ok());
@@ -423,6 +451,7 @@ pub fn run_one(
                 .or_else(|| g("bytes_written"));
             if let Some(v) = dev {
                 m.insert("dev_write_mib".into(), v / (1 << 20) as f64);
+                m.insert("dev_write_pages".into(), v / 4096.0);
             }
             for k in [
                 "zswpout",
@@ -481,6 +510,7 @@ pub fn run_one(
             "dev_write_mib".into(),
             delta("pswpout") * 4096.0 / (1 << 20) as f64,
         );
+        m.insert("dev_write_pages".into(), delta("pswpout"));
         if let Some(cg) = &cgroup {
             let c = cg.counters();
             m.insert("oom_kill_cgroup".into(), c.oom_kill as f64);
@@ -502,13 +532,18 @@ pub fn run_one(
         }
     }
     drop(cgroup);
+    if let (Some(cpu), Some(&n)) = (m.get("cpu_total_s").copied(), m.get("swapins")) {
+        if n > 0.0 {
+            m.insert("cpu_us_per_swapin".into(), cpu * 1e6 / n);
+        }
+    }
 
     // Workload results and the data check.
     let stdout = std::fs::read_to_string(&out).unwrap_or_default();
     let stderr = std::fs::read_to_string(&err).unwrap_or_default();
     let wcode = wrap.as_ref().map(|w| w.code);
     match w {
-        Workload::Random | Workload::Sequential => {
+        Workload::Random | Workload::Sequential | Workload::Zipf | Workload::Threads => {
             let rep: Option<Value> = stdout
                 .lines()
                 .rev()
@@ -526,6 +561,10 @@ pub fn run_one(
                     ("touch_p99_us", "touch_p99_us"),
                     ("faulted_touches", "faulted_touches"),
                     ("final_check_s", "final_check_s"),
+                    ("adds_per_s", "throughput"),
+                    ("init_s", "init_s"),
+                    ("work_s", "work_s"),
+                    ("check_s", "check_s"),
                 ] {
                     if let Some(x) = g(k) {
                         m.insert(name.into(), x);

@@ -14,18 +14,45 @@ pub enum Setup {
     DaemonZswapFile,
     /// The daemon, swap file only.
     DaemonFile,
+    /// `file` with encryption at rest off (`--encrypt off`).
+    DaemonFilePlain,
+    /// `default` with encryption at rest off (`--encrypt off`).
+    DaemonDefaultPlain,
     /// The daemon, a simulated persistent-memory file (on tmpfs) only.
     DaemonPmem,
     /// The kernel: a swap file on the disk of /var/tmp, cgroup v1 limit.
     KernelSwap,
-    /// The kernel: the same swap file with zswap (lzo) in front.
+    /// The kernel: the same swap file with zswap (lzo) in front, its pool capped at about the
+    /// limit (`max_pool_percent` = limit/RAM, at least 1): the like-for-like row.
     KernelZswap,
+    /// The kernel: zswap at the kernel's defaults (`max_pool_percent` 20, the kernel's default
+    /// compressor, acceptance threshold and shrinker setting) in front of the swap file.
+    KernelZswapDefault,
     /// The kernel: a zram device (lzo-rle or lzo) as swap.
     KernelZram,
+    /// No limit, no swap: the program alone (the reference for slowdowns).
+    Bare,
 }
 
-/// Every setup, in the order they run and are shown.
-pub const ALL: [Setup; 8] = [
+/// Every setup, in the order they are listed.
+pub const ALL: [Setup; 12] = [
+    Setup::DaemonZswap,
+    Setup::DaemonZswapFile,
+    Setup::DaemonFile,
+    Setup::DaemonFilePlain,
+    Setup::DaemonPmem,
+    Setup::DaemonDefault,
+    Setup::DaemonDefaultPlain,
+    Setup::KernelSwap,
+    Setup::KernelZswap,
+    Setup::KernelZswapDefault,
+    Setup::KernelZram,
+    Setup::Bare,
+];
+
+/// The setups run when `--setups` is not given: each daemon tier setup, and the kernel's swap
+/// at its defaults beside the like-for-like `kzswap`.
+pub const DEFAULT: [Setup; 9] = [
     Setup::DaemonZswap,
     Setup::DaemonZswapFile,
     Setup::DaemonFile,
@@ -33,6 +60,7 @@ pub const ALL: [Setup; 8] = [
     Setup::DaemonDefault,
     Setup::KernelSwap,
     Setup::KernelZswap,
+    Setup::KernelZswapDefault,
     Setup::KernelZram,
 ];
 
@@ -44,10 +72,14 @@ impl Setup {
             Setup::DaemonZswap => "zswap",
             Setup::DaemonZswapFile => "zswap+file",
             Setup::DaemonFile => "file",
+            Setup::DaemonFilePlain => "file-plain",
+            Setup::DaemonDefaultPlain => "default-plain",
             Setup::DaemonPmem => "pmem",
             Setup::KernelSwap => "kswap",
             Setup::KernelZswap => "kzswap",
+            Setup::KernelZswapDefault => "kzswap-default",
             Setup::KernelZram => "zram",
+            Setup::Bare => "bare",
         }
     }
 
@@ -61,11 +93,16 @@ impl Setup {
         })
     }
 
-    /// True for the daemon's setups, false for the kernel's.
+    /// True for the daemon's setups.
     pub fn is_daemon(self) -> bool {
-        !matches!(
+        !self.is_kernel() && self != Setup::Bare
+    }
+
+    /// True for the kernel's swap setups (a memory cgroup and a swap area).
+    pub fn is_kernel(self) -> bool {
+        matches!(
             self,
-            Setup::KernelSwap | Setup::KernelZswap | Setup::KernelZram
+            Setup::KernelSwap | Setup::KernelZswap | Setup::KernelZswapDefault | Setup::KernelZram
         )
     }
 
@@ -77,11 +114,18 @@ impl Setup {
             Setup::DaemonZswapFile => {
                 "uffd-daemon, compressed pool (lz4, pool = limit) + swap file"
             }
-            Setup::DaemonFile => "uffd-daemon, swap file only",
+            Setup::DaemonFile => "uffd-daemon, swap file only (pages sealed: AES-256-GCM)",
+            Setup::DaemonFilePlain => "uffd-daemon, swap file only, --encrypt off",
+            Setup::DaemonDefaultPlain => "uffd-daemon, no tier flags but --encrypt off",
             Setup::DaemonPmem => "uffd-daemon, simulated pmem file on tmpfs only",
             Setup::KernelSwap => "kernel swap file on the disk of /var/tmp, memcg v1 limit",
             Setup::KernelZswap => "kernel zswap (lzo, pool ~limit) + swap file, memcg v1 limit",
+            Setup::KernelZswapDefault => {
+                "kernel zswap at its defaults (max_pool_percent 20, default compressor) + swap \
+                 file, memcg v1 limit"
+            }
             Setup::KernelZram => "kernel zram swap (lzo-rle), memcg v1 limit",
+            Setup::Bare => "the program alone: no limit, no swap",
         }
     }
 }
@@ -143,7 +187,7 @@ pub fn daemon_args(
             "--compressor".into(),
             "lz4".into(),
         ],
-        Setup::DaemonFile => vec![
+        Setup::DaemonFile | Setup::DaemonFilePlain => vec![
             "--backend".into(),
             file,
             "--swap-size".into(),
@@ -151,6 +195,7 @@ pub fn daemon_args(
             "--zswap".into(),
             "off".into(),
         ],
+        Setup::DaemonDefaultPlain => vec![],
         Setup::DaemonPmem => vec![
             "--backend".into(),
             pmem,
@@ -159,9 +204,17 @@ pub fn daemon_args(
             "--zswap".into(),
             "off".into(),
         ],
-        Setup::KernelSwap | Setup::KernelZswap | Setup::KernelZram => return None,
+        Setup::KernelSwap
+        | Setup::KernelZswap
+        | Setup::KernelZswapDefault
+        | Setup::KernelZram
+        | Setup::Bare => return None,
     };
     a.extend(tier);
+    if matches!(setup, Setup::DaemonFilePlain | Setup::DaemonDefaultPlain) {
+        a.push("--encrypt".into());
+        a.push("off".into());
+    }
     a.push("--stats-json".into());
     a.push(paths.stats_json.display().to_string());
     Some(a)
@@ -209,9 +262,25 @@ mod tests {
             args(Setup::DaemonPmem).unwrap(),
             "--limit 256M --backend pmem:/m/p --swap-size 2G --zswap off --stats-json /t/j"
         );
-        for k in [Setup::KernelSwap, Setup::KernelZswap, Setup::KernelZram] {
+        assert_eq!(
+            args(Setup::DaemonFilePlain).unwrap(),
+            "--limit 256M --backend file:/t/s --swap-size 2G --zswap off --encrypt off \
+             --stats-json /t/j"
+        );
+        assert_eq!(
+            args(Setup::DaemonDefaultPlain).unwrap(),
+            "--limit 256M --encrypt off --stats-json /t/j"
+        );
+        for k in [
+            Setup::KernelSwap,
+            Setup::KernelZswap,
+            Setup::KernelZswapDefault,
+            Setup::KernelZram,
+            Setup::Bare,
+        ] {
             assert_eq!(args(k), None);
             assert!(!k.is_daemon());
+            assert_eq!(k.is_kernel(), k != Setup::Bare);
         }
     }
 

@@ -3,7 +3,8 @@
 //!
 //! It maps a private anonymous working set, writes every 4 KiB page with a pattern derived from
 //! (page index, pass), then for a fixed time touches pages (uniformly random, or in order,
-//! wrapping). Each touch verifies the whole page against the pattern of its current pass and
+//! wrapping, or Zipf-distributed over page ranks with the hot pages scattered). Each touch
+//! verifies the whole page against the pattern of its current pass and
 //! writes the next pass's pattern. With `--final-check` every page is verified once more at the
 //! end. Any mismatch ends the program with exit status 3 and a message naming the page, the
 //! word, the pass and both values.
@@ -20,8 +21,17 @@
 //!
 //! Output: one JSON line on stdout.
 //!
+//! Zipf (`--mode zipf`, exponent `--zipf-theta`, 0.99 by default as in YCSB): page rank `k` is
+//! drawn with probability proportional to `1/k^theta` by rejection-inversion ([`Zipf`]), and a
+//! seeded permutation of the pages maps ranks to pages, so the hot pages are scattered over the
+//! working set rather than packed at its start (where a sequential readahead or a per-region
+//! policy would find them for free).
+//!
+//! `--mode threads` is another workload in the same binary: [`super::threads`].
+//!
 //! ```text
-//! usemem --bytes 1G --mode random --seconds 10 [--final-check] [--seed 1]
+//! usemem --bytes 1G --mode random|sequential|zipf --seconds 10 [--final-check] [--seed 1]
+//! usemem --bytes 1G --mode threads [--threads 32] [--rounds N]
 //! ```
 
 use std::process::ExitCode;
@@ -45,6 +55,105 @@ fn splitmix(x: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A uniform double in [0, 1) from 53 random bits.
+fn unit_f64(x: &mut u64) -> f64 {
+    (splitmix(x) >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// Zipf-distributed ranks `1..=n` (`P(k)` proportional to `1/k^theta`), by rejection-inversion
+/// (W. Hörmann and G. Derflinger, "Rejection-inversion to generate variates from monotone
+/// discrete distributions", 1996; the form of Apache Commons' `RejectionInversionZipfSampler`):
+/// O(1) time and memory per draw for any `n`, no table, about 1.1 uniforms per draw.
+#[derive(Debug, Clone)]
+pub struct Zipf {
+    n: u64,
+    theta: f64,
+    h_integral_x1: f64,
+    h_integral_n: f64,
+    s: f64,
+}
+
+/// `ln(1 + x) / x`, accurate near 0.
+fn helper1(x: f64) -> f64 {
+    if x.abs() > 1e-8 {
+        x.ln_1p() / x
+    } else {
+        1.0 - x * (0.5 - x * (1.0 / 3.0 - 0.25 * x))
+    }
+}
+
+/// `(e^x - 1) / x`, accurate near 0.
+fn helper2(x: f64) -> f64 {
+    if x.abs() > 1e-8 {
+        x.exp_m1() / x
+    } else {
+        1.0 + x * 0.5 * (1.0 + x / 3.0 * (1.0 + 0.25 * x))
+    }
+}
+
+impl Zipf {
+    /// A sampler of ranks `1..=n` with exponent `theta` (> 0).
+    pub fn new(n: u64, theta: f64) -> Result<Self, String> {
+        if n == 0 {
+            return Err("zipf: n must be at least 1".into());
+        }
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(format!("zipf: exponent {theta} must be finite and > 0"));
+        }
+        let mut z = Zipf {
+            n,
+            theta,
+            h_integral_x1: 0.0,
+            h_integral_n: 0.0,
+            s: 0.0,
+        };
+        z.h_integral_x1 = z.h_integral(1.5) - 1.0;
+        z.h_integral_n = z.h_integral(n as f64 + 0.5);
+        z.s = 2.0 - z.h_integral_inverse(z.h_integral(2.5) - z.h(2.0));
+        Ok(z)
+    }
+
+    /// `H(x)`, an integral of `h`: `(x^(1-theta) - 1) / (1 - theta)` (`ln x` at theta = 1).
+    fn h_integral(&self, x: f64) -> f64 {
+        let log_x = x.ln();
+        helper2((1.0 - self.theta) * log_x) * log_x
+    }
+
+    /// `h(x) = x^-theta`.
+    fn h(&self, x: f64) -> f64 {
+        (-self.theta * x.ln()).exp()
+    }
+
+    fn h_integral_inverse(&self, x: f64) -> f64 {
+        let t = (x * (1.0 - self.theta)).max(-1.0);
+        (helper1(t) * x).exp()
+    }
+
+    /// One rank in `1..=n`, drawing uniforms from `rng` (splitmix64 state).
+    pub fn sample(&self, rng: &mut u64) -> u64 {
+        loop {
+            let u = self.h_integral_n + unit_f64(rng) * (self.h_integral_x1 - self.h_integral_n);
+            let x = self.h_integral_inverse(u);
+            let k = ((x + 0.5) as u64).clamp(1, self.n);
+            let kf = k as f64;
+            if kf - x <= self.s || u >= self.h_integral(kf + 0.5) - self.h(kf) {
+                return k;
+            }
+        }
+    }
+}
+
+/// A seeded permutation of `0..n` (Fisher-Yates): rank `k` of a skewed draw is page `perm[k-1]`.
+fn permutation(n: usize, seed: u64) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..n as u32).collect();
+    let mut x = seed ^ 0x05EE_D0F9_A6E5;
+    for i in (1..n).rev() {
+        let j = (splitmix(&mut x) % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+    v
+}
+
 /// The expected contents of `page` at `pass`, word by word.
 fn pattern(page: usize, pass: u32, seed: u64, out: &mut [u64; WORDS]) {
     let mut s = seed ^ ((page as u64) << 20) ^ (u64::from(pass) << 52) ^ (page as u64 >> 44);
@@ -64,9 +173,33 @@ fn pattern(page: usize, pass: u32, seed: u64, out: &mut [u64; WORDS]) {
     out[WORDS - 1] = !out[0];
 }
 
+/// How the touch phase picks pages.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    Random,
+    Sequential,
+    Zipf,
+    /// Not a usemem mode: the threads workload ([`super::threads`]).
+    Threads,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Random => "random",
+            Mode::Sequential => "sequential",
+            Mode::Zipf => "zipf",
+            Mode::Threads => "threads",
+        }
+    }
+}
+
 struct Args {
     bytes: usize,
-    random: bool,
+    mode: Mode,
+    zipf_theta: f64,
+    threads: usize,
+    rounds: u64,
     seconds: f64,
     max_touches: u64,
     final_check: bool,
@@ -77,7 +210,10 @@ struct Args {
 fn parse_args(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
         bytes: 256 << 20,
-        random: true,
+        mode: Mode::Random,
+        zipf_theta: 0.99,
+        threads: 32,
+        rounds: 32768,
         seconds: 10.0,
         max_touches: u64::MAX,
         final_check: false,
@@ -92,11 +228,32 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                 a.bytes = parse_size(&val("--bytes")?).map_err(|e| e.to_string())? as usize
             }
             "--mode" => {
-                a.random = match val("--mode")?.as_str() {
-                    "random" => true,
-                    "sequential" => false,
-                    m => return Err(format!("--mode {m}: allowed: random, sequential")),
+                a.mode = match val("--mode")?.as_str() {
+                    "random" => Mode::Random,
+                    "sequential" => Mode::Sequential,
+                    "zipf" => Mode::Zipf,
+                    "threads" => Mode::Threads,
+                    m => {
+                        return Err(format!(
+                            "--mode {m}: allowed: random, sequential, zipf, threads"
+                        ))
+                    }
                 }
+            }
+            "--zipf-theta" => {
+                a.zipf_theta = val("--zipf-theta")?
+                    .parse()
+                    .map_err(|e| format!("--zipf-theta: {e}"))?
+            }
+            "--threads" => {
+                a.threads = val("--threads")?
+                    .parse()
+                    .map_err(|e| format!("--threads: {e}"))?
+            }
+            "--rounds" => {
+                a.rounds = val("--rounds")?
+                    .parse()
+                    .map_err(|e| format!("--rounds: {e}"))?
             }
             "--seconds" => {
                 a.seconds = val("--seconds")?
@@ -117,14 +274,22 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--final-check" => a.final_check = true,
             other => {
                 return Err(format!(
-                    "unknown argument {other}; usage: usemem --bytes SIZE --mode random|sequential \
-                     --seconds S [--touches N] [--final-check] [--seed N] [--fault-threshold-ns N]"
+                    "unknown argument {other}; usage: usemem --bytes SIZE \
+                     --mode random|sequential|zipf|threads --seconds S [--touches N] \
+                     [--final-check] [--seed N] [--fault-threshold-ns N] [--zipf-theta T] \
+                     [--threads N] [--rounds N]"
                 ))
             }
         }
     }
     if a.bytes < PAGE {
         return Err(format!("--bytes {} is smaller than one page", a.bytes));
+    }
+    if a.bytes / PAGE > u32::MAX as usize {
+        return Err(format!("--bytes {} is over 2^32 pages", a.bytes));
+    }
+    if a.mode == Mode::Threads && a.threads == 0 {
+        return Err("--threads must be at least 1".into());
     }
     Ok(a)
 }
@@ -213,17 +378,29 @@ fn run(a: &Args) -> Result<serde_json::Value, String> {
     let mut touch_hist = Histogram::new();
     let mut rng = a.seed ^ 0xDEAD_BEEF;
     let mut next_seq = 0usize;
+    // Zipf: ranks drawn skewed, scattered over the pages by a seeded permutation (built before
+    // the touch phase; 4 bytes a page, like `passes`).
+    let zipf = if a.mode == Mode::Zipf {
+        Some((
+            Zipf::new(pages as u64, a.zipf_theta)?,
+            permutation(pages, a.seed),
+        ))
+    } else {
+        None
+    };
     let deadline = Duration::from_secs_f64(a.seconds);
     let t1 = Instant::now();
     let mut touches = 0u64;
     let mut elapsed = Duration::ZERO;
     while touches < a.max_touches && elapsed < deadline {
-        let p = if a.random {
-            (splitmix(&mut rng) % pages as u64) as usize
-        } else {
-            let p = next_seq;
-            next_seq = (next_seq + 1) % pages;
-            p
+        let p = match (a.mode, &zipf) {
+            (Mode::Zipf, Some((z, perm))) => perm[z.sample(&mut rng) as usize - 1] as usize,
+            (Mode::Sequential, _) => {
+                let p = next_seq;
+                next_seq = (next_seq + 1) % pages;
+                p
+            }
+            _ => (splitmix(&mut rng) % pages as u64) as usize,
         };
         let start = Instant::now();
         let _ = map.first_word(p);
@@ -258,7 +435,8 @@ fn run(a: &Args) -> Result<serde_json::Value, String> {
     let us = |ns: u64| ns as f64 / 1000.0;
     Ok(json!({
         "workload": "usemem",
-        "mode": if a.random { "random" } else { "sequential" },
+        "mode": a.mode.name(),
+        "zipf_theta": (a.mode == Mode::Zipf).then_some(a.zipf_theta),
         "bytes": pages * PAGE,
         "pages": pages,
         "fill_s": fill_s,
@@ -288,7 +466,12 @@ pub fn main_with(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(&args) {
+    let result = if args.mode == Mode::Threads {
+        super::threads::run(args.bytes, args.threads, args.rounds, args.seed)
+    } else {
+        run(&args)
+    };
+    match result {
         Ok(v) => {
             println!("{v}");
             ExitCode::SUCCESS
@@ -307,6 +490,61 @@ pub fn main_with(args: &[String]) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sampler's frequencies against the exact Zipf probabilities on a small `n`: a
+    /// chi-square test (fixed seed, so deterministic) at the 0.1% level, for the workload's
+    /// exponent and for others on both sides of 1.
+    #[test]
+    fn zipf_matches_the_exact_distribution() {
+        const N: u64 = 50;
+        const DRAWS: usize = 400_000;
+        // chi-square, 49 degrees of freedom, upper 0.1% point.
+        const CRITICAL: f64 = 85.35;
+        for theta in [0.99, 0.5, 1.0, 1.5] {
+            let z = Zipf::new(N, theta).unwrap();
+            let mut seen = [0u64; N as usize];
+            let mut rng = 42;
+            for _ in 0..DRAWS {
+                let k = z.sample(&mut rng);
+                assert!((1..=N).contains(&k), "rank {k} out of 1..={N}");
+                seen[k as usize - 1] += 1;
+            }
+            let norm: f64 = (1..=N).map(|k| (k as f64).powf(-theta)).sum();
+            let chi2: f64 = (1..=N)
+                .map(|k| {
+                    let expect = DRAWS as f64 * (k as f64).powf(-theta) / norm;
+                    let d = seen[k as usize - 1] as f64 - expect;
+                    d * d / expect
+                })
+                .sum();
+            assert!(
+                chi2 < CRITICAL,
+                "theta {theta}: chi-square {chi2:.1} >= {CRITICAL} (counts {seen:?})"
+            );
+            // The head, where a wrong sampler shows first: P(1) within 1% of exact.
+            let p1 = seen[0] as f64 / DRAWS as f64;
+            let exact = 1.0 / norm;
+            assert!(
+                (p1 / exact - 1.0).abs() < 0.01,
+                "theta {theta}: P(1) {p1} vs {exact}"
+            );
+        }
+        assert!(Zipf::new(0, 0.99).is_err());
+        assert!(Zipf::new(10, 0.0).is_err());
+        assert_eq!(Zipf::new(1, 0.99).unwrap().sample(&mut 7), 1);
+    }
+
+    #[test]
+    fn permutation_is_a_seeded_bijection() {
+        let p = permutation(1000, 3);
+        let mut sorted = p.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..1000).collect::<Vec<u32>>());
+        assert_eq!(p, permutation(1000, 3));
+        assert_ne!(p, permutation(1000, 4));
+        // Scattered: the 10 hottest ranks do not sit in the first 10 pages.
+        assert!(p[..10].iter().filter(|&&x| x < 10).count() < 5);
+    }
 
     #[test]
     fn patterns_differ_by_page_and_pass() {

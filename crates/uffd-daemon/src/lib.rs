@@ -77,11 +77,13 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod agent_conn;
+mod agentless;
 pub mod config;
 mod daemon;
 pub mod demo;
 mod fault;
 mod idlepoll;
+pub mod inject;
 pub mod maps;
 mod mm;
 pub mod pagetable;

@@ -155,8 +155,26 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let batch = mm
         .next_batch
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // Without an agent the program is stopped first, before anything of the batch is
+    // write-protected (agentless.rs, BatchStop), and the stopped thread's rseq page is left out.
+    let mut stop = None;
+    if agent.is_injected() {
+        match crate::agentless::BatchStop::take(shared, pid) {
+            Ok(s) => stop = Some(s),
+            Err(e) => {
+                lose_injection(shared, mm, &mut agent_guard, pid, &e);
+                return 0;
+            }
+        }
+    }
     let t_pick = std::time::Instant::now();
-    let victims = pick_victims(shared, mm, batch, max);
+    let mut victims = pick_victims(shared, mm, batch, max);
+    if let Some(rseq) = stop.as_ref().and_then(|s| s.rseq_page()) {
+        if let Ok(i) = victims.binary_search(&rseq) {
+            victims.remove(i);
+            abort_pages(shared, mm, batch, &[rseq]);
+        }
+    }
     let pick_ns = t_pick.elapsed().as_nanos() as u64;
     Stats::add(&shared.stats.reclaim_pick_ns, pick_ns);
     shared
@@ -283,6 +301,28 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     //    writeback). An answer that does not come in time leaves the batch outstanding.
     Stats::add(&shared.stats.drop_requests, 1);
     let drop_runs = runs_of(&to_drop);
+    let t_drop = std::time::Instant::now();
+    if let Some(stop) = stop {
+        // No agent: the daemon drops the pages itself, in the program's stop, and knows the
+        // outcome of every call when the stop ends: the batch settles now.
+        Stats::add(&shared.stats.inject_drops, 1);
+        let (status, err) =
+            crate::agentless::drop_pages(shared, mm, pid, stop, &to_drop, &drop_runs);
+        let p = PendingDrop {
+            seq: 0,
+            pages: to_drop,
+            slots: drop_slots,
+            runs: drop_runs,
+            sent: t_drop,
+            said_late: false,
+        };
+        let evicted = settle_drop(shared, mm, &p, Some(&status));
+        lap(&stats.reclaim_drop_ns);
+        if let Some(e) = err {
+            lose_injection(shared, mm, &mut agent_guard, pid, &e);
+        }
+        return evicted;
+    }
     let pending = match agent.send_drop(&drop_runs) {
         Ok(seq) => PendingDrop {
             seq,
@@ -308,6 +348,11 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         }
     };
     let waited = agent.wait_drop(pending.seq, pending.pages.len(), shared.policy.drop_timeout);
+    if waited.is_ok() {
+        shared
+            .drop_agent_times
+            .record(t_drop.elapsed().as_nanos() as u64);
+    }
     lap(&stats.reclaim_drop_ns);
     finish_drop(shared, mm, &mut agent_guard, pending, waited)
 }
@@ -396,6 +441,31 @@ fn lose_agent(shared: &Shared, mm: &Mm, agent_guard: &mut Option<AgentConn>, e: 
     );
 }
 
+/// After an injected DROP failed: a process that is gone or stopped in time only missed this
+/// batch; one that can no longer be injected into (a seccomp filter since, another tracer) is
+/// no longer evicted from, and that is said.
+fn lose_injection(
+    shared: &Shared,
+    mm: &Mm,
+    agent_guard: &mut Option<AgentConn>,
+    pid: i32,
+    e: &crate::inject::InjectError,
+) {
+    use crate::inject::InjectError;
+    crate::daemon::note_inject_error(shared, pid, e);
+    match e {
+        InjectError::Gone(_) | InjectError::NoStop(_) => {}
+        _ => {
+            *agent_guard = None;
+            Stats::add(&shared.stats.agents_lost, 1);
+            eprintln!(
+                "uffd-daemon: pid {pid} can no longer be stopped to drop pages ({e}); its pages                  are still served, but no longer evicted"
+            );
+            let _ = mm;
+        }
+    }
+}
+
 /// Accounts for a DROP's outcome: with the agent's per-page answer, moved pages become
 /// `Evicted` and refused ones resident again; without one (the agent is gone and nothing moves
 /// any more, but which pages moved is unknown), every page keeps its stored copy as
@@ -423,6 +493,12 @@ fn settle_drop(shared: &Shared, mm: &Mm, p: &PendingDrop, status: Option<&[u8]>)
                     if slot == ZERO_SLOT {
                         zero += 1;
                     }
+                }
+                // An injected DROP that failed part way over a page a REMOVE was seen for
+                // (agentless.rs): removed, by the daemon or the program; its copy is kept.
+                Some(crate::agentless::DROP_UNKNOWN) => {
+                    st.pages.insert(a, Page::Inherited { slot });
+                    kept.push(a);
                 }
                 Some(_) => {
                     st.back_to_resident(a);

@@ -173,7 +173,7 @@ fn status(pid: i32) -> Option<Status> {
 }
 
 /// Every descendant of `root` (through each thread's `children`).
-fn descendants(root: i32) -> Vec<i32> {
+pub(crate) fn descendants(root: i32) -> Vec<i32> {
     let mut out = Vec::new();
     let mut stack = vec![root];
     while let Some(p) = stack.pop() {

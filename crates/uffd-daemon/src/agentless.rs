@@ -151,10 +151,11 @@ impl<'a> BatchStop<'a> {
     /// Stops `pid`.
     pub fn take(shared: &'a Shared, pid: i32) -> Result<Self, InjectError> {
         shared.injecting.store(true, Ordering::Release);
-        match Stop::seize(pid) {
+        match Stop::seize_noting(pid, &shared.injecting_tid) {
             Ok(stop) => Ok(BatchStop { shared, stop }),
             Err(e) => {
                 shared.injecting.store(false, Ordering::Release);
+                shared.injecting_tid.store(0, Ordering::Release);
                 Err(e)
             }
         }
@@ -171,6 +172,7 @@ impl Drop for BatchStop<'_> {
         self.stop.release();
         count_stop(self.shared, &self.stop);
         self.shared.injecting.store(false, Ordering::Release);
+        self.shared.injecting_tid.store(0, Ordering::Release);
     }
 }
 
@@ -242,13 +244,14 @@ fn make_agentless(shared: &Shared, mm: &Mm) {
 /// Says once per process that it stays unmanaged, and why.
 pub fn refused(shared: &Shared, pid: i32, e: &InjectError) {
     Stats::add(&shared.stats.agentless_refused, 1);
+    // (The census counts it, and does not say it again.)
     shared
         .agentless_refusals
         .lock()
         .insert(pid, e.to_string());
     eprintln!(
-        "uffd-daemon: pid {pid}: cannot be managed without an agent: {e}; its memory is \
-         unmanaged and outside the limit"
+        "uffd-daemon: pid {pid}: the daemon cannot manage it without an agent: {e}; its memory \
+         is unmanaged and outside the limit"
     );
 }
 
@@ -312,8 +315,8 @@ pub fn drop_pages(
                         status[k + j] = DROP_UNKNOWN;
                     }
                 }
-                Stats::add(&shared.stats.inject_errors, 1);
                 if let Some(e) = neg_errno(r) {
+                    Stats::add(&shared.stats.inject_errors, 1);
                     if shared.verbose {
                         eprintln!(
                             "uffd-daemon: pid {pid}: injected madvise of {s:#x}+{} failed: {e}",

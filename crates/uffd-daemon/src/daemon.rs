@@ -87,8 +87,10 @@ pub struct Shared {
     pub idle_poll: Option<crate::idlepoll::IdlePoll>,
     /// Log decisions.
     pub verbose: bool,
-    /// An injected DROP is stopping a program now (faults are not held at the limit then).
+    /// An injected DROP is stopping a program now.
     pub injecting: AtomicBool,
+    /// The thread it stops: its faults are not held at the limit (it stops only once served).
+    pub injecting_tid: AtomicI32,
     /// Durations of the stops of injections, beyond the calls made in them (`inject.rs`).
     pub inject_stop_times: Samples,
     /// Durations of DROP batches carried out by agents, from the request to the answer.
@@ -136,6 +138,7 @@ impl Shared {
             ),
             verbose,
             injecting: AtomicBool::new(false),
+            injecting_tid: AtomicI32::new(0),
             inject_stop_times: Samples::default(),
             drop_agent_times: Samples::default(),
             drop_inject_times: Samples::default(),
@@ -1258,6 +1261,7 @@ fn census_round(shared: &Shared, census: &mut Census) {
         .collect();
     // SAFETY: getpid cannot fail.
     let me = unsafe { libc::getpid() };
+    census.reasons = shared.agentless_refusals.lock().clone();
     let found = census.take(me, &managed, &shared.stats, shared.policy.unmanaged);
     if let Some((pid, kind)) = found {
         census.stopped = true;

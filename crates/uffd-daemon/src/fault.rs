@@ -450,7 +450,7 @@ fn serve_fault(
         && p.read_at.elapsed() < THROTTLE_MAX
         && !agent
         && !is_daemon_thread(p.ptid)
-        && !shared.injecting.load(Ordering::Acquire)
+        && shared.injecting_tid.load(Ordering::Acquire) != p.ptid as i32
     {
         drop(st);
         mm.throttled

@@ -108,10 +108,21 @@ fn vdso_of(pid: i32) -> Option<(u64, u64)> {
         .map(|v| (v.start, v.end))
 }
 
+/// Whether `pid` has an address space at all (an exiting process's maps read empty).
+fn has_maps(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|t| !t.is_empty())
+}
+
 /// The address of a `syscall` instruction in `pid`'s vDSO, checked by reading it there.
 fn syscall_insn_of(pid: i32) -> Result<u64, InjectError> {
     let off = vdso_syscall_offset().ok_or(InjectError::NoSyscall)?;
-    let (start, end) = vdso_of(pid).ok_or(InjectError::NoSyscall)?;
+    let Some((start, end)) = vdso_of(pid) else {
+        return Err(if has_maps(pid) {
+            InjectError::NoSyscall
+        } else {
+            InjectError::Gone(None)
+        });
+    };
     let at = start + off;
     if at + 2 > end {
         return Err(InjectError::NoSyscall);
@@ -190,6 +201,15 @@ impl Stop {
     /// Stops one thread of `pid` (`PTRACE_SEIZE` + `PTRACE_INTERRUPT`) after checking that the
     /// process may be injected into.
     pub fn seize(pid: i32) -> Result<Stop, InjectError> {
+        Self::seize_noting(pid, &std::sync::atomic::AtomicI32::new(0))
+    }
+
+    /// [`Stop::seize`], storing in `stopping` the thread it waits for (so that its faults are
+    /// served at once: a thread in a kernel-mode fault stops only once it is served).
+    pub fn seize_noting(
+        pid: i32,
+        stopping: &std::sync::atomic::AtomicI32,
+    ) -> Result<Stop, InjectError> {
         check_injectable(pid)?;
         let syscall_at = syscall_insn_of(pid)?;
         let began = Instant::now();
@@ -220,6 +240,7 @@ impl Stop {
                 }
                 Err(e) => return Err(InjectError::Refused(e)),
             }
+            stopping.store(tid, std::sync::atomic::Ordering::Release);
             if let Err(e) = sys::ptrace_interrupt(tid).or_else(|e| if ours { Ok(()) } else { Err(e) }) {
                 let _ = sys::ptrace_detach(tid, 0);
                 last = InjectError::from_ptrace(e);

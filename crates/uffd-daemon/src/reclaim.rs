@@ -459,7 +459,8 @@ fn lose_injection(
             *agent_guard = None;
             Stats::add(&shared.stats.agents_lost, 1);
             eprintln!(
-                "uffd-daemon: pid {pid} can no longer be stopped to drop pages ({e}); its pages                  are still served, but no longer evicted"
+                "uffd-daemon: pid {pid} can no longer be stopped to drop pages ({e}); its pages \
+                 are still served, but no longer evicted"
             );
             let _ = mm;
         }

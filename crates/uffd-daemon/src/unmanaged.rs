@@ -50,7 +50,7 @@ impl Kind {
 
     fn why(self) -> &'static str {
         match self {
-            Kind::Static => "its program is statically linked, so the agent cannot load",
+            Kind::Static => "its program is statically linked (the agent cannot load) and the daemon did not manage it without one",
             Kind::Setuid => "its program is set-user-ID or set-group-ID, so the loader ignores LD_PRELOAD",
             Kind::NoAgent => "it runs without the agent (LD_PRELOAD dropped from its environment, a seccomp filter in force at its fork, or the agent could not start)",
             Kind::Shared => "shared memory (MAP_SHARED anonymous, shm) is not paged",
@@ -140,6 +140,8 @@ pub struct Census {
     said: HashSet<(i32, Kind)>,
     /// Whether `Policy::Error` has stopped the tree.
     pub stopped: bool,
+    /// Why the daemon could not manage a process without an agent, by pid (said with it).
+    pub reasons: HashMap<i32, String>,
 }
 
 /// One process's figures from `/proc/PID/status`, in bytes.
@@ -237,7 +239,11 @@ impl Census {
             }
             *now.entry(kind).or_default() += st.rss_anon + st.rss_shmem;
             found = found.or(Some((pid, kind)));
-            self.say(pid, kind, st.rss_anon + st.rss_shmem);
+            // (A process the daemon could not manage without an agent was said with the
+            // reason when it tried.)
+            if !self.reasons.contains_key(&pid) {
+                self.say(pid, kind, st.rss_anon + st.rss_shmem);
+            }
         }
         self.seen_unmanaged = unmanaged;
         let mut total = 0;

@@ -2,7 +2,8 @@
  * A program for the daemon's management of processes without an agent (built static by the
  * tests). Every mode writes and checks its own memory and exits non-zero on any wrong byte.
  *
- *   agentless page MIB           fill MIB MiB with a pattern, check it twice
+ *   agentless page MIB [MS]      fill MIB MiB with a pattern, check it twice (then hold it MS
+ *                                milliseconds)
  *   agentless fork MIB N         fill MIB MiB, fork N children that each check the inherited
  *                                copy, rewrite half of it and check again; the parent checks
  *                                its copy after they exit
@@ -62,12 +63,14 @@ static long check(const uint64_t *m, size_t from, size_t to, uint64_t seed)
 	return bad;
 }
 
-static int page(size_t mib, const char *who)
+static int page(size_t mib, const char *who, int hold_ms)
 {
 	uint64_t *m = fill(mib, 11);
 	long bad = check(m, 0, mib << 17, 11) + check(m, 0, mib << 17, 11);
 	printf("%s: %zu MiB, %ld bad words\n", who, mib, bad);
 	fflush(stdout);
+	if (hold_ms)
+		usleep(hold_ms * 1000); /* for the daemon's census (every 100 ms) to see it */
 	free(m);
 	return bad != 0;
 }
@@ -115,7 +118,7 @@ struct blocked {
 static void *pager(void *arg)
 {
 	struct blocked *b = arg;
-	b->rc = page(b->mib, "pager");
+	b->rc = page(b->mib, "pager", 0);
 	/* Unblock the main thread. */
 	if (b->pipe_w >= 0) {
 		static const char msg[] = "0123456789abcdef";
@@ -201,7 +204,7 @@ static int seccomp_exec(const char *self, const char *mib)
 		perror("seccomp");
 		return 2;
 	}
-	execl(self, self, "page", mib, (char *)NULL);
+	execl(self, self, "page", mib, "300", (char *)NULL);
 	perror("exec");
 	return 2;
 }
@@ -214,7 +217,7 @@ static int traced(const char *mib)
 	pid_t c = fork();
 	if (c == 0) {
 		ptrace(PTRACE_TRACEME, 0, 0, 0);
-		execl(target, target, "page", mib, (char *)NULL);
+		execl(target, target, "page", mib, "300", (char *)NULL);
 		_exit(127);
 	}
 	int st;
@@ -239,7 +242,7 @@ int main(int argc, char **argv)
 	}
 	const char *mode = argv[1];
 	if (!strcmp(mode, "page"))
-		return page(strtoul(argv[2], NULL, 10), "page");
+		return page(strtoul(argv[2], NULL, 10), "page", argc > 3 ? atoi(argv[3]) : 0);
 	if (!strcmp(mode, "fork") && argc > 3)
 		return forks(strtoul(argv[2], NULL, 10), atoi(argv[3]));
 	if (!strcmp(mode, "blocked") && argc > 3)

@@ -1,0 +1,200 @@
+//! Programs without an agent, managed by the daemon with ptrace-injected system calls
+//! (`src/agentless.rs`, `src/inject.rs`): statically linked programs, their fork children, an
+//! exec into a static image, programs stopped inside blocking system calls; and the processes
+//! the daemon must leave alone (a seccomp filter, another tracer), counted and said.
+//!
+//! Before agentless management a static program was simply not paged: its resident memory went
+//! far above the limit (the first assertion of each paging test says so).
+
+use std::time::Duration;
+
+mod common;
+use common::*;
+
+const LIMIT: &str = "16M";
+const LIMIT_BYTES: u64 = 16 << 20;
+
+fn static_client() -> String {
+    c_client_static("agentless").to_string_lossy().into_owned()
+}
+
+/// The program was paged by the daemon without an agent: pages went out and came back, the
+/// limit held (within `slack_pages`), nothing of it was left unmanaged.
+fn assert_paged_agentless(run: &Run, slack_pages: u64) {
+    assert!(
+        run.get("evicted_pages") > 0,
+        "nothing was evicted: the static program was not paged"
+    );
+    assert!(run.get("swapins") > 0, "nothing came back from the store");
+    assert!(run.get("agentless_processes") >= 1, "not managed without an agent");
+    assert!(run.get("inject_stops") > 0 && run.get("inject_drops") > 0);
+    assert_eq!(run.get("agents_lost"), 0, "a process could no longer be stopped");
+    assert_eq!(run.get("drop_timeouts"), 0);
+    let limit_pages = LIMIT_BYTES / 4096;
+    assert!(
+        run.get("resident_pages_max") <= limit_pages + slack_pages,
+        "resident pages peaked at {} for a limit of {limit_pages}",
+        run.get("resident_pages_max")
+    );
+    assert_metadata(run);
+}
+
+/// A statically linked program with a working set of four times the limit: every page is
+/// checked twice, and the daemon pages it (bare, its resident memory is the whole 64 MiB).
+#[test]
+fn a_static_program_is_paged() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = static_client();
+    let bare = run_bare("static-bare", &[&exe, "page", "64"], Duration::from_secs(120));
+    assert_eq!(bare.status, 0);
+    assert!(bare.peak_rss >= 60 << 20, "bare peak {} bytes", bare.peak_rss);
+    let run = run_under(LIMIT, "static", &[&exe, "page", "64"]);
+    assert_eq!(run.status, 0);
+    assert!(run.stdout.contains("page: 64 MiB, 0 bad words"), "{}", run.stdout);
+    assert_paged_agentless(&run, LIMIT_BYTES / 4096 / 6 + 64);
+    assert_eq!(run.get("agentless_processes"), 1);
+    assert_eq!(run.get("unmanaged_static_bytes"), 0, "the program was counted unmanaged");
+    assert_eq!(run.get("agent_threads"), 0, "there is no agent to name itself");
+}
+
+/// The static program forks three children; each checks its copy-on-write view of the
+/// parent's 32 MiB (paged out before the fork: the children's faults come from shared slots),
+/// rewrites half of it and checks again; the parent checks its own after they exit. The
+/// children have no agent to name them: the daemon binds each by the token it wrote into the
+/// child's probe page.
+#[test]
+fn a_static_programs_fork_children_are_managed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = static_client();
+    let run = run_under(LIMIT, "static-fork", &[&exe, "fork", "32", "3"]);
+    assert_eq!(run.status, 0);
+    for k in 0..3 {
+        assert!(
+            run.stdout.contains(&format!("child {k}: 0 bad words")),
+            "{}",
+            run.stdout
+        );
+    }
+    assert!(run.stdout.contains("parent: 0 bad words, 0 children failed"));
+    // Copy-on-write pages count in every process that maps them (ARCHITECTURE.md,
+    // accounting), and a child is evicted from only once bound: up to a limit per process.
+    assert_paged_agentless(&run, 3 * LIMIT_BYTES / 4096 + 1024);
+    assert_eq!(run.get("fork_events"), 3);
+    assert_eq!(run.get("agentless_children_bound"), 3, "a child was not bound to its pid");
+    assert_eq!(run.get("agentless_processes"), 4);
+    assert_eq!(run.get("unmanaged_static_bytes"), 0);
+}
+
+/// A dynamically linked program (a shell, with the agent) execs a static one: the new image
+/// is managed without the agent instead of running unmanaged.
+#[test]
+fn an_exec_into_a_static_program_is_managed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = static_client();
+    let script = format!("sleep 0.2; exec {exe} page 64");
+    let run = run_under(LIMIT, "exec-static", &["sh", "-c", &script]);
+    assert_eq!(run.status, 0);
+    assert!(run.stdout.contains("page: 64 MiB, 0 bad words"), "{}", run.stdout);
+    // (The static image fills memory from its first instruction; the daemon manages it from
+    // the scan that sees the exec, a few milliseconds later: its pages then count at once.)
+    assert_paged_agentless(&run, LIMIT_BYTES / 4096);
+    assert_eq!(run.get("agentless_processes"), 1);
+    assert!(
+        run.get("evicted_pages") > (64 << 20) / 4096 / 2,
+        "the static image was not paged"
+    );
+}
+
+/// The main thread (the one the daemon stops for every injection) blocks in `read`,
+/// `nanosleep` and `futex` while another thread pages four times the limit: each call returns
+/// exactly what it returns bare (the bytes, 0 after the whole sleep, 0 or EAGAIN), never EINTR.
+#[test]
+fn static_programs_blocked_in_system_calls_see_no_eintr() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = static_client();
+    for kind in ["read", "nanosleep", "futex"] {
+        let run = run_under(LIMIT, &format!("blocked-{kind}"), &[&exe, "blocked", kind, "64"]);
+        assert!(
+            run.stdout.contains(&format!("blocked {kind}: exact, pager ok")),
+            "{kind}: {}",
+            run.stdout
+        );
+        assert_eq!(run.status, 0);
+        assert_paged_agentless(&run, LIMIT_BYTES / 4096 / 6 + 64);
+        assert!(
+            run.get("inject_stops") >= 20,
+            "{kind}: too few stops to matter ({})",
+            run.get("inject_stops")
+        );
+    }
+}
+
+/// A static program whose image carries a seccomp filter (installed, then exec'd): an
+/// injected call could be refused or kill it, so the daemon leaves it alone. It runs as bare,
+/// counted unmanaged and said once, with the reason.
+#[test]
+fn a_static_program_with_a_seccomp_filter_stays_unmanaged() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = static_client();
+    let run = run_under(LIMIT, "static-seccomp", &[&exe, "seccomp-exec", "64"]);
+    assert!(
+        run.stderr
+            .contains("cannot manage it without an agent: a thread has a seccomp filter"),
+        "not said: {}",
+        run.stderr
+    );
+    assert_eq!(run.status, 0);
+    assert!(run.stdout.contains("page: 64 MiB, 0 bad words"), "{}", run.stdout);
+    assert_eq!(run.get("agentless_refused"), 1);
+    assert!(run.get("unmanaged_static_bytes") >= 32 << 20, "not counted");
+    assert_eq!(run.get("evicted_pages"), 0, "the filtered image was paged");
+    assert_eq!(
+        run.stderr.matches("has a seccomp filter").count(),
+        1,
+        "said more than once"
+    );
+}
+
+/// A static program under a debugger-like tracer (its parent traces it from its exec): the
+/// daemon cannot seize it and leaves it alone, counted and said once; the tracer and the
+/// program run as bare.
+#[test]
+fn a_traced_static_program_stays_unmanaged() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let target = static_client();
+    let tracer = c_client("agentless").to_string_lossy().into_owned();
+    let path = stats_path("static-traced");
+    let mut cmd = daemon_command(&["--limit", LIMIT], &path, &[&tracer, "traced", "64"]);
+    cmd.env("AGENTLESS_STATIC", &target);
+    let done = Bounded::spawn(cmd, "static-traced").wait(HANG_GUARD);
+    let run = finish_run("static-traced", done, &path);
+    assert!(
+        run.stderr
+            .contains("cannot manage it without an agent: it is traced by pid"),
+        "not said: {}",
+        run.stderr
+    );
+    assert_eq!(run.status, 0);
+    assert!(run.stdout.contains("page: 64 MiB, 0 bad words"), "{}", run.stdout);
+    assert!(run.stdout.contains("traced child: exit 0"), "{}", run.stdout);
+    assert_eq!(run.get("agentless_refused"), 1);
+    assert!(run.get("unmanaged_static_bytes") >= 32 << 20, "not counted");
+}

@@ -108,7 +108,8 @@ fn make_uffd(stop: &mut Stop, pid: i32) -> Result<(OwnedFd, u64), InjectError> {
         return Err(InjectError::Io(e));
     }
     let probe = probe as u64;
-    let unmap = |stop: &mut Stop| stop.syscall(libc::SYS_munmap, [probe, PAGE_SIZE_U64, 0, 0, 0, 0]);
+    let unmap =
+        |stop: &mut Stop| stop.syscall(libc::SYS_munmap, [probe, PAGE_SIZE_U64, 0, 0, 0, 0]);
     let wiped = stop.syscall(
         libc::SYS_madvise,
         [probe, PAGE_SIZE_U64, libc::MADV_WIPEONFORK as u64, 0, 0, 0],
@@ -245,10 +246,7 @@ fn make_agentless(shared: &Shared, mm: &Mm) {
 pub fn refused(shared: &Shared, pid: i32, e: &InjectError) {
     Stats::add(&shared.stats.agentless_refused, 1);
     // (The census counts it, and does not say it again.)
-    shared
-        .agentless_refusals
-        .lock()
-        .insert(pid, e.to_string());
+    shared.agentless_refusals.lock().insert(pid, e.to_string());
     eprintln!(
         "uffd-daemon: pid {pid}: the daemon cannot manage it without an agent: {e}; its memory \
          is unmanaged and outside the limit"
@@ -280,10 +278,10 @@ pub fn drop_pages(
     let mut err = None;
     for (i, &(s, n)) in runs.iter().enumerate() {
         let len = n as u64 * PAGE_SIZE_U64;
-        match stop
-            .stop
-            .syscall(libc::SYS_madvise, [s, len, libc::MADV_DONTNEED as u64, 0, 0, 0])
-        {
+        match stop.stop.syscall(
+            libc::SYS_madvise,
+            [s, len, libc::MADV_DONTNEED as u64, 0, 0, 0],
+        ) {
             Ok(r) => results[i] = Some(r),
             Err(e) => {
                 results[i] = Some(i64::MIN); // may have run: unknown

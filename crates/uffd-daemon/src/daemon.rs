@@ -1157,9 +1157,7 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     if agentless.is_some() {
         sys::trace_me_at_exec(&mut cmd);
     }
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("starting {program}"))?;
+    let child = cmd.spawn().with_context(|| format!("starting {program}"))?;
     let root = child.id() as i32;
     std::mem::forget(child); // reaped by the monitor's waitpid(-1)
     if agentless.is_some() {

@@ -241,7 +241,9 @@ impl Stop {
                 Err(e) => return Err(InjectError::Refused(e)),
             }
             stopping.store(tid, std::sync::atomic::Ordering::Release);
-            if let Err(e) = sys::ptrace_interrupt(tid).or_else(|e| if ours { Ok(()) } else { Err(e) }) {
+            if let Err(e) =
+                sys::ptrace_interrupt(tid).or_else(|e| if ours { Ok(()) } else { Err(e) })
+            {
                 let _ = sys::ptrace_detach(tid, 0);
                 last = InjectError::from_ptrace(e);
                 continue;
@@ -295,8 +297,7 @@ impl Stop {
         loop {
             match sys::wait_tracee(pid).map_err(InjectError::from_ptrace)? {
                 Some(TraceeState::Stopped {
-                    sig: libc::SIGTRAP,
-                    ..
+                    sig: libc::SIGTRAP, ..
                 }) => break,
                 // A signal that came before the exec's trap (queued then: the spawn returned
                 // only once the exec was done): given back at the detach; stepping on meets the
@@ -488,4 +489,39 @@ pub fn one_call(pid: i32, nr: i64, args: [u64; 6]) -> Result<i64, InjectError> {
     let r = s.syscall(nr, args);
     s.release();
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    /// A child blocked in `nanosleep` (the shell's `sleep`, which restarts it through
+    /// `restart_syscall`) runs injected calls and sleeps on exactly as it would have.
+    #[test]
+    fn a_call_injected_into_a_sleeping_process_leaves_its_sleep_alone() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIP: needs root (ptrace of a child is allowed anyway, but YAMA may not)");
+            return;
+        }
+        let t0 = Instant::now();
+        let mut child = Command::new("sleep")
+            .arg("0.5")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("sleep");
+        let pid = child.id() as i32;
+        std::thread::sleep(Duration::from_millis(100));
+        for _ in 0..20 {
+            let r = one_call(pid, libc::SYS_getpid, [0; 6]).expect("injection");
+            assert_eq!(r, pid as i64, "getpid in the child");
+        }
+        let st = child.wait().expect("wait");
+        assert!(st.success(), "sleep ended with {st}");
+        assert!(
+            t0.elapsed() >= Duration::from_millis(500),
+            "the sleep was cut short"
+        );
+    }
 }

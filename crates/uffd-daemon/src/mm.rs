@@ -614,6 +614,33 @@ pub fn runs_of(addrs: &[u64]) -> Vec<(u64, u32)> {
 mod tests {
     use super::*;
 
+    /// The daemon's own `REMOVE` covers each byte of its runs once; whatever covers a byte a
+    /// second time, or lies outside the runs, is the program's.
+    #[test]
+    fn an_injected_drops_remove_events_are_told_apart() {
+        let mut own = OwnDrop {
+            runs: vec![(0x1000, 0x5000), (0x8000, 0x9000)],
+            covered: Vec::new(),
+        };
+        // Ours, in two pieces (the run spans two mappings).
+        assert!(own.claim(0x1000, 0x3000).is_empty());
+        assert!(own.claim(0x3000, 0x5000).is_empty());
+        assert!(own.is_covered(0x1000, 0x5000));
+        // The program freed part of the same run at the same moment: that part is its own.
+        assert_eq!(own.claim(0x2000, 0x4000), vec![(0x2000, 0x4000)]);
+        // A program's REMOVE over a run and beyond: the run's part is ours (first time), the
+        // rest the program's.
+        assert_eq!(
+            own.claim(0x7000, 0xa000),
+            vec![(0x7000, 0x8000), (0x9000, 0xa000)]
+        );
+        assert!(own.is_covered(0x8000, 0x9000));
+        assert!(!own.is_covered(0x7000, 0x9000));
+        // With no DROP in flight, everything is the program's.
+        let mut none = OwnDrop::default();
+        assert_eq!(none.claim(0x1000, 0x2000), vec![(0x1000, 0x2000)]);
+    }
+
     #[test]
     fn ranges_merge_split_and_gaps() {
         let mut s = MmState::new(&crate::config::PolicyConfig::default());

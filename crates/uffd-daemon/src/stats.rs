@@ -252,12 +252,7 @@ impl Samples {
         }
         v.sort_unstable();
         let us = |ns: u64| ns as f64 / 1000.0;
-        Some((
-            v.len(),
-            us(v[v.len() / 2]),
-            us(v[0]),
-            us(v[v.len() - 1]),
-        ))
+        Some((v.len(), us(v[v.len() / 2]), us(v[0]), us(v[v.len() - 1])))
     }
 
     /// Adds `PREFIX_count`, `PREFIX_p50_us`, `PREFIX_min_us`, `PREFIX_max_us` to `out`.

@@ -26,9 +26,16 @@ fn assert_paged_agentless(run: &Run, slack_pages: u64) {
         "nothing was evicted: the static program was not paged"
     );
     assert!(run.get("swapins") > 0, "nothing came back from the store");
-    assert!(run.get("agentless_processes") >= 1, "not managed without an agent");
+    assert!(
+        run.get("agentless_processes") >= 1,
+        "not managed without an agent"
+    );
     assert!(run.get("inject_stops") > 0 && run.get("inject_drops") > 0);
-    assert_eq!(run.get("agents_lost"), 0, "a process could no longer be stopped");
+    assert_eq!(
+        run.get("agents_lost"),
+        0,
+        "a process could no longer be stopped"
+    );
     assert_eq!(run.get("drop_timeouts"), 0);
     let limit_pages = LIMIT_BYTES / 4096;
     assert!(
@@ -48,16 +55,36 @@ fn a_static_program_is_paged() {
         return;
     }
     let exe = static_client();
-    let bare = run_bare("static-bare", &[&exe, "page", "64"], Duration::from_secs(120));
+    let bare = run_bare(
+        "static-bare",
+        &[&exe, "page", "64"],
+        Duration::from_secs(120),
+    );
     assert_eq!(bare.status, 0);
-    assert!(bare.peak_rss >= 60 << 20, "bare peak {} bytes", bare.peak_rss);
+    assert!(
+        bare.peak_rss >= 60 << 20,
+        "bare peak {} bytes",
+        bare.peak_rss
+    );
     let run = run_under(LIMIT, "static", &[&exe, "page", "64"]);
     assert_eq!(run.status, 0);
-    assert!(run.stdout.contains("page: 64 MiB, 0 bad words"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("page: 64 MiB, 0 bad words"),
+        "{}",
+        run.stdout
+    );
     assert_paged_agentless(&run, LIMIT_BYTES / 4096 / 6 + 64);
     assert_eq!(run.get("agentless_processes"), 1);
-    assert_eq!(run.get("unmanaged_static_bytes"), 0, "the program was counted unmanaged");
-    assert_eq!(run.get("agent_threads"), 0, "there is no agent to name itself");
+    assert_eq!(
+        run.get("unmanaged_static_bytes"),
+        0,
+        "the program was counted unmanaged"
+    );
+    assert_eq!(
+        run.get("agent_threads"),
+        0,
+        "there is no agent to name itself"
+    );
 }
 
 /// The static program forks three children; each checks its copy-on-write view of the
@@ -81,12 +108,18 @@ fn a_static_programs_fork_children_are_managed() {
             run.stdout
         );
     }
-    assert!(run.stdout.contains("parent: 0 bad words, 0 children failed"));
+    assert!(run
+        .stdout
+        .contains("parent: 0 bad words, 0 children failed"));
     // Copy-on-write pages count in every process that maps them (ARCHITECTURE.md,
     // accounting), and a child is evicted from only once bound: up to a limit per process.
     assert_paged_agentless(&run, 3 * LIMIT_BYTES / 4096 + 1024);
     assert_eq!(run.get("fork_events"), 3);
-    assert_eq!(run.get("agentless_children_bound"), 3, "a child was not bound to its pid");
+    assert_eq!(
+        run.get("agentless_children_bound"),
+        3,
+        "a child was not bound to its pid"
+    );
     assert_eq!(run.get("agentless_processes"), 4);
     assert_eq!(run.get("unmanaged_static_bytes"), 0);
 }
@@ -103,7 +136,11 @@ fn an_exec_into_a_static_program_is_managed() {
     let script = format!("sleep 0.2; exec {exe} page 64");
     let run = run_under(LIMIT, "exec-static", &["sh", "-c", &script]);
     assert_eq!(run.status, 0);
-    assert!(run.stdout.contains("page: 64 MiB, 0 bad words"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("page: 64 MiB, 0 bad words"),
+        "{}",
+        run.stdout
+    );
     // (The static image fills memory from its first instruction; the daemon manages it from
     // the scan that sees the exec, a few milliseconds later: its pages then count at once.)
     assert_paged_agentless(&run, LIMIT_BYTES / 4096);
@@ -125,9 +162,14 @@ fn static_programs_blocked_in_system_calls_see_no_eintr() {
     }
     let exe = static_client();
     for kind in ["read", "nanosleep", "futex"] {
-        let run = run_under(LIMIT, &format!("blocked-{kind}"), &[&exe, "blocked", kind, "64"]);
+        let run = run_under(
+            LIMIT,
+            &format!("blocked-{kind}"),
+            &[&exe, "blocked", kind, "64"],
+        );
         assert!(
-            run.stdout.contains(&format!("blocked {kind}: exact, pager ok")),
+            run.stdout
+                .contains(&format!("blocked {kind}: exact, pager ok")),
             "{kind}: {}",
             run.stdout
         );
@@ -159,7 +201,11 @@ fn a_static_program_with_a_seccomp_filter_stays_unmanaged() {
         run.stderr
     );
     assert_eq!(run.status, 0);
-    assert!(run.stdout.contains("page: 64 MiB, 0 bad words"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("page: 64 MiB, 0 bad words"),
+        "{}",
+        run.stdout
+    );
     assert_eq!(run.get("agentless_refused"), 1);
     assert!(run.get("unmanaged_static_bytes") >= 32 << 20, "not counted");
     assert_eq!(run.get("evicted_pages"), 0, "the filtered image was paged");
@@ -193,8 +239,16 @@ fn a_traced_static_program_stays_unmanaged() {
         run.stderr
     );
     assert_eq!(run.status, 0);
-    assert!(run.stdout.contains("page: 64 MiB, 0 bad words"), "{}", run.stdout);
-    assert!(run.stdout.contains("traced child: exit 0"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("page: 64 MiB, 0 bad words"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("traced child: exit 0"),
+        "{}",
+        run.stdout
+    );
     assert_eq!(run.get("agentless_refused"), 1);
     assert!(run.get("unmanaged_static_bytes") >= 32 << 20, "not counted");
 }

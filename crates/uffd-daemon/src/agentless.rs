@@ -47,16 +47,24 @@ const DROP_KEPT: u8 = 1;
 /// looking for it (it then runs with its faults served and nothing evicted).
 const BIND_GIVE_UP: Duration = Duration::from_secs(30);
 
-/// Whether a process whose image is `kind` cannot load the agent, so that the daemon should
-/// manage it itself: a static program always; a set-ID one when the loader ran it in secure
-/// mode (`AT_SECURE`: it ignores `LD_PRELOAD` then; root running a set-user-ID-root program is
-/// not secure mode, and the agent loads).
-pub fn needs_agentless(pid: i32, kind: Option<Kind>) -> bool {
-    match kind {
-        Some(Kind::Static) => true,
-        Some(Kind::Setuid) => at_secure(pid).unwrap_or(true),
-        _ => false,
+/// Whether process `pid` runs an image that cannot load the agent, so that the daemon should
+/// manage it itself: a statically linked one always (set-ID or not); a set-ID one when the
+/// loader ran it in secure mode (`AT_SECURE`: it ignores `LD_PRELOAD` then; root running a
+/// set-user-ID-root program is not in secure mode, and the agent loads as usual).
+///
+/// Set-ID programs: the daemon runs as root, so stopping one and running calls in it gives
+/// nobody a privilege they lacked; the kernel's own ptrace access check decides at the seize.
+/// (A daemon that is not root never traces a set-ID program it starts: the kernel would run it
+/// without its privileges; see `daemon.rs`, `check_program`.)
+pub fn needs_agentless(pid: i32) -> bool {
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+        return false;
+    };
+    let is_static = std::fs::read(&exe).is_ok_and(|b| crate::unmanaged::elf_is_static(&b));
+    if is_static {
+        return true;
     }
+    crate::unmanaged::program_kind(&exe) == Some(Kind::Setuid) && at_secure(pid).unwrap_or(true)
 }
 
 /// `AT_SECURE` from `/proc/PID/auxv`.
@@ -68,12 +76,6 @@ fn at_secure(pid: i32) -> Option<bool> {
         let val = u64::from_le_bytes(c[8..].try_into().ok()?);
         (key == AT_SECURE).then_some(val != 0)
     })
-}
-
-/// The kind of `pid`'s image, from its executable.
-pub fn kind_of(pid: i32) -> Option<Kind> {
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-    crate::unmanaged::program_kind(&exe)
 }
 
 fn neg_errno(r: i64) -> Option<std::io::Error> {

@@ -1161,7 +1161,7 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     let root = child.id() as i32;
     std::mem::forget(child); // reaped by the monitor's waitpid(-1)
     if agentless.is_some() {
-        start_agentless(&shared, root, agentless);
+        start_agentless(&shared, root);
     }
 
     let scan_stop = Arc::new(AtomicBool::new(false));
@@ -1322,6 +1322,7 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                     retire(&shared, &m);
                     // The new image may be one the agent cannot load into: the monitor looks.
                     shared.adopt_queue.lock().push(pid);
+                    shared.kick_reclaim(); // (wakes the monitor)
                     continue;
                 }
                 let after = maps::rss_anon_bytes(pid).unwrap_or(0);
@@ -1390,8 +1391,8 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
 
 /// The program was started stopped at its exec: manage it without the agent if it cannot load
 /// the agent, and let it go.
-fn start_agentless(shared: &Arc<Shared>, root: i32, kind: Option<crate::unmanaged::Kind>) {
-    if crate::agentless::needs_agentless(root, kind) {
+fn start_agentless(shared: &Arc<Shared>, root: i32) {
+    if crate::agentless::needs_agentless(root) {
         match crate::agentless::adopt(shared, root, true) {
             Ok(()) => {
                 if shared.verbose {
@@ -1417,13 +1418,12 @@ fn start_agentless(shared: &Arc<Shared>, root: i32, kind: Option<crate::unmanage
 /// A process of the tree exec'd an image (its old address space is retired): if the agent
 /// cannot load into the new one, the daemon manages it without (`agentless.rs`).
 fn adopt_exec(shared: &Arc<Shared>, pid: i32) {
-    // The agent greets before the program's main: give a dynamic image's agent a moment to
-    // do so before deciding from the image itself.
+    // (A new image that loaded the agent may have greeted already; one that will, a dynamic
+    // one outside secure mode, is told by its image below.)
     if shared.mms.lock().iter().any(|m| m.pid() == Some(pid)) {
-        return; // its agent greeted already
+        return;
     }
-    let kind = crate::agentless::kind_of(pid);
-    if !crate::agentless::needs_agentless(pid, kind) {
+    if !crate::agentless::needs_agentless(pid) {
         return;
     }
     if shared.agentless_refusals.lock().contains_key(&pid) {

@@ -234,7 +234,9 @@ impl Census {
                 .ok()
                 .and_then(|exe| program_kind(&exe))
                 .unwrap_or(Kind::NoAgent);
-            if kind == Kind::NoAgent && first.elapsed() < NO_AGENT_GRACE {
+            // (A static or set-ID image is managed without the agent a few milliseconds after
+            // its exec, unless the daemon said why it could not: the same grace.)
+            if first.elapsed() < NO_AGENT_GRACE && !self.reasons.contains_key(&pid) {
                 continue;
             }
             *now.entry(kind).or_default() += st.rss_anon + st.rss_shmem;

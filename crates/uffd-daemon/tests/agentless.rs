@@ -252,3 +252,45 @@ fn a_traced_static_program_stays_unmanaged() {
     assert_eq!(run.get("agentless_refused"), 1);
     assert!(run.get("unmanaged_static_bytes") >= 32 << 20, "not counted");
 }
+
+/// A set-user-ID-root program (static, then dynamic) exec'd by a process that dropped to an
+/// unprivileged user: the loader runs it in secure mode and ignores `LD_PRELOAD`, so no agent
+/// loads; the daemon, which is root, manages it without one (ARCHITECTURE.md, agentless).
+#[test]
+fn a_set_id_program_exec_d_by_a_user_is_managed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test needs root (set-ID root programs)"
+    );
+    for (name, built) in [
+        ("suid-static", c_client_static("agentless")),
+        ("suid-dynamic", c_client("agentless")),
+    ] {
+        use std::os::unix::fs::PermissionsExt;
+        let exe = std::env::temp_dir().join(format!("uffd-test-{name}-{}", std::process::id()));
+        std::fs::copy(&built, &exe).expect("copying the client");
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o4755)).expect("chmod");
+        let script = format!(
+            "import os; os.setgroups([]); os.setgid(65534); os.setuid(65534); \
+             os.execv({:?}, ['agentless', 'page', '64'])",
+            exe.to_string_lossy()
+        );
+        let run = run_under(LIMIT, name, &[&real_python(), "-c", &script]);
+        let _ = std::fs::remove_file(&exe);
+        assert_eq!(run.status, 0, "{name}");
+        assert!(
+            run.stdout.contains("page: 64 MiB, 0 bad words"),
+            "{name}: {}",
+            run.stdout
+        );
+        assert_paged_agentless(&run, LIMIT_BYTES / 4096 / 4);
+        assert_eq!(run.get("agentless_processes"), 1, "{name}");
+        assert_eq!(run.get("unmanaged_setuid_bytes"), 0, "{name}");
+    }
+}

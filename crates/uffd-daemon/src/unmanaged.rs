@@ -3,8 +3,8 @@
 //!
 //! | kind | what | why the daemon cannot page it |
 //! |---|---|---|
-//! | `static` | a process whose program is statically linked | the dynamic loader never loads the agent |
-//! | `setuid` | a process running a set-user-ID or set-group-ID program | the loader ignores `LD_PRELOAD` for it |
+//! | `static` | a process whose program is statically linked, that the daemon could not manage without an agent (`agentless.rs`: a seccomp filter, another tracer) or that an unmanaged process exec'd | the dynamic loader never loads the agent |
+//! | `setuid` | the same, for a set-user-ID or set-group-ID program (any, when the daemon is not root) | the loader ignores `LD_PRELOAD` for it |
 //! | `no_agent` | any other process of the tree without an agent | its environment dropped `LD_PRELOAD`, or its agent could not start (it said why) |
 //! | `shared` | `MAP_SHARED` anonymous memory, System V and POSIX shared memory of managed processes (`RssShmem`) | shared memory pages are not the process's own: userfaultfd's missing faults on shmem would need the other sharers' cooperation |
 //! | `locked` | `mlock`ed memory of managed processes (`VmLck`) | the program asked that it never leave RAM |
@@ -13,7 +13,7 @@
 //! current amount of each kind (`unmanaged_<kind>_bytes`) and of their sum
 //! (`unmanaged_bytes`), so a user sees how far the limit could not reach. With
 //! `unmanaged = "error"` the daemon refuses such a program at start where it can tell
-//! (a static or set-ID program), and stops the tree when it finds one later.
+//! (a set-ID program when it is not root), and stops the tree when it finds one later.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

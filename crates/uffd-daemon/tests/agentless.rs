@@ -294,3 +294,60 @@ fn a_set_id_program_exec_d_by_a_user_is_managed() {
         assert_eq!(run.get("unmanaged_setuid_bytes"), 0, "{name}");
     }
 }
+
+/// A static program stopped and continued over and over (Ctrl-Z, a job-control shell) while
+/// the daemon evicts from it: a stop of the daemon's in a group-stopped program runs its calls
+/// and leaves the program stopped; nothing hangs, nothing is lost.
+#[test]
+fn a_group_stopped_static_program_is_paged_and_stays_stopped() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = static_client();
+    let path = stats_path("static-sigstop");
+    let b = Bounded::spawn(
+        daemon_command(&["--limit", LIMIT], &path, &[&exe, "page", "96"]),
+        "static-sigstop",
+    );
+    let daemon = b.pid();
+    let children = format!("/proc/{daemon}/task/{daemon}/children");
+    let ticks = std::cell::Cell::new(0u32);
+    let stops = std::cell::Cell::new(0u32);
+    // Every 180 ms: stopped for 150, running for 30 (the poke runs every 10 ms).
+    let done = b.wait_or_grace(
+        Duration::from_secs(300),
+        &|| {
+            let program: Option<i32> = std::fs::read_to_string(&children)
+                .ok()
+                .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()));
+            if let Some(p) = program {
+                ticks.set(ticks.get() + 1);
+                let sig = match ticks.get() % 18 {
+                    3 => libc::SIGSTOP,
+                    0 => libc::SIGCONT,
+                    _ => return false,
+                };
+                // SAFETY: kill(2) with integer arguments, to the daemon's child.
+                unsafe { libc::kill(p, sig) };
+                stops.set(stops.get() + u32::from(sig == libc::SIGSTOP));
+            }
+            false
+        },
+        Duration::ZERO,
+    );
+    let run = finish_run("static-sigstop", done, &path);
+    assert!(!run.timed_out, "hung: {}", run.hung_in);
+    assert_eq!(run.status, 0);
+    assert!(
+        run.stdout.contains("page: 96 MiB, 0 bad words"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        stops.get() >= 3,
+        "too few stops to matter ({})",
+        stops.get()
+    );
+    assert_paged_agentless(&run, LIMIT_BYTES / 4096 / 6 + 64);
+}

@@ -314,6 +314,7 @@ fn a_group_stopped_static_program_is_paged_and_stays_stopped() {
     let children = format!("/proc/{daemon}/task/{daemon}/children");
     let ticks = std::cell::Cell::new(0u32);
     let stops = std::cell::Cell::new(0u32);
+    let ran_while_stopped = std::cell::Cell::new(0u32);
     // Every 180 ms: stopped for 150, running for 30 (the poke runs every 10 ms).
     let done = b.wait_or_grace(
         Duration::from_secs(300),
@@ -323,6 +324,19 @@ fn a_group_stopped_static_program_is_paged_and_stays_stopped() {
                 .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()));
             if let Some(p) = program {
                 ticks.set(ticks.get() + 1);
+                // Just before its SIGCONT the program must still be stopped: by its SIGSTOP
+                // ('T'), or for a moment by the daemon ('t').
+                if ticks.get() % 18 == 17 && stops.get() > 0 {
+                    let stat =
+                        std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                    let state = stat
+                        .rsplit(')')
+                        .next()
+                        .and_then(|r| r.split_whitespace().next());
+                    if !matches!(state, Some("T" | "t") | None) {
+                        ran_while_stopped.set(ran_while_stopped.get() + 1);
+                    }
+                }
                 let sig = match ticks.get() % 18 {
                     3 => libc::SIGSTOP,
                     0 => libc::SIGCONT,
@@ -348,6 +362,11 @@ fn a_group_stopped_static_program_is_paged_and_stays_stopped() {
         stops.get() >= 3,
         "too few stops to matter ({})",
         stops.get()
+    );
+    assert_eq!(
+        ran_while_stopped.get(),
+        0,
+        "the program ran while it was stopped"
     );
     assert_paged_agentless(&run, LIMIT_BYTES / 4096 / 6 + 64);
 }

@@ -57,14 +57,62 @@ const BIND_GIVE_UP: Duration = Duration::from_secs(30);
 /// (A daemon that is not root never traces a set-ID program it starts: the kernel would run it
 /// without its privileges; see `daemon.rs`, `check_program`.)
 pub fn needs_agentless(pid: i32) -> bool {
+    use std::io::Read;
     let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
         return false;
     };
-    let is_static = std::fs::read(&exe).is_ok_and(|b| crate::unmanaged::elf_is_static(&b));
+    // (The ELF header and program headers are at the start: 64 KiB of a 10 MiB Go binary.)
+    let mut head = Vec::new();
+    let is_static = std::fs::File::open(&exe)
+        .and_then(|f| f.take(64 << 10).read_to_end(&mut head))
+        .is_ok_and(|_| crate::unmanaged::elf_is_static(&head));
     if is_static {
         return true;
     }
     crate::unmanaged::program_kind(&exe) == Some(Kind::Setuid) && at_secure(pid).unwrap_or(true)
+}
+
+/// Whether any mapping of `pid` is registered with a userfaultfd (`um`, `uw`, `ui` in its
+/// smaps): then it is not a fresh image the daemon may give a uffd of its own (it is a forked
+/// child whose uffd the daemon holds and has yet to bind, or the program has one).
+pub fn has_uffd_ranges(pid: i32) -> bool {
+    crate::maps::read_vm_flags(pid).map_or(true, |v| v.iter().any(|m| m.2.uffd))
+}
+
+/// The scanner's part: processes of the tree that no address space names and that run an
+/// image the agent cannot load (a static program started by `posix_spawn` or `vfork` and
+/// `exec`, whose child never had an address space the daemon knew): handed to the monitor to
+/// be managed without an agent. Each process is judged once per executable (`judged`).
+pub fn find_new_images(
+    shared: &Shared,
+    judged: &mut std::collections::HashMap<i32, std::path::PathBuf>,
+) {
+    let known: std::collections::HashSet<i32> =
+        shared.mms.lock().iter().filter_map(|m| m.pid()).collect();
+    // SAFETY: getpid cannot fail.
+    let me = unsafe { libc::getpid() };
+    let tree = crate::unmanaged::descendants(me);
+    judged.retain(|p, _| tree.contains(p));
+    let mut found = false;
+    for pid in tree {
+        if known.contains(&pid) || shared.agentless_refusals.lock().contains_key(&pid) {
+            continue;
+        }
+        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+            continue;
+        };
+        if judged.get(&pid) == Some(&exe) {
+            continue;
+        }
+        judged.insert(pid, exe);
+        if needs_agentless(pid) && !has_uffd_ranges(pid) {
+            shared.adopt_queue.lock().push(pid);
+            found = true;
+        }
+    }
+    if found {
+        shared.kick_reclaim(); // (wakes the monitor)
+    }
 }
 
 /// `AT_SECURE` from `/proc/PID/auxv`.

@@ -1293,6 +1293,7 @@ fn census_round(shared: &Shared, census: &mut Census) {
 fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     let mut tick: u64 = 0;
     let mut census = Census::default();
+    let mut judged = std::collections::HashMap::new();
     while !stop.load(Ordering::Relaxed) {
         tick += 1;
         let mut rss_total = 0u64;
@@ -1346,6 +1347,9 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
         }
         if tick % 5 == 0 {
             crate::agentless::bind_children(&shared);
+        }
+        if tick % 25 == 0 {
+            crate::agentless::find_new_images(&shared, &mut judged);
         }
         if tick % 50 == 0 {
             // Every 100 ms: the metadata structures' own count of their bytes.
@@ -1423,7 +1427,7 @@ fn adopt_exec(shared: &Arc<Shared>, pid: i32) {
     if shared.mms.lock().iter().any(|m| m.pid() == Some(pid)) {
         return;
     }
-    if !crate::agentless::needs_agentless(pid) {
+    if !crate::agentless::needs_agentless(pid) || crate::agentless::has_uffd_ranges(pid) {
         return;
     }
     if shared.agentless_refusals.lock().contains_key(&pid) {

@@ -159,10 +159,13 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     // write-protected (agentless.rs, BatchStop), and the stopped thread's rseq page is left out.
     let mut stop = None;
     if agent.is_injected() {
+        if mm.state.lock().policy.is_empty() {
+            return 0; // nothing to pick: no stop for nothing
+        }
         match crate::agentless::BatchStop::take(shared, pid) {
             Ok(s) => stop = Some(s),
             Err(e) => {
-                lose_injection(shared, mm, &mut agent_guard, pid, &e);
+                lose_injection(shared, &mut agent_guard, pid, &e);
                 return 0;
             }
         }
@@ -319,7 +322,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         let evicted = settle_drop(shared, mm, &p, Some(&status));
         lap(&stats.reclaim_drop_ns);
         if let Some(e) = err {
-            lose_injection(shared, mm, &mut agent_guard, pid, &e);
+            lose_injection(shared, &mut agent_guard, pid, &e);
         }
         return evicted;
     }
@@ -446,7 +449,6 @@ fn lose_agent(shared: &Shared, mm: &Mm, agent_guard: &mut Option<AgentConn>, e: 
 /// no longer evicted from, and that is said.
 fn lose_injection(
     shared: &Shared,
-    mm: &Mm,
     agent_guard: &mut Option<AgentConn>,
     pid: i32,
     e: &crate::inject::InjectError,
@@ -462,7 +464,6 @@ fn lose_injection(
                 "uffd-daemon: pid {pid} can no longer be stopped to drop pages ({e}); its pages \
                  are still served, but no longer evicted"
             );
-            let _ = mm;
         }
     }
 }

@@ -124,8 +124,8 @@ fn a_static_programs_fork_children_are_managed() {
     assert_eq!(run.get("unmanaged_static_bytes"), 0);
 }
 
-/// A dynamically linked program (a shell, with the agent) execs a static one: the new image
-/// is managed without the agent instead of running unmanaged.
+/// A dynamically linked program (a shell, with the agent) execs a static one, and python
+/// spawns one: the new image is managed without the agent instead of running unmanaged.
 #[test]
 fn an_exec_into_a_static_program_is_managed() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -149,6 +149,18 @@ fn an_exec_into_a_static_program_is_managed() {
         run.get("evicted_pages") > (64 << 20) / 4096 / 2,
         "the static image was not paged"
     );
+    // Python starts it with posix_spawn (vfork and exec): the child never had an address
+    // space of its own that the daemon knew, and is found by the scanner instead.
+    let script = format!("import subprocess; subprocess.run([{exe:?}, 'page', '64'], check=True)");
+    let run = run_under(LIMIT, "spawn-static", &[&real_python(), "-c", &script]);
+    assert_eq!(run.status, 0);
+    assert!(
+        run.stdout.contains("page: 64 MiB, 0 bad words"),
+        "{}",
+        run.stdout
+    );
+    assert_paged_agentless(&run, LIMIT_BYTES / 4096);
+    assert_eq!(run.get("agentless_processes"), 1);
 }
 
 /// The main thread (the one the daemon stops for every injection) blocks in `read`,

@@ -183,15 +183,16 @@ fn count_stop(shared: &Shared, stop: &Stop) {
     let s = &shared.stats;
     Stats::add(&s.inject_stops, 1);
     Stats::add(&s.inject_syscalls, stop.calls as u64);
-    Stats::add(&s.inject_stop_ns, stop.began.elapsed().as_nanos() as u64);
-    // The fixed cost of a stop: from the seize to the stop, and the release.
+    let held = stop.began.elapsed().as_nanos() as u64;
+    Stats::add(&s.inject_stop_ns, held);
+    // The fixed cost of a stop: from the seize to the stop, and the release; and how long the
+    // stopped thread stood still.
     shared.inject_stop_times.record(stop.fixed_ns);
+    shared.inject_hold_times.record(held);
 }
 
-/// A program stopped for one reclaim batch (`reclaim.rs`): taken before anything of the batch
-/// is write-protected, so that the stopped thread cannot be caught waiting on a page of the
-/// batch (the kernel writes the thread's rseq area on its way to the stop, and after each
-/// injected call). Faults are not held at the limit meanwhile. Dropping it lets the program go.
+/// A program stopped for the drop of one reclaim batch (`reclaim.rs`). The stopped thread's
+/// faults are not held at the limit meanwhile. Dropping it lets the program go.
 #[derive(Debug)]
 pub struct BatchStop<'a> {
     shared: &'a Shared,
@@ -212,9 +213,17 @@ impl<'a> BatchStop<'a> {
         }
     }
 
-    /// The page the batch must leave alone (the stopped thread's rseq area).
-    pub fn rseq_page(&self) -> Option<u64> {
-        self.stop.rseq_page()
+    /// Notes the stopped thread's rseq page in `mm` (the batches leave those pages out);
+    /// returns it if it was not known.
+    pub fn learn_rseq(&self, mm: &Mm) -> Option<u64> {
+        let tid = self.stop.tid();
+        let mut known = mm.rseq_pages.lock();
+        if known.iter().any(|&(t, _)| t == tid) {
+            return None;
+        }
+        let page = self.stop.rseq_page();
+        known.push((tid, page.unwrap_or(u64::MAX)));
+        page
     }
 }
 

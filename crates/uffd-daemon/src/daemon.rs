@@ -93,6 +93,9 @@ pub struct Shared {
     pub injecting_tid: AtomicI32,
     /// Durations of the stops of injections, beyond the calls made in them (`inject.rs`).
     pub inject_stop_times: Samples,
+    /// Durations of whole stops, from the seize to the detach (the program's thread stands
+    /// still meanwhile).
+    pub inject_hold_times: Samples,
     /// Durations of DROP batches carried out by agents, from the request to the answer.
     pub drop_agent_times: Samples,
     /// Durations of DROP batches carried out by injection, from the seize to the settlement.
@@ -140,6 +143,7 @@ impl Shared {
             injecting: AtomicBool::new(false),
             injecting_tid: AtomicI32::new(0),
             inject_stop_times: Samples::default(),
+            inject_hold_times: Samples::default(),
             drop_agent_times: Samples::default(),
             drop_inject_times: Samples::default(),
             agentless_refusals: Mutex::new(std::collections::HashMap::new()),
@@ -226,6 +230,7 @@ impl Shared {
             .into();
         v["limit_pages"] = (self.limit_pages as u64).into();
         self.inject_stop_times.report("inject_stop", &mut v);
+        self.inject_hold_times.report("inject_hold", &mut v);
         self.drop_agent_times.report("drop_agent", &mut v);
         self.drop_inject_times.report("drop_inject", &mut v);
         for (name, h) in [
@@ -1346,9 +1351,10 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             census_round(&shared, &mut census);
         }
         if tick % 5 == 0 {
+            // Every 10 ms: the children of processes without an agent, and programs the
+            // agent cannot load into started by a spawn (they fill memory from their first
+            // instruction).
             crate::agentless::bind_children(&shared);
-        }
-        if tick % 25 == 0 {
             crate::agentless::find_new_images(&shared, &mut judged);
         }
         if tick % 50 == 0 {
@@ -1444,6 +1450,30 @@ fn adopt_exec(shared: &Arc<Shared>, pid: i32) {
     }
 }
 
+/// Notes the rseq page of thread `tid`, in a ptrace stop, in its process's address space.
+fn learn_rseq_of(shared: &Shared, tid: i32) {
+    let Some(pid) = maps::tgid_of(tid) else {
+        return;
+    };
+    let Some(mm) = shared
+        .mms
+        .lock()
+        .iter()
+        .find(|m| m.pid() == Some(pid))
+        .cloned()
+    else {
+        return;
+    };
+    let page = sys::ptrace_rseq_area(tid)
+        .ok()
+        .filter(|&a| a != 0)
+        .map_or(u64::MAX, |a| a & !(PAGE_SIZE_U64 - 1));
+    let mut known = mm.rseq_pages.lock();
+    if !known.iter().any(|&(t, _)| t == tid) {
+        known.push((tid, page));
+    }
+}
+
 /// Records what an injection's failure says: an exit status it reaped, a count.
 pub fn note_inject_error(shared: &Shared, pid: i32, e: &crate::inject::InjectError) {
     Stats::add(&shared.stats.inject_errors, 1);
@@ -1476,6 +1506,9 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                 break;
             }
             if let sys::TraceeState::Stopped { sig, event } = sys::decode_wait_status(st) {
+                // (It did not stop in time because its way to the stop met a page of the
+                // batch, most likely its rseq area: learnt now, left out of batches.)
+                learn_rseq_of(shared, pid);
                 let _ = sys::ptrace_detach(pid, if event == 0 { sig } else { 0 });
                 continue;
             }

@@ -133,6 +133,9 @@ pub struct Mm {
     /// Odd while the handler reads and applies a batch of messages, even otherwise: an
     /// injected DROP waits for the batch that held its `REMOVE` to be applied.
     pub handling: AtomicU64,
+    /// Agentless: the threads stopped so far and their rseq pages (`u64::MAX`: none), which
+    /// batches leave out (`reclaim.rs`).
+    pub rseq_pages: Mutex<Vec<(i32, u64)>>,
 }
 
 /// What binds a forked child of an agentless process to its pid: 16 random bytes the daemon
@@ -238,6 +241,7 @@ impl Mm {
             own_drop: Mutex::new(OwnDrop::default()),
             bind_token: Mutex::new(None),
             handling: AtomicU64::new(0),
+            rseq_pages: Mutex::new(Vec::new()),
         })
     }
 

@@ -155,27 +155,40 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let batch = mm
         .next_batch
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    // Without an agent the program is stopped first, before anything of the batch is
-    // write-protected (agentless.rs, BatchStop), and the stopped thread's rseq page is left out.
-    let mut stop = None;
-    if agent.is_injected() {
+    // Without an agent the program is stopped for the drop only (agentless.rs, BatchStop),
+    // and the rseq pages of the threads it has been stopped in are never in a batch: the
+    // kernel writes a thread's rseq area on its way to a stop, and a thread whose rseq page
+    // was write-protected in the batch would wait for the very drop that waits for its stop.
+    // The first batch learns them in a stop of its own.
+    let injected = agent.is_injected();
+    if injected {
         if mm.state.lock().policy.is_empty() {
             return 0; // nothing to pick: no stop for nothing
         }
-        match crate::agentless::BatchStop::take(shared, pid) {
-            Ok(s) => stop = Some(s),
-            Err(e) => {
-                lose_injection(shared, &mut agent_guard, pid, &e);
-                return 0;
+        if mm.rseq_pages.lock().is_empty() {
+            match crate::agentless::BatchStop::take(shared, pid) {
+                Ok(s) => {
+                    s.learn_rseq(mm);
+                }
+                Err(e) => {
+                    lose_injection(shared, &mut agent_guard, pid, &e);
+                    return 0;
+                }
             }
         }
     }
     let t_pick = std::time::Instant::now();
     let mut victims = pick_victims(shared, mm, batch, max);
-    if let Some(rseq) = stop.as_ref().and_then(|s| s.rseq_page()) {
-        if let Ok(i) = victims.binary_search(&rseq) {
-            victims.remove(i);
-            abort_pages(shared, mm, batch, &[rseq]);
+    if injected {
+        let rseq: Vec<u64> = mm.rseq_pages.lock().iter().map(|&(_, p)| p).collect();
+        let out: Vec<u64> = victims
+            .iter()
+            .copied()
+            .filter(|a| rseq.contains(a))
+            .collect();
+        if !out.is_empty() {
+            victims.retain(|a| !out.contains(a));
+            abort_pages(shared, mm, batch, &out);
         }
     }
     let pick_ns = t_pick.elapsed().as_nanos() as u64;
@@ -305,13 +318,11 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     Stats::add(&shared.stats.drop_requests, 1);
     let drop_runs = runs_of(&to_drop);
     let t_drop = std::time::Instant::now();
-    if let Some(stop) = stop {
-        // No agent: the daemon drops the pages itself, in the program's stop, and knows the
+    if injected {
+        // No agent: the daemon drops the pages itself, in a stop of the program, and knows the
         // outcome of every call when the stop ends: the batch settles now.
         Stats::add(&shared.stats.inject_drops, 1);
-        let (status, err) =
-            crate::agentless::drop_pages(shared, mm, pid, stop, &to_drop, &drop_runs);
-        let p = PendingDrop {
+        let mut p = PendingDrop {
             seq: 0,
             pages: to_drop,
             slots: drop_slots,
@@ -319,6 +330,37 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
             sent: t_drop,
             said_late: false,
         };
+        let stop = match crate::agentless::BatchStop::take(shared, pid) {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing was dropped: the batch goes back.
+                let kept = vec![1u8; p.pages.len()];
+                settle_drop(shared, mm, &p, Some(&kept));
+                lose_injection(shared, &mut agent_guard, pid, &e);
+                return 0;
+            }
+        };
+        // A thread stopped for the first time: if its rseq page is in the batch, it leaves
+        // the batch (unprotected) before the thread is stepped.
+        if let Some(rp) = stop.learn_rseq(mm) {
+            if let Ok(i) = p.pages.binary_search(&rp) {
+                let one = PendingDrop {
+                    seq: 0,
+                    pages: vec![rp],
+                    slots: vec![p.slots[i]],
+                    runs: vec![(rp, 1)],
+                    sent: t_drop,
+                    said_late: false,
+                };
+                settle_drop(shared, mm, &one, Some(&[1]));
+                p.pages.remove(i);
+                p.slots.remove(i);
+                p.runs = runs_of(&p.pages);
+            }
+        }
+        let (to_drop, drop_runs) = (p.pages.clone(), p.runs.clone());
+        let (status, err) =
+            crate::agentless::drop_pages(shared, mm, pid, stop, &to_drop, &drop_runs);
         let evicted = settle_drop(shared, mm, &p, Some(&status));
         lap(&stats.reclaim_drop_ns);
         if let Some(e) = err {

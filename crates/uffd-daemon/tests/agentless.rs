@@ -159,7 +159,9 @@ fn an_exec_into_a_static_program_is_managed() {
         "{}",
         run.stdout
     );
-    assert_paged_agentless(&run, LIMIT_BYTES / 4096);
+    // (Found by the scanner's walk of the tree, every 10 ms: on a loaded machine the program
+    // can fill a limit's worth of memory or more before.)
+    assert_paged_agentless(&run, 2 * LIMIT_BYTES / 4096);
     assert_eq!(run.get("agentless_processes"), 1);
 }
 

@@ -277,11 +277,8 @@ fn a_set_id_program_exec_d_by_a_user_is_managed() {
         return;
     }
     // SAFETY: geteuid cannot fail.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test needs root (set-ID root programs)"
-    );
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "this test needs root (set-ID root programs)");
     for (name, built) in [
         ("suid-static", c_client_static("agentless")),
         ("suid-dynamic", c_client("agentless")),

@@ -395,7 +395,7 @@ pub fn drop_pages(
 /// Waits until the handler of `mm` has applied every message it had read (its counter is even
 /// or has moved on): a `REMOVE` completes the `madvise` that raised it when it is read, before
 /// the handler applies it.
-fn wait_handled(mm: &Mm) {
+pub fn wait_handled(mm: &Mm) {
     let c = mm.handling.load(Ordering::Acquire);
     if c % 2 == 0 {
         return;

@@ -358,9 +358,33 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
                 p.runs = runs_of(&p.pages);
             }
         }
-        let (to_drop, drop_runs) = (p.pages.clone(), p.runs.clone());
-        let (status, err) =
+        // Events the program raised before its stop (an unmap, and a new mapping at the same
+        // addresses) are applied by now: only pages still `Dropping` are dropped, so that a
+        // `DONTNEED` never reaches memory that is no longer the batch's.
+        crate::agentless::wait_handled(mm);
+        let live: Vec<bool> = {
+            let st = mm.state.lock();
+            p.pages
+                .iter()
+                .zip(&p.slots)
+                .map(|(&a, &slot)| st.pages.get(a) == Some(Page::Dropping { slot }))
+                .collect()
+        };
+        let to_drop: Vec<u64> = p
+            .pages
+            .iter()
+            .zip(&live)
+            .filter_map(|(&a, &l)| l.then_some(a))
+            .collect();
+        let drop_runs = runs_of(&to_drop);
+        let (live_status, err) =
             crate::agentless::drop_pages(shared, mm, pid, stop, &to_drop, &drop_runs);
+        // (Pages no longer `Dropping` were settled by their events: settle_drop skips them.)
+        let mut next = live_status.into_iter();
+        let status: Vec<u8> = live
+            .iter()
+            .map(|&l| if l { next.next().unwrap_or(1) } else { 1 })
+            .collect();
         let evicted = settle_drop(shared, mm, &p, Some(&status));
         lap(&stats.reclaim_drop_ns);
         if let Some(e) = err {

@@ -300,7 +300,8 @@ fn a_set_id_program_exec_d_by_a_user_is_managed() {
             "{name}: {}",
             run.stdout
         );
-        assert_paged_agentless(&run, LIMIT_BYTES / 4096 / 4);
+        // (Managed from the scan that sees its exec: the image fills memory meanwhile.)
+        assert_paged_agentless(&run, LIMIT_BYTES / 4096);
         assert_eq!(run.get("agentless_processes"), 1, "{name}");
         assert_eq!(run.get("unmanaged_setuid_bytes"), 0, "{name}");
     }

@@ -8,10 +8,12 @@
 //!   one stop: userfaultfd(O_CLOEXEC|O_NONBLOCK) ─▶ mmap a probe page ─▶ MADV_WIPEONFORK it
 //!             ─▶ pidfd_getfd the uffd ─▶ close() it in the program ─▶ detach
 //!   then, as for an agent's uffd: UFFDIO_API (by the daemon), register the probe, scan_and_register
-//! DROP (reclaim.rs): one stop per batch: madvise(MADV_DONTNEED) per run of victims. Each raises
-//!   a REMOVE event that the madvise waits on: the handler reads it meanwhile and recognises it
-//!   as the daemon's own (mm.rs, OwnDrop); the batch settles after the stop, on what each call
-//!   returned.
+//! DROP (reclaim.rs): write-protect, read, store as with an agent; then one stop per batch:
+//!   madvise(MADV_DONTNEED) per run of victims still Dropping. Each raises a REMOVE event that
+//!   the madvise waits on: the handler reads it meanwhile and recognises it as the daemon's own
+//!   (mm.rs, OwnDrop); the batch settles after the stop, on what each call returned. The rseq
+//!   pages of the threads stopped so far are never in a batch (the kernel writes them on the
+//!   way to a stop).
 //! fork: the kernel's FORK event gives the child's uffd; the daemon writes 16 random bytes into
 //!   the child's probe page through it (wipe-on-fork: empty in the child, and only that address
 //!   space can hold them) and finds the child among the tree's processes by reading them back.

@@ -85,6 +85,26 @@ fn a_static_program_is_paged() {
         0,
         "there is no agent to name itself"
     );
+    // Nothing of the daemon's is left in the program's descriptor table (its uffd was made
+    // there, taken with pidfd_getfd and closed there).
+    // (Their numbers: the output files, fd 1 and 2, are named after the run.)
+    let list = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter_map(|l| l.strip_prefix("fd "))
+            .filter_map(|l| l.split(' ').next())
+            .map(str::to_string)
+            .collect()
+    };
+    let bare = run_bare("fds-bare", &[&exe, "fds", "32"], Duration::from_secs(120));
+    let run = run_under(LIMIT, "fds", &[&exe, "fds", "32"]);
+    assert_eq!(run.status, 0);
+    assert!(run.get("evicted_pages") > 0);
+    assert_eq!(
+        list(&run.stdout),
+        list(&bare.stdout),
+        "the descriptors differ from bare"
+    );
+    assert!(!run.stdout.contains("anon_inode"), "{}", run.stdout);
 }
 
 /// The static program forks three children; each checks its copy-on-write view of the

@@ -4,6 +4,7 @@
  *
  *   agentless page MIB [MS]      fill MIB MiB with a pattern, check it twice (then hold it MS
  *                                milliseconds)
+ *   agentless fds MIB            page MIB MiB, then list the open descriptors ("fd N TARGET")
  *   agentless fork MIB N         fill MIB MiB, fork N children that each check the inherited
  *                                copy, rewrite half of it and check again; the parent checks
  *                                its copy after they exit
@@ -18,6 +19,7 @@
  *                                it to its end (a debugger-like tracer)
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <linux/filter.h>
 #include <linux/futex.h>
@@ -234,6 +236,27 @@ static int traced(const char *mib)
 	return !WIFEXITED(st) || WEXITSTATUS(st) != 0;
 }
 
+static int fds(size_t mib)
+{
+	int rc = page(mib, "fds", 0);
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d))
+			continue;
+		char path[300], target[256];
+		snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+		ssize_t n = readlink(path, target, sizeof target - 1);
+		target[n < 0 ? 0 : n] = 0;
+		char *b = strchr(target, '['); /* pipes and sockets: their kind only */
+		if (b && strncmp(target, "anon_inode", 10))
+			*b = 0;
+		printf("fd %s %s\n", e->d_name, target);
+	}
+	closedir(d);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
@@ -243,6 +266,8 @@ int main(int argc, char **argv)
 	const char *mode = argv[1];
 	if (!strcmp(mode, "page"))
 		return page(strtoul(argv[2], NULL, 10), "page", argc > 3 ? atoi(argv[3]) : 0);
+	if (!strcmp(mode, "fds"))
+		return fds(strtoul(argv[2], NULL, 10));
 	if (!strcmp(mode, "fork") && argc > 3)
 		return forks(strtoul(argv[2], NULL, 10), atoi(argv[3]));
 	if (!strcmp(mode, "blocked") && argc > 3)

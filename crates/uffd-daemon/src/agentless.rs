@@ -97,12 +97,15 @@ pub fn find_new_images(
     judged.retain(|p, _| tree.contains(p));
     let mut found = false;
     for pid in tree {
-        if known.contains(&pid) || shared.agentless_refusals.lock().contains_key(&pid) {
+        if known.contains(&pid) {
             continue;
         }
         let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
             continue;
         };
+        if refused_image(shared, pid).is_some_and(|r| r == exe) {
+            continue;
+        }
         if judged.get(&pid) == Some(&exe) {
             continue;
         }
@@ -247,19 +250,30 @@ pub fn adopt(shared: &Arc<Shared>, pid: i32, at_exec: bool) -> Result<(), Inject
     } else {
         Stop::seize(pid)?
     };
-    let made = make_uffd(&mut stop, pid);
+    // Everything up to the registration of its memory is done while the program is stopped:
+    // a program stopped at its exec starts managed, and none can exec or exit meanwhile.
+    let r = adopt_stopped(shared, pid, &mut stop);
     stop.release();
     count_stop(shared, &stop);
-    let (fd, probe) = made?;
+    r
+}
+
+fn adopt_stopped(shared: &Arc<Shared>, pid: i32, stop: &mut Stop) -> Result<(), InjectError> {
+    let (fd, probe) = make_uffd(stop, pid)?;
     let uffd = Uffd::from_owned(fd);
-    let features = uffd.api(sys::REQUIRED_FEATURES)?;
+    // (An address space that is gone answers ENOMEM or ESRCH here.)
+    let gone = |e: std::io::Error| match e.raw_os_error() {
+        Some(libc::ENOMEM | libc::ESRCH) => InjectError::Gone(None),
+        _ => InjectError::Io(e),
+    };
+    let features = uffd.api(sys::REQUIRED_FEATURES).map_err(gone)?;
     if features & sys::REQUIRED_FEATURES != sys::REQUIRED_FEATURES {
         return Err(InjectError::Io(std::io::Error::other(format!(
             "uffd features {features:#x} lack required {:#x}",
             sys::REQUIRED_FEATURES
         ))));
     }
-    uffd.register(probe, PAGE_SIZE_U64, false)?;
+    uffd.register(probe, PAGE_SIZE_U64, false).map_err(gone)?;
     // An exec replaced the address space: the old one (same pid) is gone.
     let old: Vec<Arc<Mm>> = shared
         .mms
@@ -303,11 +317,24 @@ fn make_agentless(shared: &Shared, mm: &Mm) {
     Stats::add(&shared.stats.agentless_processes, 1);
 }
 
-/// Says once per process that it stays unmanaged, and why.
+/// The image a process was refused for, if it was.
+pub fn refused_image(shared: &Shared, pid: i32) -> Option<std::path::PathBuf> {
+    shared
+        .agentless_refusals
+        .lock()
+        .get(&pid)
+        .map(|(exe, _)| exe.clone())
+}
+
+/// Says once per process (and image) that it stays unmanaged, and why.
 pub fn refused(shared: &Shared, pid: i32, e: &InjectError) {
     Stats::add(&shared.stats.agentless_refused, 1);
     // (The census counts it, and does not say it again.)
-    shared.agentless_refusals.lock().insert(pid, e.to_string());
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    shared
+        .agentless_refusals
+        .lock()
+        .insert(pid, (exe, e.to_string()));
     eprintln!(
         "uffd-daemon: pid {pid}: the daemon cannot manage it without an agent: {e}; its memory \
          is unmanaged and outside the limit"

@@ -100,8 +100,9 @@ pub struct Shared {
     pub drop_agent_times: Samples,
     /// Durations of DROP batches carried out by injection, from the seize to the settlement.
     pub drop_inject_times: Samples,
-    /// Why processes could not be managed without an agent, for the census to say.
-    pub agentless_refusals: Mutex<std::collections::HashMap<i32, String>>,
+    /// Why processes could not be managed without an agent (the image, the reason): the
+    /// census does not say them again, and an image is not tried twice.
+    pub agentless_refusals: Mutex<std::collections::HashMap<i32, (PathBuf, String)>>,
     /// Processes that exec'd an image without the agent (seen by the scanner), for the
     /// monitor, the only thread that makes ptrace calls, to manage without one.
     pub adopt_queue: Mutex<Vec<i32>>,
@@ -1264,7 +1265,12 @@ fn census_round(shared: &Shared, census: &mut Census) {
         .collect();
     // SAFETY: getpid cannot fail.
     let me = unsafe { libc::getpid() };
-    census.reasons = shared.agentless_refusals.lock().clone();
+    census.reasons = shared
+        .agentless_refusals
+        .lock()
+        .iter()
+        .map(|(&p, (_, why))| (p, why.clone()))
+        .collect();
     let found = census.take(me, &managed, &shared.stats, shared.policy.unmanaged);
     if let Some((pid, kind)) = found {
         census.stopped = true;
@@ -1436,8 +1442,9 @@ fn adopt_exec(shared: &Arc<Shared>, pid: i32) {
     if !crate::agentless::needs_agentless(pid) || crate::agentless::has_uffd_ranges(pid) {
         return;
     }
-    if shared.agentless_refusals.lock().contains_key(&pid) {
-        return;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    if exe.is_some() && crate::agentless::refused_image(shared, pid) == exe {
+        return; // (this image was refused already, and said)
     }
     match crate::agentless::adopt(shared, pid, false) {
         Ok(()) => {}

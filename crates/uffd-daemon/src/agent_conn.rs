@@ -48,10 +48,13 @@ pub enum DropWait {
     Protocol(io::Error),
 }
 
-/// A greeted agent.
+/// A greeted agent, or the daemon's own means of dropping pages in a process without one.
 #[derive(Debug)]
 pub struct AgentConn {
-    sock: OwnedFd,
+    /// The agent's socket; `None` for a process managed without an agent, whose DROPs the
+    /// daemon carries out itself with injected system calls (`agentless.rs`): they are settled
+    /// before the batch ends, never outstanding.
+    sock: Option<OwnedFd>,
     seq: u32,
     /// Most pages one DROP may name (the agent's scratch size).
     pub max_drop_pages: usize,
@@ -63,17 +66,41 @@ impl AgentConn {
     /// Wraps a connected socket.
     pub fn new(sock: OwnedFd, max_drop_pages: usize) -> io::Result<Self> {
         Ok(AgentConn {
-            sock,
+            sock: Some(sock),
             seq: 0,
             max_drop_pages,
             pending: None,
         })
     }
 
+    /// The DROP channel of a process without an agent: injected system calls.
+    pub fn injected(max_drop_pages: usize) -> Self {
+        AgentConn {
+            sock: None,
+            seq: 0,
+            max_drop_pages,
+            pending: None,
+        }
+    }
+
+    /// Whether DROPs are injected system calls rather than messages to an agent.
+    pub fn is_injected(&self) -> bool {
+        self.sock.is_none()
+    }
+
+    fn sock(&self) -> io::Result<i32> {
+        self.sock.as_ref().map(|s| s.as_raw_fd()).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a process managed without an agent has no socket",
+            )
+        })
+    }
+
     /// Sends one message, with an optional descriptor; returns its sequence number.
     pub fn send(&mut self, msg: &Message, fd: Option<i32>) -> io::Result<u32> {
         self.seq = self.seq.wrapping_add(1);
-        sys::send_with_fd(self.sock.as_raw_fd(), &protocol::encode(msg, self.seq), fd)?;
+        sys::send_with_fd(self.sock()?, &protocol::encode(msg, self.seq), fd)?;
         Ok(self.seq)
     }
 
@@ -97,16 +124,17 @@ impl AgentConn {
         timeout: Duration,
     ) -> Result<Vec<u8>, DropWait> {
         let deadline = Instant::now() + timeout;
+        let sock = self.sock().map_err(DropWait::Protocol)?;
         let mut buf = vec![0u8; MAX_PACKET];
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let ms = left.as_millis().min(i32::MAX as u128) as i32;
-            match sys::poll_read(&[self.sock.as_raw_fd()], ms) {
+            match sys::poll_read(&[sock], ms) {
                 Ok(r) if r[0] => {}
                 Ok(_) => return Err(DropWait::NotYet),
                 Err(e) => return Err(DropWait::Protocol(e)),
             }
-            let n = match sys::recv_with_fd_nonblocking(self.sock.as_raw_fd(), &mut buf) {
+            let n = match sys::recv_with_fd_nonblocking(sock, &mut buf) {
                 Ok((0, _)) => {
                     return Err(DropWait::Gone(io::Error::new(
                         io::ErrorKind::UnexpectedEof,

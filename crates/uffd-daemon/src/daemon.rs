@@ -23,7 +23,7 @@ use crate::protocol::{
     self, Message, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD, MAX_PACKET,
 };
 use crate::reclaim;
-use crate::stats::{Histogram, Stats};
+use crate::stats::{Histogram, Samples, Stats};
 use crate::sys::{self, Fill, PidFd, Uffd, PAGE_SIZE, PAGE_SIZE_U64};
 use crate::tiers::{TierConfig, Tiers};
 use crate::unmanaged::Census;
@@ -86,6 +86,27 @@ pub struct Shared {
     pub idle_poll: Option<crate::idlepoll::IdlePoll>,
     /// Log decisions.
     pub verbose: bool,
+    /// An injected DROP is stopping a program now.
+    pub injecting: AtomicBool,
+    /// The thread it stops: its faults are not held at the limit (it stops only once served).
+    pub injecting_tid: AtomicI32,
+    /// Durations of the stops of injections, beyond the calls made in them (`inject.rs`).
+    pub inject_stop_times: Samples,
+    /// Durations of whole stops, from the seize to the detach (the program's thread stands
+    /// still meanwhile).
+    pub inject_hold_times: Samples,
+    /// Durations of DROP batches carried out by agents, from the request to the answer.
+    pub drop_agent_times: Samples,
+    /// Durations of DROP batches carried out by injection, from the seize to the settlement.
+    pub drop_inject_times: Samples,
+    /// Why processes could not be managed without an agent (the image, the reason): the
+    /// census does not say them again, and an image is not tried twice.
+    pub agentless_refusals: Mutex<std::collections::HashMap<i32, (PathBuf, String)>>,
+    /// Processes that exec'd an image without the agent (seen by the scanner), for the
+    /// monitor, the only thread that makes ptrace calls, to manage without one.
+    pub adopt_queue: Mutex<Vec<i32>>,
+    /// Exit statuses the monitor's ptrace waits reaped (a tracee that exited mid-stop).
+    pub reaped: Mutex<Vec<(i32, i32)>>,
 }
 
 impl Shared {
@@ -119,6 +140,15 @@ impl Shared {
                 policy.fault_idle_poll_mode,
             ),
             verbose,
+            injecting: AtomicBool::new(false),
+            injecting_tid: AtomicI32::new(0),
+            inject_stop_times: Samples::default(),
+            inject_hold_times: Samples::default(),
+            drop_agent_times: Samples::default(),
+            drop_inject_times: Samples::default(),
+            agentless_refusals: Mutex::new(std::collections::HashMap::new()),
+            adopt_queue: Mutex::new(Vec::new()),
+            reaped: Mutex::new(Vec::new()),
         }
     }
 
@@ -199,6 +229,10 @@ impl Shared {
             .map_or("off", |p| p.mode().name())
             .into();
         v["limit_pages"] = (self.limit_pages as u64).into();
+        self.inject_stop_times.report("inject_stop", &mut v);
+        self.inject_hold_times.report("inject_hold", &mut v);
+        self.drop_agent_times.report("drop_agent", &mut v);
+        self.drop_inject_times.report("drop_inject", &mut v);
         for (name, h) in [
             ("zswap", &self.lat_zswap),
             ("backend", &self.lat_backend),
@@ -212,7 +246,7 @@ impl Shared {
         v
     }
 
-    fn new_id(&self) -> u64 {
+    pub(crate) fn new_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 }
@@ -251,6 +285,10 @@ pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
         }
     };
     *mm.state.lock() = state;
+    if parent.agentless.load(Ordering::Acquire) {
+        // No agent in the child to name it: the daemon binds it by a token (agentless.rs).
+        crate::agentless::forked(&mm);
+    }
     if shared.verbose {
         eprintln!(
             "uffd-daemon: fork of pid {:?}: child mm {}",
@@ -1091,8 +1129,13 @@ fn raise_fd_limit() {
 }
 
 /// Says at start (or, with `unmanaged = "error"`, refuses) a program the agent cannot load
-/// into: statically linked, or set-ID.
-fn check_program(program: &str, policy: crate::unmanaged::Policy) -> anyhow::Result<()> {
+/// into and the daemon cannot manage without it (a set-ID program when the daemon is not root:
+/// tracing it would run it without its privileges). Returns the program's kind if the agent
+/// cannot load into it (statically linked, or set-ID): the daemon manages it without one.
+fn check_program(
+    program: &str,
+    policy: crate::unmanaged::Policy,
+) -> anyhow::Result<Option<crate::unmanaged::Kind>> {
     let path = if program.contains('/') {
         Some(PathBuf::from(program))
     } else {
@@ -1103,8 +1146,12 @@ fn check_program(program: &str, policy: crate::unmanaged::Policy) -> anyhow::Res
         })
     };
     let Some(kind) = path.as_deref().and_then(crate::unmanaged::program_kind) else {
-        return Ok(());
+        return Ok(None);
     };
+    // SAFETY: geteuid cannot fail.
+    if kind == crate::unmanaged::Kind::Static || unsafe { libc::geteuid() } == 0 {
+        return Ok(Some(kind));
+    }
     let why = match kind {
         crate::unmanaged::Kind::Static => "is statically linked: the agent cannot load into it",
         _ => "is set-user-ID or set-group-ID: the loader ignores LD_PRELOAD for it",
@@ -1113,7 +1160,7 @@ fn check_program(program: &str, policy: crate::unmanaged::Policy) -> anyhow::Res
         bail!("{program} {why} (unmanaged = \"error\")");
     }
     eprintln!("uffd-daemon: {program} {why}; its memory is unmanaged and outside the limit");
-    Ok(())
+    Ok(None)
 }
 
 /// Checks, before starting anything, that this kernel and these privileges give the agent the
@@ -1156,7 +1203,7 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
         );
     }
     check_kernel_support()?;
-    check_program(program, config.policy.unmanaged)?;
+    let agentless = check_program(program, config.policy.unmanaged)?;
     for w in crate::config::capacity_warnings(config.limit_bytes, &config.tiers) {
         eprintln!("uffd-daemon: warning: {w}");
     }
@@ -1248,15 +1295,23 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
         Ok(p) if !p.is_empty() => format!("{}:{p}", so.display()),
         _ => so.display().to_string(),
     };
-    let child = Command::new(program)
-        .args(args)
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .env("LD_PRELOAD", preload)
         .env("UFFD_DAEMON_SOCK", &agent_sock)
-        .env("UFFD_DAEMON_PID", std::process::id().to_string())
-        .spawn()
-        .with_context(|| format!("starting {program}"))?;
+        .env("UFFD_DAEMON_PID", std::process::id().to_string());
+    // A program the agent cannot load into stops at its exec, before its first instruction,
+    // for the daemon to make its uffd (agentless.rs). (Its environment keeps LD_PRELOAD for
+    // the dynamic programs it may run.) This thread, the monitor's, is its tracer.
+    if agentless.is_some() {
+        sys::trace_me_at_exec(&mut cmd);
+    }
+    let child = cmd.spawn().with_context(|| format!("starting {program}"))?;
     let root = child.id() as i32;
     std::mem::forget(child); // reaped by the monitor's waitpid(-1)
+    if agentless.is_some() {
+        start_agentless(&shared, root);
+    }
 
     let scan_stop = Arc::new(AtomicBool::new(false));
     let scan_thread = {
@@ -1353,6 +1408,12 @@ fn census_round(shared: &Shared, census: &mut Census) {
         .collect();
     // SAFETY: getpid cannot fail.
     let me = unsafe { libc::getpid() };
+    census.reasons = shared
+        .agentless_refusals
+        .lock()
+        .iter()
+        .map(|(&p, (_, why))| (p, why.clone()))
+        .collect();
     let found = census.take(me, &managed, &shared.stats, shared.policy.unmanaged);
     if let Some((pid, kind)) = found {
         census.stopped = true;
@@ -1386,6 +1447,7 @@ fn census_round(shared: &Shared, census: &mut Census) {
 fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     let mut tick: u64 = 0;
     let mut census = Census::default();
+    let mut judged = std::collections::HashMap::new();
     while !stop.load(Ordering::Relaxed) {
         tick += 1;
         let mut rss_total = 0u64;
@@ -1413,6 +1475,9 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                 m.last_scan_tick.store(tick, Ordering::Relaxed);
                 if !scan_and_register(&shared, &m) {
                     retire(&shared, &m);
+                    // The new image may be one the agent cannot load into: the monitor looks.
+                    shared.adopt_queue.lock().push(pid);
+                    shared.kick_reclaim(); // (wakes the monitor)
                     continue;
                 }
                 let after = maps::rss_anon_bytes(pid).unwrap_or(0);
@@ -1433,6 +1498,13 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
         }
         if tick % 50 == 0 {
             census_round(&shared, &mut census);
+        }
+        if tick % 5 == 0 {
+            // Every 10 ms: the children of processes without an agent, and programs the
+            // agent cannot load into started by a spawn (they fill memory from their first
+            // instruction).
+            crate::agentless::bind_children(&shared);
+            crate::agentless::find_new_images(&shared, &mut judged);
         }
         if tick % 50 == 0 {
             // Every 100 ms: the metadata structures' own count of their bytes.
@@ -1476,6 +1548,93 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     }
 }
 
+/// The program was started stopped at its exec: manage it without the agent if it cannot load
+/// the agent, and let it go.
+fn start_agentless(shared: &Arc<Shared>, root: i32) {
+    if crate::agentless::needs_agentless(root) {
+        match crate::agentless::adopt(shared, root, true) {
+            Ok(()) => {
+                if shared.verbose {
+                    eprintln!("uffd-daemon: pid {root} is managed without the agent");
+                }
+            }
+            Err(e) => {
+                note_inject_error(shared, root, &e);
+                crate::agentless::refused(shared, root, &e);
+                // Still stopped at its exec if the stop came: let it go.
+                let _ = sys::ptrace_detach(root, 0);
+            }
+        }
+    } else {
+        // A set-ID program run by root without secure mode: the agent loads as usual.
+        let mut stop = crate::inject::Stop::stopped(root);
+        if let Ok(s) = stop.as_mut() {
+            s.release();
+        }
+    }
+}
+
+/// A process of the tree exec'd an image (its old address space is retired): if the agent
+/// cannot load into the new one, the daemon manages it without (`agentless.rs`).
+fn adopt_exec(shared: &Arc<Shared>, pid: i32) {
+    // (A new image that loaded the agent may have greeted already; one that will, a dynamic
+    // one outside secure mode, is told by its image below.)
+    if shared.mms.lock().iter().any(|m| m.pid() == Some(pid)) {
+        return;
+    }
+    if !crate::agentless::needs_agentless(pid) || crate::agentless::has_uffd_ranges(pid) {
+        return;
+    }
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    if exe.is_some() && crate::agentless::refused_image(shared, pid) == exe {
+        return; // (this image was refused already, and said)
+    }
+    match crate::agentless::adopt(shared, pid, false) {
+        Ok(()) => {}
+        Err(e) => {
+            note_inject_error(shared, pid, &e);
+            if !matches!(e, crate::inject::InjectError::Gone(_)) {
+                crate::agentless::refused(shared, pid, &e);
+            }
+        }
+    }
+}
+
+/// Notes the rseq page of thread `tid`, in a ptrace stop, in its process's address space.
+fn learn_rseq_of(shared: &Shared, tid: i32) {
+    let Some(pid) = maps::tgid_of(tid) else {
+        return;
+    };
+    let Some(mm) = shared
+        .mms
+        .lock()
+        .iter()
+        .find(|m| m.pid() == Some(pid))
+        .cloned()
+    else {
+        return;
+    };
+    let page = sys::ptrace_rseq_area(tid)
+        .ok()
+        .filter(|&a| a != 0)
+        .map_or(u64::MAX, |a| a & !(PAGE_SIZE_U64 - 1));
+    let mut known = mm.rseq_pages.lock();
+    if !known.iter().any(|&(t, _)| t == tid) {
+        known.push((tid, page));
+    }
+}
+
+/// Records what an injection's failure says: an exit status it reaped, a count.
+pub fn note_inject_error(shared: &Shared, pid: i32, e: &crate::inject::InjectError) {
+    Stats::add(&shared.stats.inject_errors, 1);
+    if shared.verbose {
+        eprintln!("uffd-daemon: pid {pid}: injection failed: {e}");
+    }
+    if let crate::inject::InjectError::Gone(Some(st)) = e {
+        shared.reaped.lock().push((pid, *st));
+    }
+}
+
 /// The monitor loop: reaps, retires, reclaims. Returns the root's exit status.
 fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
     let mut root_status: Option<i32> = None;
@@ -1486,13 +1645,22 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
             // SAFETY: kill(2) with integer arguments.
             unsafe { libc::kill(root, sig) };
         }
-        // Reap every child (we are a subreaper); remember the root's status.
+        // Reap every child (we are a subreaper); remember the root's status. A stop is a
+        // tracee's: one left seized when it did not stop in time for an injection
+        // (`inject.rs`) stops when it can, and is let go here, its signal delivered.
         loop {
             let mut st: libc::c_int = 0;
             // SAFETY: waitpid with a valid status pointer.
-            let pid = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
+            let pid = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG | libc::__WALL) };
             if pid <= 0 {
                 break;
+            }
+            if let sys::TraceeState::Stopped { sig, event } = sys::decode_wait_status(st) {
+                // (It did not stop in time because its way to the stop met a page of the
+                // batch, most likely its rseq area: learnt now, left out of batches.)
+                learn_rseq_of(shared, pid);
+                let _ = sys::ptrace_detach(pid, if event == 0 { sig } else { 0 });
+                continue;
             }
             if pid == root {
                 root_status = Some(if libc::WIFEXITED(st) {
@@ -1503,6 +1671,17 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                     1
                 });
             }
+        }
+        // Exits that the ptrace waits of an injection reaped.
+        for (pid, st) in std::mem::take(&mut *shared.reaped.lock()) {
+            if pid == root {
+                root_status = Some(st);
+            }
+        }
+        // Images exec'd without the agent: managed without one where the agent cannot load.
+        let queued = std::mem::take(&mut *shared.adopt_queue.lock());
+        for pid in queued {
+            adopt_exec(shared, pid);
         }
         // Retire address spaces whose process exited.
         let mms: Vec<Arc<Mm>> = shared.mms.lock().clone();

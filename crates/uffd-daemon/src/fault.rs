@@ -240,6 +240,7 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
     let mut spin = Spin::new(shared.policy.fault_spin);
     // When the handling of the last batch ended, if it held a fault.
     let mut after_fault: Option<Instant> = None;
+    let mut handling = Handling(false);
     loop {
         let mut n = 0;
         // Poll without sleeping after a fault, unless faults wait for reclaim or for an event,
@@ -248,6 +249,7 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
         if let Some(since) =
             after_fault.filter(|_| deferred.is_empty() && shared.resident() < shared.limit_pages)
         {
+            handling.set(mm, true);
             n = match spin.poll(mm, &mut msgs, since, &shared.stats) {
                 Ok(n) => n,
                 Err(e) => {
@@ -257,6 +259,7 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
             };
         }
         if n == 0 {
+            handling.set(mm, false);
             let timeout = if deferred.is_empty() { -1 } else { 1 };
             let ready =
                 match sys::poll_read(&[mm.uffd.raw(), mm.stop.raw(), mm.retry.raw()], timeout) {
@@ -273,6 +276,7 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
                 mm.retry.drain();
             }
             if ready[0] {
+                handling.set(mm, true);
                 n = match mm.uffd.read_msgs(&mut msgs) {
                     Ok(n) => n,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
@@ -329,6 +333,7 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
                 }
             }
         }
+        handling.set(mm, false);
         // Retry what an event blocked, now that the event has been read.
         if !deferred.is_empty() {
             let again = std::mem::take(&mut deferred);
@@ -345,6 +350,19 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
             if !spin.max.is_zero() {
                 after_fault = Some(Instant::now());
             }
+        }
+    }
+}
+
+/// The handler's side of [`Mm::handling`]: odd from before a read of messages until they are
+/// applied.
+struct Handling(bool);
+
+impl Handling {
+    fn set(&mut self, mm: &Mm, busy: bool) {
+        if self.0 != busy {
+            self.0 = busy;
+            mm.handling.fetch_add(1, Ordering::AcqRel);
         }
     }
 }
@@ -432,6 +450,7 @@ fn serve_fault(
         && p.read_at.elapsed() < THROTTLE_MAX
         && !agent
         && !is_daemon_thread(p.ptid)
+        && shared.injecting_tid.load(Ordering::Acquire) != p.ptid as i32
     {
         drop(st);
         mm.throttled
@@ -741,8 +760,17 @@ fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent) {
             if mm.in_agent_region(start) {
                 return; // the agent freeing its scratch after a drop
             }
+            // An injected DROP's own MADV_DONTNEED (agentless.rs): its pages keep their
+            // stored copies and are settled by the DROP; what is not ours is the program's.
+            let theirs = mm.own_drop.lock().claim(start, end);
+            if theirs.is_empty() {
+                return;
+            }
             Stats::add(&stats.remove_events, 1);
-            mm.state.lock().forget_range(shared, start, end);
+            let mut st = mm.state.lock();
+            for (s, e) in theirs {
+                st.forget_range(shared, s, e);
+            }
         }
         UffdEvent::Unmap { start, end } => {
             Stats::add(&stats.unmap_events, 1);

@@ -33,6 +33,12 @@
 //!   can drop pages (no remote `MADV_DONTNEED` exists) and only it can `UFFDIO_MOVE`.
 //!   Dropping by moving into a scratch area makes every `UFFD_EVENT_REMOVE` on program memory
 //!   the program's own, so a program's `MADV_DONTNEED` is never confused with an eviction.
+//! * **Without an agent** (`agentless.rs`, `inject.rs`): a static or set-ID program, which
+//!   cannot load the agent, has the same work done by the daemon with system calls it runs
+//!   in one ptrace-stopped thread of the program: `userfaultfd` at its exec, then
+//!   `MADV_DONTNEED` per eviction batch, one stop a batch (the `REMOVE` events of the daemon's
+//!   own drops told apart from the program's by coverage); the agent path, which stops
+//!   nothing, stays for every program that can load the agent.
 //! * **Memory is found from outside** (`maps.rs`): `/proc/PID/maps` for private anonymous
 //!   ranges, registered as they appear; `/proc/PID/pagemap` for pages already present.
 //! * **One handler thread per address space** reads its uffd, so faults and events are applied
@@ -77,11 +83,13 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod agent_conn;
+mod agentless;
 pub mod config;
 mod daemon;
 pub mod demo;
 mod fault;
 mod idlepoll;
+pub mod inject;
 pub mod maps;
 mod mm;
 pub mod pagetable;

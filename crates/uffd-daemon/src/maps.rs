@@ -135,6 +135,8 @@ pub struct VmFlags {
     pub wipe_on_fork: bool,
     /// `dd`: MADV_DONTFORK: a fork child has no mapping here.
     pub dont_fork: bool,
+    /// `um`, `uw`, `ui`: registered with a userfaultfd (missing, write-protect, minor).
+    pub uffd: bool,
 }
 
 /// The mappings of `pid` with their flags, from `/proc/PID/smaps` (which costs a walk of the
@@ -156,6 +158,7 @@ pub fn parse_smaps_flags(text: &str) -> Vec<(u64, u64, VmFlags)> {
                         "lo" => last.2.locked = true,
                         "wf" => last.2.wipe_on_fork = true,
                         "dd" => last.2.dont_fork = true,
+                        "um" | "uw" | "ui" => last.2.uffd = true,
                         _ => {}
                     }
                 }

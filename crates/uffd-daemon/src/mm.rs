@@ -125,6 +125,90 @@ pub struct Mm {
     /// Writers wait in write-protect faults on pages moved while `Dropping` (see the fault
     /// path): the monitor wakes them once no DROP is in flight.
     pub wp_waiters: AtomicBool,
+    /// Managed without an agent (`agentless.rs`): DROPs are `MADV_DONTNEED`s injected with
+    /// ptrace, the probe page is one the daemon mapped.
+    pub agentless: AtomicBool,
+    /// The runs an injected DROP is removing now: their `REMOVE` events are the daemon's own.
+    pub own_drop: Mutex<OwnDrop>,
+    /// A forked child of an agentless process, not bound to its pid yet: the token the daemon
+    /// writes into its probe page (through its uffd) and looks for in candidate processes.
+    pub bind_token: Mutex<Option<BindToken>>,
+    /// Odd while the handler reads and applies a batch of messages, even otherwise: an
+    /// injected DROP waits for the batch that held its `REMOVE` to be applied.
+    pub handling: AtomicU64,
+    /// Agentless: the threads stopped so far and their rseq pages (`u64::MAX`: none), which
+    /// batches leave out (`reclaim.rs`).
+    pub rseq_pages: Mutex<Vec<(i32, u64)>>,
+}
+
+/// What binds a forked child of an agentless process to its pid: 16 random bytes the daemon
+/// puts into the child's probe page with `UFFDIO_COPY` through the child's uffd (only that
+/// address space can hold them), then reads back from candidate processes.
+#[derive(Debug, Clone, Copy)]
+pub struct BindToken {
+    /// The bytes.
+    pub bytes: [u8; 16],
+    /// Whether they are in the child's probe page yet.
+    pub written: bool,
+    /// When the child was forked (binding is given up after a while).
+    pub since: std::time::Instant,
+}
+
+/// The `REMOVE` events an injected DROP raises, told apart from the program's own.
+///
+/// While the daemon's `MADV_DONTNEED` of a run is in flight, the first `REMOVE` covering a
+/// byte of the run is counted as the daemon's; a second one covering the same byte can only be
+/// the program's (it freed the same memory at the same moment, and expects zeros there: those
+/// pages are forgotten). Anything outside the runs is the program's.
+#[derive(Debug, Default)]
+pub struct OwnDrop {
+    /// The runs `[start, end)` being dropped, sorted; empty when no injected DROP is in flight.
+    pub runs: Vec<(u64, u64)>,
+    /// Parts of them a `REMOVE` has covered, sorted and disjoint.
+    pub covered: Vec<(u64, u64)>,
+}
+
+impl OwnDrop {
+    /// Splits a `REMOVE` of `[start, end)`: claims the parts of the runs it covers for the
+    /// first time, and returns the rest (the program's).
+    pub fn claim(&mut self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut theirs = vec![(start, end)];
+        let mut claimed = Vec::new();
+        for &(rs, re) in &self.runs {
+            let (s, e) = (start.max(rs), end.min(re));
+            if s >= e {
+                continue;
+            }
+            // Inside a run: the parts not covered yet are ours.
+            let mut fresh = vec![(s, e)];
+            for &(cs, ce) in &self.covered {
+                subtract(&mut fresh, cs, ce);
+            }
+            subtract(&mut theirs, s, e);
+            // The parts already covered go back to the program's.
+            let mut again = vec![(s, e)];
+            for &(fs, fe) in &fresh {
+                subtract(&mut again, fs, fe);
+            }
+            theirs.extend(again);
+            claimed.extend(fresh);
+        }
+        for (s, e) in claimed {
+            self.covered.push((s, e));
+        }
+        self.covered.sort_unstable();
+        theirs.sort_unstable();
+        theirs
+    }
+
+    /// Whether `[start, end)` was covered by a claimed `REMOVE`, wholly.
+    pub fn is_covered(&self, start: u64, end: u64) -> bool {
+        let mut rest = vec![(start, end)];
+        for &(cs, ce) in &self.covered {
+            subtract(&mut rest, cs, ce);
+        }
+        rest.is_empty()
+    }
 }
 
 impl Mm {
@@ -156,6 +240,11 @@ impl Mm {
             last_scan_tick: AtomicU64::new(0),
             untracked_rss: AtomicU64::new(0),
             wp_waiters: AtomicBool::new(false),
+            agentless: AtomicBool::new(false),
+            own_drop: Mutex::new(OwnDrop::default()),
+            bind_token: Mutex::new(None),
+            handling: AtomicU64::new(0),
+            rseq_pages: Mutex::new(Vec::new()),
         })
     }
 
@@ -536,6 +625,33 @@ pub fn runs_of(addrs: &[u64]) -> Vec<(u64, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The daemon's own `REMOVE` covers each byte of its runs once; whatever covers a byte a
+    /// second time, or lies outside the runs, is the program's.
+    #[test]
+    fn an_injected_drops_remove_events_are_told_apart() {
+        let mut own = OwnDrop {
+            runs: vec![(0x1000, 0x5000), (0x8000, 0x9000)],
+            covered: Vec::new(),
+        };
+        // Ours, in two pieces (the run spans two mappings).
+        assert!(own.claim(0x1000, 0x3000).is_empty());
+        assert!(own.claim(0x3000, 0x5000).is_empty());
+        assert!(own.is_covered(0x1000, 0x5000));
+        // The program freed part of the same run at the same moment: that part is its own.
+        assert_eq!(own.claim(0x2000, 0x4000), vec![(0x2000, 0x4000)]);
+        // A program's REMOVE over a run and beyond: the run's part is ours (first time), the
+        // rest the program's.
+        assert_eq!(
+            own.claim(0x7000, 0xa000),
+            vec![(0x7000, 0x8000), (0x9000, 0xa000)]
+        );
+        assert!(own.is_covered(0x8000, 0x9000));
+        assert!(!own.is_covered(0x7000, 0x9000));
+        // With no DROP in flight, everything is the program's.
+        let mut none = OwnDrop::default();
+        assert_eq!(none.claim(0x1000, 0x2000), vec![(0x1000, 0x2000)]);
+    }
 
     #[test]
     fn ranges_merge_split_and_gaps() {

@@ -198,8 +198,42 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let batch = mm
         .next_batch
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // Without an agent the program is stopped for the drop only (agentless.rs, BatchStop),
+    // and the rseq pages of the threads it has been stopped in are never in a batch: the
+    // kernel writes a thread's rseq area on its way to a stop, and a thread whose rseq page
+    // was write-protected in the batch would wait for the very drop that waits for its stop.
+    // The first batch learns them in a stop of its own.
+    let injected = agent.is_injected();
+    if injected {
+        if mm.state.lock().policy.is_empty() {
+            return 0; // nothing to pick: no stop for nothing
+        }
+        if mm.rseq_pages.lock().is_empty() {
+            match crate::agentless::BatchStop::take(shared, pid) {
+                Ok(s) => {
+                    s.learn_rseq(mm);
+                }
+                Err(e) => {
+                    lose_injection(shared, &mut agent_guard, pid, &e);
+                    return 0;
+                }
+            }
+        }
+    }
     let t_pick = std::time::Instant::now();
-    let victims = pick_victims(shared, mm, batch, max);
+    let mut victims = pick_victims(shared, mm, batch, max);
+    if injected {
+        let rseq: Vec<u64> = mm.rseq_pages.lock().iter().map(|&(_, p)| p).collect();
+        let out: Vec<u64> = victims
+            .iter()
+            .copied()
+            .filter(|a| rseq.contains(a))
+            .collect();
+        if !out.is_empty() {
+            victims.retain(|a| !out.contains(a));
+            abort_pages(shared, mm, batch, &out);
+        }
+    }
     let pick_ns = t_pick.elapsed().as_nanos() as u64;
     Stats::add(&shared.stats.reclaim_pick_ns, pick_ns);
     shared
@@ -326,6 +360,81 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     //    writeback). An answer that does not come in time leaves the batch outstanding.
     Stats::add(&shared.stats.drop_requests, 1);
     let drop_runs = runs_of(&to_drop);
+    let t_drop = std::time::Instant::now();
+    if injected {
+        // No agent: the daemon drops the pages itself, in a stop of the program, and knows the
+        // outcome of every call when the stop ends: the batch settles now.
+        Stats::add(&shared.stats.inject_drops, 1);
+        let mut p = PendingDrop {
+            seq: 0,
+            pages: to_drop,
+            slots: drop_slots,
+            runs: drop_runs,
+            sent: t_drop,
+            said_late: false,
+        };
+        let stop = match crate::agentless::BatchStop::take(shared, pid) {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing was dropped: the batch goes back.
+                let kept = vec![1u8; p.pages.len()];
+                settle_drop(shared, mm, &p, Some(&kept));
+                lose_injection(shared, &mut agent_guard, pid, &e);
+                return 0;
+            }
+        };
+        // A thread stopped for the first time: if its rseq page is in the batch, it leaves
+        // the batch (unprotected) before the thread is stepped.
+        if let Some(rp) = stop.learn_rseq(mm) {
+            if let Ok(i) = p.pages.binary_search(&rp) {
+                let one = PendingDrop {
+                    seq: 0,
+                    pages: vec![rp],
+                    slots: vec![p.slots[i]],
+                    runs: vec![(rp, 1)],
+                    sent: t_drop,
+                    said_late: false,
+                };
+                settle_drop(shared, mm, &one, Some(&[1]));
+                p.pages.remove(i);
+                p.slots.remove(i);
+                p.runs = runs_of(&p.pages);
+            }
+        }
+        // Events the program raised before its stop (an unmap, and a new mapping at the same
+        // addresses) are applied by now: only pages still `Dropping` are dropped, so that a
+        // `DONTNEED` never reaches memory that is no longer the batch's.
+        crate::agentless::wait_handled(mm);
+        let live: Vec<bool> = {
+            let st = mm.state.lock();
+            p.pages
+                .iter()
+                .zip(&p.slots)
+                .map(|(&a, &slot)| st.pages.get(a) == Some(Page::Dropping { slot }))
+                .collect()
+        };
+        let to_drop: Vec<u64> = p
+            .pages
+            .iter()
+            .zip(&live)
+            .filter_map(|(&a, &l)| l.then_some(a))
+            .collect();
+        let drop_runs = runs_of(&to_drop);
+        let (live_status, err) =
+            crate::agentless::drop_pages(shared, mm, pid, stop, &to_drop, &drop_runs);
+        // (Pages no longer `Dropping` were settled by their events: settle_drop skips them.)
+        let mut next = live_status.into_iter();
+        let status: Vec<u8> = live
+            .iter()
+            .map(|&l| if l { next.next().unwrap_or(1) } else { 1 })
+            .collect();
+        let evicted = settle_drop(shared, mm, &p, Some(&status));
+        lap(&stats.reclaim_drop_ns);
+        if let Some(e) = err {
+            lose_injection(shared, &mut agent_guard, pid, &e);
+        }
+        return evicted;
+    }
     let pending = match agent.send_drop(&drop_runs) {
         Ok(seq) => PendingDrop {
             seq,
@@ -351,6 +460,11 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         }
     };
     let waited = agent.wait_drop(pending.seq, pending.pages.len(), shared.policy.drop_timeout);
+    if waited.is_ok() {
+        shared
+            .drop_agent_times
+            .record(t_drop.elapsed().as_nanos() as u64);
+    }
     lap(&stats.reclaim_drop_ns);
     finish_drop(shared, mm, &mut agent_guard, pending, waited)
 }
@@ -439,6 +553,30 @@ fn lose_agent(shared: &Shared, mm: &Mm, agent_guard: &mut Option<AgentConn>, e: 
     );
 }
 
+/// After an injected DROP failed: a process that is gone or stopped in time only missed this
+/// batch; one that can no longer be injected into (a seccomp filter since, another tracer) is
+/// no longer evicted from, and that is said.
+fn lose_injection(
+    shared: &Shared,
+    agent_guard: &mut Option<AgentConn>,
+    pid: i32,
+    e: &crate::inject::InjectError,
+) {
+    use crate::inject::InjectError;
+    crate::daemon::note_inject_error(shared, pid, e);
+    match e {
+        InjectError::Gone(_) | InjectError::NoStop(_) => {}
+        _ => {
+            *agent_guard = None;
+            Stats::add(&shared.stats.agents_lost, 1);
+            eprintln!(
+                "uffd-daemon: pid {pid} can no longer be stopped to drop pages ({e}); its pages \
+                 are still served, but no longer evicted"
+            );
+        }
+    }
+}
+
 /// Accounts for a DROP's outcome: with the agent's per-page answer, moved pages become
 /// `Evicted` and refused ones resident again; without one (the agent is gone and nothing moves
 /// any more, but which pages moved is unknown), every page keeps its stored copy as
@@ -466,6 +604,12 @@ fn settle_drop(shared: &Shared, mm: &Mm, p: &PendingDrop, status: Option<&[u8]>)
                     if slot == ZERO_SLOT {
                         zero += 1;
                     }
+                }
+                // An injected DROP that failed part way over a page a REMOVE was seen for
+                // (agentless.rs): removed, by the daemon or the program; its copy is kept.
+                Some(crate::agentless::DROP_UNKNOWN) => {
+                    st.pages.insert(a, Page::Inherited { slot });
+                    kept.push(a);
                 }
                 Some(_) => {
                     st.back_to_resident(a);

@@ -203,6 +203,27 @@ counters! {
     daemon_metadata_slots_bytes,
     /// Of `daemon_metadata_max_bytes`: zswap's index, LRU and pool bookkeeping.
     daemon_metadata_zswap_bytes,
+    /// Processes managed without an agent (`agentless.rs`): statically linked and set-ID
+    /// programs, images exec'd without the agent, their fork children. The daemon made their
+    /// userfaultfd and carries out their DROPs with ptrace-injected system calls.
+    agentless_processes,
+    /// Processes the daemon tried to manage without an agent and could not (a seccomp filter,
+    /// another tracer, the kernel's refusal): unmanaged, counted by the census, said once.
+    agentless_refused,
+    /// Fork children of agentless processes bound to their pid through their probe page.
+    agentless_children_bound,
+    /// ptrace stops made to run system calls in agentless processes (one per DROP batch,
+    /// one to make a process's uffd).
+    inject_stops,
+    /// System calls run in those stops.
+    inject_syscalls,
+    /// Injections that failed (the process exited or exec'd mid-stop, a thread that did not
+    /// stop in time, a call that failed).
+    inject_errors,
+    /// Wall time of the stops, from the seize to the detach, in nanoseconds.
+    inject_stop_ns,
+    /// DROP batches carried out by injection (of `drop_requests`).
+    inject_drops,
 }
 
 impl Stats {
@@ -219,6 +240,45 @@ impl Stats {
     pub fn set_resident(&self, pages: u64) {
         self.resident_pages.store(pages, Relaxed);
         self.resident_pages_max.fetch_max(pages, Relaxed);
+    }
+}
+
+/// Exact durations of a kind of operation (the first 65536), for a median with its extremes.
+#[derive(Debug, Default)]
+pub struct Samples {
+    ns: parking_lot::Mutex<Vec<u64>>,
+}
+
+impl Samples {
+    const MAX: usize = 1 << 16;
+
+    /// Records one duration.
+    pub fn record(&self, ns: u64) {
+        let mut v = self.ns.lock();
+        if v.len() < Self::MAX {
+            v.push(ns);
+        }
+    }
+
+    /// `(count, median, min, max)` in microseconds, if anything was recorded.
+    pub fn summary_us(&self) -> Option<(usize, f64, f64, f64)> {
+        let mut v = self.ns.lock().clone();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_unstable();
+        let us = |ns: u64| ns as f64 / 1000.0;
+        Some((v.len(), us(v[v.len() / 2]), us(v[0]), us(v[v.len() - 1])))
+    }
+
+    /// Adds `PREFIX_count`, `PREFIX_p50_us`, `PREFIX_min_us`, `PREFIX_max_us` to `out`.
+    pub fn report(&self, prefix: &str, out: &mut serde_json::Value) {
+        if let Some((n, p50, min, max)) = self.summary_us() {
+            out[format!("{prefix}_count")] = (n as u64).into();
+            out[format!("{prefix}_p50_us")] = p50.into();
+            out[format!("{prefix}_min_us")] = min.into();
+            out[format!("{prefix}_max_us")] = max.into();
+        }
     }
 }
 

@@ -950,3 +950,198 @@ mod tests {
         .unwrap();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// ptrace, for agentless management (`inject.rs`): the calls that stop one thread of a program,
+// run a system call in it, and give it back exactly as it was.
+
+/// `PTRACE_EVENT_STOP`: a stop of a `PTRACE_SEIZE`d thread (`PTRACE_INTERRUPT`, group-stop).
+pub const PTRACE_EVENT_STOP: i32 = 128;
+/// `PTRACE_EVENT_EXEC`.
+pub const PTRACE_EVENT_EXEC: i32 = 4;
+
+/// The registers of a stopped tracee (x86-64 `struct user_regs_struct`).
+pub type Regs = libc::user_regs_struct;
+
+fn ptrace_call(req: libc::c_uint, tid: i32, addr: usize, data: usize) -> io::Result<libc::c_long> {
+    // SAFETY: every request made through this function takes integer `addr` and `data`
+    // arguments (SEIZE, INTERRUPT, SINGLESTEP, DETACH, SETOPTIONS): the kernel reads no memory
+    // of ours for them.
+    let r = unsafe { libc::ptrace(req, tid, addr, data) };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
+/// `PTRACE_SEIZE` of thread `tid` with `options` (`PTRACE_O_*`): no stop, no signal.
+pub fn ptrace_seize(tid: i32, options: u32) -> io::Result<()> {
+    ptrace_call(libc::PTRACE_SEIZE, tid, 0, options as usize).map(drop)
+}
+
+/// `PTRACE_INTERRUPT`: a seized thread stops (`PTRACE_EVENT_STOP`) as soon as it can.
+pub fn ptrace_interrupt(tid: i32) -> io::Result<()> {
+    ptrace_call(libc::PTRACE_INTERRUPT, tid, 0, 0).map(drop)
+}
+
+/// The address of a stopped tracee's rseq area (`PTRACE_GET_RSEQ_CONFIGURATION`; 0: none).
+pub fn ptrace_rseq_area(tid: i32) -> io::Result<u64> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct RseqConfiguration {
+        rseq_abi_pointer: u64,
+        rseq_abi_size: u32,
+        signature: u32,
+        flags: u32,
+        pad: u32,
+    }
+    const PTRACE_GET_RSEQ_CONFIGURATION: libc::c_uint = 0x420f;
+    let mut conf = RseqConfiguration::default();
+    // SAFETY: the request writes at most `addr` bytes (the structure's size) to `data`, which
+    // points to `conf`.
+    let r = unsafe {
+        libc::ptrace(
+            PTRACE_GET_RSEQ_CONFIGURATION,
+            tid,
+            std::mem::size_of::<RseqConfiguration>(),
+            &mut conf as *mut RseqConfiguration,
+        )
+    };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(conf.rseq_abi_pointer)
+}
+
+/// `PTRACE_SINGLESTEP`, delivering `sig` (0: none).
+pub fn ptrace_singlestep(tid: i32, sig: i32) -> io::Result<()> {
+    ptrace_call(libc::PTRACE_SINGLESTEP, tid, 0, sig as usize).map(drop)
+}
+
+/// `PTRACE_DETACH`, delivering `sig` (0: none).
+pub fn ptrace_detach(tid: i32, sig: i32) -> io::Result<()> {
+    ptrace_call(libc::PTRACE_DETACH, tid, 0, sig as usize).map(drop)
+}
+
+/// `PTRACE_GETREGS` of a stopped tracee.
+pub fn ptrace_getregs(tid: i32) -> io::Result<Regs> {
+    // SAFETY: user_regs_struct is plain data; all zeros is a valid value.
+    let mut regs: Regs = unsafe { std::mem::zeroed() };
+    // SAFETY: PTRACE_GETREGS writes one user_regs_struct to `data`, which points to `regs`.
+    let r = unsafe { libc::ptrace(libc::PTRACE_GETREGS, tid, 0usize, &mut regs as *mut Regs) };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(regs)
+}
+
+/// `PTRACE_SETREGS` of a stopped tracee.
+pub fn ptrace_setregs(tid: i32, regs: &Regs) -> io::Result<()> {
+    // SAFETY: PTRACE_SETREGS reads one user_regs_struct from `data`, which points to `regs`.
+    let r = unsafe { libc::ptrace(libc::PTRACE_SETREGS, tid, 0usize, regs as *const Regs) };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes a command's child a tracee of the thread that spawns it (`PTRACE_TRACEME` between
+/// fork and exec): it stops with `SIGTRAP` right after its exec, before its first instruction.
+/// The spawning thread must be the one that makes every later ptrace call on it.
+pub fn trace_me_at_exec(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec and only makes one raw
+    // system call (async-signal-safe), touching no memory of the parent's locks or allocator.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::ptrace(libc::PTRACE_TRACEME, 0, 0usize, 0usize) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// What `waitpid` said of a tracee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceeState {
+    /// Stopped: the signal (`SIGTRAP` for a step, the stop signal for a group-stop) and the
+    /// ptrace event (0, `PTRACE_EVENT_STOP`, `PTRACE_EVENT_EXEC`, ...).
+    Stopped {
+        /// `WSTOPSIG`.
+        sig: i32,
+        /// `status >> 16`.
+        event: i32,
+    },
+    /// Exited or killed; the status as a shell gives it (128 + N for signal N).
+    Exited(i32),
+}
+
+/// `waitpid(tid, __WALL | WNOHANG)`: `None` while the tracee has nothing to report.
+pub fn wait_tracee(tid: i32) -> io::Result<Option<TraceeState>> {
+    let mut st: libc::c_int = 0;
+    // SAFETY: waitpid with a valid status pointer.
+    let r = unsafe { libc::waitpid(tid, &mut st, libc::__WALL | libc::WNOHANG) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if r == 0 {
+        return Ok(None);
+    }
+    Ok(Some(decode_wait_status(st)))
+}
+
+/// Decodes a `waitpid` status.
+pub fn decode_wait_status(st: libc::c_int) -> TraceeState {
+    if libc::WIFSTOPPED(st) {
+        TraceeState::Stopped {
+            sig: libc::WSTOPSIG(st),
+            event: (st >> 16) & 0xff,
+        }
+    } else if libc::WIFEXITED(st) {
+        TraceeState::Exited(libc::WEXITSTATUS(st))
+    } else {
+        TraceeState::Exited(128 + libc::WTERMSIG(st))
+    }
+}
+
+/// `tgkill(pid, tid, sig)`.
+pub fn tgkill(pid: i32, tid: i32, sig: i32) -> io::Result<()> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl PidFd {
+    /// A copy of descriptor `fd` of the process (`pidfd_getfd`, close-on-exec here).
+    pub fn get_fd(&self, fd: i32) -> io::Result<OwnedFd> {
+        // SAFETY: plain syscall with integer arguments.
+        let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.fd.as_raw_fd(), fd, 0) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `r` is a fresh descriptor we own.
+        Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+    }
+}
+
+/// Fills `buf` with random bytes (`getrandom`).
+pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the pointer and length describe the unfilled part of `buf`.
+        let r = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        done += r as usize;
+    }
+    Ok(())
+}

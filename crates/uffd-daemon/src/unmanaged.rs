@@ -3,8 +3,8 @@
 //!
 //! | kind | what | why the daemon cannot page it |
 //! |---|---|---|
-//! | `static` | a process whose program is statically linked | the dynamic loader never loads the agent |
-//! | `setuid` | a process running a set-user-ID or set-group-ID program | the loader ignores `LD_PRELOAD` for it |
+//! | `static` | a process whose program is statically linked, that the daemon could not manage without an agent (`agentless.rs`: a seccomp filter, another tracer) or that an unmanaged process exec'd | the dynamic loader never loads the agent |
+//! | `setuid` | the same, for a set-user-ID or set-group-ID program (any, when the daemon is not root) | the loader ignores `LD_PRELOAD` for it |
 //! | `no_agent` | any other process of the tree without an agent | its environment dropped `LD_PRELOAD`, or its agent could not start (it said why) |
 //! | `shared` | `MAP_SHARED` anonymous memory, System V and POSIX shared memory of managed processes (`RssShmem`) | shared memory pages are not the process's own: userfaultfd's missing faults on shmem would need the other sharers' cooperation |
 //! | `locked` | `mlock`ed memory of managed processes (`VmLck`) | the program asked that it never leave RAM |
@@ -13,7 +13,7 @@
 //! current amount of each kind (`unmanaged_<kind>_bytes`) and of their sum
 //! (`unmanaged_bytes`), so a user sees how far the limit could not reach. With
 //! `unmanaged = "error"` the daemon refuses such a program at start where it can tell
-//! (a static or set-ID program), and stops the tree when it finds one later.
+//! (a set-ID program when it is not root), and stops the tree when it finds one later.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -50,7 +50,7 @@ impl Kind {
 
     fn why(self) -> &'static str {
         match self {
-            Kind::Static => "its program is statically linked, so the agent cannot load",
+            Kind::Static => "its program is statically linked (the agent cannot load) and the daemon did not manage it without one",
             Kind::Setuid => "its program is set-user-ID or set-group-ID, so the loader ignores LD_PRELOAD",
             Kind::NoAgent => "it runs without the agent (LD_PRELOAD dropped from its environment, a seccomp filter in force at its fork, or the agent could not start)",
             Kind::Shared => "shared memory (MAP_SHARED anonymous, shm) is not paged",
@@ -140,6 +140,8 @@ pub struct Census {
     said: HashSet<(i32, Kind)>,
     /// Whether `Policy::Error` has stopped the tree.
     pub stopped: bool,
+    /// Why the daemon could not manage a process without an agent, by pid (said with it).
+    pub reasons: HashMap<i32, String>,
 }
 
 /// One process's figures from `/proc/PID/status`, in bytes.
@@ -173,7 +175,7 @@ fn status(pid: i32) -> Option<Status> {
 }
 
 /// Every descendant of `root` (through each thread's `children`).
-fn descendants(root: i32) -> Vec<i32> {
+pub(crate) fn descendants(root: i32) -> Vec<i32> {
     let mut out = Vec::new();
     let mut stack = vec![root];
     while let Some(p) = stack.pop() {
@@ -232,12 +234,18 @@ impl Census {
                 .ok()
                 .and_then(|exe| program_kind(&exe))
                 .unwrap_or(Kind::NoAgent);
-            if kind == Kind::NoAgent && first.elapsed() < NO_AGENT_GRACE {
+            // (A static or set-ID image is managed without the agent a few milliseconds after
+            // its exec, unless the daemon said why it could not: the same grace.)
+            if first.elapsed() < NO_AGENT_GRACE && !self.reasons.contains_key(&pid) {
                 continue;
             }
             *now.entry(kind).or_default() += st.rss_anon + st.rss_shmem;
             found = found.or(Some((pid, kind)));
-            self.say(pid, kind, st.rss_anon + st.rss_shmem);
+            // (A process the daemon could not manage without an agent was said with the
+            // reason when it tried.)
+            if !self.reasons.contains_key(&pid) {
+                self.say(pid, kind, st.rss_anon + st.rss_shmem);
+            }
         }
         self.seen_unmanaged = unmanaged;
         let mut total = 0;

@@ -50,6 +50,8 @@ use super::{Options, Report};
 
 const TRACE_DIR: &str = "../shared/data/traces";
 const FRACTIONS: [f64; 4] = [0.01, 0.05, 0.10, 0.25];
+/// Capacities of the moved-hot-set and periodic-scan traces, as shares of the hot set.
+const SET_FRACTIONS: [f64; 4] = [0.2, 0.4, 0.6, 0.8];
 const RUST_POLICIES: [&str; 5] = ["mglru", "mglru-v6.1", "active-inactive", "lru", "clock"];
 const PY_POLICIES: [&str; 3] = ["ARC", "LIRS", "S3-FIFO"];
 const SCAN_TRACES: [&str; 2] = ["zipf_scan_1to1", "zipf_scan_1to4"];
@@ -127,7 +129,57 @@ fn workloads(quick: bool, notes: &mut Vec<String>) -> anyhow::Result<Vec<Workloa
         name: "loop_1.1x".into(),
         runs,
     });
+    // Loops over 1.5 and 2 times memory.
+    for (name, num, den) in [("loop_1.5x", 3, 2), ("loop_2x", 2, 1)] {
+        let runs = FRACTIONS
+            .iter()
+            .map(|&f| {
+                let cap = (20_000.0 * f) as usize;
+                let pages = cap * num / den;
+                (cap, f, std::rc::Rc::new(workload::looping(pages, rounds)))
+            })
+            .collect();
+        out.push(Workload {
+            name: name.into(),
+            runs,
+        });
+    }
+    // Hot sets that move: Zipf over set A, then a disjoint set B of the same size, then A
+    // again, 5 requests per page of a set in each phase; capacities 20-80% of one set.
+    let sets: &[usize] = if quick { &[5_000] } else { &[5_000, 20_000] };
+    for &set in sets {
+        for (alpha, seed) in [(0.9, 11), (1.0, 12), (1.1, 13)] {
+            let trace = workload::moving_hot_set(set, alpha, 5 * set, 3, seed + set as u64);
+            out.push(by_set_fraction(
+                format!("moved_z{alpha:.1}_{}k", set / 1000),
+                set,
+                trace,
+            ));
+        }
+    }
+    // A working set with periodic full scans: Zipf(0.9) over 10,000 pages and, after every
+    // 40,000 of its requests, one pass over the same 10,000 or 30,000 other pages; capacities
+    // 20-80% of the working set.
+    let len = if quick { 200_000 } else { 800_000 };
+    for (scan, seed) in [(10_000, 21), (30_000, 22)] {
+        let trace = workload::zipf_with_periodic_scan(10_000, 0.9, scan, 40_000, len, seed);
+        out.push(by_set_fraction(
+            format!("wss_scan_{}k", scan / 1000),
+            10_000,
+            trace,
+        ));
+    }
     Ok(out)
+}
+
+/// Capacities of 20, 40, 60 and 80% of `set` pages (a hot set or working set).
+fn by_set_fraction(name: String, set: usize, trace: Vec<PageId>) -> Workload {
+    let trace = std::rc::Rc::new(trace);
+    let runs = SET_FRACTIONS
+        .iter()
+        .map(|&f| (((set as f64 * f) as usize).max(1), f, trace.clone()))
+        .collect();
+    Workload { name, runs }
 }
 
 fn by_fraction(name: String, trace: Vec<PageId>) -> Workload {

@@ -9,7 +9,7 @@
 //!     [--phase-len N] [--window N] [VARIANT]
 //! ```
 //!
-//! VARIANT is `default` (the default) or `v61`.
+//! VARIANT is `default` (the default), `v61`, or `eN` (the default with `eviction_aging` N).
 
 use std::collections::HashSet;
 
@@ -74,6 +74,10 @@ fn main() {
     }
     let cfg = match variant.as_str() {
         "v61" => Config::v6_1(),
+        e if e.starts_with('e') => Config {
+            eviction_aging: e[1..].parse().expect("eN"),
+            ..Config::default()
+        },
         _ => Config::default(),
     };
     let trace = workload::moving_hot_set(set, alpha, phase_len, 3, 7);

@@ -52,7 +52,14 @@ const TRACE_DIR: &str = "../shared/data/traces";
 const FRACTIONS: [f64; 4] = [0.01, 0.05, 0.10, 0.25];
 /// Capacities of the moved-hot-set and periodic-scan traces, as shares of the hot set.
 const SET_FRACTIONS: [f64; 4] = [0.2, 0.4, 0.6, 0.8];
-const RUST_POLICIES: [&str; 5] = ["mglru", "mglru-v6.1", "active-inactive", "lru", "clock"];
+const RUST_POLICIES: [&str; 6] = [
+    "mglru",
+    "mglru-noclock",
+    "mglru-v6.1",
+    "active-inactive",
+    "lru",
+    "clock",
+];
 const PY_POLICIES: [&str; 3] = ["ARC", "LIRS", "S3-FIFO"];
 const SCAN_TRACES: [&str; 2] = ["zipf_scan_1to1", "zipf_scan_1to4"];
 
@@ -65,12 +72,40 @@ struct Workload {
 fn make(name: &str) -> anyhow::Result<Box<dyn Policy>> {
     Ok(match name {
         "mglru" => Box::new(Mglru::new(Config::default())?),
+        "mglru-noclock" => Box::new(Mglru::new(no_clock())?),
         "mglru-v6.1" => Box::new(Mglru::new(Config::v6_1())?),
         "active-inactive" => Box::new(ActiveInactive::default()),
         "lru" => Box::new(Lru::new()),
         "clock" => Box::new(Clock::new()),
         other => anyhow::bail!("unknown policy {other}"),
     })
+}
+
+/// The default before the eviction clock (issue #20's starting point).
+fn no_clock() -> Config {
+    Config {
+        eviction_aging: 0,
+        ..Config::default()
+    }
+}
+
+/// Nanoseconds per replayed request of the default and of [`no_clock`] on `trace`: `runs`
+/// replays of each, alternated so load on the machine hits both; (median, min, max) each.
+fn replay_cost(cap: usize, trace: &[PageId], runs: usize) -> anyhow::Result<[(f64, f64, f64); 2]> {
+    let mut ns = [Vec::new(), Vec::new()];
+    for _ in 0..runs {
+        for (k, cfg) in [Config::default(), no_clock()].into_iter().enumerate() {
+            let mut lru = Mglru::new(cfg)?;
+            let t = Instant::now();
+            replay(&mut lru, cap, trace)?;
+            ns[k].push(t.elapsed().as_nanos() as f64 / trace.len().max(1) as f64);
+        }
+    }
+    Ok(ns.map(|v| {
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (median(v), min, max)
+    }))
 }
 
 fn trace_dir() -> Option<PathBuf> {
@@ -446,7 +481,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     // Goals.
     let get = |cell: &Map<String, Value>, k: &str| cell.get(k).and_then(Value::as_f64);
     let mut goals = Map::new();
-    for pol in ["mglru", "mglru-v6.1"] {
+    for pol in ["mglru", "mglru-noclock", "mglru-v6.1"] {
         let mut worst = (f64::NEG_INFINITY, String::new());
         let mut beats_ai = true;
         let mut beats_ai_detail = Map::new();
@@ -502,15 +537,44 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         "time_ratio": ratio("ns_per_walk"),
     });
 
+    // Cost per replayed request, the eviction clock against the default without it.
+    let mut request_cost = Map::new();
+    let runs = if opts.quick { 3 } else { 5 };
+    for (name, frac) in [
+        ("moved_z1.0_20k", 0.4),
+        ("moved_z1.0_5k", 0.4),
+        ("zipf_scan_1to1", 0.10),
+        ("cloudphysics", 0.10),
+    ] {
+        let Some(w) = wls.iter().find(|w| w.name == name) else {
+            continue;
+        };
+        let Some((cap, _, trace)) = w.runs.iter().find(|r| (r.1 - frac).abs() < 1e-9) else {
+            continue;
+        };
+        let [clock, before] = replay_cost(*cap, trace, runs)?;
+        let j = |c: (f64, f64, f64)| json!({"median": c.0, "min": c.1, "max": c.2});
+        request_cost.insert(
+            format!("{name} @ {cap}"),
+            json!({"mglru": j(clock), "mglru-noclock": j(before), "runs": runs}),
+        );
+    }
+
     // Walk cost inside replays, at 10% capacity.
     let mut walk_cost = Map::new();
     for w in &wls {
-        let Some((cap, _, trace)) = w.runs.iter().find(|r| (r.1 - 0.10).abs() < 1e-9) else {
+        // 10% of the distinct pages, or 40% of the set for the moved and periodic-scan traces.
+        let Some((cap, _, trace)) = w
+            .runs
+            .iter()
+            .find(|r| (r.1 - 0.10).abs() < 1e-9 || (r.1 - 0.4).abs() < 1e-9)
+        else {
             continue;
         };
         let mut m = Map::new();
         for (label, cfg) in [
             ("bloom", Config::default()),
+            ("noclock", no_clock()),
             (
                 "no_bloom",
                 Config {
@@ -555,6 +619,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         "goals": goals,
         "aging": aging,
         "walk_pages_per_request": walk_cost,
+        "ns_per_request": request_cost,
         "notes": notes,
     });
 
@@ -585,7 +650,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             table += "\n";
         }
     }
-    for pol in ["mglru", "mglru-v6.1"] {
+    for pol in ["mglru", "mglru-noclock", "mglru-v6.1"] {
         let g = &goals[pol];
         table += &format!(
             "{pol}: worst excess over LRU {:.2} points at {} (goal <= 0.5); beats active-inactive on all scan mixes: {}\n",
@@ -603,6 +668,18 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         aging["no_bloom"]["ns_per_page"].as_f64().unwrap_or(f64::NAN),
         aging["no_bloom"]["ns_per_walk"].as_f64().unwrap_or(f64::NAN) / 1e3,
     );
+    for (k, v) in &request_cost {
+        table += &format!(
+            "ns per request, {k}: mglru {:.0} [{:.0}, {:.0}], mglru-noclock {:.0} [{:.0}, {:.0}] (median [min, max] of {} alternated runs)\n",
+            v["mglru"]["median"].as_f64().unwrap_or(f64::NAN),
+            v["mglru"]["min"].as_f64().unwrap_or(f64::NAN),
+            v["mglru"]["max"].as_f64().unwrap_or(f64::NAN),
+            v["mglru-noclock"]["median"].as_f64().unwrap_or(f64::NAN),
+            v["mglru-noclock"]["min"].as_f64().unwrap_or(f64::NAN),
+            v["mglru-noclock"]["max"].as_f64().unwrap_or(f64::NAN),
+            v["runs"],
+        );
+    }
     for n in json["notes"].as_array().into_iter().flatten() {
         table += &format!("note: {}\n", n.as_str().unwrap_or(""));
     }

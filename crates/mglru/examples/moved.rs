@@ -89,7 +89,20 @@ fn main() {
     let mut res = [HashSet::new(), HashSet::new(), HashSet::new()];
     let mut seen = HashSet::new();
     let mut tot = [0u64; 3];
-    let mut win = [Counts { misses: 0, first: 0 }, Counts { misses: 0, first: 0 }, Counts { misses: 0, first: 0 }];
+    let mut win = [
+        Counts {
+            misses: 0,
+            first: 0,
+        },
+        Counts {
+            misses: 0,
+            first: 0,
+        },
+        Counts {
+            misses: 0,
+            first: 0,
+        },
+    ];
     let mut last_walks = 0;
     let mut last_act = 0;
     let mut last_la = 0;
@@ -114,7 +127,9 @@ fn main() {
             let phase = k / phase_len;
             let cur_b = phase % 2 == 1;
             let stale = |r: &HashSet<PageId>| {
-                r.iter().filter(|&&p| (p >= SECOND_SET_BASE) != cur_b).count()
+                r.iter()
+                    .filter(|&&p| (p >= SECOND_SET_BASE) != cur_b)
+                    .count()
             };
             let s = mg.stats();
             let mut gens = String::new();

@@ -175,7 +175,13 @@ fn main() -> Result<(), String> {
     // The report's moved hot sets, periodic scans and longer loops.
     for set in [5_000usize, 20_000] {
         for (alpha, s) in [(0.9, 11), (1.0, 12), (1.1, 13)] {
-            let t = std::rc::Rc::new(workload::moving_hot_set(set, alpha, 5 * set, 3, s + set as u64));
+            let t = std::rc::Rc::new(workload::moving_hot_set(
+                set,
+                alpha,
+                5 * set,
+                3,
+                s + set as u64,
+            ));
             for f in [0.2, 0.4, 0.6, 0.8] {
                 runs.push(Run {
                     trace: format!("moved_z{alpha:.1}_{}k", set / 1000),
@@ -187,7 +193,9 @@ fn main() -> Result<(), String> {
         }
     }
     for (scan, s) in [(10_000usize, 21), (30_000, 22)] {
-        let t = std::rc::Rc::new(workload::zipf_with_periodic_scan(10_000, 0.9, scan, 40_000, 800_000, s));
+        let t = std::rc::Rc::new(workload::zipf_with_periodic_scan(
+            10_000, 0.9, scan, 40_000, 800_000, s,
+        ));
         for f in [0.2, 0.4, 0.6, 0.8] {
             runs.push(Run {
                 trace: format!("wss_scan_{}k", scan / 1000),

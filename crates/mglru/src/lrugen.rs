@@ -17,10 +17,9 @@ const SCAN_BATCH: usize = MIN_LRU_BATCH;
 /// The default [`Config::eviction_aging`].
 const DEFAULT_EVICTION_AGING: u32 = 8;
 
-/// The eviction clock's slow rate (an aging per this many memories... inverted: `len / k`).
-const SLOW_EVICTION_AGING: u32 = 1;
-/// The walk finds the protected pages mostly idle when fewer than this share of them is young.
-const IDLE_FRACTION: (u64, u64) = (1, 2);
+/// A walk finds the protected pages (all generations but the oldest) idle when it finds fewer
+/// young pages than this share of them; the eviction clock then runs until a walk finds more.
+const IDLE_FRACTION: (u64, u64) = (1, 4);
 
 /// Where a freshly faulted page starts (the question debated in the seed review).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,14 +82,17 @@ pub struct Config {
     /// once would stay in the young generations however cold they became. On by default (a
     /// deviation from v6.1, see the crate documentation).
     pub young_bound_aging: bool,
-    /// The eviction clock: the aging also runs once the pages evicted since the last aging
-    /// reach `1 / eviction_aging` of the resident pages (0: off, v6.1). With faulted pages
-    /// starting in the oldest generation, that generation never empties and `min_seq` stands
-    /// still, so without a clock a generation of pages that stopped being used (a hot set that
-    /// moved) is never reached by eviction until the young bound fires. Evictions are the
-    /// clock: a generation spans a bounded number of them, so a page not used again is evicted
-    /// after about `max_nr_gens / eviction_aging` memories of evictions. Not a v6.1 rule
-    /// (a deviation, see the crate documentation).
+    /// The eviction clock for idle protected pages: when the last aging walk found fewer young
+    /// pages than a quarter of the pages outside the oldest generation (the protected ones),
+    /// the aging also runs once the pages evicted since the last aging reach
+    /// `1 / eviction_aging` of the resident pages, until a walk finds them used again (0: off,
+    /// as in v6.1). With faulted pages starting in the oldest generation, that generation is
+    /// refilled as fast as it is evicted and `min_seq` stands still, so without it a hot set
+    /// that stopped being used (the workload moved to other pages) keeps the young
+    /// generations until the young bound fires, while the new hot set is churned through the
+    /// oldest. A walk that finds most protected pages used (a loop, a stable hot set) stops
+    /// the clock, so their protection lasts as before. 8 by default (a deviation from v6.1,
+    /// see the crate documentation).
     pub eviction_aging: u32,
 }
 
@@ -932,12 +934,12 @@ impl Mglru {
         if min_seq + n > self.max_seq {
             return true;
         }
-        let k = if self.aging_fast {
-            u64::from(self.cfg.eviction_aging)
-        } else {
-            u64::from(self.cfg.eviction_aging.min(SLOW_EVICTION_AGING))
-        };
-        if k > 0 && (self.evicted - self.evicted_at_aging) * k >= self.len() as u64 {
+        // The eviction clock, while the last walk found the protected pages idle.
+        let k = u64::from(self.cfg.eviction_aging);
+        if self.aging_fast
+            && k > 0
+            && (self.evicted - self.evicted_at_aging) * k >= self.len() as u64
+        {
             return true;
         }
         if min_seq + n < self.max_seq && !self.cfg.young_bound_aging {

@@ -97,12 +97,14 @@ pub struct Config {
 }
 
 impl Default for Config {
-    /// The kernel's design with three deviations: faulted pages start in the oldest generation
+    /// The kernel's design with four deviations: faulted pages start in the oldest generation
     /// ([`FaultPlacement::Oldest`]) and their first accessed bit is the fault's own
     /// ([`Config::look_twice`]), so a faulted page earns its protection by a second access;
     /// and the aging's bound on the youngest generation applies with any number of
     /// generations ([`Config::young_bound_aging`]), so the aging does not stop while faults
-    /// refill the oldest generation. Everything else (4 generations, swappiness 60, PMD
+    /// refill the oldest generation; and while a walk finds the protected generations idle,
+    /// the aging also runs per eighth of memory evicted ([`Config::eviction_aging`]), so a hot
+    /// set that moved is forgotten. Everything else (4 generations, swappiness 60, PMD
     /// regions, bloom filter, look-around, the kernel's refault rule) is v6.1's.
     /// [`Config::v6_1`] is the v6.1 rules unchanged.
     fn default() -> Self {

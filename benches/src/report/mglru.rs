@@ -4,9 +4,14 @@
 //! run, plus the cost of aging with and without the bloom filter.
 //!
 //! Workloads: the traces in `../shared/data/traces` (skipped with a note if absent); a Zipf(0.9)
-//! hot set of 20,000 pages interleaved 1:1 and 1:4 with a one-pass scan; a loop over 10% more
-//! pages than the capacity. Capacities: 1, 5, 10 and 25% of a trace's distinct pages (the loop:
-//! 1, 5, 10 and 25% of 20,000 pages, looping over 1.1 times that).
+//! hot set of 20,000 pages interleaved 1:1 and 1:4 with a one-pass scan; loops over 1.1, 1.5
+//! and 2 times the capacity; hot sets that move (`moved_zA_Nk`: Zipf(A) over N thousand pages,
+//! then over a disjoint set of the same size, then back; A in 0.9, 1.0, 1.1; N 5 and 20); a
+//! working set with periodic full scans (`wss_scan_Nk`: Zipf(0.9) over 10,000 pages, a pass
+//! over N thousand other pages after every 40,000 of its requests). Capacities: 1, 5, 10 and
+//! 25% of a trace's distinct pages (the loops: of 20,000 pages, looping over 1.1, 1.5 or 2
+//! times that; the moved and periodic-scan traces: 20, 40, 60 and 80% of one set, which
+//! `capacity_fraction` gives instead of a share of distinct pages).
 //!
 //! JSON keys:
 //! - `miss_ratio[trace][capacity][policy]`: misses / requests (every request counted). The
@@ -14,10 +19,11 @@
 //!   of distinct pages. Policies: `mglru` (the default `Config`: v6.1 with faulted pages in the
 //!   oldest generation and the look-twice rule for their first accessed bit), `mglru-v6.1`
 //!   (`Config::v6_1()`: faulted pages youngest, their fault's bit counted as a reuse),
+//!   `mglru-noclock` (the default without `eviction_aging`, the default before issue #20),
 //!   `active-inactive`,
 //!   `lru`, `clock`, and `ARC`, `LIRS`, `S3-FIFO` when libCacheSim is installed.
 //! - `libcachesim`: the version used, or the reason it could not run.
-//! - `goals[policy]`: for `mglru` and `mglru-v6.1`: the worst excess over LRU in points
+//! - `goals[policy]`: for `mglru`, `mglru-noclock` and `mglru-v6.1`: the worst excess over LRU in points
 //!   (`max_excess_over_lru_points`, goal <= 0.5) and where; whether it beats active-inactive on
 //!   every scan-mixed trace and capacity (`beats_active_inactive_on_scans`); and
 //!   `gap_to_best_points[trace][capacity]`, its miss ratio minus the best of ARC, LIRS and
@@ -32,7 +38,11 @@
 //! - `walk_pages_per_request[trace][variant]`: pages scanned by aging walks per request and
 //!   walks in the replays at 10% capacity, with (`bloom`) and without (`no_bloom`) the filter
 //!   in the default configuration and for `Config::v6_1()` (`v6.1`, with the filter), with the
-//!   miss ratios (machine independent).
+//!   miss ratios (machine independent); also `noclock`, the default without the eviction
+//!   clock. At 40% of the set for the moved and periodic-scan traces.
+//! - `ns_per_request["trace @ capacity"]`: nanoseconds per replayed request (the whole replay)
+//!   of `mglru` and `mglru-noclock`, median, min and max of 5 runs alternated between the two
+//!   (3 with `--quick`). A timing: noisy on a shared machine.
 
 use std::collections::BTreeMap;
 use std::io::Write;

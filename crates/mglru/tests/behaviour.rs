@@ -812,7 +812,10 @@ fn eviction_clock_forgets_a_hot_set_that_moved() {
         with_clock * 2 < without,
         "stale pages 2 sets after the move: {with_clock} with the clock, {without} without"
     );
-    assert!(misses_with < misses_without, "{misses_with} >= {misses_without}");
+    assert!(
+        misses_with < misses_without,
+        "{misses_with} >= {misses_without}"
+    );
     let lp = workload::looping(110, 20);
     let loop_misses = |eviction_aging| {
         let mut l = lru_with(Config {

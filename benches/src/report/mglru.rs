@@ -4,9 +4,14 @@
 //! run, plus the cost of aging with and without the bloom filter.
 //!
 //! Workloads: the traces in `../shared/data/traces` (skipped with a note if absent); a Zipf(0.9)
-//! hot set of 20,000 pages interleaved 1:1 and 1:4 with a one-pass scan; a loop over 10% more
-//! pages than the capacity. Capacities: 1, 5, 10 and 25% of a trace's distinct pages (the loop:
-//! 1, 5, 10 and 25% of 20,000 pages, looping over 1.1 times that).
+//! hot set of 20,000 pages interleaved 1:1 and 1:4 with a one-pass scan; loops over 1.1, 1.5
+//! and 2 times the capacity; hot sets that move (`moved_zA_Nk`: Zipf(A) over N thousand pages,
+//! then over a disjoint set of the same size, then back; A in 0.9, 1.0, 1.1; N 5 and 20); a
+//! working set with periodic full scans (`wss_scan_Nk`: Zipf(0.9) over 10,000 pages, a pass
+//! over N thousand other pages after every 40,000 of its requests). Capacities: 1, 5, 10 and
+//! 25% of a trace's distinct pages (the loops: of 20,000 pages, looping over 1.1, 1.5 or 2
+//! times that; the moved and periodic-scan traces: 20, 40, 60 and 80% of one set, which
+//! `capacity_fraction` gives instead of a share of distinct pages).
 //!
 //! JSON keys:
 //! - `miss_ratio[trace][capacity][policy]`: misses / requests (every request counted). The
@@ -14,10 +19,11 @@
 //!   of distinct pages. Policies: `mglru` (the default `Config`: v6.1 with faulted pages in the
 //!   oldest generation and the look-twice rule for their first accessed bit), `mglru-v6.1`
 //!   (`Config::v6_1()`: faulted pages youngest, their fault's bit counted as a reuse),
+//!   `mglru-noclock` (the default without `eviction_aging`, the default before issue #20),
 //!   `active-inactive`,
 //!   `lru`, `clock`, and `ARC`, `LIRS`, `S3-FIFO` when libCacheSim is installed.
 //! - `libcachesim`: the version used, or the reason it could not run.
-//! - `goals[policy]`: for `mglru` and `mglru-v6.1`: the worst excess over LRU in points
+//! - `goals[policy]`: for `mglru`, `mglru-noclock` and `mglru-v6.1`: the worst excess over LRU in points
 //!   (`max_excess_over_lru_points`, goal <= 0.5) and where; whether it beats active-inactive on
 //!   every scan-mixed trace and capacity (`beats_active_inactive_on_scans`); and
 //!   `gap_to_best_points[trace][capacity]`, its miss ratio minus the best of ARC, LIRS and
@@ -32,7 +38,11 @@
 //! - `walk_pages_per_request[trace][variant]`: pages scanned by aging walks per request and
 //!   walks in the replays at 10% capacity, with (`bloom`) and without (`no_bloom`) the filter
 //!   in the default configuration and for `Config::v6_1()` (`v6.1`, with the filter), with the
-//!   miss ratios (machine independent).
+//!   miss ratios (machine independent); also `noclock`, the default without the eviction
+//!   clock. At 40% of the set for the moved and periodic-scan traces.
+//! - `ns_per_request["trace @ capacity"]`: nanoseconds per replayed request (the whole replay)
+//!   of `mglru` and `mglru-noclock`, median, min and max of 5 runs alternated between the two
+//!   (3 with `--quick`). A timing: noisy on a shared machine.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -50,7 +60,16 @@ use super::{Options, Report};
 
 const TRACE_DIR: &str = "../shared/data/traces";
 const FRACTIONS: [f64; 4] = [0.01, 0.05, 0.10, 0.25];
-const RUST_POLICIES: [&str; 5] = ["mglru", "mglru-v6.1", "active-inactive", "lru", "clock"];
+/// Capacities of the moved-hot-set and periodic-scan traces, as shares of the hot set.
+const SET_FRACTIONS: [f64; 4] = [0.2, 0.4, 0.6, 0.8];
+const RUST_POLICIES: [&str; 6] = [
+    "mglru",
+    "mglru-noclock",
+    "mglru-v6.1",
+    "active-inactive",
+    "lru",
+    "clock",
+];
 const PY_POLICIES: [&str; 3] = ["ARC", "LIRS", "S3-FIFO"];
 const SCAN_TRACES: [&str; 2] = ["zipf_scan_1to1", "zipf_scan_1to4"];
 
@@ -63,12 +82,40 @@ struct Workload {
 fn make(name: &str) -> anyhow::Result<Box<dyn Policy>> {
     Ok(match name {
         "mglru" => Box::new(Mglru::new(Config::default())?),
+        "mglru-noclock" => Box::new(Mglru::new(no_clock())?),
         "mglru-v6.1" => Box::new(Mglru::new(Config::v6_1())?),
         "active-inactive" => Box::new(ActiveInactive::default()),
         "lru" => Box::new(Lru::new()),
         "clock" => Box::new(Clock::new()),
         other => anyhow::bail!("unknown policy {other}"),
     })
+}
+
+/// The default before the eviction clock (issue #20's starting point).
+fn no_clock() -> Config {
+    Config {
+        eviction_aging: 0,
+        ..Config::default()
+    }
+}
+
+/// Nanoseconds per replayed request of the default and of [`no_clock`] on `trace`: `runs`
+/// replays of each, alternated so load on the machine hits both; (median, min, max) each.
+fn replay_cost(cap: usize, trace: &[PageId], runs: usize) -> anyhow::Result<[(f64, f64, f64); 2]> {
+    let mut ns = [Vec::new(), Vec::new()];
+    for _ in 0..runs {
+        for (k, cfg) in [Config::default(), no_clock()].into_iter().enumerate() {
+            let mut lru = Mglru::new(cfg)?;
+            let t = Instant::now();
+            replay(&mut lru, cap, trace)?;
+            ns[k].push(t.elapsed().as_nanos() as f64 / trace.len().max(1) as f64);
+        }
+    }
+    Ok(ns.map(|v| {
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (median(v), min, max)
+    }))
 }
 
 fn trace_dir() -> Option<PathBuf> {
@@ -127,7 +174,57 @@ fn workloads(quick: bool, notes: &mut Vec<String>) -> anyhow::Result<Vec<Workloa
         name: "loop_1.1x".into(),
         runs,
     });
+    // Loops over 1.5 and 2 times memory.
+    for (name, num, den) in [("loop_1.5x", 3, 2), ("loop_2x", 2, 1)] {
+        let runs = FRACTIONS
+            .iter()
+            .map(|&f| {
+                let cap = (20_000.0 * f) as usize;
+                let pages = cap * num / den;
+                (cap, f, std::rc::Rc::new(workload::looping(pages, rounds)))
+            })
+            .collect();
+        out.push(Workload {
+            name: name.into(),
+            runs,
+        });
+    }
+    // Hot sets that move: Zipf over set A, then a disjoint set B of the same size, then A
+    // again, 5 requests per page of a set in each phase; capacities 20-80% of one set.
+    let sets: &[usize] = if quick { &[5_000] } else { &[5_000, 20_000] };
+    for &set in sets {
+        for (alpha, seed) in [(0.9, 11), (1.0, 12), (1.1, 13)] {
+            let trace = workload::moving_hot_set(set, alpha, 5 * set, 3, seed + set as u64);
+            out.push(by_set_fraction(
+                format!("moved_z{alpha:.1}_{}k", set / 1000),
+                set,
+                trace,
+            ));
+        }
+    }
+    // A working set with periodic full scans: Zipf(0.9) over 10,000 pages and, after every
+    // 40,000 of its requests, one pass over the same 10,000 or 30,000 other pages; capacities
+    // 20-80% of the working set.
+    let len = if quick { 200_000 } else { 800_000 };
+    for (scan, seed) in [(10_000, 21), (30_000, 22)] {
+        let trace = workload::zipf_with_periodic_scan(10_000, 0.9, scan, 40_000, len, seed);
+        out.push(by_set_fraction(
+            format!("wss_scan_{}k", scan / 1000),
+            10_000,
+            trace,
+        ));
+    }
     Ok(out)
+}
+
+/// Capacities of 20, 40, 60 and 80% of `set` pages (a hot set or working set).
+fn by_set_fraction(name: String, set: usize, trace: Vec<PageId>) -> Workload {
+    let trace = std::rc::Rc::new(trace);
+    let runs = SET_FRACTIONS
+        .iter()
+        .map(|&f| (((set as f64 * f) as usize).max(1), f, trace.clone()))
+        .collect();
+    Workload { name, runs }
 }
 
 fn by_fraction(name: String, trace: Vec<PageId>) -> Workload {
@@ -394,7 +491,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     // Goals.
     let get = |cell: &Map<String, Value>, k: &str| cell.get(k).and_then(Value::as_f64);
     let mut goals = Map::new();
-    for pol in ["mglru", "mglru-v6.1"] {
+    for pol in ["mglru", "mglru-noclock", "mglru-v6.1"] {
         let mut worst = (f64::NEG_INFINITY, String::new());
         let mut beats_ai = true;
         let mut beats_ai_detail = Map::new();
@@ -450,15 +547,44 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         "time_ratio": ratio("ns_per_walk"),
     });
 
+    // Cost per replayed request, the eviction clock against the default without it.
+    let mut request_cost = Map::new();
+    let runs = if opts.quick { 3 } else { 5 };
+    for (name, frac) in [
+        ("moved_z1.0_20k", 0.4),
+        ("moved_z1.0_5k", 0.4),
+        ("zipf_scan_1to1", 0.10),
+        ("cloudphysics", 0.10),
+    ] {
+        let Some(w) = wls.iter().find(|w| w.name == name) else {
+            continue;
+        };
+        let Some((cap, _, trace)) = w.runs.iter().find(|r| (r.1 - frac).abs() < 1e-9) else {
+            continue;
+        };
+        let [clock, before] = replay_cost(*cap, trace, runs)?;
+        let j = |c: (f64, f64, f64)| json!({"median": c.0, "min": c.1, "max": c.2});
+        request_cost.insert(
+            format!("{name} @ {cap}"),
+            json!({"mglru": j(clock), "mglru-noclock": j(before), "runs": runs}),
+        );
+    }
+
     // Walk cost inside replays, at 10% capacity.
     let mut walk_cost = Map::new();
     for w in &wls {
-        let Some((cap, _, trace)) = w.runs.iter().find(|r| (r.1 - 0.10).abs() < 1e-9) else {
+        // 10% of the distinct pages, or 40% of the set for the moved and periodic-scan traces.
+        let Some((cap, _, trace)) = w
+            .runs
+            .iter()
+            .find(|r| (r.1 - 0.10).abs() < 1e-9 || (r.1 - 0.4).abs() < 1e-9)
+        else {
             continue;
         };
         let mut m = Map::new();
         for (label, cfg) in [
             ("bloom", Config::default()),
+            ("noclock", no_clock()),
             (
                 "no_bloom",
                 Config {
@@ -503,6 +629,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         "goals": goals,
         "aging": aging,
         "walk_pages_per_request": walk_cost,
+        "ns_per_request": request_cost,
         "notes": notes,
     });
 
@@ -533,7 +660,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             table += "\n";
         }
     }
-    for pol in ["mglru", "mglru-v6.1"] {
+    for pol in ["mglru", "mglru-noclock", "mglru-v6.1"] {
         let g = &goals[pol];
         table += &format!(
             "{pol}: worst excess over LRU {:.2} points at {} (goal <= 0.5); beats active-inactive on all scan mixes: {}\n",
@@ -551,6 +678,18 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         aging["no_bloom"]["ns_per_page"].as_f64().unwrap_or(f64::NAN),
         aging["no_bloom"]["ns_per_walk"].as_f64().unwrap_or(f64::NAN) / 1e3,
     );
+    for (k, v) in &request_cost {
+        table += &format!(
+            "ns per request, {k}: mglru {:.0} [{:.0}, {:.0}], mglru-noclock {:.0} [{:.0}, {:.0}] (median [min, max] of {} alternated runs)\n",
+            v["mglru"]["median"].as_f64().unwrap_or(f64::NAN),
+            v["mglru"]["min"].as_f64().unwrap_or(f64::NAN),
+            v["mglru"]["max"].as_f64().unwrap_or(f64::NAN),
+            v["mglru-noclock"]["median"].as_f64().unwrap_or(f64::NAN),
+            v["mglru-noclock"]["min"].as_f64().unwrap_or(f64::NAN),
+            v["mglru-noclock"]["max"].as_f64().unwrap_or(f64::NAN),
+            v["runs"],
+        );
+    }
     for n in json["notes"].as_array().into_iter().flatten() {
         table += &format!("note: {}\n", n.as_str().unwrap_or(""));
     }

@@ -40,6 +40,9 @@ fn config(spec: &str) -> Result<Config, String> {
             "nola" => c.look_around = false,
             "g3" => c.max_nr_gens = 3,
             "old" => c.fault_placement = FaultPlacement::Oldest,
+            e if e.starts_with('e') => {
+                c.eviction_aging = e[1..].parse().map_err(|_| format!("bad {e}"))?
+            }
             w if w.starts_with('w') => {
                 c.refault_window = w[1..].parse().map_err(|_| format!("bad {w}"))?
             }
@@ -168,6 +171,50 @@ fn main() -> Result<(), String> {
             .map(|k| z.sample(&mut rng) + if k < half { 0 } else { 1 << 20 })
             .collect();
         add("shift".into(), t);
+    }
+    // The report's moved hot sets, periodic scans and longer loops.
+    for set in [5_000usize, 20_000] {
+        for (alpha, s) in [(0.9, 11), (1.0, 12), (1.1, 13)] {
+            let t = std::rc::Rc::new(workload::moving_hot_set(
+                set,
+                alpha,
+                5 * set,
+                3,
+                s + set as u64,
+            ));
+            for f in [0.2, 0.4, 0.6, 0.8] {
+                runs.push(Run {
+                    trace: format!("moved_z{alpha:.1}_{}k", set / 1000),
+                    frac: f,
+                    cap: (set as f64 * f) as usize,
+                    pages: t.clone(),
+                });
+            }
+        }
+    }
+    for (scan, s) in [(10_000usize, 21), (30_000, 22)] {
+        let t = std::rc::Rc::new(workload::zipf_with_periodic_scan(
+            10_000, 0.9, scan, 40_000, 800_000, s,
+        ));
+        for f in [0.2, 0.4, 0.6, 0.8] {
+            runs.push(Run {
+                trace: format!("wss_scan_{}k", scan / 1000),
+                frac: f,
+                cap: (10_000.0 * f) as usize,
+                pages: t.clone(),
+            });
+        }
+    }
+    for (name, num, den) in [("loop_1.5x", 3, 2), ("loop_2x", 2, 1)] {
+        for f in FRACTIONS {
+            let cap = (20_000.0 * f) as usize;
+            runs.push(Run {
+                trace: name.into(),
+                frac: f,
+                cap,
+                pages: std::rc::Rc::new(workload::looping(cap * num / den, rounds)),
+            });
+        }
     }
     for f in FRACTIONS {
         let cap = (20_000.0 * f) as usize;

@@ -14,6 +14,13 @@ use crate::{Error, MAX_NR_GENS, MAX_NR_TIERS, MIN_LRU_BATCH, MIN_NR_GENS};
 /// again (the kernel's `MAX_LRU_BATCH` is 4096 but it reconsiders once per `evict_folios`).
 const SCAN_BATCH: usize = MIN_LRU_BATCH;
 
+/// The default [`Config::eviction_aging`].
+const DEFAULT_EVICTION_AGING: u32 = 8;
+
+/// A walk finds the protected pages (all generations but the oldest) idle when it finds fewer
+/// young pages than this share of them; the eviction clock then runs until a walk finds more.
+const IDLE_FRACTION: (u64, u64) = (1, 4);
+
 /// Where a freshly faulted page starts (the question debated in the seed review).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultPlacement {
@@ -75,15 +82,29 @@ pub struct Config {
     /// once would stay in the young generations however cold they became. On by default (a
     /// deviation from v6.1, see the crate documentation).
     pub young_bound_aging: bool,
+    /// The eviction clock for idle protected pages: when the last aging walk found fewer young
+    /// pages than a quarter of the pages outside the oldest generation (the protected ones),
+    /// the aging also runs once the pages evicted since the last aging reach
+    /// `1 / eviction_aging` of the resident pages, until a walk finds them used again (0: off,
+    /// as in v6.1). With faulted pages starting in the oldest generation, that generation is
+    /// refilled as fast as it is evicted and `min_seq` stands still, so without it a hot set
+    /// that stopped being used (the workload moved to other pages) keeps the young
+    /// generations until the young bound fires, while the new hot set is churned through the
+    /// oldest. A walk that finds most protected pages used (a loop, a stable hot set) stops
+    /// the clock, so their protection lasts as before. 8 by default (a deviation from v6.1,
+    /// see the crate documentation).
+    pub eviction_aging: u32,
 }
 
 impl Default for Config {
-    /// The kernel's design with three deviations: faulted pages start in the oldest generation
+    /// The kernel's design with four deviations: faulted pages start in the oldest generation
     /// ([`FaultPlacement::Oldest`]) and their first accessed bit is the fault's own
     /// ([`Config::look_twice`]), so a faulted page earns its protection by a second access;
     /// and the aging's bound on the youngest generation applies with any number of
     /// generations ([`Config::young_bound_aging`]), so the aging does not stop while faults
-    /// refill the oldest generation. Everything else (4 generations, swappiness 60, PMD
+    /// refill the oldest generation; and while a walk finds the protected generations idle,
+    /// the aging also runs per eighth of memory evicted ([`Config::eviction_aging`]), so a hot
+    /// set that moved is forgotten. Everything else (4 generations, swappiness 60, PMD
     /// regions, bloom filter, look-around, the kernel's refault rule) is v6.1's.
     /// [`Config::v6_1`] is the v6.1 rules unchanged.
     fn default() -> Self {
@@ -91,6 +112,7 @@ impl Default for Config {
             fault_placement: FaultPlacement::Oldest,
             look_twice: true,
             young_bound_aging: true,
+            eviction_aging: DEFAULT_EVICTION_AGING,
             ..Self::v6_1()
         }
     }
@@ -111,6 +133,7 @@ impl Config {
             look_twice: false,
             refault_window: 0,
             young_bound_aging: false,
+            eviction_aging: 0,
         }
     }
 
@@ -407,6 +430,10 @@ pub struct Mglru {
     activated: u64,
     look_around_promoted: u64,
     evicted: u64,
+    /// `evicted` when `max_seq` last moved (the eviction clock's origin).
+    evicted_at_aging: u64,
+    /// Whether the last walk found most protected pages idle (the eviction clock runs fast).
+    aging_fast: bool,
     refaults: u64,
 }
 
@@ -439,6 +466,8 @@ impl Mglru {
             activated: 0,
             look_around_promoted: 0,
             evicted: 0,
+            evicted_at_aging: 0,
+            aging_fast: false,
             refaults: 0,
         })
     }
@@ -756,6 +785,11 @@ impl Mglru {
         self.filter_seq[next] = Some(max_seq + 1);
         let use_filter = self.cfg.bloom_filter && self.filter_seq[cur] == Some(max_seq);
 
+        // Pages the eviction does not reach yet: every generation but the oldest.
+        let protected: u64 = (0..2)
+            .flat_map(|ty| (self.min_seq[ty] + 1..=max_seq).map(move |seq| (ty, seq)))
+            .map(|(ty, seq)| self.nr_pages[self.gen(seq)][ty].max(0) as u64)
+            .sum();
         let mut regions: Vec<(u64, u32)> = self.regions.iter().map(|(&r, &c)| (r, c)).collect();
         regions.sort_unstable();
         let mut stats = WalkStats {
@@ -796,6 +830,7 @@ impl Mglru {
             }
         }
         batch.apply(&mut self.nr_pages, &mut self.gen_promoted);
+        self.aging_fast = stats.young * IDLE_FRACTION.1 < protected * IDLE_FRACTION.0;
         stats.nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.walks += 1;
         self.walk_totals.nanos = self.walk_totals.nanos.saturating_add(stats.nanos);
@@ -815,6 +850,7 @@ impl Mglru {
             }
         }
         self.max_seq += 1;
+        self.evicted_at_aging = self.evicted;
         // The new youngest reuses the index of a retired generation.
         let g = self.gen(self.max_seq);
         self.gen_evicted[g] = [0; 2];
@@ -898,6 +934,14 @@ impl Mglru {
         let min_seq = self.min_seq[usize::from(!can_swap)];
         let n = MIN_NR_GENS as u64;
         if min_seq + n > self.max_seq {
+            return true;
+        }
+        // The eviction clock, while the last walk found the protected pages idle.
+        let k = u64::from(self.cfg.eviction_aging);
+        if self.aging_fast
+            && k > 0
+            && (self.evicted - self.evicted_at_aging) * k >= self.len() as u64
+        {
             return true;
         }
         if min_seq + n < self.max_seq && !self.cfg.young_bound_aging {

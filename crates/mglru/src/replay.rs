@@ -284,4 +284,70 @@ pub mod workload {
     pub fn looping(pages: usize, rounds: usize) -> Vec<PageId> {
         (0..rounds).flat_map(|_| 0..pages as PageId).collect()
     }
+
+    /// A random permutation of `0..n` (Fisher-Yates with [`SplitMix`]): rank to page id
+    /// offset, so a Zipf set's popular pages are spread over its ids as a heap's are.
+    fn permutation(n: usize, rng: &mut SplitMix) -> Vec<PageId> {
+        let mut v: Vec<PageId> = (0..n as PageId).collect();
+        for i in (1..n).rev() {
+            let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+        v
+    }
+
+    /// First page id of the second hot set of [`moving_hot_set`] and of the scanned range of
+    /// [`zipf_with_periodic_scan`] (far from the first set, so no region holds both).
+    pub const SECOND_SET_BASE: PageId = 1 << 32;
+
+    /// A hot set that moves: `phases` phases of `phase_len` requests each, Zipf(`alpha`) over
+    /// `set` pages; even phases use set A (ids `0..set`), odd ones a disjoint set B of the same
+    /// size (ids `SECOND_SET_BASE..SECOND_SET_BASE + set`), so with 3 phases the hot set moves
+    /// to B and back to A. Ranks are mapped to ids by a fixed random permutation per set.
+    pub fn moving_hot_set(
+        set: usize,
+        alpha: f64,
+        phase_len: usize,
+        phases: usize,
+        seed: u64,
+    ) -> Vec<PageId> {
+        let z = Zipf::new(set, alpha);
+        let mut rng = SplitMix::new(seed);
+        let perm = [permutation(set, &mut rng), permutation(set, &mut rng)];
+        let base = [0, SECOND_SET_BASE];
+        let mut out = Vec::with_capacity(phase_len * phases);
+        for phase in 0..phases {
+            let s = phase % 2;
+            for _ in 0..phase_len {
+                out.push(base[s] + perm[s][z.sample(&mut rng) as usize]);
+            }
+        }
+        out
+    }
+
+    /// A working set with periodic full scans: Zipf(`alpha`) over `hot` pages (ids spread by a
+    /// permutation of `0..hot`) and, after every `period` hot requests, one pass over the same
+    /// `scan` pages (ids `SECOND_SET_BASE..`, in order: a backup, a checksum or a collector's
+    /// sweep over a data set), `len` requests in all.
+    pub fn zipf_with_periodic_scan(
+        hot: usize,
+        alpha: f64,
+        scan: usize,
+        period: usize,
+        len: usize,
+        seed: u64,
+    ) -> Vec<PageId> {
+        let z = Zipf::new(hot, alpha);
+        let mut rng = SplitMix::new(seed);
+        let perm = permutation(hot, &mut rng);
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            for _ in 0..period {
+                out.push(perm[z.sample(&mut rng) as usize]);
+            }
+            out.extend((0..scan as PageId).map(|p| SECOND_SET_BASE + p));
+        }
+        out.truncate(len);
+        out
+    }
 }

@@ -783,3 +783,52 @@ fn metadata_per_resident_page() {
         assert!(per_page < 26.0, "{per_page:.2} bytes per page");
     }
 }
+
+/// A hot set that moves (Zipf over set A, then over a disjoint set B): with the eviction clock
+/// (the default) the pages of A leave memory sooner after the move than without it, and the
+/// replay misses less; without it the generations holding A stand still (faults refill the
+/// oldest generation, so `min_seq` does not move). On a loop over 1.1x memory it costs no
+/// misses (here it saves some: 647 against 1,044).
+#[test]
+fn eviction_clock_forgets_a_hot_set_that_moved() {
+    let set = 2_000;
+    let trace = workload::moving_hot_set(set, 1.0, 5 * set, 2, 5);
+    let cap = set * 2 / 5;
+    let stale_after = |eviction_aging| {
+        let mut l = lru_with(Config {
+            eviction_aging,
+            ..Config::default()
+        });
+        let mut bits = AccessBits::new();
+        // Up to 2 * set requests after the move.
+        let r = replay_with_bits(&mut l, cap, &trace[..7 * set], &mut bits);
+        l.check_integrity().unwrap();
+        let stale = (0..set as u64).filter(|&p| l.contains(p)).count();
+        (stale, r)
+    };
+    let (with_clock, misses_with) = stale_after(8);
+    let (without, misses_without) = stale_after(0);
+    assert!(
+        with_clock * 2 < without,
+        "stale pages 2 sets after the move: {with_clock} with the clock, {without} without"
+    );
+    assert!(
+        misses_with < misses_without,
+        "{misses_with} >= {misses_without}"
+    );
+    let lp = workload::looping(110, 20);
+    let loop_misses = |eviction_aging| {
+        let mut l = lru_with(Config {
+            eviction_aging,
+            ..Config::default()
+        });
+        replay(&mut l, 100, &lp).unwrap().misses
+    };
+    assert!(loop_misses(8) <= loop_misses(0));
+}
+
+fn replay_with_bits(l: &mut Mglru, cap: usize, trace: &[u64], bits: &mut AccessBits) -> u64 {
+    mglru::replay::replay_with(l, cap, trace, bits)
+        .unwrap()
+        .misses
+}

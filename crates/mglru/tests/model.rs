@@ -66,9 +66,20 @@ fn config() -> impl Strategy<Value = Config> {
         any::<bool>(),
         0u64..=2,
         any::<bool>(),
+        0u32..=4,
     )
         .prop_map(
-            |(gens, swappiness, fault_placement, bloom, look, look_twice, window, young_bound)| {
+            |(
+                gens,
+                swappiness,
+                fault_placement,
+                bloom,
+                look,
+                look_twice,
+                window,
+                young_bound,
+                eviction_aging,
+            )| {
                 Config {
                     max_nr_gens: gens,
                     swappiness,
@@ -80,6 +91,7 @@ fn config() -> impl Strategy<Value = Config> {
                     look_twice,
                     refault_window: window,
                     young_bound_aging: young_bound,
+                    eviction_aging,
                 }
             },
         )

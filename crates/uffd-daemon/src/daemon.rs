@@ -1745,8 +1745,18 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                         }
                     }
                 }
+                // Stalled only if nothing is on its way either: a DROP sent and not yet
+                // answered (an agent thread descheduled on a loaded machine) frees its pages
+                // when the answer comes, and letting faults through meanwhile took the
+                // resident pages to twice the limit under load.
+                let answer_due = progress == 0
+                    && shared.mms.lock().iter().any(|m| {
+                        m.agent
+                            .try_lock()
+                            .is_some_and(|a| a.as_ref().is_some_and(|a| a.pending.is_some()))
+                    });
                 shared.stalled.store(
-                    progress == 0 && shared.resident() >= shared.limit_pages,
+                    progress == 0 && !answer_due && shared.resident() >= shared.limit_pages,
                     Ordering::Relaxed,
                 );
                 if progress == 0 {

@@ -71,9 +71,15 @@ pub(crate) fn tier_from_refs(refs: usize) -> usize {
 }
 
 /// The atomic word of one resident page: its flags, its list generation, its type and its id.
+///
+/// `pub` (with its methods) only so that the loom models reach it through `mglru::__loom`
+/// under `cfg(mglru_loom)`; in every other build it is private to the crate, which the
+/// `allow` below says to `unreachable_pub`.
 #[derive(Debug)]
+#[cfg_attr(not(mglru_loom), allow(unreachable_pub))]
 pub struct PageFlags(AtomicU64);
 
+#[cfg_attr(not(mglru_loom), allow(unreachable_pub))]
 impl PageFlags {
     /// Page `page` of type `page_type`, on the list of generation `gen` and in that generation,
     /// with no references.

@@ -5,11 +5,11 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use swap_alloc::baseline::{order_unaware, GlobalLockDevice, SlotAllocator, SlotCacheDevice};
 use swap_alloc::{
     set_cpu_hint, DeviceConfig, DeviceId, DiscardHook, SlotUsage, SwapDevice, SwapEntry, SwapError,
     SwapInfo, MAX_SLOT_COUNT,
 };
+use swap_alloc_baseline::{order_unaware, GlobalLockDevice, SlotAllocator, SlotCacheDevice};
 
 fn dev(nslots: u64, cs: usize) -> SwapDevice {
     SwapDevice::new(DeviceConfig::new(nslots).cluster_slots(cs).nr_cpus(2)).unwrap()

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use swap_alloc::baseline::order_unaware;
 use swap_alloc::{
     DeviceConfig, DeviceId, DiscardHook, SlotUsage, SwapDevice, SwapEntry, SwapError,
 };
+use swap_alloc_baseline::order_unaware;
 
 const CS: usize = 16;
 

@@ -120,6 +120,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(unreachable_pub)]
+#![deny(missing_docs)]
 
 mod batch;
 mod compress;
@@ -128,8 +130,6 @@ pub mod fuzzing;
 mod index;
 mod lru;
 mod pool;
-#[doc(hidden)]
-pub mod sample;
 mod store;
 mod sync;
 

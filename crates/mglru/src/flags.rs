@@ -408,6 +408,13 @@ mod tests {
     }
 
     proptest! {
+        // Under miri: a few cases (each runs ~1000 times slower), and no regression file
+        // (miri's isolation refuses file access).
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { 256 },
+            failure_persistence: if cfg!(miri) { None } else { ProptestConfig::default().failure_persistence },
+            ..ProptestConfig::default()
+        })]
         /// The flag operations never touch the page id, type or list generation, and do not
         /// depend on them: a word with any page (up to 2^52 - 1) and type gives the same
         /// answers and flag bits as a bare one (page 0, anon) through any sequence of flag

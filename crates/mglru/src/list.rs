@@ -428,6 +428,13 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        // Under miri: a few cases (each runs ~1000 times slower), and no regression file
+        // (miri's isolation refuses file access).
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { 256 },
+            failure_persistence: if cfg!(miri) { None } else { ProptestConfig::default().failure_persistence },
+            ..ProptestConfig::default()
+        })]
         /// The index against a map: ids dense, at the ends of the id space and far apart;
         /// the table grows and shrinks with its contents.
         #[test]

@@ -1469,14 +1469,20 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+        // Under miri: a few cases (each runs ~1000 times slower), and no regression file (miri's
+        // isolation refuses file access).
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { 128 },
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
 
         /// The pool against a model (object id -> bytes): every live object reads back its
         /// bytes through the handle its owner holds, across frees and compactions that may not
         /// move pinned objects; the integrity walk agrees with the owner's handles; freed
         /// handles are errors until their slot is reused.
         #[test]
-        fn pool_matches_model(span_pages in 1usize..=8, ops in proptest::collection::vec(op(), 1..200)) {
+        fn pool_matches_model(span_pages in 1usize..=8, ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 24 } else { 200 })) {
             let pool = Pool::new(span_pages);
             let mut owners = Owners::default();
             let mut model: Vec<Option<Vec<u8>>> = Vec::new();

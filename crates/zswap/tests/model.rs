@@ -212,29 +212,29 @@ proptest! {
     })]
 
     #[test]
-    fn lz4_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+    fn lz4_matches_model(ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 12 } else { 40 })) {
         run(Compressor::Lz4, 64 << 20, DEFAULT_UNITS, &ops)?;
     }
 
     #[test]
-    fn lz4_page_by_page_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+    fn lz4_page_by_page_matches_model(ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 12 } else { 40 })) {
         run(Compressor::Lz4, 64 << 20, PAGE_BY_PAGE, &ops)?;
     }
 
     #[test]
     #[cfg_attr(miri, ignore = "zstd is a C library: miri cannot call foreign functions")]
-    fn zstd_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+    fn zstd_matches_model(ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 12 } else { 40 })) {
         run(Compressor::Zstd { level: 3 }, 64 << 20, SMALL_UNITS, &ops)?;
     }
 
     #[test]
-    fn deflate_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+    fn deflate_matches_model(ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 12 } else { 40 })) {
         run(Compressor::Deflate { level: 1 }, 64 << 20, DEFAULT_UNITS, &ops)?;
     }
 
     /// A pool limit of a few spans: stores are refused on the way, the model still holds.
     #[test]
-    fn tiny_pool_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+    fn tiny_pool_matches_model(ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 12 } else { 40 })) {
         run(Compressor::Lz4, 48 << 10, SMALL_UNITS, &ops)?;
     }
 }

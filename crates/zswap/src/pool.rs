@@ -1197,7 +1197,10 @@ mod tests {
     /// After a peak, a class gives back the span list, free-id list and partial-list
     /// capacity the peak needed, and the ids of new spans start from the bottom again.
     #[test]
-    #[cfg_attr(miri, ignore = "a peak of 20,000 objects: too slow under miri; the pool's span memory is exercised there by the other pool tests")]
+    #[cfg_attr(
+        miri,
+        ignore = "a peak of 20,000 objects: too slow under miri; the pool's span memory is exercised there by the other pool tests"
+    )]
     fn capacity_is_given_back_after_a_peak() {
         let pool = Pool::new(1);
         let mut owners = Owners::default();
@@ -1402,7 +1405,10 @@ mod tests {
     }
 
     #[test]
-    #[cfg_attr(miri, ignore = "4,095 objects of every size up to 4 KiB, written and read byte by byte: too slow under miri; the other pool tests cover the same code there")]
+    #[cfg_attr(
+        miri,
+        ignore = "4,095 objects of every size up to 4 KiB, written and read byte by byte: too slow under miri; the other pool tests cover the same code there"
+    )]
     fn merged_classes_serve_every_size() {
         let pool = Pool::new(8);
         assert!(

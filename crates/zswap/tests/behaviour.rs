@@ -462,7 +462,10 @@ fn shared_load_keeps_the_entries() {
 /// and the integrity walk (every entry's handle names a live object, each object once)
 /// holds; a second compaction finds little left to do.
 #[test]
-#[cfg_attr(miri, ignore = "compresses 3,200 pages: too slow under miri; compaction's moves are exercised there by the pool's unit tests")]
+#[cfg_attr(
+    miri,
+    ignore = "compresses 3,200 pages: too slow under miri; compaction's moves are exercised there by the pool's unit tests"
+)]
 fn compaction_rewrites_the_entries_of_moved_objects() {
     for across in [false, true] {
         let mut c = Config::new(Compressor::Lz4);

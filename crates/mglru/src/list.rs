@@ -438,6 +438,7 @@ mod tests {
         /// The index against a map: ids dense, at the ends of the id space and far apart;
         /// the table grows and shrinks with its contents.
         #[test]
+        #[cfg_attr(miri, ignore = "minutes per case under miri, and mglru has no unsafe code of its own")]
         fn page_index_matches_a_map(ops in prop::collection::vec(
             (any::<bool>(), prop_oneof![0u64..200, (0u64..4).prop_map(|i| u64::MAX - i), 1u64 << 40..(1u64 << 40) + 70]),
             1..500,

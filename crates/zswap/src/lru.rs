@@ -502,6 +502,7 @@ mod tests {
         /// once their positions are out of the queue) and the rebuild of the queue. With up to
         /// a few hundred operations no position saturates, so the order is exact.
         #[test]
+        #[cfg_attr(miri, ignore = "minutes per case under miri; the LRU has no unsafe code, and the store tests run it there")]
         fn lru_matches_list(ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 40 } else { 400 })) {
             let mut lru = Lru::new();
             // Chunk number -> id, as the index keeps it.

@@ -619,6 +619,10 @@ fn shadow_tokens_kept_by_the_embedder_behave_like_internal_shadows() {
 /// A resident set that shrank gives its memory back on its own (removals and evictions
 /// compact the node slab), and the pages left keep their generations and order.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "tens of thousands of pages: over 20 minutes under miri, and mglru has no unsafe code of its own"
+)]
 fn a_shrunk_resident_set_gives_back_its_nodes() {
     let mut lru = lru_with(Config::default());
     let mut bits = AccessBits::new();

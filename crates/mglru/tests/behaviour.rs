@@ -621,7 +621,7 @@ fn shadow_tokens_kept_by_the_embedder_behave_like_internal_shadows() {
 #[test]
 #[cfg_attr(
     miri,
-    ignore = "tens of thousands of pages: over 20 minutes under miri, and mglru has no unsafe code of its own"
+    ignore = "adds 100,000 pages: over 20 minutes under miri, and mglru has no unsafe code of its own"
 )]
 fn a_shrunk_resident_set_gives_back_its_nodes() {
     let mut lru = lru_with(Config::default());

@@ -4,6 +4,7 @@ pub mod daemon;
 pub mod mglru;
 pub mod shrinker;
 pub mod swap_alloc;
+pub mod swap_alloc_workload;
 pub mod zswap;
 
 /// Options shared by every section.

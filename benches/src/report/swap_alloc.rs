@@ -21,10 +21,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::swap_alloc_workload::{fallback, throughput, Throughput};
 use serde_json::{json, Map, Value};
-use swap_alloc::baseline::workload::{fallback, throughput, Throughput};
-use swap_alloc::baseline::{order_unaware, GlobalLockDevice, SlotAllocator, SlotCacheDevice};
 use swap_alloc::{DeviceConfig, SwapDevice};
+use swap_alloc_baseline::{order_unaware, GlobalLockDevice, SlotAllocator, SlotCacheDevice};
 
 use super::{Options, Report};
 

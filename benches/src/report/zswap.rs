@@ -1,7 +1,7 @@
 //! Report section `zswap`: the compressed page store against the raw compressor, large-folio
 //! stores against page-by-page stores, and pool memory per compressed byte, on page data taken
 //! at run time from real processes (python3 with much of the stdlib imported, redis-server filled
-//! by redis-benchmark; see `zswap::sample`). Nothing captured is written anywhere.
+//! by redis-benchmark; see `zswap-sample`, `crates/zswap/sample`). Nothing captured is written anywhere.
 //!
 //! JSON: `{"data": {...}, "results": {COMPRESSOR: {"4k"|"64k"|"2m": {KEYS}}, "pool": {...}}}` with
 //! KEYS `store_mb_per_s`, `load_mb_per_s`, `raw_compress_mb_per_s`, `raw_decompress_mb_per_s`,
@@ -319,7 +319,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     } else {
         (8192, 100_000, 7)
     };
-    let sample = zswap::sample::capture(per_source, requests);
+    let sample = zswap_sample::capture(per_source, requests);
     let (mut data, same, poor) = like_for_like(&sample.pages)?;
     // A whole number of 2 MiB folios.
     let whole = data.len() / (512 * PAGE_SIZE) * (512 * PAGE_SIZE);

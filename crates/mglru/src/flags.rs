@@ -71,9 +71,15 @@ pub(crate) fn tier_from_refs(refs: usize) -> usize {
 }
 
 /// The atomic word of one resident page: its flags, its list generation, its type and its id.
+///
+/// `pub` (with its methods) only so that the loom models reach it through `mglru::__loom`
+/// under `cfg(mglru_loom)`; in every other build it is private to the crate, which the
+/// `allow` below says to `unreachable_pub`.
 #[derive(Debug)]
+#[cfg_attr(not(mglru_loom), allow(unreachable_pub))]
 pub struct PageFlags(AtomicU64);
 
+#[cfg_attr(not(mglru_loom), allow(unreachable_pub))]
 impl PageFlags {
     /// Page `page` of type `page_type`, on the list of generation `gen` and in that generation,
     /// with no references.
@@ -402,6 +408,13 @@ mod tests {
     }
 
     proptest! {
+        // Under miri: a few cases (each runs ~1000 times slower), and no regression file
+        // (miri's isolation refuses file access).
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { 256 },
+            failure_persistence: if cfg!(miri) { None } else { ProptestConfig::default().failure_persistence },
+            ..ProptestConfig::default()
+        })]
         /// The flag operations never touch the page id, type or list generation, and do not
         /// depend on them: a word with any page (up to 2^52 - 1) and type gives the same
         /// answers and flag bits as a bare one (page 0, anon) through any sequence of flag

@@ -135,6 +135,8 @@
 //! assert!(lru.refault(victims[0]).is_some(), "a shadow entry remains");
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(unreachable_pub)]
+#![deny(missing_docs)]
 
 mod baseline;
 mod bloom;

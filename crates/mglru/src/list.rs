@@ -428,9 +428,17 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        // Under miri: a few cases (each runs ~1000 times slower), and no regression file
+        // (miri's isolation refuses file access).
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { 256 },
+            failure_persistence: if cfg!(miri) { None } else { ProptestConfig::default().failure_persistence },
+            ..ProptestConfig::default()
+        })]
         /// The index against a map: ids dense, at the ends of the id space and far apart;
         /// the table grows and shrinks with its contents.
         #[test]
+        #[cfg_attr(miri, ignore = "minutes per case under miri, and mglru has no unsafe code of its own")]
         fn page_index_matches_a_map(ops in prop::collection::vec(
             (any::<bool>(), prop_oneof![0u64..200, (0u64..4).prop_map(|i| u64::MAX - i), 1u64 << 40..(1u64 << 40) + 70]),
             1..500,

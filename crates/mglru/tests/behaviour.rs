@@ -496,6 +496,10 @@ fn young_bound_aging_ages_with_all_generations_alive() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "replays 120,000 requests four times: far too slow under miri, and mglru has no unsafe code of its own for miri to check"
+)]
 fn default_resists_scans() {
     // Zipf hot set with a 1:1 one-pass scan. With v6.1's rules the accessed bit left by the
     // fault promotes every scanned page once, so MGLRU is no better than LRU; starting faulted
@@ -526,6 +530,10 @@ fn default_resists_scans() {
 /// Replays of the shared traces: LRU matches libCacheSim's figure from the traces' README, and
 /// every policy keeps its structure intact.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "reads a trace file (miri's isolation refuses file access) and replays it: far too slow under miri"
+)]
 fn trace_replays() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/traces");
     let path = dir.join("cloudphysics.txt");
@@ -548,6 +556,10 @@ fn trace_replays() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "200,000 steps: far too slow under miri, and mglru has no unsafe code of its own for miri to check"
+)]
 fn shadow_tokens_kept_by_the_embedder_behave_like_internal_shadows() {
     // Two LRUs see the same accesses, faults and evictions; one keeps its shadow entries, the
     // other hands them out as tokens right after each eviction and gets them back on the
@@ -607,6 +619,10 @@ fn shadow_tokens_kept_by_the_embedder_behave_like_internal_shadows() {
 /// A resident set that shrank gives its memory back on its own (removals and evictions
 /// compact the node slab), and the pages left keep their generations and order.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "adds 100,000 pages: over 20 minutes under miri, and mglru has no unsafe code of its own"
+)]
 fn a_shrunk_resident_set_gives_back_its_nodes() {
     let mut lru = lru_with(Config::default());
     let mut bits = AccessBits::new();
@@ -758,6 +774,10 @@ fn replay_reports_a_page_id_mglru_cannot_hold() {
 /// With 24-byte nodes (before this test was written, measured the same way): 30.86 and 31.43.
 /// Now: 22.69 and 23.26.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "adds 200,000 pages: far too slow under miri, and mglru has no unsafe code of its own for miri to check"
+)]
 fn metadata_per_resident_page() {
     let mut x = 0x2545_f491_4f6c_dd1du64;
     for spread in [false, true] {

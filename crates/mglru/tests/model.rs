@@ -98,10 +98,16 @@ fn config() -> impl Strategy<Value = Config> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+    // Under miri: a few cases (each runs ~1000 times slower), and no regression file (miri's
+    // isolation refuses file access).
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(miri) { 4 } else { 192 },
+        failure_persistence: if cfg!(miri) { None } else { ProptestConfig::default().failure_persistence },
+        ..ProptestConfig::default()
+    })]
 
     #[test]
-    fn mglru_matches_model(cfg in config(), ops in proptest::collection::vec(op(), 1..160)) {
+    fn mglru_matches_model(cfg in config(), ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 24 } else { 160 })) {
         let mut lru = Mglru::new(cfg.clone()).unwrap();
         let mut bits = AccessBits::new();
         let mut twin = Mglru::new(cfg.clone()).unwrap();

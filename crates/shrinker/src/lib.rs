@@ -42,8 +42,9 @@
 //! - `synchronize` waits for the shrinks in flight with an SRCU-like pair of
 //!   counters (the kernel used `shrinker_rwsem`, then SRCU, before dropping
 //!   `synchronize_shrinkers` altogether).
-//! - The old design (before the series) is kept as [`baseline::RwLockRegistry`]
-//!   for comparison.
+//! - The old design (before the series) is kept as `baseline::RwLockRegistry`
+//!   for comparison, behind the non-default `baseline` feature (benchmarks
+//!   and tests only).
 //!
 //! # Invariants
 //!
@@ -95,7 +96,10 @@
 //! # Ok::<(), shrinker::ShrinkerError>(())
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(unreachable_pub)]
+#![deny(missing_docs)]
 
+#[cfg(any(test, feature = "baseline"))]
 pub mod baseline;
 mod control;
 

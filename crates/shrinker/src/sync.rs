@@ -242,14 +242,15 @@ impl Guard<'_> {
     pub(crate) unsafe fn retire<T: Send + 'static>(&self, ptr: *mut Rcu<T>) {
         #[cfg(not(shrinker_loom))]
         {
-            let addr = ptr as usize;
+            // The closure keeps the pointer itself, not its address: rebuilding a
+            // pointer from an integer would lose its provenance (miri's strict
+            // provenance check), and `defer_unchecked` asks for no `Send` anyway.
             // SAFETY: the object is unreachable for new readers and retired once;
             // crossbeam runs the closure after every current guard has ended, so
             // the box is freed exactly once and after its last reader. `T: Send`
             // makes dropping it on another thread sound.
             unsafe {
-                self.inner
-                    .defer_unchecked(move || drop(Box::from_raw(addr as *mut Rcu<T>)));
+                self.inner.defer_unchecked(move || drop(Box::from_raw(ptr)));
             }
         }
         #[cfg(shrinker_loom)]

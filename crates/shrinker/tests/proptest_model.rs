@@ -335,10 +335,16 @@ fn check(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    // Under miri: a few cases (each runs ~1000 times slower), and no regression file (miri's
+    // isolation refuses file access).
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(miri) { 4 } else { 128 },
+        failure_persistence: if cfg!(miri) { None } else { ProptestConfig::default().failure_persistence },
+        ..ProptestConfig::default()
+    })]
 
     #[test]
-    fn registry_matches_model(ops in proptest::collection::vec(op(), 1..60)) {
+    fn registry_matches_model(ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 16 } else { 60 })) {
         run(ops)?;
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use swap_alloc::baseline::{GlobalLockDevice, SlotAllocator, SlotCacheDevice};
 use swap_alloc::{set_cpu_hint, DeviceConfig, SwapDevice};
+use swap_alloc_baseline::{GlobalLockDevice, SlotAllocator, SlotCacheDevice};
 
 const NSLOTS: u64 = 256 * 512;
 

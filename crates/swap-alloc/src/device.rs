@@ -91,7 +91,7 @@ pub struct DeviceConfig {
     /// are free. `None` (the default): free clusters first, as before 6.18. See
     /// [`DeviceConfig::nonfull_first`].
     pub nonfull_first: Option<usize>,
-    /// `false` only for the order-unaware baseline.
+    /// Order-aware cluster choice (default `true`); see [`DeviceConfig::order_aware`].
     pub(crate) order_aware: bool,
 }
 
@@ -157,6 +157,16 @@ impl DeviceConfig {
     /// device-lock round trip per slot when frees trickle in one at a time.
     pub fn nonfull_first(mut self, min_free: usize) -> Self {
         self.nonfull_first = Some(min_free);
+        self
+    }
+
+    /// Order-aware cluster choice (the default, `true`, as since v6.10). `false` gives the
+    /// choice before it: every order shares one current cluster per CPU and one nonfull and one
+    /// frag list, and a cluster serves any order. Only for comparison (the order-4 fallback
+    /// figures in the README, `swap-alloc-baseline`'s `order_unaware`) and the model tests,
+    /// which check both; large folios fall back far more often without it.
+    pub fn order_aware(mut self, order_aware: bool) -> Self {
+        self.order_aware = order_aware;
         self
     }
 }
@@ -1392,7 +1402,8 @@ mod run_tests {
         };
         for order in 0..NR_ORDERS as u32 {
             let nr = 1usize << order;
-            for _ in 0..200 {
+            // Under miri a few maps per order: each is ~1000x slower there.
+            for _ in 0..if cfg!(miri) { 4 } else { 200 } {
                 // Mostly uniform runs (the common case) with a few odd slots.
                 let base = values[(rand() % values.len() as u64) as usize];
                 let mut map = vec![base; 1024];

@@ -85,13 +85,14 @@
 //! # Ok::<(), SwapError>(())
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(unreachable_pub)]
+#![deny(missing_docs)]
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-pub mod baseline;
 mod cluster;
 mod device;
 mod entry;
@@ -109,4 +110,4 @@ pub use entry::{DeviceId, SwapEntry};
 pub use error::SwapError;
 pub use info::SwapInfo;
 pub use stats::{ClusterLists, DeviceStats, Fragmentation};
-pub use sync::set_cpu_hint;
+pub use sync::{current_cpu, set_cpu_hint};

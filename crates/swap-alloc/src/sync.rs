@@ -64,11 +64,19 @@ mod imp {
         CPU_HINT.with(|c| c.set(cpu));
     }
 
+    #[cfg(not(miri))]
     pub(crate) fn getcpu() -> usize {
         // SAFETY: sched_getcpu takes no arguments and only reads the calling thread's CPU
         // (glibc serves it from rseq or the vDSO); it cannot touch our memory.
         let cpu = unsafe { libc::sched_getcpu() };
         usize::try_from(cpu).unwrap_or(0)
+    }
+
+    /// Miri does not emulate `sched_getcpu`; the hint is only a hint, so every thread says 0
+    /// there (as two threads on one CPU would), which the allocator must survive anyway.
+    #[cfg(miri)]
+    pub(crate) fn getcpu() -> usize {
+        0
     }
 
     pub(crate) fn online_cpus() -> usize {
@@ -233,8 +241,10 @@ pub(crate) fn nr_cpus() -> usize {
 
 /// The CPU the calling thread runs on, as a hint: the thread's fixed hint if it set one with
 /// [`set_cpu_hint`], else `sched_getcpu()`. Callers reduce it modulo their per-CPU array size.
+/// Public so that a structure kept beside the allocator (the baselines of
+/// `swap-alloc-baseline`) picks its per-CPU slot as the allocator does.
 #[inline]
-pub(crate) fn current_cpu() -> usize {
+pub fn current_cpu() -> usize {
     cpu_override().unwrap_or_else(getcpu)
 }
 

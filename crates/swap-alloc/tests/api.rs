@@ -5,11 +5,11 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use swap_alloc::baseline::{order_unaware, GlobalLockDevice, SlotAllocator, SlotCacheDevice};
 use swap_alloc::{
     set_cpu_hint, DeviceConfig, DeviceId, DiscardHook, SlotUsage, SwapDevice, SwapEntry, SwapError,
     SwapInfo, MAX_SLOT_COUNT,
 };
+use swap_alloc_baseline::{order_unaware, GlobalLockDevice, SlotAllocator, SlotCacheDevice};
 
 fn dev(nslots: u64, cs: usize) -> SwapDevice {
     SwapDevice::new(DeviceConfig::new(nslots).cluster_slots(cs).nr_cpus(2)).unwrap()
@@ -322,6 +322,10 @@ fn rotational_devices_share_one_current_cluster() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "a statistic over 20,000 allocations: minutes under miri, and the allocation paths it takes are those of the smaller tests"
+)]
 fn order0_allocations_rarely_take_the_device_lock() {
     set_cpu_hint(Some(0));
     let d = dev(64 * 512, 512);
@@ -414,7 +418,8 @@ fn threads_never_share_a_slot() {
                 set_cpu_hint(Some(t % 2));
                 let mut mine: Vec<(SwapEntry, u32)> = Vec::new();
                 let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
-                for _ in 0..20_000 {
+                // Under miri (data races) a few hundred steps: each is ~1000x slower there.
+                for _ in 0..if cfg!(miri) { 300 } else { 20_000 } {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
@@ -620,6 +625,10 @@ fn nonfull_first_order0_refills_holes_in_large_folio_clusters() {
 /// (The daemon's default 8 GiB device has 4096 clusters, of which a workload of 256 MiB
 /// stored uses about 130.)
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "a device of 4,096 clusters checked whole: minutes under miri, and its allocation paths are those of the smaller tests"
+)]
 fn metadata_is_a_line_per_cluster_and_the_maps_in_use() {
     set_cpu_hint(Some(0));
     let d = dev(4096 * 512, 512);

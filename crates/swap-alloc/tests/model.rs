@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use swap_alloc::baseline::order_unaware;
 use swap_alloc::{
     DeviceConfig, DeviceId, DiscardHook, SlotUsage, SwapDevice, SwapEntry, SwapError,
 };
+use swap_alloc_baseline::order_unaware;
 
 const CS: usize = 16;
 
@@ -347,13 +347,19 @@ fn run(config_sel: u8, nslots: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    // Under miri: a few cases (each runs ~1000 times slower), and no regression file (miri's
+    // isolation refuses file access).
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(miri) { 4 } else { 256 },
+        failure_persistence: if cfg!(miri) { None } else { ProptestConfig::default().failure_persistence },
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn device_agrees_with_model(
         config_sel in 0u8..32,
         nslots in prop_oneof![Just(64u64), Just(96), 70u64..100],
-        ops in proptest::collection::vec(op(), 1..160),
+        ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 24 } else { 160 }),
     ) {
         run(config_sel, nslots, ops)?;
     }

@@ -4,7 +4,7 @@
 //! - `folio_vs_pages/*`: one 16-page folio store vs 16 single-page stores of the same pages.
 //!
 //! Pages come from real processes captured at start (python3, redis-server; see
-//! `zswap::sample`), or a labelled synthetic mix when those are not installed.
+//! `zswap-sample`, `crates/zswap/sample`), or a labelled synthetic mix when those are not installed.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::time::Duration;
@@ -13,7 +13,7 @@ use zswap::{Compressor, Config, PageCodec, Zswap, PAGE_SIZE};
 const FOLIO_PAGES: usize = 16;
 
 fn folios() -> Vec<Vec<u8>> {
-    let sample = zswap::sample::capture(512, 20_000);
+    let sample = zswap_sample::capture(512, 20_000);
     if sample.synthetic {
         eprintln!("zswap benches: SYNTHETIC page data ({:?})", sample.notes);
     }

@@ -276,6 +276,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "zstd is a C library: miri cannot call foreign functions (zstd is one of the codecs it tries)"
+    )]
     fn software_codecs_round_trip_and_reject_garbage() {
         for kind in [
             Compressor::Lz4,
@@ -299,6 +303,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "zstd is a C library: miri cannot call foreign functions"
+    )]
     fn zstd_frames_carry_no_checksum_or_size() {
         let mut codec = PageCodec::new(Compressor::Zstd { level: 1 }).expect("zstd");
         let page = vec![5u8; PAGE_SIZE];
@@ -319,6 +327,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "libqpl is loaded with dlopen: miri cannot call foreign functions"
+    )]
     fn deflate_iaa_without_libqpl_says_so() {
         match PageCodec::new(Compressor::DeflateIaa) {
             Ok(codec) => assert!(codec.qpl_path().is_some()),
@@ -327,6 +339,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "zstd is a C library: miri cannot call foreign functions"
+    )]
     fn bad_levels_are_rejected() {
         assert!(PageCodec::new(Compressor::Deflate { level: 0 }).is_err());
         assert!(PageCodec::new(Compressor::Zstd { level: 1000 }).is_err());

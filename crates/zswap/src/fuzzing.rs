@@ -48,6 +48,8 @@ pub fn load_corrupted(data: &[u8]) -> usize {
     }
     let compressor = match data[0] % 3 {
         0 => Compressor::Lz4,
+        // Under miri zstd (a C library) cannot run; lz4 stands in.
+        1 if cfg!(miri) => Compressor::Lz4,
         1 => Compressor::Zstd { level: 1 },
         _ => Compressor::Deflate { level: 1 },
     };

@@ -490,13 +490,20 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+        // Under miri: a few cases (each runs ~1000 times slower), and no regression file (miri's
+        // isolation refuses file access).
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { 256 },
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
 
         /// The FIFO against a list of keys: order, membership, chunk ids (freed, reused only
         /// once their positions are out of the queue) and the rebuild of the queue. With up to
         /// a few hundred operations no position saturates, so the order is exact.
         #[test]
-        fn lru_matches_list(ops in proptest::collection::vec(op(), 1..400)) {
+        #[cfg_attr(miri, ignore = "minutes per case under miri; the LRU has no unsafe code, and the store tests run it there")]
+        fn lru_matches_list(ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 40 } else { 400 })) {
             let mut lru = Lru::new();
             // Chunk number -> id, as the index keeps it.
             let mut ids: std::collections::HashMap<u64, u32> = Default::default();

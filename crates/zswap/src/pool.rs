@@ -1197,6 +1197,10 @@ mod tests {
     /// After a peak, a class gives back the span list, free-id list and partial-list
     /// capacity the peak needed, and the ids of new spans start from the bottom again.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "a peak of 20,000 objects: too slow under miri; the pool's span memory is exercised there by the other pool tests"
+    )]
     fn capacity_is_given_back_after_a_peak() {
         let pool = Pool::new(1);
         let mut owners = Owners::default();
@@ -1401,6 +1405,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "4,095 objects of every size up to 4 KiB, written and read byte by byte: too slow under miri; the other pool tests cover the same code there"
+    )]
     fn merged_classes_serve_every_size() {
         let pool = Pool::new(8);
         assert!(
@@ -1469,14 +1477,20 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+        // Under miri: a few cases (each runs ~1000 times slower), and no regression file (miri's
+        // isolation refuses file access).
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { 128 },
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
 
         /// The pool against a model (object id -> bytes): every live object reads back its
         /// bytes through the handle its owner holds, across frees and compactions that may not
         /// move pinned objects; the integrity walk agrees with the owner's handles; freed
         /// handles are errors until their slot is reused.
         #[test]
-        fn pool_matches_model(span_pages in 1usize..=8, ops in proptest::collection::vec(op(), 1..200)) {
+        fn pool_matches_model(span_pages in 1usize..=8, ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 24 } else { 200 })) {
             let pool = Pool::new(span_pages);
             let mut owners = Owners::default();
             let mut model: Vec<Option<Vec<u8>>> = Vec::new();

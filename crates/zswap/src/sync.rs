@@ -43,10 +43,18 @@ mod imp {
     }
 
     /// The CPU this thread runs on: a hint for spreading work, never relied on for correctness.
+    #[cfg(not(miri))]
     pub(crate) fn current_cpu() -> usize {
         // SAFETY: sched_getcpu has no preconditions; it returns -1 on error.
         let cpu = unsafe { libc::sched_getcpu() };
         usize::try_from(cpu).unwrap_or(0)
+    }
+
+    /// Miri does not emulate `sched_getcpu`; the CPU is only a hint, so every thread says 0
+    /// there, as threads sharing one CPU would.
+    #[cfg(miri)]
+    pub(crate) fn current_cpu() -> usize {
+        0
     }
 
     /// Number of CPUs available to this process.

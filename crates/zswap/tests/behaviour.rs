@@ -7,6 +7,10 @@ use common::{folio, page, Kind};
 use zswap::{Compressor, Config, StoreError, Zswap, PAGE_SIZE};
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "too slow under miri (it compresses thousands of pages; each takes ~0.1 s there); the unit tests and the smaller tests cover the same unsafe code"
+)]
 fn pool_limit_with_accept_threshold() {
     let mut c = Config::new(Compressor::Lz4);
     c.max_pool_bytes = 256 << 10;
@@ -61,6 +65,10 @@ fn pool_limit_with_accept_threshold() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "zstd is a C library: miri cannot call foreign functions (zstd is one of the compressors it tries)"
+)]
 fn a_poor_page_refuses_the_whole_folio_and_keeps_old_entries() {
     for compressor in [
         Compressor::Lz4,
@@ -167,6 +175,10 @@ fn counters_by_order_and_invalid_folios() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "zstd is a C library: miri cannot call foreign functions"
+)]
 fn batched_store_equals_serial_store() {
     let data = folio(&[Kind::Compressible; 512], 1234);
     let mut stores = Vec::new();
@@ -232,6 +244,10 @@ fn failed_writeback_keeps_the_entry() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "zstd is a C library: miri cannot call foreign functions (checking a zstd level asks libzstd for its range)"
+)]
 fn bad_configs_are_refused() {
     for f in [
         |c: &mut Config| c.accept_threshold_percent = 101,
@@ -268,6 +284,10 @@ fn a_panicking_writer_leaves_the_entry_usable() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "zstd is a C library: miri cannot call foreign functions"
+)]
 fn batched_store_reports_the_first_poor_page() {
     for threads in [2, 3, 4] {
         let mut c = Config::new(Compressor::Zstd { level: 1 });
@@ -301,6 +321,10 @@ fn batched_store_reports_the_first_poor_page() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "zstd is a C library: miri cannot call foreign functions (zstd is one of the compressors it tries)"
+)]
 fn multi_page_units_share_one_object_with_per_page_entries() {
     for compressor in [
         Compressor::Lz4,
@@ -368,6 +392,10 @@ fn multi_page_units_share_one_object_with_per_page_entries() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "zstd is a C library: miri cannot call foreign functions"
+)]
 fn a_multi_page_unit_that_does_not_compress_names_its_first_poor_page() {
     let mut c = Config::new(Compressor::Zstd { level: 1 });
     c.multi_page_unit_pages = 4;
@@ -434,6 +462,10 @@ fn shared_load_keeps_the_entries() {
 /// and the integrity walk (every entry's handle names a live object, each object once)
 /// holds; a second compaction finds little left to do.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "compresses 3,200 pages: too slow under miri; compaction's moves are exercised there by the pool's unit tests"
+)]
 fn compaction_rewrites_the_entries_of_moved_objects() {
     for across in [false, true] {
         let mut c = Config::new(Compressor::Lz4);
@@ -517,6 +549,10 @@ fn compaction_rewrites_the_entries_of_moved_objects() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "too slow under miri (it compresses thousands of pages; each takes ~0.1 s there); the unit tests and the smaller tests cover the same unsafe code"
+)]
 fn unit_slots_are_right_across_a_16_bit_wrap_with_and_without_same_filled_pages() {
     // Whole units (slots derived from the swap entry and the unit's first, modulo 2^16) and
     // units with same-filled pages (slots kept), stored across 0x10000 and higher wraps; every

@@ -9,7 +9,13 @@ use proptest::prelude::*;
 use zswap::{Compressor, Config, LoadError, Zswap, PAGE_SIZE};
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+    // Under miri: a few cases (each runs ~1000 times slower), and no regression file (miri's
+    // isolation refuses file access).
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(miri) { 4 } else { 256 },
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn fuzz_logic_on_random_inputs(data in proptest::collection::vec(any::<u8>(), 0..256)) {
@@ -22,7 +28,8 @@ fn fuzz_logic_detects_damage() {
     // Deterministic inputs with CRC on and corruption triples: some loads must fail.
     let mut x = 7u64;
     let mut failed = 0;
-    for _ in 0..300 {
+    // Under miri a few rounds: each is ~1000x slower.
+    for _ in 0..if cfg!(miri) { 8 } else { 300 } {
         let data: Vec<u8> = (0..64)
             .map(|_| (common::next(&mut x) >> 24) as u8)
             .collect();
@@ -34,6 +41,10 @@ fn fuzz_logic_detects_damage() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "zstd is a C library: miri cannot call foreign functions (zstd is one of the compressors it tries)"
+)]
 fn every_single_byte_flip_is_caught_with_crc() {
     for compressor in [
         Compressor::Lz4,
@@ -68,6 +79,10 @@ fn every_single_byte_flip_is_caught_with_crc() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "zstd is a C library: miri cannot call foreign functions (zstd is one of the compressors it tries)"
+)]
 fn byte_flips_in_a_multi_page_object_are_caught_with_crc() {
     for compressor in [
         Compressor::Lz4,
@@ -169,6 +184,10 @@ fn forged_and_stale_handles_are_errors() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "zstd is a C library: miri cannot call foreign functions"
+)]
 fn crc_off_still_never_panics() {
     let mut c = Config::new(Compressor::Zstd { level: 1 });
     c.crc = false;

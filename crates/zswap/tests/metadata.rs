@@ -74,6 +74,10 @@ fn measure(data: Data, folio_pages: usize, units: bool) -> (f64, f64) {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "too slow under miri (it compresses thousands of pages; each takes ~0.1 s there); the unit tests and the smaller tests cover the same unsafe code"
+)]
 fn metadata_bytes_per_stored_page() {
     // (folio pages, multi-page units, budget in bytes per stored page after the fill).
     // 64 KiB page by page is the daemon's setting; with units, each unit's object adds its

@@ -32,6 +32,10 @@ fn pages() -> Vec<Vec<u8>> {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "libqpl is loaded with dlopen: miri cannot call foreign functions"
+)]
 fn qpl_and_software_deflate_interoperate() {
     let qpl = match Qpl::load() {
         Ok(q) => q,
@@ -70,6 +74,10 @@ fn qpl_and_software_deflate_interoperate() {
 
 /// The same through the store's codecs: deflate-iaa output loads with software deflate and back.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "libqpl is loaded with dlopen: miri cannot call foreign functions"
+)]
 fn deflate_iaa_codec_matches_software_deflate() {
     use zswap::{Compressor, PageCodec};
     let mut iaa = match PageCodec::new(Compressor::DeflateIaa) {

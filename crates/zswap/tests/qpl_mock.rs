@@ -100,6 +100,10 @@ fn pages() -> Vec<Vec<u8>> {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "libqpl is loaded with dlopen: miri cannot call foreign functions (and the test builds a stand-in library with the C compiler)"
+)]
 fn qpl_path_end_to_end_against_a_stand_in_library() {
     let lib = match build_mock() {
         Ok(lib) => lib,

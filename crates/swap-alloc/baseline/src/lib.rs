@@ -1,5 +1,10 @@
-//! **Baselines, for benchmarks only.** The designs the kernel replaced, written with the same
-//! slot-map conventions so that a benchmark compares them with [`SwapDevice`] in one run:
+//! # swap-alloc-baseline: what `swap-alloc` is measured against
+//!
+//! **Test and benchmark support, not for embedding** (`publish = false`): `swap-alloc`'s own
+//! tests and criterion benches take it as a dev-dependency, and the report command
+//! (`benches/src/report/swap_alloc.rs`) as a dependency, so that none of it compiles into the
+//! allocator. The designs the kernel replaced, written with the same slot-map conventions so
+//! that a benchmark compares them with [`SwapDevice`] in one run:
 //!
 //! - [`GlobalLockDevice`]: one device-wide lock around a linear scan of the slot map, the
 //!   design before v4.11 (2017).
@@ -12,22 +17,23 @@
 //!
 //! None of these keeps reference counts beyond one; they serve `alloc` and `free` only.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(unreachable_pub)]
+#![deny(missing_docs)]
+
 mod global_lock;
 mod slot_cache;
-pub mod workload;
 
 pub use global_lock::GlobalLockDevice;
 pub use slot_cache::{SlotCacheDevice, SLOT_CACHE_SIZE};
 
-use crate::device::{DeviceConfig, SwapDevice};
-use crate::entry::SwapEntry;
-use crate::error::SwapError;
+use swap_alloc::{DeviceConfig, SwapDevice, SwapEntry, SwapError};
 
 /// The cluster allocator with order-aware cluster choice switched off: every order shares one
 /// current cluster per CPU and one nonfull and one frag list, and a cluster serves any order.
-pub fn order_unaware(mut config: DeviceConfig) -> Result<SwapDevice, SwapError> {
-    config.order_aware = false;
-    SwapDevice::new(config)
+/// (`DeviceConfig::order_aware(false)`, named here for the benchmarks' tables.)
+pub fn order_unaware(config: DeviceConfig) -> Result<SwapDevice, SwapError> {
+    SwapDevice::new(config.order_aware(false))
 }
 
 /// What the benchmarks drive: allocate and free runs of `2^order` slots on one device.

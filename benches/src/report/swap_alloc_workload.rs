@@ -1,4 +1,5 @@
-//! Workload drivers shared by the criterion benches and the report command (benchmarks only).
+//! Workload drivers of the report's `swap-alloc` section (moved here from `swap-alloc`'s
+//! `baseline::workload`: only the report uses them).
 //!
 //! - [`throughput`]: each thread keeps a FIFO window of live allocations and replaces the
 //!   oldest with a new one (slots freed in the order they were taken, as LRU eviction and
@@ -13,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::baseline::SlotAllocator;
-use crate::sync::set_cpu_hint;
+use swap_alloc::set_cpu_hint;
+use swap_alloc_baseline::SlotAllocator;
 
 /// What [`throughput`] measured.
 #[derive(Clone, Copy, Debug, Default)]

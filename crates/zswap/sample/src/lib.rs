@@ -2,12 +2,19 @@
 //! memory of a `python3` that has imported much of the standard library and of a `redis-server`
 //! filled by `redis-benchmark`, read through `/proc/PID/maps` and `/proc/PID/mem`. Nothing is
 //! written to disk. When those programs are absent, a clearly labelled synthetic mix is used.
+//!
+//! **Benchmark support, not for embedding** (`publish = false`; it was `zswap::sample`): zswap's
+//! criterion benches take it as a dev-dependency and the report command
+//! (`benches/src/report/zswap.rs`) as a dependency, so that spawning python3 and redis never
+//! compiles into the store.
+#![warn(unreachable_pub)]
+#![deny(missing_docs)]
 
-use crate::PAGE_SIZE;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use zswap::PAGE_SIZE;
 
 /// Pages captured for a benchmark run.
 #[derive(Debug, Default)]

@@ -1,7 +1,11 @@
 //! zswap's writeback driven by `crates/shrinker`: a Zswap registered as a shrinker
 //! (`count_objects` / `scan_objects`), shrunk by the registry, writes its coldest entries back to
 //! a device and frees them; a failing device frees nothing and keeps every page.
+//!
+//! It lives in the `bench` crate, which depends on both, because the library crates depend on
+//! none of each other, not even for tests (was `crates/zswap/tests/shrinker_registration.rs`).
 
+#[path = "../../crates/zswap/tests/common/mod.rs"]
 mod common;
 
 use common::{page, Kind};

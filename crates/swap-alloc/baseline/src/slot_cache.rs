@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 
-use crate::baseline::SlotAllocator;
-use crate::sync::{self, Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::SlotAllocator;
 
 /// Slots per per-CPU cache (the kernel's `SWAP_SLOTS_CACHE_SIZE`).
 pub const SLOT_CACHE_SIZE: usize = 64;
@@ -84,7 +85,7 @@ impl SlotCacheDevice {
     }
 
     fn cpu(&self) -> usize {
-        sync::current_cpu() % self.caches.len()
+        swap_alloc::current_cpu() % self.caches.len()
     }
 
     fn lock_dev(&self) -> MutexGuard<'_, DevState> {

@@ -1,14 +1,15 @@
 //! Baseline (a): one device-wide lock and a linear scan (before v4.11).
 
-use crate::baseline::SlotAllocator;
-use crate::sync::Mutex;
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::SlotAllocator;
 
 #[derive(Debug)]
 struct State {
     map: Vec<u8>,
     /// Where the next scan starts (the old `cluster_next`).
     cursor: usize,
-    /// Acquisitions of the lock, counted under it (as [`SwapDevice`](crate::SwapDevice)
+    /// Acquisitions of the lock, counted under it (as [`SwapDevice`](swap_alloc::SwapDevice)
     /// counts its own locks), so that counting costs no extra atomic operation.
     locks: u64,
 }
@@ -32,7 +33,7 @@ impl GlobalLockDevice {
         }
     }
 
-    fn lock(&self) -> crate::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         let mut st = self.state.lock();
         st.locks += 1;
         st

@@ -113,15 +113,32 @@ fn has_maps(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|t| !t.is_empty())
 }
 
-/// The address of a `syscall` instruction in `pid`'s vDSO, checked by reading it there.
+/// Whether `pid` is exiting or gone: no status, a zombie or dead state, or an address space
+/// already torn down (its maps read empty).
+fn exiting(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    matches!(state, None | Some('Z' | 'X' | 'x')) || !has_maps(pid)
+}
+
+/// The address of a `syscall` instruction in `pid`'s vDSO, checked by reading it there. A
+/// process that exits meanwhile (its vDSO unmapped or unreadable under the daemon's feet) is
+/// `Gone`, not a process that cannot be stopped.
 fn syscall_insn_of(pid: i32) -> Result<u64, InjectError> {
     let off = vdso_syscall_offset().ok_or(InjectError::NoSyscall)?;
-    let Some((start, end)) = vdso_of(pid) else {
-        return Err(if has_maps(pid) {
-            InjectError::NoSyscall
-        } else {
+    let not_found = || {
+        if exiting(pid) {
             InjectError::Gone(None)
-        });
+        } else {
+            InjectError::NoSyscall
+        }
+    };
+    let Some((start, end)) = vdso_of(pid) else {
+        return Err(not_found());
     };
     let at = start + off;
     if at + 2 > end {
@@ -130,7 +147,7 @@ fn syscall_insn_of(pid: i32) -> Result<u64, InjectError> {
     let mut b = [0u8; 2];
     match sys::read_remote(pid, &[(at, 2)], &mut b) {
         Ok(2) if b == [0x0f, 0x05] => Ok(at),
-        _ => Err(InjectError::NoSyscall),
+        _ => Err(not_found()),
     }
 }
 

@@ -768,6 +768,26 @@ fn restore_and_step_aside(
     }
 }
 
+/// Answers a program thread's request (RELEASE, LOCK, LEAVE) with `HelloAck`: status 0, or
+/// the errno of what failed, which is also said.
+fn answer_request(sock: &OwnedFd, pid: i32, r: std::io::Result<()>, what: &str) {
+    let status = match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("uffd-daemon: pid {pid}: cannot {what}: {e}");
+            e.raw_os_error().unwrap_or(libc::EIO)
+        }
+    };
+    let ack = protocol::encode(
+        &Message::HelloAck {
+            status,
+            max_drop_pages: 0,
+        },
+        0,
+    );
+    let _ = sys::send_with_fd(sock.as_raw_fd(), &ack, None);
+}
+
 /// Reads a greeting from `sock` (and the descriptor it carries), refusing the connection with
 /// a reason if it is not a valid HELLO of process `pid`.
 fn read_hello(
@@ -789,58 +809,30 @@ fn read_hello(
     };
     let hello = match protocol::decode(&buf[..n]) {
         Ok((Message::Hello(h), _)) => h,
+        // Requests from a program thread on a connection of its own, answered with a status.
         Ok((Message::Release { start, len }, _)) => {
-            let status = match release_to_program(shared, pid, start, len) {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!(
-                        "uffd-daemon: pid {pid}: cannot hand {start:#x}+{len:#x} over to its own \
-                         userfaultfd: {e}"
-                    );
-                    e.raw_os_error().unwrap_or(libc::EIO)
-                }
-            };
-            let ack = protocol::encode(
-                &Message::HelloAck {
-                    status,
-                    max_drop_pages: 0,
-                },
-                0,
+            let r = release_to_program(shared, pid, start, len);
+            answer_request(
+                sock,
+                pid,
+                r,
+                &format!("hand {start:#x}+{len:#x} over to its own userfaultfd"),
             );
-            let _ = sys::send_with_fd(sock.as_raw_fd(), &ack, None);
             return None;
         }
         Ok((Message::Lock { start, len, flags }, _)) => {
-            let status = match lock_request(shared, pid, start, len, flags) {
-                Ok(()) => 0,
-                Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
-            };
-            let ack = protocol::encode(
-                &Message::HelloAck {
-                    status,
-                    max_drop_pages: 0,
-                },
-                0,
+            let r = lock_request(shared, pid, start, len, flags);
+            answer_request(
+                sock,
+                pid,
+                r,
+                &format!("keep {start:#x}+{len:#x} from reclaim"),
             );
-            let _ = sys::send_with_fd(sock.as_raw_fd(), &ack, None);
             return None;
         }
         Ok((Message::Leave, _)) => {
-            let status = match leave_management(shared, pid) {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("uffd-daemon: pid {pid}: cannot stop managing it: {e}");
-                    e.raw_os_error().unwrap_or(libc::EIO)
-                }
-            };
-            let ack = protocol::encode(
-                &Message::HelloAck {
-                    status,
-                    max_drop_pages: 0,
-                },
-                0,
-            );
-            let _ = sys::send_with_fd(sock.as_raw_fd(), &ack, None);
+            let r = leave_management(shared, pid);
+            answer_request(sock, pid, r, "stop managing it");
             return None;
         }
         Ok((other, _)) => {

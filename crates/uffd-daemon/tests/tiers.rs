@@ -508,33 +508,7 @@ fn what_sigkill_leaves_behind_is_ciphertext() {
                   print('filled', flush=True)\n\
                   time.sleep(60)\n";
     for encrypt in ["on", "off"] {
-        let swap = TempFile(
-            std::env::temp_dir().join(format!("uffd-test-kill9-{encrypt}-{}", std::process::id())),
-        );
-        let _ = std::fs::remove_file(&swap.0);
-        let mut daemon = Command::new(DAEMON)
-            .args([
-                "run",
-                "--limit",
-                "16M",
-                "--zswap",
-                "off",
-                "--encrypt",
-                encrypt,
-            ])
-            .arg("--backend")
-            .arg(format!("file:{}", swap.0.display()))
-            .args(["--", "python3", "-c", script])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(daemon.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        assert_eq!(line.trim(), "filled", "encrypt {encrypt}");
+        let (mut daemon, swap) = daemon_until_filled("kill9", encrypt, script);
         // SAFETY: kill(2) of our own child with a constant signal.
         assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGKILL) }, 0);
         let _ = daemon.wait();
@@ -592,34 +566,7 @@ fn the_swap_file_keeps_evicted_pages_out_of_the_page_cache() {
                   print('filled', flush=True)\n\
                   time.sleep(60)\n";
     for encrypt in ["on", "off"] {
-        let swap = TempFile(std::env::temp_dir().join(format!(
-            "uffd-test-uncached-{encrypt}-{}",
-            std::process::id()
-        )));
-        let _ = std::fs::remove_file(&swap.0);
-        let mut daemon = Command::new(DAEMON)
-            .args([
-                "run",
-                "--limit",
-                "16M",
-                "--zswap",
-                "off",
-                "--encrypt",
-                encrypt,
-            ])
-            .arg("--backend")
-            .arg(format!("file:{}", swap.0.display()))
-            .args(["--", "python3", "-c", script])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(daemon.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        assert_eq!(line.trim(), "filled", "encrypt {encrypt}");
+        let (mut daemon, swap) = daemon_until_filled("uncached", encrypt, script);
         let cached = cached_bytes(&swap.0);
         // SAFETY: kill(2) of our own child with a constant signal.
         assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) }, 0);
@@ -631,4 +578,38 @@ fn the_swap_file_keeps_evicted_pages_out_of_the_page_cache() {
             "encrypt {encrypt}: {cached} bytes of the swap file in the page cache"
         );
     }
+}
+
+/// Starts `python3 -c SCRIPT` under the daemon (limit 16M, no zswap, encryption `encrypt`, a
+/// named swap file) and returns once the script has printed `filled`: the daemon and its
+/// swap file.
+fn daemon_until_filled(name: &str, encrypt: &str, script: &str) -> (std::process::Child, TempFile) {
+    let swap = TempFile(
+        std::env::temp_dir().join(format!("uffd-test-{name}-{encrypt}-{}", std::process::id())),
+    );
+    let _ = std::fs::remove_file(&swap.0);
+    let mut daemon = Command::new(DAEMON)
+        .args([
+            "run",
+            "--limit",
+            "16M",
+            "--zswap",
+            "off",
+            "--encrypt",
+            encrypt,
+        ])
+        .arg("--backend")
+        .arg(format!("file:{}", swap.0.display()))
+        .args(["--", "python3", "-c", script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(daemon.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "filled", "encrypt {encrypt}");
+    (daemon, swap)
 }

@@ -14,7 +14,7 @@ mod wire;
 /// needs and this list lacks fails the agent's.
 fn write_protocol_header(path: &Path) {
     use wire::*;
-    let defs: [(&str, u64); 21] = [
+    let defs: [(&str, u64); 22] = [
         ("MAGIC", MAGIC.into()),
         ("VERSION", VERSION.into()),
         ("HEADER_LEN", HEADER_LEN as u64),
@@ -33,6 +33,7 @@ fn write_protocol_header(path: &Path) {
         ("HELLO_NEED_UFFD", HELLO_NEED_UFFD.into()),
         ("HELLO_API_BY_DAEMON", HELLO_API_BY_DAEMON.into()),
         ("LOCK_ON", LOCK_ON.into()),
+        ("DROP_RUN_UNSHARE", DROP_RUN_UNSHARE.into()),
         ("FEATURES", REQUIRED_FEATURES),
         ("EXIT_DAEMON_LOST", EXIT_DAEMON_LOST as u64),
         ("USER_END", USER_END),

@@ -34,6 +34,7 @@
  * Protocol: see crates/uffd-daemon/src/protocol.rs; the constants below mirror it.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -388,7 +389,40 @@ static int hello(struct agent *ag, uint32_t flags, int send_fd, int *recv_fd)
 	return 0;
 }
 
-/* Moves the daemon's victims into scratch, frees the scratch, reports per-page status. */
+/* Makes the pages of [addr, addr + pages) that are present the process's own again: a write
+ * fault without the write (MADV_POPULATE_WRITE) reuses a page no other process maps any more
+ * and copies one that a forked child still shares, as the program's own write would. Pages
+ * not present (the program removed them since) are left alone: populating them would put
+ * pages into memory the program freed. Per-page status: 0, or an errno. */
+static void do_unshare(uint64_t addr, uint32_t pages, uint8_t *status)
+{
+	unsigned char vec[MAX_DROP_PAGES];
+	if (syscall(SYS_mincore, addr, (uint64_t)pages * PAGE, vec) != 0) {
+		int e = errno ? errno : EIO;
+		memset(status, e > 255 ? 255 : e, pages);
+		return;
+	}
+	uint32_t i = 0;
+	while (i < pages) {
+		if (!(vec[i] & 1)) {
+			status[i++] = ENOENT;
+			continue;
+		}
+		uint32_t j = i;
+		while (j < pages && (vec[j] & 1))
+			j++;
+		int e = 0;
+		if (syscall(SYS_madvise, addr + (uint64_t)i * PAGE, (uint64_t)(j - i) * PAGE, 23 /* MADV_POPULATE_WRITE */) != 0)
+			e = errno ? errno : EIO;
+		memset(status + i, e > 255 ? 255 : e, j - i);
+		i = j;
+	}
+}
+
+/* Moves the daemon's victims into scratch, frees the scratch, then unshares the runs flagged
+ * DROP_RUN_UNSHARE; reports per-page status in the message's order. The unsharing comes after
+ * every move of the DROP: it may write-fault a page the daemon protects, and the daemon lets
+ * such a fault of this thread through only because nothing of this DROP moves any more. */
 static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t seq)
 {
 	uint32_t nruns = get32(p);
@@ -396,11 +430,19 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 	if (len != 8 + 16 * (uint64_t)nruns)
 		fatal("malformed DROP from the daemon", EPROTO);
 	uint8_t *status = ag->out + HEADER_LEN + 8;
-	uint64_t k = 0; /* pages so far; also the next scratch slot */
+	uint64_t si = 0; /* pages so far, in the message's order: the index of the next status */
+	uint64_t k = 0;  /* pages moved so far: the next scratch slot */
 	for (uint32_t r = 0; r < nruns; r++) {
 		uint64_t addr = get64(p + 8 + 16 * r);
 		uint32_t pages = get32(p + 16 + 16 * r);
-		if (k + pages > SCRATCH_PAGES || pages == 0)
+		uint32_t flags = get32(p + 20 + 16 * r);
+		if (pages == 0 || si + pages > MAX_DROP_PAGES || (flags & ~(uint32_t)DROP_RUN_UNSHARE))
+			fatal("malformed DROP from the daemon", EPROTO);
+		if (flags & DROP_RUN_UNSHARE) {
+			si += pages; /* below, once nothing moves any more */
+			continue;
+		}
+		if (k + pages > SCRATCH_PAGES)
 			fatal("DROP larger than the scratch area", EPROTO);
 		uint64_t done = 0;
 		while (done < pages) {
@@ -423,26 +465,34 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 			if (rc == 0)
 				moved = pages - done;
 			for (uint64_t i = 0; i < moved; i++)
-				status[k + done + i] = 0;
+				status[si + done + i] = 0;
 			done += moved;
 			if (rc != 0 && done < pages) {
 				/* This page failed (EBUSY: shared after fork or pinned): report, go on. */
 				int e = errno ? errno : EIO;
 				if (e == EAGAIN && mv.move > 0)
 					continue;
-				status[k + done] = (uint8_t)(e > 255 ? 255 : e);
+				status[si + done] = (uint8_t)(e > 255 ? 255 : e);
 				done++;
 			}
 		}
 		k += pages;
+		si += pages;
 	}
 	/* Free what was moved. The scratch's REMOVE event is recognised by its address. */
 	if (k > 0)
 		syscall(SYS_madvise, ag->scratch, k * PAGE, MADV_DONTNEED);
-	header_seq(ag->out, KIND_DROP_DONE, (uint32_t)(8 + k), seq);
-	put32(ag->out + HEADER_LEN, (uint32_t)k);
+	uint64_t at = 0;
+	for (uint32_t r = 0; r < nruns; r++) {
+		uint32_t pages = get32(p + 16 + 16 * r);
+		if (get32(p + 20 + 16 * r) & DROP_RUN_UNSHARE)
+			do_unshare(get64(p + 8 + 16 * r), pages, status + at);
+		at += pages;
+	}
+	header_seq(ag->out, KIND_DROP_DONE, (uint32_t)(8 + si), seq);
+	put32(ag->out + HEADER_LEN, (uint32_t)si);
 	put32(ag->out + HEADER_LEN + 4, 0);
-	if (send_packet(ag->sock, ag->out, HEADER_LEN + 8 + k, -1) < 0 && errno != EINTR)
+	if (send_packet(ag->sock, ag->out, HEADER_LEN + 8 + si, -1) < 0 && errno != EINTR)
 		return;
 }
 
@@ -808,6 +858,239 @@ __attribute__((visibility("default"))) void *mmap64(void *addr, size_t len, int 
 	return mmap(addr, len, prot, flags, fd, off);
 }
 
+/*
+ * glibc's malloc maps its large chunks and grows its main heap (brk) with internal calls that
+ * no symbol interposes, and a program usually fills such memory the moment it gets it (a hash
+ * table, a buffer): before the daemon's scanner (RssAnon polled every 2 ms) has registered it,
+ * past the limit and behind the daemon's back. So the allocation functions are wrapped: each
+ * calls whichever allocator the program resolves next (dlsym(RTLD_NEXT): glibc's, or a
+ * jemalloc or tcmalloc library loaded after the agent), and when that is glibc's own, the
+ * memory it has just mapped is registered before the caller can touch it:
+ *   - a chunk glibc mapped for itself (IS_MMAPPED in its header: the mapping starts
+ *     `prev_size` bytes before the chunk and is `prev_size + size` long);
+ *   - the main heap's growth since the last call (sbrk(0), which reads glibc's cached break).
+ * Another allocator maps through mmap(), which the wrapper above registers; a program that
+ * defines malloc itself never calls these. What is still missed (thread arenas grown by
+ * mprotect) the scan registers as before. Registering is an optimisation here too.
+ *
+ * dlsym may allocate while it resolves (the first call can come from the dynamic linker, before
+ * the constructor): such calls get memory from a small static pool that free() ignores.
+ */
+extern void *__libc_malloc(size_t);
+
+static struct {
+	void *(*malloc)(size_t);
+	void *(*calloc)(size_t, size_t);
+	void *(*realloc)(void *, size_t);
+	void (*free)(void *);
+	int (*posix_memalign)(void **, size_t, size_t);
+	void *(*aligned_alloc)(size_t, size_t);
+	void *(*memalign)(size_t, size_t);
+	int glibc;          /* the program's allocator is glibc's (chunk headers are glibc's) */
+	volatile int state; /* 0 unresolved, 1 resolving, 2 resolved */
+	volatile int resolver; /* the thread resolving */
+} g_alloc;
+
+static _Alignas(16) char g_boot_pool[64 * 1024];
+static size_t g_boot_used;
+/* The main heap's break when last looked at (0: not yet known; the daemon's scan covers the
+ * heap as it was at the greeting). */
+static volatile uintptr_t g_brk_seen;
+
+static int boot_owned(const void *p)
+{
+	return (const char *)p >= g_boot_pool && (const char *)p < g_boot_pool + sizeof g_boot_pool;
+}
+
+/* Memory for calls made while the allocator is being resolved: 16-byte aligned, its size in
+ * the 16 bytes before it (for realloc), never freed. */
+static void *boot_alloc(size_t n, size_t align)
+{
+	if (align < 16)
+		align = 16;
+	if (n > sizeof g_boot_pool || (align & (align - 1)))
+		return NULL;
+	for (;;) {
+		size_t used = __atomic_load_n(&g_boot_used, __ATOMIC_RELAXED);
+		size_t start = (used + 16 + align - 1) & ~(align - 1);
+		size_t end = start + ((n + 15) & ~15UL);
+		if (end > sizeof g_boot_pool)
+			return NULL;
+		if (__atomic_compare_exchange_n(&g_boot_used, &used, end, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+			((size_t *)(g_boot_pool + start))[-1] = n;
+			return g_boot_pool + start;
+		}
+	}
+}
+
+static int resolve_allocator(void)
+{
+	if (__atomic_load_n(&g_alloc.state, __ATOMIC_ACQUIRE) == 2)
+		return 1;
+	int expect = 0;
+	if (!__atomic_compare_exchange_n(&g_alloc.state, &expect, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return __atomic_load_n(&g_alloc.state, __ATOMIC_ACQUIRE) == 2; /* recursion, or another thread */
+	g_alloc.resolver = (int)syscall(SYS_gettid);
+	g_alloc.malloc = (void *(*)(size_t))dlsym(RTLD_NEXT, "malloc");
+	g_alloc.calloc = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "calloc");
+	g_alloc.realloc = (void *(*)(void *, size_t))dlsym(RTLD_NEXT, "realloc");
+	g_alloc.free = (void (*)(void *))dlsym(RTLD_NEXT, "free");
+	g_alloc.posix_memalign = (int (*)(void **, size_t, size_t))dlsym(RTLD_NEXT, "posix_memalign");
+	g_alloc.aligned_alloc = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "aligned_alloc");
+	g_alloc.memalign = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "memalign");
+	if (!g_alloc.malloc || !g_alloc.calloc || !g_alloc.realloc || !g_alloc.free || !g_alloc.posix_memalign ||
+	    !g_alloc.aligned_alloc || !g_alloc.memalign) {
+		say("uffd-agent: cannot find the program's allocator (dlsym); stopping this process\n");
+		_exit(EXIT_DAEMON_LOST);
+	}
+	g_alloc.glibc = g_alloc.malloc == __libc_malloc;
+	__atomic_store_n(&g_alloc.state, 2, __ATOMIC_RELEASE);
+	return 1;
+}
+
+/* Waits out another thread's resolution; 0 when this thread is the one resolving (a call from
+ * inside dlsym), which must be served from the pool. */
+static int allocator_ready(void)
+{
+	if (resolve_allocator())
+		return 1;
+	/* The resolving thread holds state 1 for a few dlsym calls: a call of its own from inside
+	 * dlsym cannot wait for itself; any other thread waits. */
+	int me = (int)syscall(SYS_gettid);
+	while (__atomic_load_n(&g_alloc.state, __ATOMIC_ACQUIRE) != 2) {
+		if (g_alloc.resolver == me)
+			return 0;
+		syscall(SYS_sched_yield);
+	}
+	return 1;
+}
+
+static void register_range(uintptr_t start, uintptr_t end)
+{
+	start = (start + PAGE - 1) & ~(PAGE - 1);
+	end = (end + PAGE - 1) & ~(PAGE - 1);
+	if (end > start)
+		(void)register_new_mapping((void *)start, end - start, PROT_READ | PROT_WRITE,
+					   MAP_PRIVATE | MAP_ANONYMOUS);
+}
+
+/* After glibc's allocator returned `p`: register what it mapped for it. */
+static void note_allocation(void *p)
+{
+	struct agent *ag = g_agent;
+	if (!g_alloc.glibc || !ag || ag->filtered || ag->lock_future || ag->tid <= 0)
+		return;
+	if (p) {
+		const size_t *h = (const size_t *)p;
+		size_t size = h[-1];
+		if (size & 2 /* IS_MMAPPED */) {
+			uintptr_t chunk = (uintptr_t)p - 2 * sizeof(size_t);
+			uintptr_t map = chunk - h[-2];
+			register_range(map, chunk + (size & ~(uintptr_t)7));
+			return;
+		}
+	}
+	uintptr_t cur = (uintptr_t)sbrk(0);
+	uintptr_t seen = g_brk_seen;
+	if (cur == seen || cur == (uintptr_t)-1)
+		return;
+	g_brk_seen = cur;
+	if (seen && cur > seen)
+		register_range(seen, cur);
+}
+
+/* After a free: the heap may have shrunk (trimmed), and its growth back must be seen. */
+static void note_free(void)
+{
+	if (!g_alloc.glibc || !g_agent)
+		return;
+	uintptr_t cur = (uintptr_t)sbrk(0);
+	if (cur != (uintptr_t)-1 && cur < g_brk_seen)
+		g_brk_seen = cur;
+}
+
+__attribute__((visibility("default"))) void *malloc(size_t n)
+{
+	if (!allocator_ready())
+		return boot_alloc(n, 16);
+	void *p = g_alloc.malloc(n);
+	note_allocation(p);
+	return p;
+}
+
+__attribute__((visibility("default"))) void *calloc(size_t n, size_t m)
+{
+	if (!allocator_ready()) {
+		if (m && n > (size_t)-1 / m)
+			return NULL;
+		return boot_alloc(n * m, 16); /* the static pool is zeroed and never reused */
+	}
+	void *p = g_alloc.calloc(n, m);
+	note_allocation(p);
+	return p;
+}
+
+__attribute__((visibility("default"))) void *realloc(void *old, size_t n)
+{
+	if (old && boot_owned(old)) {
+		size_t had = ((size_t *)old)[-1];
+		void *p = malloc(n);
+		if (p)
+			memcpy(p, old, had < n ? had : n);
+		return p;
+	}
+	if (!allocator_ready())
+		return old ? NULL : boot_alloc(n, 16);
+	void *p = g_alloc.realloc(old, n);
+	note_allocation(p);
+	if (!p || p != old)
+		note_free();
+	return p;
+}
+
+__attribute__((visibility("default"))) void free(void *p)
+{
+	if (!p || boot_owned(p))
+		return;
+	if (!allocator_ready())
+		return; /* cannot happen: only the pool hands out memory before resolution */
+	g_alloc.free(p);
+	note_free();
+}
+
+__attribute__((visibility("default"))) int posix_memalign(void **out, size_t align, size_t n)
+{
+	if (!allocator_ready()) {
+		void *p = boot_alloc(n, align);
+		if (!p)
+			return ENOMEM;
+		*out = p;
+		return 0;
+	}
+	int rc = g_alloc.posix_memalign(out, align, n);
+	if (rc == 0)
+		note_allocation(*out);
+	return rc;
+}
+
+__attribute__((visibility("default"))) void *aligned_alloc(size_t align, size_t n)
+{
+	if (!allocator_ready())
+		return boot_alloc(n, align);
+	void *p = g_alloc.aligned_alloc(align, n);
+	note_allocation(p);
+	return p;
+}
+
+__attribute__((visibility("default"))) void *memalign(size_t align, size_t n)
+{
+	if (!allocator_ready())
+		return boot_alloc(n, align);
+	void *p = g_alloc.memalign(align, n);
+	note_allocation(p);
+	return p;
+}
+
 /* A seccomp filter is being installed: from now on the agent does nothing in program threads
  * (see atfork_child). */
 static void note_seccomp(void)
@@ -1142,6 +1425,9 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 	 * agent's stays in the program's. */
 	close(ag->sock);
 	close(uffd);
+	/* The heap as it is now was registered with the greeting; its growth from here on is
+	 * registered by the allocation wrappers. */
+	g_brk_seen = (uintptr_t)sbrk(0);
 	g_agent = ag;
 	pthread_atfork(NULL, NULL, atfork_child);
 }

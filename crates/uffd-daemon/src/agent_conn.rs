@@ -19,7 +19,8 @@ use crate::sys;
 /// outstanding and turns to other work.
 pub const DROP_TIMEOUT_MS: u64 = 10_000;
 
-/// A DROP sent and not answered yet: the pages it names (sorted), their slots, its runs.
+/// A DROP sent and not answered yet: the pages it names (sorted), their slots, its runs, and
+/// the pages it unshares.
 #[derive(Debug)]
 pub struct PendingDrop {
     /// The DROP's sequence number.
@@ -30,6 +31,8 @@ pub struct PendingDrop {
     pub slots: Vec<u32>,
     /// The runs the DROP named.
     pub runs: Vec<(u64, u32)>,
+    /// Pages it asked to unshare (their statuses follow those of `pages`), sorted.
+    pub unshare: Vec<u64>,
     /// When it was sent.
     pub sent: Instant,
     /// Whether its lateness was counted and said.
@@ -104,11 +107,12 @@ impl AgentConn {
         Ok(self.seq)
     }
 
-    /// Sends a DROP of `runs`; returns its sequence number.
-    pub fn send_drop(&mut self, runs: &[(u64, u32)]) -> io::Result<u32> {
+    /// Sends a DROP of `runs` that also unshares `unshare`; returns its sequence number.
+    pub fn send_drop(&mut self, runs: &[(u64, u32)], unshare: &[(u64, u32)]) -> io::Result<u32> {
         self.send(
             &Message::Drop {
                 runs: runs.to_vec(),
+                unshare: unshare.to_vec(),
             },
             None,
         )

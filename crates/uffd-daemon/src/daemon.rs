@@ -269,7 +269,12 @@ pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
     if let Err(e) = uffd.set_nonblocking() {
         eprintln!("uffd-daemon: child uffd: {e}");
     }
-    let state: MmState = parent.state.lock().fork_copy(shared);
+    let state: MmState = {
+        let mut st = parent.state.lock();
+        // Pages the parent unshared before are shared again now: a refusal is not a pin.
+        st.unshared.clear();
+        st.fork_copy(shared)
+    };
     let mm = match Mm::new(
         shared.new_id(),
         uffd,
@@ -1747,11 +1752,22 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                             .try_lock()
                             .is_some_and(|a| a.as_ref().is_some_and(|a| a.pending.is_some()))
                     });
+                // Nor while pages a DROP refused as shared wait to be unshared: the next DROP
+                // unshares them, and the one after moves them.
+                let unshare_due = progress == 0
+                    && shared
+                        .mms
+                        .lock()
+                        .iter()
+                        .any(|m| m.state.try_lock().is_some_and(|st| !st.unshare.is_empty()));
                 shared.stalled.store(
-                    progress == 0 && !answer_due && shared.resident() >= shared.limit_pages,
+                    progress == 0
+                        && !answer_due
+                        && !unshare_due
+                        && shared.resident() >= shared.limit_pages,
                     Ordering::Relaxed,
                 );
-                if progress == 0 {
+                if progress == 0 && !unshare_due {
                     break;
                 }
             }

@@ -417,8 +417,14 @@ fn serve_fault(
             // A page that was `Dropping` and moved here (mremap): while a DROP is in flight the
             // agent may move whatever is at the old address, and mremap can bring this page
             // back there; a write now could be moved away with it after its copy was stored.
-            // The writer waits until no DROP is in flight (the monitor wakes it then).
-            Some(Page::Inherited { .. }) if drop_in_flight(mm) => {
+            // The writer waits until no DROP is in flight (the monitor wakes it then). Not the
+            // agent's thread: it write-faults only when it unshares pages, after every move of
+            // its DROP (agent.c, do_drop), so nothing of that DROP moves any more; and it
+            // cannot wait for a DROP it is carrying out itself.
+            Some(Page::Inherited { .. })
+                if drop_in_flight(mm)
+                    && p.ptid != mm.agent_tid.load(std::sync::atomic::Ordering::Relaxed) =>
+            {
                 mm.wp_waiters
                     .store(true, std::sync::atomic::Ordering::Release);
                 return true;

@@ -12,7 +12,7 @@
 //! program ──page fault──▶ userfaultfd ──▶ fault.rs handler ──▶ zswap | backend | zero
 //!    ▲                                         │  UFFDIO_COPY / UFFDIO_ZEROPAGE (wakes)
 //!    └─────────────────────────────────────────┘  (+ readahead on sequential faults)
-//! reclaim.rs (over the limit): mglru picks victims ─▶ UFFDIO_WRITEPROTECT ─▶ process_vm_readv
+//! reclaim.rs (over the limit): mglru picks victims ─▶ UFFDIO_WRITEPROTECT ─▶ /proc/PID/mem
 //!    ─▶ tiers.rs: swap-alloc slot ─▶ zswap.store (or the backend) ─▶ agent: UFFDIO_MOVE into
 //!    its scratch + MADV_DONTNEED ─▶ Evicted
 //! zswap near its limit ─▶ shrinker registry ─▶ zswap writeback to the backend (tiers.rs)

@@ -69,6 +69,15 @@ pub struct MmState {
     /// Ranges a program thread said it is about to lock (`LOCK`), with when it said so: never
     /// victims until the census has seen the lock (then `locked`, and left alone).
     pub lock_requests: Vec<(u64, u64, std::time::Instant)>,
+    /// Resident pages a DROP could not move because they are shared: with a forked child, or
+    /// left shared after it exited (`UFFDIO_MOVE` takes only pages the process owns alone,
+    /// and the kernel marks a page so again only at a write). The next DROP asks the agent to
+    /// unshare them (`DROP_RUN_UNSHARE`); until then they are not victims.
+    pub unshare: std::collections::BTreeSet<u64>,
+    /// Pages unshared since the last fork: one refused again is pinned (for I/O), not shared,
+    /// and is not unshared again (a DROP of pages that never move would keep reclaim from
+    /// seeing that it cannot make progress).
+    pub unshared: std::collections::BTreeSet<u64>,
 }
 
 impl std::fmt::Debug for MmState {
@@ -139,6 +148,9 @@ pub struct Mm {
     /// Agentless: the threads stopped so far and their rseq pages (`u64::MAX`: none), which
     /// batches leave out (`reclaim.rs`).
     pub rseq_pages: Mutex<Vec<(i32, u64)>>,
+    /// `/proc/PID/mem` of the process, opened at its first eviction (for `pid`): reclaim reads
+    /// its victims through it (`sys::read_mem`).
+    pub mem: Mutex<Option<(i32, std::fs::File)>>,
 }
 
 /// What binds a forked child of an agentless process to its pid: 16 random bytes the daemon
@@ -245,6 +257,7 @@ impl Mm {
             bind_token: Mutex::new(None),
             handling: AtomicU64::new(0),
             rseq_pages: Mutex::new(Vec::new()),
+            mem: Mutex::new(None),
         })
     }
 
@@ -279,6 +292,8 @@ impl MmState {
             refused: Vec::new(),
             locked: Vec::new(),
             lock_requests: Vec::new(),
+            unshare: std::collections::BTreeSet::new(),
+            unshared: std::collections::BTreeSet::new(),
         }
     }
 
@@ -323,6 +338,12 @@ impl MmState {
 
     /// Forgets pages in `[start, end)` (REMOVE, UNMAP): their memory is gone or zero now.
     pub fn forget_range(&mut self, shared: &Shared, start: u64, end: u64) -> usize {
+        for set in [&mut self.unshare, &mut self.unshared] {
+            let stale: Vec<u64> = set.range(start..end).copied().collect();
+            for a in stale {
+                set.remove(&a);
+            }
+        }
         let keys: Vec<u64> = self.pages.range(start..end).map(|(k, _)| k).collect();
         for &k in &keys {
             if let Some(p) = self.pages.remove(k) {
@@ -409,6 +430,14 @@ impl MmState {
     /// still move whatever comes to their old address (see the WP fault path).
     pub fn remap(&mut self, shared: &Shared, from: u64, to: u64, len: u64) -> Vec<u64> {
         let moved: Vec<(u64, Page)> = self.pages.range(from..from + len).collect();
+        // (Pages waiting to be unshared lose that at their new address: a DROP refuses them
+        // once more and they wait again.)
+        for set in [&mut self.unshare, &mut self.unshared] {
+            let stale: Vec<u64> = set.range(from..from + len).copied().collect();
+            for a in stale {
+                set.remove(&a);
+            }
+        }
         let mut unprotect = Vec::new();
         for (k, p) in &moved {
             self.pages.remove(*k);
@@ -523,9 +552,11 @@ impl MmState {
                         || self
                             .lock_requests
                             .iter()
-                            .any(|&(s, e, _)| addr >= s && addr < e) =>
+                            .any(|&(s, e, _)| addr >= s && addr < e)
+                        || self.unshare.contains(&addr) =>
                 {
-                    // Locked: back to the policy, young, until the range is left alone.
+                    // Locked, or waiting to be unshared: back to the policy, young, until the
+                    // range is left alone or the page is the process's own again.
                     let _ = self
                         .policy
                         .add(id, Hint::new(PageType::Anon, Arrival::Fault));
@@ -543,6 +574,23 @@ impl MmState {
         }
         victims.sort_unstable();
         (victims, cleared)
+    }
+
+    /// Up to `max` pages waiting to be unshared that are still resident and not in
+    /// `exclude` (sorted), taken out of the set: what the next DROP unshares.
+    pub fn take_unshare(&mut self, max: usize, exclude: &[u64]) -> Vec<u64> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(a) = self.unshare.pop_first() else {
+                break;
+            };
+            if matches!(self.pages.get(a), Some(Page::Resident { .. }))
+                && exclude.binary_search(&a).is_err()
+            {
+                out.push(a);
+            }
+        }
+        out
     }
 
     /// Parts of `[start, end)` inside registered ranges.

@@ -24,9 +24,9 @@
 use thiserror::Error;
 
 pub use crate::wire::{
-    HEADER_LEN, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD, KIND_DROP, KIND_DROP_DONE,
-    KIND_ERROR, KIND_HELLO, KIND_HELLO_ACK, KIND_LEAVE, KIND_LOCK, KIND_RELEASE, LOCK_ON, MAGIC,
-    MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
+    DROP_RUN_UNSHARE, HEADER_LEN, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD,
+    KIND_DROP, KIND_DROP_DONE, KIND_ERROR, KIND_HELLO, KIND_HELLO_ACK, KIND_LEAVE, KIND_LOCK,
+    KIND_RELEASE, LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
 };
 
 /// The agent's greeting.
@@ -64,12 +64,16 @@ pub enum Message {
         /// Most pages the daemon will put in one DROP.
         max_drop_pages: u32,
     },
-    /// Drop these runs of pages: `(address, pages)`.
+    /// Drop these runs of pages: `(address, pages)`; then unshare those of `unshare`
+    /// ([`DROP_RUN_UNSHARE`](crate::wire::DROP_RUN_UNSHARE)).
     Drop {
-        /// Page-aligned runs.
+        /// Page-aligned runs to move out.
         runs: Vec<(u64, u32)>,
+        /// Page-aligned runs to make the process's own (on the wire after `runs`, flagged).
+        unshare: Vec<(u64, u32)>,
     },
-    /// Outcome per page of the last DROP, in order: 0 dropped, else errno.
+    /// Outcome per page of the last DROP, in order (the pages of `runs`, then those of
+    /// `unshare`): 0 dropped (unshared), else errno.
     DropDone {
         /// One status per page.
         status: Vec<u8>,
@@ -182,14 +186,19 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
             p.extend_from_slice(&max_drop_pages.to_le_bytes());
             KIND_HELLO_ACK
         }
-        Message::Drop { runs } => {
-            assert!(runs.len() <= MAX_RUNS, "DROP with {} runs", runs.len());
-            p.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+        Message::Drop { runs, unshare } => {
+            let n = runs.len() + unshare.len();
+            assert!(n <= MAX_RUNS, "DROP with {n} runs");
+            p.extend_from_slice(&(n as u32).to_le_bytes());
             p.extend_from_slice(&0u32.to_le_bytes());
-            for &(addr, n) in runs {
+            for (&(addr, n), flags) in runs
+                .iter()
+                .map(|r| (r, 0u32))
+                .chain(unshare.iter().map(|r| (r, DROP_RUN_UNSHARE)))
+            {
                 p.extend_from_slice(&addr.to_le_bytes());
                 p.extend_from_slice(&n.to_le_bytes());
-                p.extend_from_slice(&0u32.to_le_bytes());
+                p.extend_from_slice(&flags.to_le_bytes());
             }
             KIND_DROP
         }
@@ -346,15 +355,27 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
                 ));
             }
             let mut runs = Vec::with_capacity(n);
+            let mut unshare = Vec::new();
             let mut total = 0usize;
             for i in 0..n {
                 let addr = u64_at(p, 8 + 16 * i);
                 let pages = u32_at(p, 16 + 16 * i);
+                let flags = u32_at(p, 20 + 16 * i);
                 if addr % crate::sys::PAGE_SIZE_U64 != 0 || pages == 0 {
                     return Err(payload_err(
                         "DROP",
                         p.len(),
                         format!("run {i} is not page aligned or empty"),
+                    ));
+                }
+                if flags & !DROP_RUN_UNSHARE != 0 || (flags == 0 && !unshare.is_empty()) {
+                    return Err(payload_err(
+                        "DROP",
+                        p.len(),
+                        format!(
+                            "run {i} has flags {flags:#x} (only DROP_RUN_UNSHARE, on runs after \
+                             every run to move)"
+                        ),
                     ));
                 }
                 total += pages as usize;
@@ -365,9 +386,13 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
                         format!("more than {MAX_DROP_PAGES} pages"),
                     ));
                 }
-                runs.push((addr, pages));
+                if flags == DROP_RUN_UNSHARE {
+                    unshare.push((addr, pages));
+                } else {
+                    runs.push((addr, pages));
+                }
             }
-            Message::Drop { runs }
+            Message::Drop { runs, unshare }
         }
         KIND_DROP_DONE => {
             if p.len() < 8 {
@@ -480,8 +505,11 @@ mod tests {
                 status,
                 max_drop_pages
             }),
-            proptest::collection::vec((page_addr(), 1u32..4), 0..64)
-                .prop_map(|runs| Message::Drop { runs }),
+            (
+                proptest::collection::vec((page_addr(), 1u32..4), 0..64),
+                proptest::collection::vec((page_addr(), 1u32..4), 0..16)
+            )
+                .prop_map(|(runs, unshare)| Message::Drop { runs, unshare }),
             proptest::collection::vec(any::<u8>(), 0..512)
                 .prop_map(|status| Message::DropDone { status }),
             (any::<i32>(), "[a-z ]{0,40}")
@@ -531,6 +559,7 @@ mod tests {
         let mut pkt = encode(
             &Message::Drop {
                 runs: vec![(4096, 1)],
+                unshare: vec![],
             },
             1,
         );

@@ -3,7 +3,8 @@
 //! ```text
 //! over the watermark ─▶ pick victims (the policy: mglru or clock) ─▶ mark Evicting
 //!   ─▶ UFFDIO_WRITEPROTECT the runs (a write now waits in a WP fault)
-//!   ─▶ process_vm_readv the contents (pages known present: never faults)
+//!   ─▶ read the contents through /proc/PID/mem (never faults: a page no longer mapped is
+//!      forgotten)
 //!   ─▶ store them in the tiers (zero pages take no space; aligned runs of 16 as one order-4
 //!      folio) ─▶ mark Dropping(slot)
 //!   ─▶ DROP to the agent: UFFDIO_MOVE into its scratch, MADV_DONTNEED the scratch
@@ -241,7 +242,12 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         .reclaim_pick_max_ns
         .fetch_max(pick_ns, std::sync::atomic::Ordering::Relaxed);
     if victims.is_empty() {
-        return 0;
+        // (Pages waiting to be unshared are not victims: a DROP of nothing else unshares them.)
+        return if injected {
+            0
+        } else {
+            drop_by_agent(shared, mm, &mut agent_guard, Vec::new(), Vec::new())
+        };
     }
     let runs = runs_of(&victims);
 
@@ -271,17 +277,59 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     }
 
     lap(&stats.reclaim_wp_ns);
-    // 2. Read the contents. The pages are present (or were removed by the program, in which
-    //    case the handler serves the read as zeros and the state check below drops them).
+    // 2. Read the contents, without faulting anything in: a page the program removed or
+    //    unmapped since it was chosen (its event not applied yet), or one the kernel discarded
+    //    after MADV_FREE, is not mapped, so there is nothing to store, and a later access finds
+    //    it missing and gets zeros, as it would from the kernel. Such pages are forgotten.
     let mut data = vec![0u8; victims.len() * PAGE_SIZE];
     let byte_runs: Vec<(u64, usize)> = runs
         .iter()
         .map(|&(s, n)| (s, n as usize * PAGE_SIZE))
         .collect();
-    match sys::read_remote(pid, &byte_runs, &mut data) {
-        Ok(n) if n == data.len() => {}
-        _ => {
+    let read = {
+        let mut mem = mm.mem.lock();
+        if mem.as_ref().is_none_or(|(p, _)| *p != pid) {
+            *mem = std::fs::File::open(format!("/proc/{pid}/mem"))
+                .ok()
+                .map(|f| (pid, f));
+        }
+        match mem.as_ref() {
+            Some((_, f)) => sys::read_mem(f, &byte_runs, &mut data),
+            None => Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
+        }
+    };
+    let missing = match read {
+        Ok(missing) => missing,
+        Err(_) => {
             abort_pages(shared, mm, batch, &victims);
+            return 0;
+        }
+    };
+    if !missing.is_empty() {
+        {
+            let mut st = mm.state.lock();
+            for &a in &missing {
+                if st.pages.get(a) == Some(Page::Evicting { batch }) {
+                    st.forget_range(shared, a, a + PAGE_SIZE_U64);
+                }
+            }
+        }
+        // (Protection was asked for on a page that is not there: lift it, so that a marker
+        // never makes the next access wait.)
+        for (start, n) in runs_of(&missing) {
+            unprotect(mm, start, n as u64 * PAGE_SIZE_U64);
+        }
+        Stats::add(&stats.reclaim_unmapped_pages, missing.len() as u64);
+        let keep: Vec<usize> = (0..victims.len())
+            .filter(|&i| missing.binary_search(&victims[i]).is_err())
+            .collect();
+        let mut kept_data = Vec::with_capacity(keep.len() * PAGE_SIZE);
+        for &i in &keep {
+            kept_data.extend_from_slice(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+        }
+        victims = keep.iter().map(|&i| victims[i]).collect();
+        data = kept_data;
+        if victims.is_empty() {
             return 0;
         }
     }
@@ -352,7 +400,11 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         }
     }
     if to_drop.is_empty() {
-        return 0;
+        return if injected {
+            0
+        } else {
+            drop_by_agent(shared, mm, &mut agent_guard, Vec::new(), Vec::new())
+        };
     }
 
     // 5. Have the agent drop them. Until it answers, any of them may move at any moment, so
@@ -370,6 +422,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
             pages: to_drop,
             slots: drop_slots,
             runs: drop_runs,
+            unshare: Vec::new(),
             sent: t_drop,
             said_late: false,
         };
@@ -392,6 +445,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
                     pages: vec![rp],
                     slots: vec![p.slots[i]],
                     runs: vec![(rp, 1)],
+                    unshare: Vec::new(),
                     sent: t_drop,
                     said_late: false,
                 };
@@ -435,38 +489,71 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         }
         return evicted;
     }
-    let pending = match agent.send_drop(&drop_runs) {
-        Ok(seq) => PendingDrop {
-            seq,
-            pages: to_drop,
-            slots: drop_slots,
-            runs: drop_runs,
-            sent: std::time::Instant::now(),
-            said_late: false,
-        },
+    let evicted = drop_by_agent(shared, mm, &mut agent_guard, to_drop, drop_slots);
+    lap(&stats.reclaim_drop_ns);
+    evicted
+}
+
+/// Most pages one DROP asks the agent to unshare.
+const UNSHARE_PAGES: usize = 256;
+
+/// Step 5 with an agent: sends the DROP of `to_drop` (their slots `drop_slots`; possibly none)
+/// together with the pages waiting to be unshared, waits for the answer up to the timeout and
+/// settles the batch, or leaves it outstanding. Returns the pages evicted, or, for a DROP that
+/// only unshares, the pages unshared (reclaim made progress: they can be evicted now).
+fn drop_by_agent(
+    shared: &Shared,
+    mm: &Mm,
+    agent_guard: &mut Option<AgentConn>,
+    to_drop: Vec<u64>,
+    drop_slots: Vec<u32>,
+) -> usize {
+    let Some(agent) = agent_guard.as_mut() else {
+        return 0;
+    };
+    let unshare = {
+        let room = (crate::protocol::MAX_RUNS - runs_of(&to_drop).len()).min(UNSHARE_PAGES);
+        mm.state.lock().take_unshare(room, &to_drop)
+    };
+    if to_drop.is_empty() && unshare.is_empty() {
+        return 0;
+    }
+    let t_drop = std::time::Instant::now();
+    let drop_runs = runs_of(&to_drop);
+    let unshare_runs = runs_of(&unshare);
+    let mut pending = PendingDrop {
+        seq: 0,
+        pages: to_drop,
+        slots: drop_slots,
+        runs: drop_runs,
+        unshare,
+        sent: t_drop,
+        said_late: false,
+    };
+    match agent.send_drop(&pending.runs, &unshare_runs) {
+        Ok(seq) => pending.seq = seq,
         Err(e) => {
             // Nothing was sent: nothing moves. Give the pages back.
-            lose_agent(shared, mm, &mut agent_guard, &e);
-            let p = PendingDrop {
-                seq: 0,
-                pages: to_drop,
-                slots: drop_slots,
-                runs: drop_runs,
-                sent: std::time::Instant::now(),
-                said_late: false,
-            };
-            settle_drop(shared, mm, &p, None);
+            lose_agent(shared, mm, agent_guard, &e);
+            settle_drop(shared, mm, &pending, None);
             return 0;
         }
-    };
-    let waited = agent.wait_drop(pending.seq, pending.pages.len(), shared.policy.drop_timeout);
+    }
+    let statuses = pending.pages.len() + pending.unshare.len();
+    let waited = agent.wait_drop(pending.seq, statuses, shared.policy.drop_timeout);
     if waited.is_ok() {
         shared
             .drop_agent_times
             .record(t_drop.elapsed().as_nanos() as u64);
     }
-    lap(&stats.reclaim_drop_ns);
-    finish_drop(shared, mm, &mut agent_guard, pending, waited)
+    let only_unshare = pending.pages.is_empty();
+    let unshared = pending.unshare.len();
+    let evicted = finish_drop(shared, mm, agent_guard, pending, waited);
+    if only_unshare {
+        unshared
+    } else {
+        evicted
+    }
 }
 
 /// Looks for the answer to `mm`'s outstanding DROP without waiting, and settles the batch if
@@ -482,7 +569,8 @@ pub fn poll_pending_drop(shared: &Shared, mm: &Mm) -> (usize, bool) {
     let Some(agent) = agent_guard.as_mut() else {
         return (0, false);
     };
-    let waited = agent.wait_drop(pending.seq, pending.pages.len(), std::time::Duration::ZERO);
+    let statuses = pending.pages.len() + pending.unshare.len();
+    let waited = agent.wait_drop(pending.seq, statuses, std::time::Duration::ZERO);
     let evicted = finish_drop(shared, mm, &mut agent_guard, pending, waited);
     let outstanding = agent_guard.as_ref().is_some_and(|a| a.pending.is_some());
     (evicted, outstanding)
@@ -597,6 +685,7 @@ fn settle_drop(shared: &Shared, mm: &Mm, p: &PendingDrop, status: Option<&[u8]>)
             }
             match status.map(|s| s[i]) {
                 Some(0) => {
+                    st.unshared.remove(&a);
                     st.pages.insert(a, Page::Evicted { slot });
                     st.resident -= 1;
                     shared.resident_sub(1);
@@ -611,10 +700,16 @@ fn settle_drop(shared: &Shared, mm: &Mm, p: &PendingDrop, status: Option<&[u8]>)
                     st.pages.insert(a, Page::Inherited { slot });
                     kept.push(a);
                 }
-                Some(_) => {
+                Some(e) => {
                     st.back_to_resident(a);
                     if slot != ZERO_SLOT {
                         shared.put_slot(slot);
+                    }
+                    // Shared (with a forked child, or since one): the next DROP unshares it.
+                    // Refused again after that, it is pinned (for I/O): it stays, as the
+                    // kernel's reclaim leaves a pinned page.
+                    if i32::from(e) == libc::EBUSY && !st.unshared.contains(&a) {
+                        st.unshare.insert(a);
                     }
                     kept.push(a);
                 }
@@ -624,6 +719,17 @@ fn settle_drop(shared: &Shared, mm: &Mm, p: &PendingDrop, status: Option<&[u8]>)
                 }
             }
         }
+    }
+    if let Some(s) = status {
+        let done: Vec<u64> = p
+            .unshare
+            .iter()
+            .zip(&s[p.pages.len()..])
+            .filter_map(|(&a, &e)| (e == 0).then_some(a))
+            .collect();
+        Stats::add(&stats.unshared_pages, done.len() as u64);
+        let mut st = mm.state.lock();
+        st.unshared.extend(done);
     }
     Stats::add(&stats.evicted_pages, evicted as u64);
     Stats::add(&stats.zero_pages_evicted, zero);

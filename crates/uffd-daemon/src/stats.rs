@@ -132,8 +132,14 @@ counters! {
     reclaim_pick_max_ns,
     /// Reclaim time write-protecting victims, in nanoseconds.
     reclaim_wp_ns,
-    /// Reclaim time reading victims (`process_vm_readv`), in nanoseconds.
+    /// Reclaim time reading victims (`/proc/PID/mem`), in nanoseconds.
     reclaim_read_ns,
+    /// Victims found not mapped when read (the program removed or unmapped them since they
+    /// were chosen, or the kernel discarded them after `MADV_FREE`): forgotten, not stored.
+    reclaim_unmapped_pages,
+    /// Pages a DROP could not move because they were shared after a fork, made the process's
+    /// own again by the agent (`MADV_POPULATE_WRITE`) so that a later DROP could.
+    unshared_pages,
     /// Reclaim time storing victims, in nanoseconds.
     reclaim_store_ns,
     /// Reclaim time waiting for the agent to drop victims, in nanoseconds.

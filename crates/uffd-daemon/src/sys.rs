@@ -511,6 +511,46 @@ impl PidFd {
     }
 }
 
+/// Reads runs of pages of another process through its `/proc/PID/mem` (one `pread` per run),
+/// which never faults a page in: a page that is not mapped (removed or unmapped by the program
+/// since it was chosen, or discarded after `MADV_FREE`) fails with `EIO` there. With
+/// `process_vm_readv` the same read raised a userfault that the handler had to fill, and the
+/// zero page it filled could land in a new mapping the program had just made at that address.
+///
+/// Returns the addresses of the pages that could not be read (their bytes in `out` are left as
+/// they were); an error when the address space is gone or the file cannot be read at all.
+pub fn read_mem(
+    mem: &std::fs::File,
+    runs: &[(u64, usize)],
+    out: &mut [u8],
+) -> io::Result<Vec<u64>> {
+    use std::os::unix::fs::FileExt;
+    let mut missing = Vec::new();
+    let mut at = 0usize;
+    for &(addr, len) in runs {
+        let mut done = 0usize;
+        while done < len {
+            let buf = &mut out[at + done..at + len];
+            match mem.read_at(buf, addr + done as u64) {
+                // The address space has no users left (the process exited).
+                Ok(0) => return Err(io::Error::from_raw_os_error(libc::ESRCH)),
+                Ok(n) => done += n,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::EFAULT)) => {
+                    // The page at `done` is not mapped: skip it.
+                    missing.push(addr + done as u64);
+                    done += PAGE_SIZE;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+            // (A read ends at a page boundary when it meets a page it cannot read.)
+            done = done.min(len);
+        }
+        at += len;
+    }
+    Ok(missing)
+}
+
 /// Reads pages of another process with `process_vm_readv`, one iovec per run.
 ///
 /// Only call this for pages known to be present: on a missing page in a registered range the

@@ -47,6 +47,12 @@ pub const HELLO_NEED_UFFD: u32 = 2;
 /// scratch pages.
 pub const HELLO_API_BY_DAEMON: u32 = 4;
 
+/// DROP run flag: do not move this run's pages; make them the process's own again
+/// (`MADV_POPULATE_WRITE`, which breaks copy-on-write sharing as a write would, without
+/// writing). Pages shared with a forked child, or left shared after it exited, refuse
+/// `UFFDIO_MOVE` (`EBUSY`) until then. The agent unshares after all the moves of the DROP.
+pub const DROP_RUN_UNSHARE: u32 = 1;
+
 /// LOCK flag: the range is about to be locked (clear: a lock asked for did not happen).
 pub const LOCK_ON: u32 = 1;
 

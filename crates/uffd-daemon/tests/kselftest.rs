@@ -177,7 +177,7 @@ const KNOWN: [Known; 3] = [
 
 /// Differences that are bugs, the daemon's or a selftest's, allowed so that everything else is
 /// checked until they are fixed.
-const OPEN_BUGS: [Known; 3] = [
+const OPEN_BUGS: [Known; 2] = [
     // The daemon's: /proc/PID/mem (and ptrace's PEEKDATA/POKEDATA, the same kernel path)
     // cannot read or write a page the daemon manages unless it is mapped: EIO for an evicted
     // page and for one never touched. __access_remote_vm() faults through
@@ -200,17 +200,6 @@ const OPEN_BUGS: [Known; 3] = [
         selftest: "ksm_functional_tests",
         check: "test_prctl_unmerge: PR_SET_MEMORY_MERGE value is inherited",
         shows: "no result (the run ended: Bail out! * tests failed",
-    },
-    // The daemon's, rare and not understood: a fresh mapping at the addresses the previous
-    // case had just unmapped is sometimes found with a page present before the program
-    // touched it. Once in about five runs before c71e230 (a deferred fault filled into the new
-    // mapping; fixed there); seen again once, in a CI run of 2026-11-25 under load, after the
-    // agentless merge and the reclaim-stall change. No data is wrong (the page is a zero page
-    // the program would have read as zeros), but the kernel would not have populated it.
-    Known {
-        selftest: "madv_populate",
-        check: "test_populate_write: range initially not populated",
-        shows: "failed: range initially not populated",
     },
 ];
 

@@ -172,6 +172,49 @@ fn the_program_owns_its_descriptors() {
     assert_paged(&run, 16 << 20);
 }
 
+/// Pages a process shares with a forked child (or shared with one that has exited: the kernel
+/// marks a page the process's own again only at its next write) cannot be moved out:
+/// `UFFDIO_MOVE` refuses them (EBUSY). Reclaim reads victims through `/proc/PID/mem`, which
+/// (unlike `process_vm_readv`, whose read pin unshared such pages as a side effect) leaves them
+/// shared, so the agent unshares them (`MADV_POPULATE_WRITE`) and the next DROP moves them.
+/// Without that, a parent and its waiting child each kept the limit's worth of shared pages
+/// resident for good. Every word of both copies is checked.
+#[test]
+fn pages_shared_after_fork_are_evicted() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    // The kernel's view of parent and child together, within 2 MiB of the limit.
+    let run = lifecycle("16M", "fork-shared", &["fork-shared", "64", "18432"]);
+    assert_eq!(
+        run.status, 0,
+        "wrong data in the parent or the waiting child"
+    );
+    assert!(run.stdout.contains("parent: 64 MiB, 0 bad words"));
+    assert!(run.stdout.contains("waiting child: 64 MiB, 0 bad words"));
+    let line = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("parent and child:"))
+        .expect("the client's resident line");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(3)
+        .and_then(|w| w.parse().ok())
+        .expect("KiB");
+    assert!(
+        kib <= 18432,
+        "{line}: the shared pages were not evicted (unshared_pages {}, evict_aborts {})",
+        run.get("unshared_pages"),
+        run.get("evict_aborts")
+    );
+    assert!(run.get("unshared_pages") > 0, "no shared page was unshared");
+    // Right after the forks the copy-on-write pages count in every process (ARCHITECTURE.md,
+    // accounting): three processes.
+    assert_paged(&run, 3 * (16 << 20));
+}
+
 /// A program started with descriptors 0-2 closed gets its own files there, as bare.
 #[test]
 fn a_program_started_with_0_1_2_closed_gets_them() {

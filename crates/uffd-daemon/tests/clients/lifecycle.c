@@ -20,6 +20,10 @@
  *                              line on stdin
  *   lifecycle shared MIB       fill MIB MiB of MAP_SHARED anonymous memory, check it, hold it a
  *                              moment (for the daemon's census)
+ *   lifecycle fork-shared MIB KIB  fill MIB MiB, fork a child that exits at once (the pages
+ *                              stay marked shared), fork a child that waits: wait until the two
+ *                              hold at most KIB KiB of anonymous memory (10 s at most), check
+ *                              the parent's data, then the child's
  *   lifecycle wipe-on-fork MIB map MIB MiB wipe-on-fork, MIB MiB dont-fork and MIB MiB plain,
  *                              fill all three (they page), fork: the child must read zeros,
  *                              no mapping and its parent's data
@@ -71,6 +75,24 @@ static int page(size_t mib, uint64_t seed, const char *who)
 	fflush(stdout);
 	free(m);
 	return bad != 0;
+}
+
+static long rss_anon_kib_of(const char *status)
+{
+	FILE *f = fopen(status, "r");
+	char line[256];
+	long kib = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "RssAnon: %ld", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib;
+}
+
+static long rss_anon_kib(void)
+{
+	return rss_anon_kib_of("/proc/self/status");
 }
 
 static void list_fds(FILE *out)
@@ -252,6 +274,51 @@ int main(int argc, char **argv)
 		char line[8];
 		(void)!read(0, line, sizeof line);
 		return bad != 0;
+	}
+	if (!strcmp(mode, "fork-shared")) {
+		uint64_t *m = fill(mib, 5);
+		/* A child that exits at once leaves the pages marked shared in the parent. */
+		pid_t gone = fork();
+		if (gone == 0)
+			_exit(0);
+		int st;
+		waitpid(gone, &st, 0);
+		/* A child that maps the same pages while both wait. */
+		int go[2];
+		if (pipe(go) != 0)
+			return 2;
+		pid_t waiter = fork();
+		if (waiter == 0) {
+			char c;
+			close(go[1]);
+			if (read(go[0], &c, 1) != 1)
+				_exit(3);
+			long cbad = check(m, mib, 5);
+			printf("waiting child: %zu MiB, %ld bad words\n", mib, cbad);
+			fflush(stdout);
+			_exit(cbad != 0);
+		}
+		close(go[0]);
+		/* The two together hold twice the limit's worth of shared pages: the kernel's view of
+		 * both must come under the limit (limit_kib, the third argument) within 10 s. */
+		long limit = argc > 3 ? strtol(argv[3], NULL, 10) : 0, sum = 0;
+		int waited = 0;
+		for (; waited < 10000; waited += 50) {
+			char path[64];
+			snprintf(path, sizeof path, "/proc/%d/status", (int)waiter);
+			sum = rss_anon_kib() + rss_anon_kib_of(path);
+			if (sum <= limit)
+				break;
+			usleep(50 * 1000);
+		}
+		printf("parent and child: %ld KiB anonymous resident after %d ms\n", sum, waited);
+		long bad = check(m, mib, 5);
+		printf("parent: %zu MiB, %ld bad words\n", mib, bad);
+		fflush(stdout);
+		if (write(go[1], "x", 1) != 1)
+			return 2;
+		waitpid(waiter, &st, 0);
+		return bad != 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0;
 	}
 	if (!strcmp(mode, "wipe-on-fork")) {
 		size_t bytes = mib << 20;

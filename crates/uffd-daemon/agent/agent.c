@@ -125,6 +125,37 @@ struct uffdio_move_ { uint64_t dst, src, len, mode; int64_t move; };
 #define UFFDIO_REGISTER_ _IOWR(0xAA, 0x00, struct uffdio_register_)
 #define UFFDIO_MOVE_ _IOWR(0xAA, 0x05, struct uffdio_move_)
 #define UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES (1ULL << 1)
+/* capset(2)'s header and data (<linux/capability.h>). */
+struct cap_header_ { uint32_t version; int pid; };
+struct cap_data_ { uint32_t effective, permitted, inheritable; };
+#define CAP_VERSION_1_ 0x19980330 /* one cap_data_; versions 2 and 3 take two */
+
+/*
+ * A change a program thread made to its own credentials, for the agent's threads to make too
+ * (see "Per-thread credentials" below): capset(2) or one of prctl's credential options.
+ */
+struct cred_change {
+	long nr;                    /* SYS_capset or SYS_prctl */
+	long arg[5];                /* prctl's arguments */
+	uint32_t version;           /* capset: the header's version (the pid is the caller: 0) */
+	struct cap_data_ data[2];   /* capset: its data (one for version 1) */
+};
+
+enum { CRED_AGENT, CRED_WATCHDOG }; /* the agent's two threads, as indices below */
+
+struct cred_follow {
+	volatile int owner;         /* futex, the lock: the program thread holding it, 0 if none */
+	volatile uint32_t seq;      /* seqlock over `change`: odd while it is written */
+	struct cred_change change;  /* the latest change */
+	volatile uint32_t done[2];  /* the `seq` each agent thread has made (or tried) */
+	volatile int err[2];        /* the errno of that try, 0 if it succeeded */
+	volatile int acks;          /* futex: bumped after each try */
+	volatile int wake_fd[2];    /* each thread's eventfd, in its own descriptor table (-1) */
+	volatile int wait_ms;       /* the agent thread's poll timeout: -1 if it can be woken */
+	volatile int up;            /* futex: the watchdog has set its wake_fd */
+	pid_t pid;                  /* the process the agent's threads belong to */
+	volatile int said;          /* a failure was said on stderr (once) */
+};
 
 struct agent {
 	int sock;            /* connection to the daemon (in the agent thread's own fd table) */
@@ -138,6 +169,7 @@ struct agent {
 	volatile int leaving; /* the process leaves management (a TSYNC filter): the agent's threads end */
 	volatile int watchdog_tid; /* the watchdog thread's id (0 before it runs or after it ends) */
 	volatile int lock_future; /* mlockall(MCL_FUTURE): every new mapping is locked at birth */
+	struct cred_follow cred; /* the program's credential changes, for the agent's threads */
 	int fork_child;      /* started by atfork_child: greets the daemon itself */
 	uint64_t features;
 	char *region;
@@ -597,6 +629,87 @@ static int greet_as_fork_child(struct agent *ag)
 	return 0;
 }
 
+/*
+ * Per-thread credentials. The kernel keeps credentials per thread. glibc makes setuid() and its
+ * kin, and setgroups(), in every thread of the process (SIGSETXID), and aborts the process when
+ * the threads' results differ; the agent's two threads are glibc threads and take part. Other
+ * changes a thread makes to its own credentials glibc does not broadcast: capset(2), and prctl's
+ * PR_SET_KEEPCAPS, PR_SET_SECUREBITS, PR_CAPBSET_DROP, PR_CAP_AMBIENT and PR_SET_NO_NEW_PRIVS
+ * (each changes only `current`: kernel/capability.c, security/commoncap.c, kernel/sys.c). Left
+ * behind by one of them, the agent's threads made a later broadcast differently: setpriv
+ * --reuid --regid keeps its capabilities over the uid change (KEEPCAPS), raises its effective set
+ * again (capset), and its setresgid then failed with EPERM in the agent's threads only: SIGABRT.
+ *
+ * So the wrappers (capset, syscall, prctl) make such a change in the program thread and, if it
+ * succeeded, hand the same call to the agent's threads, wake them (an eventfd in each one's own
+ * descriptor table, borrowed through a thread pidfd) and wait, bounded, until both have made it.
+ * A thread can only change its own credentials, so each makes the call itself, with raw system
+ * calls and this state only. The agent's threads start with the credentials of the thread that
+ * starts them (the constructor's, or a fork child's) and then make every such change after the
+ * program: a call's outcome depends only on the calling thread's credentials, so it succeeds
+ * there as it did in the program thread and leaves the same state. With several program threads
+ * changing their own credentials differently, the agent's threads follow the latest change.
+ * Not followed: a program under a seccomp filter (the agent makes no call in its threads then),
+ * a vfork child (it shares this state, not these threads), a change made by a raw system call
+ * instruction, and per-thread state no set*id result depends on (setfsuid's fsuid, which file
+ * servers switch per request; Landlock domains; keyrings).
+ */
+
+/* In an agent thread (`who`): makes the program's latest credential change here too, if this
+ * thread has not yet; `woken`: its eventfd is readable (emptied here). Raw system calls, this
+ * thread's stack and the agent state only; it never waits for a program thread (one writing a
+ * change may be held in a fault that waits for a DROP of this very thread): a change still
+ * being written is made when its writer wakes this thread again, once it is written. */
+static void follow_creds(struct agent *ag, int who, int woken)
+{
+	struct cred_follow *cf = &ag->cred;
+	uint64_t drained;
+	if (woken)
+		(void)syscall(SYS_read, cf->wake_fd[who], &drained, sizeof drained);
+	for (;;) {
+		uint32_t s = __atomic_load_n(&cf->seq, __ATOMIC_ACQUIRE);
+		if (s == cf->done[who] || (s & 1))
+			return;
+		struct cred_change c;
+		memcpy(&c, &cf->change, sizeof c);
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&cf->seq, __ATOMIC_RELAXED) != s)
+			continue; /* rewritten meanwhile (only after a wait that ran out) */
+		long r;
+		if (c.nr == SYS_capset) {
+			struct cap_header_ h = { c.version, 0 };
+			r = syscall(SYS_capset, &h, c.data);
+		} else {
+			r = syscall(c.nr, c.arg[0], c.arg[1], c.arg[2], c.arg[3], c.arg[4]);
+		}
+		cf->err[who] = r < 0 ? errno : 0;
+		__atomic_store_n(&cf->done[who], s, __ATOMIC_RELEASE);
+		__atomic_add_fetch(&cf->acks, 1, __ATOMIC_RELEASE);
+		syscall(SYS_futex, &cf->acks, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+	}
+}
+
+/* In an agent thread, in its own descriptor table: the eventfd that wakes it for a change. */
+static void cred_wake_fd(struct agent *ag, int who)
+{
+	ag->cred.wake_fd[who] = (int)syscall(SYS_eventfd2, 0, O_CLOEXEC | O_NONBLOCK);
+}
+
+/* The agent thread between DROPs: waits until the daemon's socket has something to read,
+ * making the program's credential changes meanwhile. 1 when the socket is readable (or poll
+ * failed: the read then blocks, as it did before there were changes to follow). */
+static int wait_for_packet(struct agent *ag)
+{
+	struct pollfd p[2] = { { .fd = ag->sock, .events = POLLIN },
+			       { .fd = ag->cred.wake_fd[CRED_AGENT], .events = POLLIN } };
+	long r = syscall(SYS_poll, p, 2, ag->cred.wait_ms);
+	int e = errno;
+	follow_creds(ag, CRED_AGENT, r > 0 && (p[1].revents & POLLIN));
+	if (r < 0)
+		return e != EINTR;
+	return p[0].revents != 0;
+}
+
 static void *agent_loop(struct agent *ag);
 
 static void *agent_thread(void *arg)
@@ -614,6 +727,14 @@ static void *agent_loop(struct agent *ag)
 	syscall(SYS_prctl, PR_SET_NAME, "uffd-agent", 0, 0, 0);
 	int ok = own_fd_table(ag->fork_child ? -1 : ag->sock, ag->fork_child ? -1 : ag->uffd) == 0;
 	ag->tid = (int)syscall(SYS_gettid);
+	if (ok) {
+		cred_wake_fd(ag, CRED_AGENT);
+		/* Woken through a thread pidfd (Linux 6.9); without them, a look every 100 ms. */
+		long self = syscall(SYS_pidfd_open, ag->tid, PIDFD_THREAD_);
+		if (self >= 0)
+			syscall(SYS_close, self);
+		ag->cred.wait_ms = ag->cred.wake_fd[CRED_AGENT] >= 0 && self >= 0 ? -1 : 100;
+	}
 	ag->ready = ok ? 1 : -1;
 	futex_wake(&ag->ready);
 	if (!ok)
@@ -640,6 +761,8 @@ static void *agent_loop(struct agent *ag)
 		return NULL;
 	}
 	for (;;) {
+		if (!wait_for_packet(ag))
+			continue;
 		ssize_t n = recv_packet(ag->sock, ag->buf, sizeof ag->buf, NULL);
 		if (n <= 0) {
 			if (n < 0 && (errno == EINTR || errno == EAGAIN))
@@ -707,17 +830,26 @@ static void *watchdog_thread(void *arg)
 	ag->watchdog_tid = (int)syscall(SYS_gettid);
 	/* Best effort: without a table of its own it still guards the process, with its two
 	 * descriptors in the program's table (and the liveness check below if they are closed). */
-	(void)own_fd_table(-1, -1);
+	int own = own_fd_table(-1, -1) == 0;
+	/* Without a table of its own, no eventfd (the program would see it): the poll below looks
+	 * for credential changes every 100 ms. */
+	if (own)
+		cred_wake_fd(ag, CRED_WATCHDOG);
+	ag->cred.up = 1;
+	futex_wake(&ag->cred.up);
 	long pfd = syscall(SYS_pidfd_open, ag->daemon_pid, 0);
 	if (pfd < 0 && errno == ESRCH)
 		die_daemon_lost();
 	long stat_fd = syscall(SYS_openat, AT_FDCWD, "/proc/self/stat", O_RDONLY | O_CLOEXEC);
 	for (;;) {
-		struct pollfd p = { .fd = (int)pfd, .events = POLLIN };
-		long r = syscall(SYS_poll, &p, pfd >= 0 ? 1 : 0, 100);
-		if (r > 0 && (p.revents & POLLIN))
+		/* (poll skips an entry whose fd is -1.) */
+		struct pollfd p[2] = { { .fd = (int)pfd, .events = POLLIN },
+				       { .fd = ag->cred.wake_fd[CRED_WATCHDOG], .events = POLLIN } };
+		long r = syscall(SYS_poll, p, 2, 100);
+		follow_creds(ag, CRED_WATCHDOG, r > 0 && (p[1].revents & POLLIN));
+		if (r > 0 && (p[0].revents & POLLIN))
 			die_daemon_lost();
-		if (r > 0 && (p.revents & POLLNVAL))
+		if (r > 0 && (p[0].revents & POLLNVAL))
 			pfd = -1;
 		if (pfd < 0 && daemon_exited(ag->daemon_pid))
 			die_daemon_lost();
@@ -727,10 +859,28 @@ static void *watchdog_thread(void *arg)
 			/* Every evicted page is coming back: the daemon's end no longer matters. */
 			syscall(SYS_close, stat_fd);
 			syscall(SYS_close, pfd);
+			syscall(SYS_close, ag->cred.wake_fd[CRED_WATCHDOG]);
 			return NULL;
 		}
 	}
 	return NULL;
+}
+
+/* Before the agent's threads start (in the constructor, or in a fork child whose copy of this
+ * state may hold its parent's lock or a change half written by another of its parent's
+ * threads): they start with the starting thread's credentials, and have nothing to make yet. */
+static void cred_follow_start(struct agent *ag)
+{
+	struct cred_follow *cf = &ag->cred;
+	cf->owner = 0;
+	cf->seq = (cf->seq + 1) & ~1u;
+	cf->done[CRED_AGENT] = cf->done[CRED_WATCHDOG] = cf->seq;
+	cf->wake_fd[CRED_AGENT] = cf->wake_fd[CRED_WATCHDOG] = -1;
+	cf->wait_ms = 100;
+	cf->up = 0;
+	cf->pid = (pid_t)syscall(SYS_getpid);
+	cf->said = 0;
+	ag->watchdog_tid = 0;
 }
 
 /* Starts the agent's two threads and waits until the agent thread has its own descriptor
@@ -741,6 +891,7 @@ static int start_threads(struct agent *ag)
 	pthread_t th;
 	ag->ready = 0;
 	ag->tid = 0;
+	cred_follow_start(ag);
 	pthread_attr_init(&at);
 	pthread_attr_setstack(&at, ag->stack, STACK_BYTES);
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
@@ -759,6 +910,10 @@ static int start_threads(struct agent *ag)
 		fatal("cannot start the agent's watchdog thread", rc);
 	while (ag->ready == 0)
 		syscall(SYS_futex, &ag->ready, FUTEX_WAIT, 0, NULL, NULL, 0);
+	/* The watchdog too, before the program runs on: it takes part in the program's set*id
+	 * from its first instruction, and must be known to follow the credential changes before. */
+	while (ag->cred.up == 0)
+		syscall(SYS_futex, &ag->cred.up, FUTEX_WAIT, 0, NULL, NULL, 0);
 	return ag->ready > 0 ? 0 : -1;
 }
 
@@ -1142,6 +1297,208 @@ static void leave_for_tsync(void)
 	say(line);
 }
 
+/* The program threads' side of "Per-thread credentials" (above agent_loop). */
+
+#define CRED_FOLLOW_TIMEOUT_US 5000000
+
+/* Whether prctl(option, arg2, ...) changes the calling thread's credentials. */
+static int prctl_changes_creds(long option, long arg2)
+{
+	switch (option) {
+	case PR_SET_KEEPCAPS:
+	case PR_SET_SECUREBITS:
+	case PR_CAPBSET_DROP:
+	case PR_SET_NO_NEW_PRIVS:
+		return 1;
+	case PR_CAP_AMBIENT:
+		return arg2 == PR_CAP_AMBIENT_RAISE || arg2 == PR_CAP_AMBIENT_LOWER ||
+		       arg2 == PR_CAP_AMBIENT_CLEAR_ALL;
+	}
+	return 0;
+}
+
+static const char *cred_change_name(long nr, long option)
+{
+	if (nr == SYS_capset)
+		return "capset";
+	switch (option) {
+	case PR_SET_KEEPCAPS:
+		return "prctl(PR_SET_KEEPCAPS)";
+	case PR_SET_SECUREBITS:
+		return "prctl(PR_SET_SECUREBITS)";
+	case PR_CAPBSET_DROP:
+		return "prctl(PR_CAPBSET_DROP)";
+	case PR_SET_NO_NEW_PRIVS:
+		return "prctl(PR_SET_NO_NEW_PRIVS)";
+	}
+	return "prctl(PR_CAP_AMBIENT)";
+}
+
+/* Said once per process: the agent's threads may now make a later set*id differently. */
+static void cred_say_once(struct cred_follow *cf, const char *what, const char *why)
+{
+	if (__atomic_exchange_n(&cf->said, 1, __ATOMIC_RELAXED))
+		return;
+	char line[400];
+	snprintf(line, sizeof line,
+		 "uffd-agent[%ld]: the agent's threads did not follow the program's %s (%s); a later "
+		 "setuid, setgid or setgroups of the program may abort it (glibc makes those in every "
+		 "thread and aborts when their results differ)\n",
+		 syscall(SYS_getpid), what, why);
+	say(line);
+}
+
+/* The id of the agent's thread `who` if it is running and following, else 0. */
+static int cred_follower(struct agent *ag, int who)
+{
+	int tid = who == CRED_AGENT ? (ag->agent_running ? ag->tid : 0) : ag->watchdog_tid;
+	return thread_gone(tid) ? 0 : tid;
+}
+
+/* Wakes the agent's thread `tid` through its eventfd `fd`, borrowed from its own descriptor
+ * table for the write (a thread pidfd; without one the thread looks every 100 ms). */
+static void cred_wake(int tid, int fd)
+{
+	if (fd < 0)
+		return;
+	int pfd = (int)syscall(SYS_pidfd_open, tid, PIDFD_THREAD_);
+	if (pfd < 0)
+		return;
+	int efd = (int)syscall(SYS_pidfd_getfd, pfd, fd, 0);
+	syscall(SYS_close, pfd);
+	if (efd < 0)
+		return;
+	uint64_t one = 1;
+	syscall(SYS_write, efd, &one, sizeof one);
+	syscall(SYS_close, efd);
+}
+
+/* In program thread `me`, which has just made the change `c`, successfully: has the agent's
+ * threads make it too, and waits until they have (CRED_FOLLOW_TIMEOUT_US at most: they never
+ * wait for a program thread, but one could be held up in a DROP by a stopped daemon). */
+static void follow_in_agent_threads(struct agent *ag, const struct cred_change *c, int me)
+{
+	struct cred_follow *cf = &ag->cred;
+	uint32_t s = cf->seq + 2;
+	__atomic_store_n(&cf->seq, s - 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	memcpy(&cf->change, c, sizeof *c);
+	__atomic_store_n(&cf->seq, s, __ATOMIC_RELEASE);
+	int tid[2];
+	for (int who = 0; who < 2; who++) {
+		tid[who] = cred_follower(ag, who);
+		if (tid[who] == me) {
+			/* The watchdog running the program's exit handlers: it made the change itself. */
+			cf->err[who] = 0;
+			__atomic_store_n(&cf->done[who], s, __ATOMIC_RELEASE);
+			tid[who] = 0;
+		} else if (tid[who]) {
+			cred_wake(tid[who], cf->wake_fd[who]);
+		}
+	}
+	const char *name = cred_change_name(c->nr, c->arg[0]);
+	uint64_t deadline = now_us() + CRED_FOLLOW_TIMEOUT_US;
+	for (;;) {
+		int acks = __atomic_load_n(&cf->acks, __ATOMIC_ACQUIRE);
+		int pending = 0;
+		for (int who = 0; who < 2; who++)
+			if (tid[who] && __atomic_load_n(&cf->done[who], __ATOMIC_ACQUIRE) != s &&
+			    cred_follower(ag, who) == tid[who])
+				pending = 1;
+		if (!pending)
+			break;
+		if (now_us() >= deadline) {
+			cred_say_once(cf, name, "not made within 5 s");
+			return;
+		}
+		struct timespec ts = { 0, 20 * 1000000 };
+		syscall(SYS_futex, &cf->acks, FUTEX_WAIT, acks, &ts, NULL, 0);
+	}
+	for (int who = 0; who < 2; who++)
+		if (tid[who] && cf->done[who] == s && cf->err[who]) {
+			cred_say_once(cf, name, strerror(cf->err[who]));
+			break;
+		}
+}
+
+/* Takes the lock for thread `me`: 0, or 1 if `me` holds it already (a signal handler that
+ * interrupted this thread's own change). The lock word is the holder's id, set in one step, so
+ * that a handler never waits for its own thread. */
+static int cred_lock(volatile int *owner, int me)
+{
+	for (;;) {
+		int cur = 0;
+		if (__atomic_compare_exchange_n(owner, &cur, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+			return 0;
+		if (cur == me)
+			return 1;
+		syscall(SYS_futex, owner, FUTEX_WAIT, cur, NULL, NULL, 0);
+	}
+}
+
+static void cred_unlock(volatile int *owner)
+{
+	__atomic_store_n(owner, 0, __ATOMIC_RELEASE);
+	futex_wake(owner);
+}
+
+/*
+ * capset(2), or a prctl(2) for which prctl_changes_creds holds, made for the calling program
+ * thread and, if it succeeded, followed in the agent's threads before it returns. Changes are
+ * made one at a time, so that the agent's threads make them in the program's order. Made as
+ * asked only, with nothing more, under a seccomp filter (the agent makes no call in program
+ * threads then) and in a vfork child (it shares this state with a parent whose agent's threads
+ * are not its own).
+ */
+static long cred_change_call(long nr, long a, long b, long c, long d, long e)
+{
+	struct agent *ag = g_agent;
+	if (!ag || ag->filtered || (pid_t)syscall(SYS_getpid) != ag->cred.pid)
+		return agent_syscall6(nr, a, b, c, d, e, 0);
+	struct cred_follow *cf = &ag->cred;
+	int me = (int)syscall(SYS_gettid);
+	if (cred_lock(&cf->owner, me)) {
+		/* A signal handler interrupting this thread's own change: made, not followed (that
+		 * would tear the other), and said. */
+		long r = agent_syscall6(nr, a, b, c, d, e, 0);
+		if (r >= 0) {
+			int saved = errno;
+			cred_say_once(cf, cred_change_name(nr, a), "made in a signal handler during another");
+			errno = saved;
+		}
+		return r;
+	}
+	long r = agent_syscall6(nr, a, b, c, d, e, 0);
+	if (r >= 0) {
+		int saved = errno;
+		struct cred_change ch;
+		memset(&ch, 0, sizeof ch);
+		ch.nr = nr;
+		if (nr == SYS_capset) {
+			/* The kernel has just read both, and found the version valid. */
+			const struct cap_header_ *h = (const struct cap_header_ *)a;
+			ch.version = h->version;
+			memcpy(ch.data, (const void *)b, (ch.version == CAP_VERSION_1_ ? 1 : 2) * sizeof ch.data[0]);
+		} else {
+			ch.arg[0] = a;
+			ch.arg[1] = b;
+			ch.arg[2] = c;
+			ch.arg[3] = d;
+			ch.arg[4] = e;
+		}
+		follow_in_agent_threads(ag, &ch, me);
+		errno = saved;
+	}
+	cred_unlock(&cf->owner);
+	return r;
+}
+
+/* libc's capset (libcap-ng's capng_apply, used by setpriv, calls it). */
+__attribute__((visibility("default"))) int capset(void *hdrp, void *datap)
+{
+	return (int)cred_change_call(SYS_capset, (long)hdrp, (long)datap, 0, 0, 0);
+}
+
 #undef syscall
 __attribute__((visibility("default"))) long syscall(long n, ...)
 {
@@ -1157,6 +1514,8 @@ __attribute__((visibility("default"))) long syscall(long n, ...)
 	}
 	if (n == SYS_prctl && a == PR_SET_SECCOMP && b == 2 /* SECCOMP_MODE_FILTER */)
 		note_seccomp();
+	if (n == SYS_capset || (n == SYS_prctl && prctl_changes_creds(a, b)))
+		return cred_change_call(n, a, b, c, d, e);
 	return agent_syscall6(n, a, b, c, d, e, f);
 }
 #define syscall agent_syscall
@@ -1170,6 +1529,8 @@ __attribute__((visibility("default"))) int prctl(int option, ...)
 	va_end(ap);
 	if (option == PR_SET_SECCOMP && a == 2 /* SECCOMP_MODE_FILTER */)
 		note_seccomp();
+	if (prctl_changes_creds(option, (long)a))
+		return (int)cred_change_call(SYS_prctl, option, (long)a, (long)b, (long)c, (long)d);
 	return (int)agent_syscall6(SYS_prctl, option, (long)a, (long)b, (long)c, (long)d, 0);
 }
 

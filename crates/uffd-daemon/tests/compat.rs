@@ -364,6 +364,60 @@ sys.exit(0 if statuses == [0, 0, 0] else 1)
     same_under_a_third("fork-setuid", &[&real_python(), "-c", script]);
 }
 
+/// util-linux setpriv changes its uid keeping its capabilities (PR_SET_KEEPCAPS), raises its
+/// effective set again with capset in its own thread, then changes its gid: glibc makes that
+/// setresgid in every thread and aborts when their results differ. It aborted under the daemon
+/// (exit 134: the agent's threads had not followed the capset and lacked CAP_SETGID; issue
+/// #16). The issue's command as it was reported, then one that also sets the inheritable,
+/// ambient and bounding sets and runs python over 48 MiB as nobody.
+#[test]
+fn setpriv_drops_to_nobody() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("setpriv") || !have("python3") {
+        return;
+    }
+    if !root() {
+        eprintln!("SKIP: setpriv --reuid needs root");
+        return;
+    }
+    let nobody = ["--reuid=65534", "--regid=65534", "--clear-groups"];
+    let mut echo = vec!["setpriv"];
+    echo.extend(nobody);
+    echo.extend(["/bin/echo", "hi"]);
+    let run = same_under_a_third("setpriv-echo", &echo);
+    assert_eq!(run.stdout, "hi\n");
+    let script = r#"
+import hashlib, os
+data = bytearray(hashlib.sha256(b"setpriv").digest() * (48 * 1024 * 1024 // 32))
+for i in range(0, len(data), 4096):
+    data[i] = (i // 4096) % 251
+status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines())
+print("ids", os.getresuid(), os.getresgid(), os.getgroups())
+for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs"):
+    print(key, status[key].strip())
+print("sha256", hashlib.sha256(data).hexdigest())
+"#;
+    let python = real_python();
+    let mut caps = vec!["setpriv"];
+    caps.extend(nobody);
+    caps.extend([
+        "--inh-caps=+net_bind_service",
+        "--ambient-caps=+net_bind_service",
+        "--bounding-set=-all,+net_bind_service",
+        &python,
+        "-c",
+        script,
+    ]);
+    let run = same_under_a_third("setpriv-caps", &caps);
+    assert!(
+        run.stdout
+            .contains("ids (65534, 65534, 65534) (65534, 65534, 65534) []")
+            && run.stdout.contains("CapAmb 0000000000000400"),
+        "{}",
+        run.stdout
+    );
+}
+
 #[test]
 fn redis_server_forks_and_serves() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

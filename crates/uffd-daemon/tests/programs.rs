@@ -304,6 +304,109 @@ fn privileges_dropped_then_fork_and_exec() {
     assert_paged(&run, 16 << 20);
 }
 
+/// A program that changes its credentials in its own thread where glibc does not do it in every
+/// thread (capset, prctl's KEEPCAPS, SECUREBITS, CAPBSET_DROP, CAP_AMBIENT, NO_NEW_PRIVS,
+/// through libc and through `syscall()`), between the set*id calls glibc makes in every thread,
+/// as util-linux setpriv does. The agent's threads missed those changes, and glibc aborted the
+/// program at its setresgid (exit 134), which failed in them only (issue #16). After every step
+/// each thread of the process (the agent's included) must have the program thread's ids,
+/// groups, capability sets and no_new_privs, in the parent, its fork child and the image the
+/// child execs; a capset the kernel refused is made in no other thread; the output is the bare
+/// run's; the memory pages.
+#[test]
+fn per_thread_credential_changes_reach_the_agents_threads() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: changing credentials needs root");
+        return;
+    }
+    let exe = c_client("credentials").to_string_lossy().into_owned();
+    let bare = run_bare(
+        "credentials",
+        &[&exe, "drop", "24"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        bare.status, 0,
+        "bare: the case itself is wrong: {}",
+        bare.stderr
+    );
+    let run = run_under("8M", "credentials", &[&exe, "drop", "24"]);
+    assert_eq!(
+        run.status, 0,
+        "a thread's credentials differed, a change failed or glibc aborted: {}",
+        run.stderr
+    );
+    assert_eq!(
+        run.stdout, bare.stdout,
+        "the output differs from the bare run's"
+    );
+    assert!(run.stdout.contains("dropped: 24 MiB, 0 bad words"));
+    assert!(run.stdout.contains("exec'd image: 24 MiB, 0 bad words"));
+    assert!(
+        !run.stderr.contains("did not follow"),
+        "a change was not followed: {}",
+        run.stderr
+    );
+    assert_eq!(
+        run.get("processes"),
+        3,
+        "parent, forked child, exec'd image"
+    );
+    assert_eq!(run.get("agent_threads"), 3, "an agent did not start");
+    // The child's copy-on-write pages count in both processes (ARCHITECTURE.md, accounting).
+    assert_paged(&run, 16 << 20);
+}
+
+/// What the agent's threads must not follow, and what they cannot: the credential changes of a
+/// vfork child (it shares the agent's state, not its threads) reach no thread of its parent;
+/// and when two program threads have diverged (the agent's threads follow the latest change), a
+/// change that fails in the agent's threads is said once on stderr and the program goes on as
+/// bare.
+#[test]
+fn credential_changes_not_to_follow_or_not_followed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: changing credentials needs root");
+        return;
+    }
+    let exe = c_client("credentials").to_string_lossy().into_owned();
+    for mode in ["vfork", "diverged"] {
+        let name = format!("credentials-{mode}");
+        let bare = run_bare(&name, &[&exe, mode, "0"], Duration::from_secs(60));
+        assert_eq!(
+            bare.status, 0,
+            "bare: the case itself is wrong: {}",
+            bare.stderr
+        );
+        let run = run_under("8M", &name, &[&exe, mode, "0"]);
+        assert_eq!(run.status, 0, "{mode}: {}", run.stderr);
+        assert_eq!(run.stdout, bare.stdout, "{mode}: the output differs");
+        let said = run.stderr.matches("did not follow").count();
+        if mode == "vfork" {
+            assert!(run.stdout.contains("other threads differing: 0"));
+            assert_eq!(said, 0, "{}", run.stderr);
+        } else {
+            assert!(run.stdout.contains("second thread: keepcaps set"));
+            assert_eq!(said, 1, "not said once: {}", run.stderr);
+            assert!(
+                run.stderr
+                    .contains("prctl(PR_SET_KEEPCAPS) (Operation not permitted)"),
+                "{}",
+                run.stderr
+            );
+        }
+    }
+}
+
 /// MADV_WIPEONFORK: a fork child reads zeros there, whatever its parent stored (libraries keep
 /// keys and RNG state there); MADV_DONTFORK: the child has no mapping there. The parent's
 /// pages, evicted or not, are the child's only elsewhere.

@@ -402,3 +402,65 @@ fn a_group_stopped_static_program_is_paged_and_stays_stopped() {
     );
     assert_paged_agentless(&run, LIMIT_BYTES / 4096 / 6 + 64);
 }
+
+/// A static program's io_uring fixed buffers (pinned with FOLL_LONGTERM, written by
+/// `IORING_OP_READ_FIXED` through the pin): the injected drop must never take a pinned page
+/// from the program. It did (`MADV_DONTNEED` refuses nothing): the next reads went into the
+/// dropped pages, and the program read its stale stored copies (40.8 million wrong words of
+/// 41.9 million in a 40-round run).
+#[test]
+fn a_static_programs_io_uring_fixed_buffers_keep_every_write() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = pinned_run(
+        &c_client_static("pinned"),
+        "static-pinned-fixed",
+        "fixed",
+        40,
+    );
+    // (The program registers its buffer with one thread, in the kernel: a thread that pins
+    // pages faults them in from the kernel, and cannot be stopped for a DROP before it is
+    // done; the limit holds again from then on. ARCHITECTURE.md, pinned memory.)
+    assert_paged_agentless(&run, LIMIT_BYTES / 4096 / 6 + 64 + PINNED_BUF_PAGES);
+    assert_pinned_churn_bounded(&run);
+}
+
+/// A static program's io_uring buffers registered for each round and unregistered before
+/// its check (see `programs.rs`, `io_uring_buffers_unpinned_mid_eviction_keep_every_write`).
+#[test]
+fn a_static_programs_io_uring_buffers_unpinned_mid_eviction_keep_every_write() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = pinned_run(
+        &c_client_static("pinned"),
+        "static-pinned-cycle",
+        "cycle",
+        120,
+    );
+    // (It registers the buffer again at each round, in the kernel: see the fixed buffer.)
+    assert_paged_agentless(&run, LIMIT_BYTES / 4096 / 6 + 64 + PINNED_BUF_PAGES);
+}
+
+/// A static program's O_DIRECT reads in flight (short-term pins): a page dropped while its
+/// read was in flight, or read by reclaim then and dropped once the read was done, lost the
+/// read's data.
+#[test]
+fn a_static_programs_o_direct_reads_in_flight_keep_every_write() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = pinned_run(
+        &c_client_static("pinned"),
+        "static-pinned-direct",
+        "direct",
+        300,
+    );
+    // (Its one thread pins the pages of each round's reads in the kernel, faulting in those
+    // that were evicted, and cannot be stopped for a DROP meanwhile: as for the fixed buffer.)
+    assert_paged_agentless(&run, LIMIT_BYTES / 4096 / 6 + 64 + PINNED_BUF_PAGES);
+}

@@ -14,7 +14,7 @@ mod wire;
 /// needs and this list lacks fails the agent's.
 fn write_protocol_header(path: &Path) {
     use wire::*;
-    let defs: [(&str, u64); 22] = [
+    let defs: [(&str, u64); 23] = [
         ("MAGIC", MAGIC.into()),
         ("VERSION", VERSION.into()),
         ("HEADER_LEN", HEADER_LEN as u64),
@@ -29,6 +29,7 @@ fn write_protocol_header(path: &Path) {
         ("KIND_RELEASE", KIND_RELEASE.into()),
         ("KIND_LEAVE", KIND_LEAVE.into()),
         ("KIND_LOCK", KIND_LOCK.into()),
+        ("KIND_FREE", KIND_FREE.into()),
         ("HELLO_FORK_CHILD", HELLO_FORK_CHILD.into()),
         ("HELLO_NEED_UFFD", HELLO_NEED_UFFD.into()),
         ("HELLO_API_BY_DAEMON", HELLO_API_BY_DAEMON.into()),

@@ -5,15 +5,22 @@
 //! ```text
 //! start (a static program: stopped at its exec, before its first instruction), or an exec
 //! into such an image seen by the scanner:
-//!   one stop: userfaultfd(O_CLOEXEC|O_NONBLOCK) ─▶ mmap a probe page ─▶ MADV_WIPEONFORK it
+//!   one stop: userfaultfd(O_CLOEXEC|O_NONBLOCK) ─▶ mmap the daemon's region: [probe page,
+//!             read-only, MADV_WIPEONFORK][4 argument pages][256 scratch pages]
 //!             ─▶ pidfd_getfd the uffd ─▶ close() it in the program ─▶ detach
-//!   then, as for an agent's uffd: UFFDIO_API (by the daemon), register the probe, scan_and_register
+//!   then, as for an agent's uffd: UFFDIO_API (by the daemon), register the probe and the
+//!   scratch, scan_and_register
 //! DROP (reclaim.rs): write-protect, read, store as with an agent; then one stop per batch:
-//!   madvise(MADV_DONTNEED) per run of victims still Dropping. Each raises a REMOVE event that
-//!   the madvise waits on: the handler reads it meanwhile and recognises it as the daemon's own
-//!   (mm.rs, OwnDrop); the batch settles after the stop, on what each call returned. The rseq
-//!   pages of the threads stopped so far are never in a batch (the kernel writes them on the
-//!   way to a stop).
+//!   madvise(MADV_DONTNEED) of the scratch if the last batch left pages there (its REMOVE is
+//!   recognised by address) ─▶ the uffd lent to the program for the stop (a socketpair made
+//!   there, the uffd sent over it with SCM_RIGHTS, received there, the pair closed)
+//!   ─▶ UFFDIO_MOVE per run of victims still Dropping, into the scratch (the kernel refuses a
+//!   page pinned for I/O, as it refuses the agent) ─▶ close() ─▶ MADV_POPULATE_WRITE of pages
+//!   to unshare. After the stop the daemon reads the moved pages back from the scratch, and
+//!   the batch settles on what each call returned and what was read back. The scratch is freed
+//!   by the next batch's stop, or by a stop of its own once reclaim is idle. The rseq pages of
+//!   the threads stopped so far are never in a batch (the kernel writes them on the way to a
+//!   stop).
 //! fork: the kernel's FORK event gives the child's uffd; the daemon writes 16 random bytes into
 //!   the child's probe page through it (wipe-on-fork: empty in the child, and only that address
 //!   space can hold them) and finds the child among the tree's processes by reading them back.
@@ -37,13 +44,32 @@ use crate::stats::Stats;
 use crate::sys::{self, Fill, PidFd, Uffd, PAGE_SIZE, PAGE_SIZE_U64};
 use crate::unmanaged::Kind;
 
-/// A page status of an injected DROP that is neither "dropped" nor "kept": the call failed
-/// part way, and a `REMOVE` was seen for the page (by the daemon's call, or the program's at
-/// the same moment). Its stored copy is kept and served (`Inherited`).
+/// A page status of an injected DROP that is neither "moved" nor "kept": the call that moved
+/// it did not come back (the stop ended in it), so the page may be in the scratch or in
+/// place. Its stored copy is kept and served (`Inherited`).
 pub const DROP_UNKNOWN: u8 = 0xff;
 
-/// Status of a page whose drop was not attempted (or refused as a whole).
+/// Status of a page whose move was not attempted (or refused as a whole).
 const DROP_KEPT: u8 = 1;
+
+/// Pages of arguments in the daemon's region of a process without an agent: the system calls'
+/// structures (`msghdr`, `uffdio_move`), written there with `process_vm_writev`. Never
+/// registered with the uffd.
+const ARGS_PAGES: u64 = 4;
+
+/// The daemon's region in a process without an agent, in pages: the probe page, the argument
+/// pages, the scratch that DROPs move victims into.
+pub const REGION_PAGES: u64 = 1 + ARGS_PAGES + BATCH_PAGES as u64;
+
+/// The argument pages of the region that starts with probe page `probe`.
+fn args_of(probe: u64) -> u64 {
+    probe + PAGE_SIZE_U64
+}
+
+/// The scratch of the region that starts with probe page `probe`.
+pub fn scratch_of(probe: u64) -> u64 {
+    probe + (1 + ARGS_PAGES) * PAGE_SIZE_U64
+}
 
 /// How long a forked child of an agentless process may go unbound before the daemon stops
 /// looking for it (it then runs with its faults served and nothing evicted).
@@ -147,12 +173,13 @@ fn make_uffd(stop: &mut Stop, pid: i32) -> Result<(OwnedFd, u64), InjectError> {
         return Err(InjectError::Io(e));
     }
     let close = |stop: &mut Stop| stop.syscall(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+    let len = REGION_PAGES * PAGE_SIZE_U64;
     let probe = stop.syscall(
         libc::SYS_mmap,
         [
             0,
-            PAGE_SIZE_U64,
-            libc::PROT_READ as u64,
+            len,
+            (libc::PROT_READ | libc::PROT_WRITE) as u64,
             (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
             u64::MAX,
             0,
@@ -163,13 +190,20 @@ fn make_uffd(stop: &mut Stop, pid: i32) -> Result<(OwnedFd, u64), InjectError> {
         return Err(InjectError::Io(e));
     }
     let probe = probe as u64;
-    let unmap =
-        |stop: &mut Stop| stop.syscall(libc::SYS_munmap, [probe, PAGE_SIZE_U64, 0, 0, 0, 0]);
-    let wiped = stop.syscall(
-        libc::SYS_madvise,
-        [probe, PAGE_SIZE_U64, libc::MADV_WIPEONFORK as u64, 0, 0, 0],
+    let unmap = |stop: &mut Stop| stop.syscall(libc::SYS_munmap, [probe, len, 0, 0, 0, 0]);
+    // The probe page read-only (the program has no business there) and empty in a fork child;
+    // the arguments and the scratch read-write, like the memory moved into it.
+    let mut r = stop.syscall(
+        libc::SYS_mprotect,
+        [probe, PAGE_SIZE_U64, libc::PROT_READ as u64, 0, 0, 0],
     )?;
-    let taken = match neg_errno(wiped) {
+    if neg_errno(r).is_none() {
+        r = stop.syscall(
+            libc::SYS_madvise,
+            [probe, PAGE_SIZE_U64, libc::MADV_WIPEONFORK as u64, 0, 0, 0],
+        )?;
+    }
+    let taken = match neg_errno(r) {
         Some(e) => Err(e),
         None => PidFd::open(pid).and_then(|p| p.get_fd(fd as i32)),
     };
@@ -274,6 +308,9 @@ fn adopt_stopped(shared: &Arc<Shared>, pid: i32, stop: &mut Stop) -> Result<(), 
         ))));
     }
     uffd.register(probe, PAGE_SIZE_U64, false).map_err(gone)?;
+    // (The scratch is a move's destination: it must be registered with this uffd.)
+    uffd.register(scratch_of(probe), BATCH_PAGES as u64 * PAGE_SIZE_U64, false)
+        .map_err(gone)?;
     // An exec replaced the address space: the old one (same pid) is gone.
     let old: Vec<Arc<Mm>> = shared
         .mms
@@ -289,8 +326,9 @@ fn adopt_stopped(shared: &Arc<Shared>, pid: i32, stop: &mut Stop) -> Result<(), 
         shared.new_id(),
         uffd,
         pid,
-        (probe, probe + PAGE_SIZE_U64),
+        (probe, probe + REGION_PAGES * PAGE_SIZE_U64),
         probe,
+        scratch_of(probe),
         &shared.policy,
     )?);
     make_agentless(shared, &mm);
@@ -341,84 +379,376 @@ pub fn refused(shared: &Shared, pid: i32, e: &InjectError) {
     );
 }
 
-/// Carries out a DROP of `pages` (sorted; `runs` are their runs) in an agentless process:
-/// one stop, `madvise(MADV_DONTNEED)` per run. Returns a status per page (0 dropped,
-/// [`DROP_UNKNOWN`], or kept) and the error that ended the stop early, if any.
+/// The outcome of an injected DROP: a status per page moved, then per page unshared (0 done,
+/// [`DROP_UNKNOWN`], or an errno / kept); the error that ended the stop early, if any. The
+/// moved pages are in the scratch (page `i` of the DROP at `scratch + i * 4096`), to be read
+/// back by the daemon; the next stop frees it.
+#[derive(Debug)]
+pub struct InjectedDrop {
+    /// Per page of the DROP, then per page to unshare.
+    pub status: Vec<u8>,
+    /// What ended the stop early.
+    pub err: Option<InjectError>,
+}
+
+/// Carries out a DROP in an agentless process, in one stop: frees the scratch if the last DROP
+/// left pages there, moves `pages` (sorted) into it, then unshares `unshare` (sorted).
 pub fn drop_pages(
     shared: &Shared,
     mm: &Mm,
     pid: i32,
     mut stop: BatchStop<'_>,
     pages: &[u64],
-    runs: &[(u64, u32)],
-) -> (Vec<u8>, Option<InjectError>) {
+    unshare: &[u64],
+) -> InjectedDrop {
     let t = Instant::now();
-    let mut status = vec![DROP_KEPT; pages.len()];
-    {
-        let mut own = mm.own_drop.lock();
-        own.runs = runs
-            .iter()
-            .map(|&(s, n)| (s, s + n as u64 * PAGE_SIZE_U64))
-            .collect();
-        own.covered.clear();
-    }
-    let mut results: Vec<Option<i64>> = vec![None; runs.len()];
-    let mut err = None;
-    for (i, &(s, n)) in runs.iter().enumerate() {
-        let len = n as u64 * PAGE_SIZE_U64;
-        match stop.stop.syscall(
-            libc::SYS_madvise,
-            [s, len, libc::MADV_DONTNEED as u64, 0, 0, 0],
-        ) {
-            Ok(r) => results[i] = Some(r),
-            Err(e) => {
-                results[i] = Some(i64::MIN); // may have run: unknown
-                err = Some(e);
-                break;
-            }
-        }
+    let mut out = InjectedDrop {
+        status: vec![DROP_KEPT; pages.len() + unshare.len()],
+        err: None,
+    };
+    let (moves, unshares) = out.status.split_at_mut(pages.len());
+    let r = move_out(shared, mm, pid, &mut stop.stop, pages, moves)
+        .and_then(|()| unshare_in(pid, &mut stop.stop, unshare, unshares));
+    if let Err(e) = r {
+        out.err = Some(e);
     }
     // The time a DROP costs, comparable to an agent's (its request to its answer): stopping
     // the program, the calls, letting it go (the write-protection, reading and storing done
-    // during the stop are the agent path's too, outside its DROP).
+    // before are the agent path's too, outside its DROP).
     let to_stop_ns = stop.stop.fixed_ns;
     drop(stop);
-    // The REMOVE events were read before the calls returned; wait until the handler has
-    // applied them (claimed them as ours) before looking at what was covered.
-    wait_handled(mm);
-    let own = std::mem::take(&mut *mm.own_drop.lock());
-    let mut k = 0;
-    for (i, &(s, n)) in runs.iter().enumerate() {
-        let n = n as usize;
-        match results[i] {
-            Some(0) => status[k..k + n].fill(0),
-            Some(r) => {
-                // Failed (or unknown): pages a REMOVE was seen for were removed by someone;
-                // their copies are kept. The others were not touched.
-                for j in 0..n {
-                    let a = s + j as u64 * PAGE_SIZE_U64;
-                    if r == i64::MIN || own.is_covered(a, a + PAGE_SIZE_U64) {
-                        status[k + j] = DROP_UNKNOWN;
-                    }
-                }
-                if let Some(e) = neg_errno(r) {
-                    Stats::add(&shared.stats.inject_errors, 1);
-                    if shared.verbose {
-                        eprintln!(
-                            "uffd-daemon: pid {pid}: injected madvise of {s:#x}+{} failed: {e}",
-                            n * PAGE_SIZE
-                        );
-                    }
-                }
-            }
-            None => {}
-        }
-        k += n;
-    }
     shared
         .drop_inject_times
         .record(to_stop_ns + t.elapsed().as_nanos() as u64);
-    (status, err)
+    let errors = out
+        .status
+        .iter()
+        .filter(|&&s| s != 0 && s != DROP_KEPT && s != libc::EBUSY as u8)
+        .count();
+    if errors > 0 {
+        Stats::add(&shared.stats.inject_errors, 1);
+        if shared.verbose {
+            eprintln!("uffd-daemon: pid {pid}: an injected DROP failed for {errors} pages");
+        }
+    }
+    out
+}
+
+fn io_err(e: std::io::Error) -> InjectError {
+    InjectError::Io(e)
+}
+
+/// Lends the process its uffd for the stop: a socketpair made in the program, the daemon's
+/// end taken with `pidfd_getfd`, the uffd sent over it (`SCM_RIGHTS`) and received in the
+/// program (`MSG_CMSG_CLOEXEC`); the pair is closed again at once. Returns the uffd's number
+/// in the program. (UFFDIO_MOVE works only inside the address space it moves in.)
+fn lend_uffd(mm: &Mm, pid: i32, stop: &mut Stop) -> Result<i32, InjectError> {
+    use std::mem::offset_of;
+    let args = args_of(mm.probe);
+    let r = stop.syscall(
+        libc::SYS_socketpair,
+        [
+            libc::AF_UNIX as u64,
+            (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64,
+            0,
+            args,
+            0,
+            0,
+        ],
+    )?;
+    if let Some(e) = neg_errno(r) {
+        return Err(io_err(e));
+    }
+    let mut fds = [0u8; 8];
+    sys::read_remote(pid, &[(args, 8)], &mut fds).map_err(io_err)?;
+    let a = i32::from_le_bytes([fds[0], fds[1], fds[2], fds[3]]);
+    let b = i32::from_le_bytes([fds[4], fds[5], fds[6], fds[7]]);
+    let close =
+        |stop: &mut Stop, fd: i32| stop.syscall(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+    let sent = PidFd::open(pid).and_then(|p| p.get_fd(b)).and_then(|ours| {
+        use std::os::fd::AsRawFd;
+        sys::send_with_fd(ours.as_raw_fd(), &[0], Some(mm.uffd.raw()))
+    });
+    // In the argument page: the msghdr at 64, its iovec at 128, the byte at 160, the control
+    // buffer at 192 (one descriptor: CMSG_SPACE(4) = 24 bytes).
+    const MSG: u64 = 64;
+    const IOV: u64 = 128;
+    const BYTE: u64 = 160;
+    const CTL: u64 = 192;
+    const CTL_LEN: u64 = 24;
+    let mut page = vec![0u8; 256];
+    let mut put =
+        |at: u64, v: u64| page[at as usize..at as usize + 8].copy_from_slice(&v.to_le_bytes());
+    put(MSG + offset_of!(libc::msghdr, msg_iov) as u64, args + IOV);
+    put(MSG + offset_of!(libc::msghdr, msg_iovlen) as u64, 1);
+    put(
+        MSG + offset_of!(libc::msghdr, msg_control) as u64,
+        args + CTL,
+    );
+    put(
+        MSG + offset_of!(libc::msghdr, msg_controllen) as u64,
+        CTL_LEN,
+    );
+    put(IOV + offset_of!(libc::iovec, iov_base) as u64, args + BYTE);
+    put(IOV + offset_of!(libc::iovec, iov_len) as u64, 1);
+    let received = match sent {
+        Err(e) => Err(io_err(e)),
+        Ok(()) => match sys::write_remote(pid, args, &page) {
+            Err(e) => Err(io_err(e)),
+            Ok(()) => stop.syscall(
+                libc::SYS_recvmsg,
+                [
+                    a as u64,
+                    args + MSG,
+                    (libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) as u64,
+                    0,
+                    0,
+                    0,
+                ],
+            ),
+        },
+    };
+    // The pair goes at once: only the uffd stays for the moves.
+    let closed = close(stop, a).and_then(|_| close(stop, b));
+    let r = received?;
+    closed?;
+    if let Some(e) = neg_errno(r) {
+        return Err(io_err(e));
+    }
+    let mut ctl = [0u8; CTL_LEN as usize];
+    sys::read_remote(pid, &[(args + CTL, ctl.len())], &mut ctl).map_err(io_err)?;
+    let word = |at: usize| i32::from_le_bytes([ctl[at], ctl[at + 1], ctl[at + 2], ctl[at + 3]]);
+    // struct cmsghdr: cmsg_len (8 bytes), cmsg_level, cmsg_type, then the descriptor.
+    if word(8) != libc::SOL_SOCKET || word(12) != libc::SCM_RIGHTS {
+        return Err(io_err(std::io::Error::other(
+            "the program received no descriptor from the daemon",
+        )));
+    }
+    Ok(word(16))
+}
+
+/// In the stop: frees the scratch if pages of the last DROP may be there, lends the uffd,
+/// moves each run of `pages` into the scratch (page `i` of the DROP to `scratch + i * 4096`,
+/// as the agent does) and gives the uffd back. `status`: per page, 0 moved, else why not.
+fn move_out(
+    shared: &Shared,
+    mm: &Mm,
+    pid: i32,
+    stop: &mut Stop,
+    pages: &[u64],
+    status: &mut [u8],
+) -> Result<(), InjectError> {
+    empty_scratch(mm, stop)?;
+    if pages.is_empty() {
+        return Ok(());
+    }
+    let fd = match lend_uffd(mm, pid, stop) {
+        Ok(fd) => fd,
+        // A call that failed (the program out of descriptors, say): this batch stays
+        // resident, the next may do.
+        Err(InjectError::Io(e)) => {
+            Stats::add(&shared.stats.inject_errors, 1);
+            if shared.verbose {
+                eprintln!("uffd-daemon: pid {pid}: cannot lend the uffd for a DROP: {e}");
+            }
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    *mm.scratch_filled.lock() = Some(Instant::now());
+    let r = move_runs(mm, pid, stop, fd, pages, status);
+    let closed = stop.syscall(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+    r?;
+    closed?;
+    Ok(())
+}
+
+/// In a stop: frees the scratch (`MADV_DONTNEED`; its `REMOVE` is recognised by address) if
+/// the last DROP may have left pages there.
+fn empty_scratch(mm: &Mm, stop: &mut Stop) -> Result<(), InjectError> {
+    if mm.scratch_filled.lock().is_none() {
+        return Ok(());
+    }
+    let r = stop.syscall(
+        libc::SYS_madvise,
+        [
+            mm.scratch,
+            BATCH_PAGES as u64 * PAGE_SIZE_U64,
+            libc::MADV_DONTNEED as u64,
+            0,
+            0,
+            0,
+        ],
+    )?;
+    match neg_errno(r) {
+        None => {
+            *mm.scratch_filled.lock() = None;
+            Ok(())
+        }
+        Some(e) => Err(io_err(e)),
+    }
+}
+
+/// Frees the scratch of `mm` in a stop of its own (reclaim is idle: no DROP will do it soon).
+pub fn free_scratch(shared: &Shared, mm: &Mm, pid: i32) -> Result<(), InjectError> {
+    let mut stop = BatchStop::take(shared, pid)?;
+    empty_scratch(mm, &mut stop.stop)
+}
+
+/// The `UFFDIO_MOVE` calls of [`move_out`], one per run, retried past a pending event and
+/// resumed after a page that failed.
+fn move_runs(
+    mm: &Mm,
+    pid: i32,
+    stop: &mut Stop,
+    fd: i32,
+    pages: &[u64],
+    status: &mut [u8],
+) -> Result<(), InjectError> {
+    // struct uffdio_move { dst, src, len, mode, move }: one per run, in the argument pages
+    // after the first.
+    let base = args_of(mm.probe) + PAGE_SIZE_U64;
+    let arg = |dst: u64, src: u64, n: u64| {
+        let mut b = [0u8; 40];
+        for (k, v) in [
+            dst,
+            src,
+            n * PAGE_SIZE_U64,
+            sys::UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES,
+            0,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            b[k * 8..k * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    };
+    let runs = crate::mm::runs_of(pages);
+    let mut all = Vec::with_capacity(runs.len() * 40);
+    let mut k = 0u64;
+    for &(s, n) in &runs {
+        all.extend_from_slice(&arg(mm.scratch + k * PAGE_SIZE_U64, s, n as u64));
+        k += n as u64;
+    }
+    debug_assert!(all.len() as u64 <= (ARGS_PAGES - 1) * PAGE_SIZE_U64);
+    sys::write_remote(pid, base, &all).map_err(io_err)?;
+    let mut k = 0usize; // the run's first page, as an index of the DROP
+    for (r, &(s, n)) in runs.iter().enumerate() {
+        let n = n as usize;
+        let at = base + r as u64 * 40;
+        let mut done = 0usize;
+        let mut fresh = true; // the argument in the program describes pages done..n
+        let mut tries = 0;
+        while done < n {
+            if !fresh {
+                let a = arg(
+                    mm.scratch + (k + done) as u64 * PAGE_SIZE_U64,
+                    s + done as u64 * PAGE_SIZE_U64,
+                    (n - done) as u64,
+                );
+                sys::write_remote(pid, at, &a).map_err(io_err)?;
+            }
+            let rc = match stop.syscall(libc::SYS_ioctl, [fd as u64, sys::UFFDIO_MOVE, at, 0, 0, 0])
+            {
+                Ok(rc) => rc,
+                Err(e) => {
+                    // It may have moved some of them: unknown.
+                    status[k + done..k + n].fill(DROP_UNKNOWN);
+                    return Err(e);
+                }
+            };
+            fresh = false;
+            if rc == 0 {
+                status[k + done..k + n].fill(0);
+                break;
+            }
+            let mut b = [0u8; 8];
+            if let Err(e) = sys::read_remote(pid, &[(at + 32, 8)], &mut b) {
+                // How far it went is unknown: so is whether the rest moved.
+                status[k + done..k + n].fill(DROP_UNKNOWN);
+                return Err(io_err(e));
+            }
+            let bytes = i64::from_le_bytes(b);
+            let went = if bytes > 0 {
+                (bytes as u64 / PAGE_SIZE_U64) as usize
+            } else {
+                0
+            };
+            status[k + done..k + done + went].fill(0);
+            done += went;
+            if done >= n {
+                break;
+            }
+            let e = (-rc) as i32;
+            if e == libc::EAGAIN && went > 0 {
+                continue;
+            }
+            if e == libc::EAGAIN && tries < 200 {
+                // An event is pending (the handler reads it soon), or the page is busy.
+                tries += 1;
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+            // This page failed (EBUSY: shared after fork, or pinned): say why, go on.
+            status[k + done] = e.clamp(1, 254) as u8;
+            done += 1;
+        }
+        k += n;
+    }
+    Ok(())
+}
+
+/// In the stop: makes each page of `unshare` that is still present the process's own
+/// (`MADV_POPULATE_WRITE`), as the agent does (`DROP_RUN_UNSHARE`). `status`: per page.
+fn unshare_in(
+    pid: i32,
+    stop: &mut Stop,
+    unshare: &[u64],
+    status: &mut [u8],
+) -> Result<(), InjectError> {
+    const MADV_POPULATE_WRITE: u64 = 23;
+    let mut k = 0usize;
+    for (s, n) in crate::mm::runs_of(unshare) {
+        let n = n as usize;
+        let end = s + n as u64 * PAGE_SIZE_U64;
+        // Pages the program removed since are left alone: populating them would put pages
+        // into memory it freed.
+        let present = crate::maps::present_pages(pid, s, end).unwrap_or_default();
+        let mut i = 0;
+        while i < n {
+            let a = s + i as u64 * PAGE_SIZE_U64;
+            if present.binary_search(&a).is_err() {
+                status[k + i] = libc::ENOENT as u8;
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < n
+                && present
+                    .binary_search(&(s + j as u64 * PAGE_SIZE_U64))
+                    .is_ok()
+            {
+                j += 1;
+            }
+            let r = stop.syscall(
+                libc::SYS_madvise,
+                [
+                    a,
+                    (j - i) as u64 * PAGE_SIZE_U64,
+                    MADV_POPULATE_WRITE,
+                    0,
+                    0,
+                    0,
+                ],
+            )?;
+            let e = neg_errno(r).and_then(|e| e.raw_os_error()).unwrap_or(0);
+            status[k + i..k + j].fill(e.clamp(0, 254) as u8);
+            i = j;
+        }
+        k += n;
+    }
+    Ok(())
 }
 
 /// Waits until the handler of `mm` has applied every message it had read (its counter is even

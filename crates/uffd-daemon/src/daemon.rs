@@ -281,6 +281,7 @@ pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
         0,
         parent.region,
         parent.probe,
+        parent.scratch,
         &shared.policy,
     ) {
         Ok(m) => Arc::new(m),
@@ -290,6 +291,8 @@ pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
         }
     };
     *mm.state.lock() = state;
+    // The child has a copy of whatever the parent's last DROP left in the scratch.
+    *mm.scratch_filled.lock() = Some(Instant::now());
     if parent.agentless.load(Ordering::Acquire) {
         // No agent in the child to name it: the daemon binds it by a token (agentless.rs).
         crate::agentless::forked(&mm);
@@ -1052,6 +1055,7 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         pid,
         region,
         hello.probe,
+        hello.scratch,
         &shared.policy,
     ) {
         Ok(m) => Arc::new(m),
@@ -1715,6 +1719,10 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                     let _ = m.uffd.wake(s, e - s);
                 }
             }
+        }
+        // Reclaim is idle: the scratch areas the last DROPs left pages in are freed.
+        if shared.resident() <= shared.high_pages {
+            reclaim::free_idle_scratch(shared);
         }
         // Reclaim down to the low watermark, biggest address space first.
         if shared.resident() > shared.high_pages {

@@ -442,6 +442,16 @@ fn serve_fault(
     }
     let mut st = mm.state.lock();
     let prior = st.pages.get(addr);
+    // A page of a DROP in flight, moved out already: what it held when it moved need not be
+    // what reclaim stored, since the kernel may have written it through a pin after reclaim
+    // read it (an O_DIRECT read in flight, an io_uring buffer unregistered since), and only
+    // the DROP's settlement, which reads the moved page back, knows. The fault waits for it,
+    // as a write to such a page does (`settle_drop` wakes the batch's runs): the page is then
+    // evicted (served from its slot, stored anew if it changed) or back in place (refused).
+    if matches!(prior, Some(Page::Dropping { .. })) && !agent && !is_daemon_thread(p.ptid) {
+        Stats::add(&stats.dropping_faults_held, 1);
+        return true;
+    }
     // Throttle like the kernel's direct reclaim: at the limit, a fault that would add a
     // resident page waits (its thread is blocked in the kernel anyway) while reclaim makes
     // room; the handler keeps reading events meanwhile. Faults of the daemon's own threads
@@ -764,19 +774,11 @@ fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent) {
     match event {
         UffdEvent::Remove { start, end } => {
             if mm.in_agent_region(start) {
-                return; // the agent freeing its scratch after a drop
-            }
-            // An injected DROP's own MADV_DONTNEED (agentless.rs): its pages keep their
-            // stored copies and are settled by the DROP; what is not ours is the program's.
-            let theirs = mm.own_drop.lock().claim(start, end);
-            if theirs.is_empty() {
+                // The agent (or, without one, the daemon) freeing its scratch after a drop.
                 return;
             }
             Stats::add(&stats.remove_events, 1);
-            let mut st = mm.state.lock();
-            for (s, e) in theirs {
-                st.forget_range(shared, s, e);
-            }
+            mm.state.lock().forget_range(shared, start, end);
         }
         UffdEvent::Unmap { start, end } => {
             Stats::add(&stats.unmap_events, 1);

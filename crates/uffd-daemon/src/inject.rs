@@ -171,6 +171,28 @@ fn threads_of(pid: i32) -> Vec<i32> {
     tids
 }
 
+/// Whether thread `tid` of `pid` sleeps uninterruptibly (state `D`): a thread in a fault the
+/// kernel took for a system call (a `read(2)` into an evicted page, the page pinning of an
+/// `O_DIRECT` read or of io_uring's buffer registration) waits so, and stops only once the
+/// fault is served, which may be after the very DROP the stop is for.
+fn uninterruptible(pid: i32, tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            == Some('D')
+    })
+}
+
+/// How long a thread being stopped may sit in a userfault from the kernel before the stop is
+/// given up (its faults are served at once meanwhile: one still waiting waits for the DROP).
+const HELD_IN_FAULT: Duration = Duration::from_millis(20);
+
+/// Whether thread `tid` of `pid` waits in a userfault (its wait channel).
+fn in_userfault(pid: i32, tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan"))
+        .is_ok_and(|w| w.trim() == "handle_userfault")
+}
+
 /// Whether a process may be injected into at all: no seccomp filter on any thread, no tracer.
 pub fn check_injectable(pid: i32) -> Result<(), InjectError> {
     let tids = threads_of(pid);
@@ -233,7 +255,11 @@ impl Stop {
         let mut last = InjectError::Gone(None);
         // SAFETY: getpid cannot fail.
         let me = unsafe { libc::getpid() };
-        for tid in threads_of(pid) {
+        // The leader first, but a thread waiting uninterruptibly (in a kernel-mode fault, which
+        // may wait for this very DROP) last: any thread will do.
+        let mut tids = threads_of(pid);
+        tids.sort_by_cached_key(|&t| uninterruptible(pid, t));
+        for tid in tids {
             let mut ours = false;
             match sys::ptrace_seize(tid, 0) {
                 Ok(()) => {}
@@ -361,7 +387,8 @@ impl Stop {
     }
 
     fn wait_first_stop(&mut self) -> Result<(), InjectError> {
-        let deadline = Instant::now() + STOP_TIMEOUT;
+        let began = Instant::now();
+        let deadline = began + STOP_TIMEOUT;
         let mut nap = Duration::from_micros(20);
         loop {
             match sys::wait_tracee(self.tid).map_err(InjectError::from_ptrace) {
@@ -377,6 +404,21 @@ impl Stop {
                 Ok(Some(TraceeState::Exited(st))) => {
                     self.released = true;
                     return Err(InjectError::Gone((self.tid == self.pid).then_some(st)));
+                }
+                // A thread held in a userfault from the kernel (its faults are served at once
+                // while it is the one being stopped, so this one waits for the daemon: a
+                // write to a page of the very batch the stop is for, from `read(2)` or the page
+                // pinning of an O_DIRECT read or an io_uring registration) stops only after
+                // the DROP, which waits for the stop: given up at once rather than at the
+                // deadline (the batch stays resident, and the fault goes on).
+                Ok(None)
+                    if began.elapsed() > HELD_IN_FAULT
+                        && uninterruptible(self.pid, self.tid)
+                        && in_userfault(self.pid, self.tid) =>
+                {
+                    let _ = sys::ptrace_detach(self.tid, 0);
+                    self.released = true;
+                    return Err(InjectError::NoStop(self.tid));
                 }
                 Ok(None) if Instant::now() > deadline => {
                     if std::env::var_os("UFFD_DAEMON_DEBUG_INJECT").is_some() {

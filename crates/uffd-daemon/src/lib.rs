@@ -14,7 +14,7 @@
 //!    └─────────────────────────────────────────┘  (+ readahead on sequential faults)
 //! reclaim.rs (over the limit): mglru picks victims ─▶ UFFDIO_WRITEPROTECT ─▶ /proc/PID/mem
 //!    ─▶ tiers.rs: swap-alloc slot ─▶ zswap.store (or the backend) ─▶ agent: UFFDIO_MOVE into
-//!    its scratch + MADV_DONTNEED ─▶ Evicted
+//!    its scratch (refused while pinned for I/O) ─▶ read back and compared ─▶ Evicted
 //! zswap near its limit ─▶ shrinker registry ─▶ zswap writeback to the backend (tiers.rs)
 //! ```
 //!
@@ -35,10 +35,11 @@
 //!   the program's own, so a program's `MADV_DONTNEED` is never confused with an eviction.
 //! * **Without an agent** (`agentless.rs`, `inject.rs`): a static or set-ID program, which
 //!   cannot load the agent, has the same work done by the daemon with system calls it runs
-//!   in one ptrace-stopped thread of the program: `userfaultfd` at its exec, then
-//!   `MADV_DONTNEED` per eviction batch, one stop a batch (the `REMOVE` events of the daemon's
-//!   own drops told apart from the program's by coverage); the agent path, which stops
-//!   nothing, stays for every program that can load the agent.
+//!   in one ptrace-stopped thread of the program: `userfaultfd` at its exec, then, one stop a
+//!   batch, `UFFDIO_MOVE` into a scratch of its own in the program, with the uffd lent to the
+//!   program for the stop (`MADV_DONTNEED`, which took pages pinned for I/O, is no longer
+//!   used on program memory); the agent path, which stops nothing, stays for every program
+//!   that can load the agent.
 //! * **Memory is found from outside** (`maps.rs`): `/proc/PID/maps` for private anonymous
 //!   ranges, registered as they appear; `/proc/PID/pagemap` for pages already present.
 //! * **One handler thread per address space** reads its uffd, so faults and events are applied
@@ -51,7 +52,11 @@
 //!
 //! 1. A page is dropped from the client only after its contents are stored, and only while it
 //!    is write-protected; a write that races with the eviction waits in a write-protect fault
-//!    and is replayed on the page that comes back (`reclaim.rs`). Nothing is ever lost.
+//!    and is replayed on the page that comes back (`reclaim.rs`). A page pinned for I/O is
+//!    never dropped (`UFFDIO_MOVE` refuses it), and one written through a pin between its
+//!    read and its move is stored anew with what it holds (read back after the move). Nothing
+//!    is lost, outside the narrow cases `docs/ARCHITECTURE.md` lists under "Pinned memory" (a
+//!    fork or `mremap` during the DROP, pins taken with `FOLL_GET`).
 //! 2. The daemon serves only processes it started (peer credentials, process-tree check) and
 //!    its swap file is mode 0600 (or unnamed), holds only sealed pages (unless `--encrypt
 //!    off`), and is removed at exit.

@@ -9,6 +9,10 @@
 //!     └──────────────────────────┴───────────── fault (restore from slot) ◀──────── Evicted
 //! ```
 //!
+//! A `Dropping` page the agent could not move (shared after a fork, pinned for I/O) goes back
+//! to `Resident`; one it moved holding other bytes than reclaim stored (written through a pin
+//! in between) becomes `Evicted` with a copy of those bytes (`reclaim.rs`).
+//!
 //! Every transition happens under the [`Mm`]'s state lock, so the fault handler (the only
 //! reader of the uffd, which sees faults and events in the kernel's order) and the reclaim
 //! thread never disagree. A page is counted resident in every state but `Evicted`.
@@ -78,6 +82,27 @@ pub struct MmState {
     /// and is not unshared again (a DROP of pages that never move would keep reclaim from
     /// seeing that it cannot make progress).
     pub unshared: std::collections::BTreeSet<u64>,
+    /// Pages refused again after being unshared: pinned for I/O (io_uring fixed buffers, RDMA,
+    /// vfio, an O_DIRECT read in flight), which `UFFDIO_MOVE` refuses. Not victims until their
+    /// wait is over; each refusal doubles the wait ([`PINNED_WAIT_MIN`] to
+    /// [`PINNED_WAIT_MAX`]), as the kernel's reclaim puts a page it cannot unmap back on the
+    /// active list and comes to it again only after aging. Without this, reclaim chose the
+    /// pages of a pinned buffer again and again, storing each and having it refused.
+    pub pinned: std::collections::BTreeMap<u64, PinnedPage>,
+}
+
+/// How long a page refused as pinned is left out of the victims first.
+pub const PINNED_WAIT_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest it is left out (a long-term pin: a registered buffer).
+pub const PINNED_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(64);
+
+/// A page refused as pinned: left out of the victims until `until`.
+#[derive(Debug, Clone, Copy)]
+pub struct PinnedPage {
+    /// When it may be chosen again.
+    pub until: std::time::Instant,
+    /// How long it was left out this time.
+    pub wait: std::time::Duration,
 }
 
 impl std::fmt::Debug for MmState {
@@ -108,6 +133,9 @@ pub struct Mm {
     pub region: (u64, u64),
     /// The probe page.
     pub probe: u64,
+    /// The scratch area (in the region) that DROPs move victims into: page `i` of a DROP goes
+    /// to `scratch + i * 4096`, where the daemon reads it back before it is freed.
+    pub scratch: u64,
     /// The thread id of the agent's thread, once it named itself (0 before): its faults are
     /// never throttled, since reclaim may be waiting for its answer.
     pub agent_tid: AtomicU32,
@@ -134,11 +162,9 @@ pub struct Mm {
     /// Writers wait in write-protect faults on pages moved while `Dropping` (see the fault
     /// path): the monitor wakes them once no DROP is in flight.
     pub wp_waiters: AtomicBool,
-    /// Managed without an agent (`agentless.rs`): DROPs are `MADV_DONTNEED`s injected with
-    /// ptrace, the probe page is one the daemon mapped.
+    /// Managed without an agent (`agentless.rs`): DROPs are `UFFDIO_MOVE`s injected with
+    /// ptrace, the region (probe page, argument pages, scratch) is one the daemon mapped.
     pub agentless: AtomicBool,
-    /// The runs an injected DROP is removing now: their `REMOVE` events are the daemon's own.
-    pub own_drop: Mutex<OwnDrop>,
     /// A forked child of an agentless process, not bound to its pid yet: the token the daemon
     /// writes into its probe page (through its uffd) and looks for in candidate processes.
     pub bind_token: Mutex<Option<BindToken>>,
@@ -151,6 +177,10 @@ pub struct Mm {
     /// `/proc/PID/mem` of the process, opened at its first eviction (for `pid`): reclaim reads
     /// its victims through it (`sys::read_mem`).
     pub mem: Mutex<Option<(i32, std::fs::File)>>,
+    /// When the last DROP left its moved pages in the scratch (`None`: nothing there). The
+    /// next DROP frees it first (a move into a page still there fails), and so does the
+    /// monitor once reclaim has been idle for a while (`reclaim::free_idle_scratch`).
+    pub scratch_filled: Mutex<Option<std::time::Instant>>,
 }
 
 /// What binds a forked child of an agentless process to its pid: 16 random bytes the daemon
@@ -166,63 +196,6 @@ pub struct BindToken {
     pub since: std::time::Instant,
 }
 
-/// The `REMOVE` events an injected DROP raises, told apart from the program's own.
-///
-/// While the daemon's `MADV_DONTNEED` of a run is in flight, the first `REMOVE` covering a
-/// byte of the run is counted as the daemon's; a second one covering the same byte can only be
-/// the program's (it freed the same memory at the same moment, and expects zeros there: those
-/// pages are forgotten). Anything outside the runs is the program's.
-#[derive(Debug, Default)]
-pub struct OwnDrop {
-    /// The runs `[start, end)` being dropped, sorted; empty when no injected DROP is in flight.
-    pub runs: Vec<(u64, u64)>,
-    /// Parts of them a `REMOVE` has covered, sorted and disjoint.
-    pub covered: Vec<(u64, u64)>,
-}
-
-impl OwnDrop {
-    /// Splits a `REMOVE` of `[start, end)`: claims the parts of the runs it covers for the
-    /// first time, and returns the rest (the program's).
-    pub fn claim(&mut self, start: u64, end: u64) -> Vec<(u64, u64)> {
-        let mut theirs = vec![(start, end)];
-        let mut claimed = Vec::new();
-        for &(rs, re) in &self.runs {
-            let (s, e) = (start.max(rs), end.min(re));
-            if s >= e {
-                continue;
-            }
-            // Inside a run: the parts not covered yet are ours.
-            let mut fresh = vec![(s, e)];
-            for &(cs, ce) in &self.covered {
-                subtract(&mut fresh, cs, ce);
-            }
-            subtract(&mut theirs, s, e);
-            // The parts already covered go back to the program's.
-            let mut again = vec![(s, e)];
-            for &(fs, fe) in &fresh {
-                subtract(&mut again, fs, fe);
-            }
-            theirs.extend(again);
-            claimed.extend(fresh);
-        }
-        for (s, e) in claimed {
-            self.covered.push((s, e));
-        }
-        self.covered.sort_unstable();
-        theirs.sort_unstable();
-        theirs
-    }
-
-    /// Whether `[start, end)` was covered by a claimed `REMOVE`, wholly.
-    pub fn is_covered(&self, start: u64, end: u64) -> bool {
-        let mut rest = vec![(start, end)];
-        for &(cs, ce) in &self.covered {
-            subtract(&mut rest, cs, ce);
-        }
-        rest.is_empty()
-    }
-}
-
 impl Mm {
     /// A new address space.
     pub fn new(
@@ -231,6 +204,7 @@ impl Mm {
         pid: i32,
         region: (u64, u64),
         probe: u64,
+        scratch: u64,
         policy: &PolicyConfig,
     ) -> std::io::Result<Self> {
         Ok(Mm {
@@ -241,6 +215,7 @@ impl Mm {
             agent: Mutex::new(None),
             region,
             probe,
+            scratch,
             agent_tid: AtomicU32::new(0),
             stop: EventFd::new()?,
             retry: EventFd::new()?,
@@ -253,11 +228,11 @@ impl Mm {
             untracked_rss: AtomicU64::new(0),
             wp_waiters: AtomicBool::new(false),
             agentless: AtomicBool::new(false),
-            own_drop: Mutex::new(OwnDrop::default()),
             bind_token: Mutex::new(None),
             handling: AtomicU64::new(0),
             rseq_pages: Mutex::new(Vec::new()),
             mem: Mutex::new(None),
+            scratch_filled: Mutex::new(None),
         })
     }
 
@@ -294,6 +269,39 @@ impl MmState {
             lock_requests: Vec::new(),
             unshare: std::collections::BTreeSet::new(),
             unshared: std::collections::BTreeSet::new(),
+            pinned: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// A DROP refused `addr` again after it was unshared: it is pinned. Left out of the
+    /// victims for twice as long as last time (at least [`PINNED_WAIT_MIN`]).
+    pub fn note_pinned(&mut self, addr: u64) {
+        let now = std::time::Instant::now();
+        let wait = match self.pinned.get(&addr) {
+            Some(p) => (p.wait * 2).min(PINNED_WAIT_MAX),
+            None => PINNED_WAIT_MIN,
+        };
+        self.pinned.insert(
+            addr,
+            PinnedPage {
+                until: now + wait,
+                wait,
+            },
+        );
+    }
+
+    /// Forgets what is known of the pages of `[start, end)` as shared or pinned (they were
+    /// removed, unmapped or moved).
+    fn forget_refusals(&mut self, start: u64, end: u64) {
+        for set in [&mut self.unshare, &mut self.unshared] {
+            let stale: Vec<u64> = set.range(start..end).copied().collect();
+            for a in stale {
+                set.remove(&a);
+            }
+        }
+        let stale: Vec<u64> = self.pinned.range(start..end).map(|(&a, _)| a).collect();
+        for a in stale {
+            self.pinned.remove(&a);
         }
     }
 
@@ -338,12 +346,7 @@ impl MmState {
 
     /// Forgets pages in `[start, end)` (REMOVE, UNMAP): their memory is gone or zero now.
     pub fn forget_range(&mut self, shared: &Shared, start: u64, end: u64) -> usize {
-        for set in [&mut self.unshare, &mut self.unshared] {
-            let stale: Vec<u64> = set.range(start..end).copied().collect();
-            for a in stale {
-                set.remove(&a);
-            }
-        }
+        self.forget_refusals(start, end);
         let keys: Vec<u64> = self.pages.range(start..end).map(|(k, _)| k).collect();
         for &k in &keys {
             if let Some(p) = self.pages.remove(k) {
@@ -430,14 +433,9 @@ impl MmState {
     /// still move whatever comes to their old address (see the WP fault path).
     pub fn remap(&mut self, shared: &Shared, from: u64, to: u64, len: u64) -> Vec<u64> {
         let moved: Vec<(u64, Page)> = self.pages.range(from..from + len).collect();
-        // (Pages waiting to be unshared lose that at their new address: a DROP refuses them
-        // once more and they wait again.)
-        for set in [&mut self.unshare, &mut self.unshared] {
-            let stale: Vec<u64> = set.range(from..from + len).copied().collect();
-            for a in stale {
-                set.remove(&a);
-            }
-        }
+        // (Pages waiting to be unshared, or known pinned, lose that at their new address: a
+        // DROP refuses them once more and they wait again.)
+        self.forget_refusals(from, from + len);
         let mut unprotect = Vec::new();
         for (k, p) in &moved {
             self.pages.remove(*k);
@@ -544,6 +542,7 @@ impl MmState {
         let ids = policy.evict(max, &mut src);
         let cleared = src.cleared;
         let mut victims = Vec::with_capacity(ids.len());
+        let now = (!self.pinned.is_empty()).then(std::time::Instant::now);
         for id in ids {
             let addr = id << 12;
             match self.pages.get(addr) {
@@ -553,10 +552,14 @@ impl MmState {
                             .lock_requests
                             .iter()
                             .any(|&(s, e, _)| addr >= s && addr < e)
-                        || self.unshare.contains(&addr) =>
+                        || self.unshare.contains(&addr)
+                        || now.is_some_and(|now| {
+                            self.pinned.get(&addr).is_some_and(|p| p.until > now)
+                        }) =>
                 {
-                    // Locked, or waiting to be unshared: back to the policy, young, until the
-                    // range is left alone or the page is the process's own again.
+                    // Locked, waiting to be unshared, or pinned: back to the policy, young,
+                    // until the range is left alone, the page is the process's own again, or
+                    // its wait is over.
                     let _ = self
                         .policy
                         .add(id, Hint::new(PageType::Anon, Arrival::Fault));
@@ -673,33 +676,6 @@ pub fn runs_of(addrs: &[u64]) -> Vec<(u64, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The daemon's own `REMOVE` covers each byte of its runs once; whatever covers a byte a
-    /// second time, or lies outside the runs, is the program's.
-    #[test]
-    fn an_injected_drops_remove_events_are_told_apart() {
-        let mut own = OwnDrop {
-            runs: vec![(0x1000, 0x5000), (0x8000, 0x9000)],
-            covered: Vec::new(),
-        };
-        // Ours, in two pieces (the run spans two mappings).
-        assert!(own.claim(0x1000, 0x3000).is_empty());
-        assert!(own.claim(0x3000, 0x5000).is_empty());
-        assert!(own.is_covered(0x1000, 0x5000));
-        // The program freed part of the same run at the same moment: that part is its own.
-        assert_eq!(own.claim(0x2000, 0x4000), vec![(0x2000, 0x4000)]);
-        // A program's REMOVE over a run and beyond: the run's part is ours (first time), the
-        // rest the program's.
-        assert_eq!(
-            own.claim(0x7000, 0xa000),
-            vec![(0x7000, 0x8000), (0x9000, 0xa000)]
-        );
-        assert!(own.is_covered(0x8000, 0x9000));
-        assert!(!own.is_covered(0x7000, 0x9000));
-        // With no DROP in flight, everything is the program's.
-        let mut none = OwnDrop::default();
-        assert_eq!(none.claim(0x1000, 0x2000), vec![(0x1000, 0x2000)]);
-    }
 
     #[test]
     fn ranges_merge_split_and_gaps() {

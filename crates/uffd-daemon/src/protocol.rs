@@ -12,7 +12,8 @@
 //! HELLO_ACK  daemon -> agent   status i32, max_drop_pages u32        (+ the child's uffd by
 //!                                                                     SCM_RIGHTS to a fork child)
 //! DROP       daemon -> agent   nruns u32, pad u32, nruns x (addr u64, npages u32, pad u32)
-//! DROP_DONE  agent  -> daemon  npages u32, pad u32, npages x status u8 (0 = dropped, else errno)
+//! DROP_DONE  agent  -> daemon  npages u32, pad u32, npages x status u8 (0 = moved, else errno)
+//! FREE       daemon -> agent   (no payload): free what the last DROP moved into the scratch
 //! ERROR      daemon -> agent   code i32, message bytes (UTF-8)
 //! ```
 //!
@@ -25,8 +26,8 @@ use thiserror::Error;
 
 pub use crate::wire::{
     DROP_RUN_UNSHARE, HEADER_LEN, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD,
-    KIND_DROP, KIND_DROP_DONE, KIND_ERROR, KIND_HELLO, KIND_HELLO_ACK, KIND_LEAVE, KIND_LOCK,
-    KIND_RELEASE, LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
+    KIND_DROP, KIND_DROP_DONE, KIND_ERROR, KIND_FREE, KIND_HELLO, KIND_HELLO_ACK, KIND_LEAVE,
+    KIND_LOCK, KIND_RELEASE, LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
 };
 
 /// The agent's greeting.
@@ -73,11 +74,15 @@ pub enum Message {
         unshare: Vec<(u64, u32)>,
     },
     /// Outcome per page of the last DROP, in order (the pages of `runs`, then those of
-    /// `unshare`): 0 dropped (unshared), else errno.
+    /// `unshare`): 0 moved into the scratch (unshared), else errno.
     DropDone {
         /// One status per page.
         status: Vec<u8>,
     },
+    /// The daemon has read back what the last DROP moved into the agent's scratch (a page
+    /// written through a pin after the daemon first read it holds more than was stored): the
+    /// agent frees the scratch now. Until then the moved pages stay there.
+    Free,
     /// From a program thread of a managed process, on a connection of its own: the program
     /// registers `[start, start + len)` with a userfaultfd of its own; the daemon brings back
     /// every page it evicted there and steps aside (answered with `HelloAck`, status 0 or an
@@ -215,6 +220,7 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
             KIND_RELEASE
         }
         Message::Leave => KIND_LEAVE,
+        Message::Free => KIND_FREE,
         Message::Lock { start, len, flags } => {
             p.extend_from_slice(&start.to_le_bytes());
             p.extend_from_slice(&len.to_le_bytes());
@@ -441,6 +447,12 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
             }
             Message::Leave
         }
+        KIND_FREE => {
+            if !p.is_empty() {
+                return Err(payload_err("FREE", p.len(), "expected no payload"));
+            }
+            Message::Free
+        }
         KIND_LOCK => {
             if p.len() != 24 {
                 return Err(payload_err("LOCK", p.len(), "expected 24 bytes"));
@@ -519,6 +531,7 @@ mod tests {
                 len: pages * 4096
             }),
             Just(Message::Leave),
+            Just(Message::Free),
             (page_addr(), 1u64..1024, 0u32..2).prop_map(|(start, pages, flags)| Message::Lock {
                 start,
                 len: pages * 4096,

@@ -7,14 +7,28 @@
 //!      forgotten)
 //!   ─▶ store them in the tiers (zero pages take no space; aligned runs of 16 as one order-4
 //!      folio) ─▶ mark Dropping(slot)
-//!   ─▶ DROP to the agent: UFFDIO_MOVE into its scratch, MADV_DONTNEED the scratch
-//!   ─▶ per page: dropped ─▶ Evicted(slot); refused (shared after fork, pinned) ─▶ Resident
-//!   ─▶ lift write protection of kept pages / wake waiters of dropped ones (they refault and
+//!   ─▶ DROP to the agent: UFFDIO_MOVE into its scratch (the kernel refuses a page pinned for
+//!      I/O, or shared after fork)
+//!   ─▶ read the moved pages back from the scratch (the agent frees it at its next DROP, or
+//!      on FREE once reclaim is idle)
+//!   ─▶ per page: moved ─▶ Evicted(slot); moved but holding other bytes than were stored
+//!      (written through a pin after step 2) ─▶ stored anew, Evicted(new slot); refused ─▶
+//!      Resident (shared: unshared by the next DROP; refused again: pinned, left out a while)
+//!   ─▶ lift write protection of kept pages / wake waiters of moved ones (they refault and
 //!      get the stored copy)
 //! ```
 //!
 //! Any failure along the way leaves the page resident (or, once dropped, in the store): a page
 //! is never freed in the client before its contents are safely stored.
+//!
+//! **Pinned pages.** A page pinned for I/O (`FOLL_PIN`: io_uring fixed buffers, RDMA, vfio,
+//! an `O_DIRECT` read in flight) is written by the kernel or a device through the pin, not
+//! through the page tables: write protection does not hold such writes back. `UFFDIO_MOVE`
+//! refuses a page that is pinned when it moves (`folio_maybe_dma_pinned`), so such a page is
+//! never taken from the program; but a pin held when reclaim read the page and gone by the
+//! move (the read completed, the buffer unregistered) let writes land after the read. So
+//! what moved is read back from the scratch and compared with what was stored, and faults on
+//! moved pages wait for that (`fault.rs`).
 
 use std::sync::Arc;
 
@@ -244,9 +258,24 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     if victims.is_empty() {
         // (Pages waiting to be unshared are not victims: a DROP of nothing else unshares them.)
         return if injected {
-            0
+            drop_injected(
+                shared,
+                mm,
+                &mut agent_guard,
+                pid,
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+            )
         } else {
-            drop_by_agent(shared, mm, &mut agent_guard, Vec::new(), Vec::new())
+            drop_by_agent(
+                shared,
+                mm,
+                &mut agent_guard,
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+            )
         };
     }
     let runs = runs_of(&victims);
@@ -374,6 +403,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     // 4. Still ours? (A REMOVE, UNMAP or REMAP may have taken pages meanwhile.)
     let mut to_drop = Vec::with_capacity(victims.len());
     let mut drop_slots = Vec::with_capacity(victims.len());
+    let mut drop_data = Vec::with_capacity(victims.len() * PAGE_SIZE);
     let mut gone = Vec::new();
     {
         let mut st = mm.state.lock();
@@ -385,6 +415,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
                 st.pages.insert(a, Page::Dropping { slot: slots[i] });
                 to_drop.push(a);
                 drop_slots.push(slots[i]);
+                drop_data.extend_from_slice(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
             } else {
                 if slots[i] != ZERO_SLOT {
                     shared.put_slot(slots[i]);
@@ -401,97 +432,215 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     }
     if to_drop.is_empty() {
         return if injected {
-            0
+            drop_injected(
+                shared,
+                mm,
+                &mut agent_guard,
+                pid,
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+            )
         } else {
-            drop_by_agent(shared, mm, &mut agent_guard, Vec::new(), Vec::new())
+            drop_by_agent(
+                shared,
+                mm,
+                &mut agent_guard,
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+            )
         };
     }
 
-    // 5. Have the agent drop them. Until it answers, any of them may move at any moment, so
-    //    they stay `Dropping` and protected: a writer waits (the kernel's page under
-    //    writeback). An answer that does not come in time leaves the batch outstanding.
+    // 5. Have the agent move them out. Until it answers, any of them may move at any moment,
+    //    so they stay `Dropping` and protected: a writer waits (the kernel's page under
+    //    writeback), and so does a fault on one moved already. An answer that does not come in
+    //    time leaves the batch outstanding.
     Stats::add(&shared.stats.drop_requests, 1);
-    let drop_runs = runs_of(&to_drop);
-    let t_drop = std::time::Instant::now();
-    if injected {
-        // No agent: the daemon drops the pages itself, in a stop of the program, and knows the
-        // outcome of every call when the stop ends: the batch settles now.
-        Stats::add(&shared.stats.inject_drops, 1);
-        let mut p = PendingDrop {
-            seq: 0,
-            pages: to_drop,
-            slots: drop_slots,
-            runs: drop_runs,
-            unshare: Vec::new(),
-            sent: t_drop,
-            said_late: false,
-        };
-        let stop = match crate::agentless::BatchStop::take(shared, pid) {
-            Ok(s) => s,
-            Err(e) => {
-                // Nothing was dropped: the batch goes back.
-                let kept = vec![1u8; p.pages.len()];
-                settle_drop(shared, mm, &p, Some(&kept));
-                lose_injection(shared, &mut agent_guard, pid, &e);
-                return 0;
-            }
-        };
-        // A thread stopped for the first time: if its rseq page is in the batch, it leaves
-        // the batch (unprotected) before the thread is stepped.
-        if let Some(rp) = stop.learn_rseq(mm) {
-            if let Ok(i) = p.pages.binary_search(&rp) {
-                let one = PendingDrop {
-                    seq: 0,
-                    pages: vec![rp],
-                    slots: vec![p.slots[i]],
-                    runs: vec![(rp, 1)],
-                    unshare: Vec::new(),
-                    sent: t_drop,
-                    said_late: false,
-                };
-                settle_drop(shared, mm, &one, Some(&[1]));
-                p.pages.remove(i);
-                p.slots.remove(i);
-                p.runs = runs_of(&p.pages);
-            }
-        }
-        // Events the program raised before its stop (an unmap, and a new mapping at the same
-        // addresses) are applied by now: only pages still `Dropping` are dropped, so that a
-        // `DONTNEED` never reaches memory that is no longer the batch's.
-        crate::agentless::wait_handled(mm);
-        let live: Vec<bool> = {
-            let st = mm.state.lock();
-            p.pages
-                .iter()
-                .zip(&p.slots)
-                .map(|(&a, &slot)| st.pages.get(a) == Some(Page::Dropping { slot }))
-                .collect()
-        };
-        let to_drop: Vec<u64> = p
-            .pages
-            .iter()
-            .zip(&live)
-            .filter_map(|(&a, &l)| l.then_some(a))
-            .collect();
-        let drop_runs = runs_of(&to_drop);
-        let (live_status, err) =
-            crate::agentless::drop_pages(shared, mm, pid, stop, &to_drop, &drop_runs);
-        // (Pages no longer `Dropping` were settled by their events: settle_drop skips them.)
-        let mut next = live_status.into_iter();
-        let status: Vec<u8> = live
-            .iter()
-            .map(|&l| if l { next.next().unwrap_or(1) } else { 1 })
-            .collect();
-        let evicted = settle_drop(shared, mm, &p, Some(&status));
-        lap(&stats.reclaim_drop_ns);
-        if let Some(e) = err {
-            lose_injection(shared, &mut agent_guard, pid, &e);
-        }
-        return evicted;
-    }
-    let evicted = drop_by_agent(shared, mm, &mut agent_guard, to_drop, drop_slots);
+    let evicted = if injected {
+        drop_injected(
+            shared,
+            mm,
+            &mut agent_guard,
+            pid,
+            to_drop,
+            drop_slots,
+            drop_data,
+        )
+    } else {
+        drop_by_agent(shared, mm, &mut agent_guard, to_drop, drop_slots, drop_data)
+    };
     lap(&stats.reclaim_drop_ns);
     evicted
+}
+
+/// Step 5 without an agent: the daemon moves the pages itself, in a stop of the program
+/// (`agentless.rs`), reads them back and unshares the pages waiting for it, and knows the
+/// outcome of every call when the stop ends: the batch settles now. Returns the pages evicted
+/// (or, with nothing to move, the pages unshared).
+fn drop_injected(
+    shared: &Shared,
+    mm: &Mm,
+    agent_guard: &mut Option<AgentConn>,
+    pid: i32,
+    to_drop: Vec<u64>,
+    drop_slots: Vec<u32>,
+    drop_data: Vec<u8>,
+) -> usize {
+    let unshare = {
+        let room = (BATCH_PAGES - to_drop.len().min(BATCH_PAGES)).min(UNSHARE_PAGES);
+        mm.state.lock().take_unshare(room, &to_drop)
+    };
+    if to_drop.is_empty() && unshare.is_empty() {
+        return 0;
+    }
+    Stats::add(&shared.stats.inject_drops, 1);
+    let t_drop = std::time::Instant::now();
+    let mut p = PendingDrop {
+        seq: 0,
+        runs: runs_of(&to_drop),
+        pages: to_drop,
+        slots: drop_slots,
+        unshare,
+        data: drop_data,
+        sent: t_drop,
+        said_late: false,
+    };
+    let stop = match crate::agentless::BatchStop::take(shared, pid) {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing was moved: the batch goes back.
+            let kept = vec![1u8; p.pages.len() + p.unshare.len()];
+            settle_drop(shared, mm, &p, Some(&kept), None);
+            lose_injection(shared, agent_guard, pid, &e);
+            return 0;
+        }
+    };
+    // A thread stopped for the first time: if its rseq page is in the batch, it leaves the
+    // batch (unprotected) before the thread is stepped.
+    if let Some(rp) = stop.learn_rseq(mm) {
+        if let Ok(i) = p.pages.binary_search(&rp) {
+            let one = PendingDrop {
+                seq: 0,
+                pages: vec![rp],
+                slots: vec![p.slots[i]],
+                runs: vec![(rp, 1)],
+                unshare: Vec::new(),
+                data: Vec::new(),
+                sent: t_drop,
+                said_late: false,
+            };
+            settle_drop(shared, mm, &one, Some(&[1]), None);
+            p.pages.remove(i);
+            p.slots.remove(i);
+            p.data.drain(i * PAGE_SIZE..(i + 1) * PAGE_SIZE);
+            p.runs = runs_of(&p.pages);
+        }
+        if let Ok(i) = p.unshare.binary_search(&rp) {
+            p.unshare.remove(i); // (it waits for the next DROP)
+            mm.state.lock().unshare.insert(rp);
+        }
+    }
+    // Events the program raised before its stop (an unmap, and a new mapping at the same
+    // addresses) are applied by now: only pages still `Dropping` are moved, so that a move
+    // never reaches memory that is no longer the batch's.
+    crate::agentless::wait_handled(mm);
+    let live: Vec<bool> = {
+        let st = mm.state.lock();
+        p.pages
+            .iter()
+            .zip(&p.slots)
+            .map(|(&a, &slot)| st.pages.get(a) == Some(Page::Dropping { slot }))
+            .collect()
+    };
+    let live_pages: Vec<u64> = p
+        .pages
+        .iter()
+        .zip(&live)
+        .filter_map(|(&a, &l)| l.then_some(a))
+        .collect();
+    let done = crate::agentless::drop_pages(shared, mm, pid, stop, &live_pages, &p.unshare);
+    // The moved pages are in the scratch (in the order of `live_pages`): read back now that
+    // the program runs again. (Pages no longer `Dropping` were settled by their events:
+    // settle_drop skips them.)
+    let moved: Vec<bool> = done.status[..live_pages.len()]
+        .iter()
+        .map(|&s| s == 0)
+        .collect();
+    let live_back = read_back(mm, pid, &moved);
+    let mut status = Vec::with_capacity(p.pages.len() + p.unshare.len());
+    let mut back = ReadBack::none(p.pages.len());
+    let mut next = 0;
+    for (i, &l) in live.iter().enumerate() {
+        if l {
+            status.push(done.status[next]);
+            if live_back.present[next] {
+                back.present[i] = true;
+                back.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
+                    .copy_from_slice(&live_back.data[next * PAGE_SIZE..(next + 1) * PAGE_SIZE]);
+            }
+            next += 1;
+        } else {
+            status.push(1);
+        }
+    }
+    status.extend_from_slice(&done.status[live_pages.len()..]);
+    let only_unshare = p.pages.is_empty();
+    let unshared = p.unshare.len();
+    let evicted = settle_drop(shared, mm, &p, Some(&status), Some(&back));
+    if let Some(e) = done.err {
+        lose_injection(shared, agent_guard, pid, &e);
+    }
+    if only_unshare {
+        unshared
+    } else {
+        evicted
+    }
+}
+
+/// How long the moved pages of an address space's last DROP stay in its scratch before the
+/// monitor frees it (reclaim idle meanwhile). While reclaim runs, each DROP frees what the last
+/// one left; freeing at once whenever the resident pages dipped under the high watermark cost a
+/// process without an agent a stop of its own between most rounds of reclaim (856 stops for
+/// 783 DROPs paging 256 MiB through 64 MiB).
+pub const SCRATCH_IDLE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Once reclaim is idle (the monitor found the resident pages under the high watermark):
+/// frees the scratch of every address space whose last DROP left its moved pages there at
+/// least [`SCRATCH_IDLE`] ago (the next DROP would free it first, but none may come for a long
+/// time). With an agent: a FREE, not answered; without one: a stop of its own.
+pub fn free_idle_scratch(shared: &Shared) {
+    use std::sync::atomic::Ordering;
+    let mms: Vec<Arc<Mm>> = shared.mms.lock().clone();
+    for mm in mms {
+        let due = mm
+            .scratch_filled
+            .lock()
+            .is_some_and(|t| t.elapsed() >= SCRATCH_IDLE);
+        if !due || mm.retired.load(Ordering::Acquire) {
+            continue;
+        }
+        let Some(pid) = mm.pid() else { continue };
+        let Some(mut g) = mm.agent.try_lock() else {
+            continue;
+        };
+        let Some(agent) = g.as_mut() else {
+            continue;
+        };
+        if agent.pending.is_some() {
+            continue;
+        }
+        if agent.is_injected() {
+            // (A stop that failed is tried again after another idle spell.)
+            if let Err(e) = crate::agentless::free_scratch(shared, &mm, pid) {
+                *mm.scratch_filled.lock() = Some(std::time::Instant::now());
+                lose_injection(shared, &mut g, pid, &e);
+            }
+        } else if agent.send_free().is_ok() {
+            *mm.scratch_filled.lock() = None;
+        }
+    }
 }
 
 /// Most pages one DROP asks the agent to unshare.
@@ -507,6 +656,7 @@ fn drop_by_agent(
     agent_guard: &mut Option<AgentConn>,
     to_drop: Vec<u64>,
     drop_slots: Vec<u32>,
+    drop_data: Vec<u8>,
 ) -> usize {
     let Some(agent) = agent_guard.as_mut() else {
         return 0;
@@ -527,6 +677,7 @@ fn drop_by_agent(
         slots: drop_slots,
         runs: drop_runs,
         unshare,
+        data: drop_data,
         sent: t_drop,
         said_late: false,
     };
@@ -535,7 +686,7 @@ fn drop_by_agent(
         Err(e) => {
             // Nothing was sent: nothing moves. Give the pages back.
             lose_agent(shared, mm, agent_guard, &e);
-            settle_drop(shared, mm, &pending, None);
+            settle_drop(shared, mm, &pending, None, None);
             return 0;
         }
     }
@@ -587,7 +738,24 @@ fn finish_drop(
     waited: Result<Vec<u8>, DropWait>,
 ) -> usize {
     match waited {
-        Ok(status) => settle_drop(shared, mm, &pending, Some(&status)),
+        Ok(status) => {
+            // The pages it moved are in its scratch until FREE: read them back first.
+            let moved: Vec<bool> = status[..pending.pages.len()]
+                .iter()
+                .map(|&s| s == 0)
+                .collect();
+            let back = match mm.pid() {
+                Some(pid) => read_back(mm, pid, &moved),
+                None => ReadBack::none(moved.len()),
+            };
+            // The agent frees the scratch at its next DROP (as it did at the end of each DROP
+            // before, this costs the DROP a REMOVE event's round trip through the handler), or
+            // on FREE once reclaim is idle (`free_idle_scratch`).
+            if !pending.pages.is_empty() {
+                *mm.scratch_filled.lock() = Some(std::time::Instant::now());
+            }
+            settle_drop(shared, mm, &pending, Some(&status), Some(&back))
+        }
         Err(DropWait::NotYet) => {
             let mut pending = pending;
             if pending.sent.elapsed() >= shared.policy.drop_timeout
@@ -613,7 +781,7 @@ fn finish_drop(
             // For a protocol error the connection is closed first: a well-behaved agent
             // answers only once it has moved what it was going to move.
             lose_agent(shared, mm, agent_guard, &e);
-            settle_drop(shared, mm, &pending, None)
+            settle_drop(shared, mm, &pending, None, None)
         }
     }
 }
@@ -665,17 +833,115 @@ fn lose_injection(
     }
 }
 
+/// What the pages a DROP moved held when they moved, read back from the scratch before it is
+/// freed: page `i` of the DROP at `data[i * PAGE_SIZE..]` where `present[i]` (not moved, or
+/// a hole the move found there: nothing).
+#[derive(Debug)]
+pub struct ReadBack {
+    /// The pages' bytes.
+    pub data: Vec<u8>,
+    /// Which pages were read.
+    pub present: Vec<bool>,
+}
+
+impl ReadBack {
+    /// Nothing read, for a DROP of `pages` pages.
+    pub fn none(pages: usize) -> Self {
+        ReadBack {
+            data: vec![0; pages * PAGE_SIZE],
+            present: vec![false; pages],
+        }
+    }
+}
+
+/// Reads back, through `/proc/PID/mem`, the pages a DROP moved into `mm`'s scratch (`moved`:
+/// per page of the DROP; page `i` is at `mm.scratch + i * 4096`). A page the move found
+/// missing (it allows holes) reads as absent; so does everything if the process is gone.
+pub fn read_back(mm: &Mm, pid: i32, moved: &[bool]) -> ReadBack {
+    let mut back = ReadBack::none(moved.len());
+    let mut mem = mm.mem.lock();
+    if mem.as_ref().is_none_or(|(p, _)| *p != pid) {
+        *mem = std::fs::File::open(format!("/proc/{pid}/mem"))
+            .ok()
+            .map(|f| (pid, f));
+    }
+    let Some((_, f)) = mem.as_ref() else {
+        return back;
+    };
+    let mut i = 0;
+    while i < moved.len() {
+        if !moved[i] {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < moved.len() && moved[j] {
+            j += 1;
+        }
+        let at = mm.scratch + i as u64 * PAGE_SIZE_U64;
+        let out = &mut back.data[i * PAGE_SIZE..j * PAGE_SIZE];
+        if let Ok(missing) = sys::read_mem(f, &[(at, out.len())], out) {
+            for k in i..j {
+                let a = mm.scratch + k as u64 * PAGE_SIZE_U64;
+                back.present[k] = missing.binary_search(&a).is_err();
+            }
+        }
+        i = j;
+    }
+    back
+}
+
+/// Stores one page on its own (a page that changed after reclaim first stored it); `None`
+/// if no tier takes it.
+fn store_page(shared: &Shared, page: &[u8]) -> Option<u32> {
+    if page.iter().all(|&b| b == 0) {
+        return Some(ZERO_SLOT);
+    }
+    match shared.tiers.store_units(&[(0, page)]).pop() {
+        Some(Ok(slots)) => slots.first().copied(),
+        _ => None,
+    }
+}
+
 /// Accounts for a DROP's outcome: with the agent's per-page answer, moved pages become
 /// `Evicted` and refused ones resident again; without one (the agent is gone and nothing moves
 /// any more, but which pages moved is unknown), every page keeps its stored copy as
 /// `Inherited` (a missing fault is served from it, a write-protect fault lifts the
-/// protection). Then protection is lifted from pages kept in place and waiting writers are
-/// woken. Returns the pages evicted.
-fn settle_drop(shared: &Shared, mm: &Mm, p: &PendingDrop, status: Option<&[u8]>) -> usize {
+/// protection). A moved page that `back` shows holding other bytes than were stored (written
+/// through a pin after reclaim read it) is stored anew with those bytes, its first copy
+/// released (a missing fault there waits for this, and then gets them). Then protection is
+/// lifted from pages kept in place and waiting writers and faults are woken. Returns the pages
+/// evicted.
+fn settle_drop(
+    shared: &Shared,
+    mm: &Mm,
+    p: &PendingDrop,
+    status: Option<&[u8]>,
+    back: Option<&ReadBack>,
+) -> usize {
     let stats = &shared.stats;
     let mut kept = Vec::new();
     let mut evicted = 0usize;
     let mut zero = 0u64;
+    let mut changed = 0u64;
+    let mut pinned = 0u64;
+    // Moved pages that held other bytes than reclaim read from them (and stored): written
+    // through a pin in between. Stored anew before the state lock is taken (a store may write
+    // to the backend); the new slot, or `None` if no tier takes the page. Not put back in
+    // place with `UFFDIO_COPY` from here: a `REMOVE` of the page that the handler has read but
+    // not applied yet zaps the range only after its event is read, so a copy could land after
+    // the zap, and the program would find these bytes where it expects zeros. The handler,
+    // which applies events in the kernel's order, serves the page at its next access.
+    let mut fresh: Vec<(usize, Option<u32>, bool)> = Vec::new();
+    if let (Some(s), Some(back)) = (status, back) {
+        for (i, &st) in s[..p.pages.len()].iter().enumerate() {
+            let held = &back.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+            let read = p.data.get(i * PAGE_SIZE..(i + 1) * PAGE_SIZE);
+            if st == 0 && back.present[i] && read.is_some_and(|r| r != held) {
+                fresh.push((i, store_page(shared, held), false));
+            }
+        }
+    }
     {
         let mut st = mm.state.lock();
         for (i, &a) in p.pages.iter().enumerate() {
@@ -686,6 +952,37 @@ fn settle_drop(shared: &Shared, mm: &Mm, p: &PendingDrop, status: Option<&[u8]>)
             match status.map(|s| s[i]) {
                 Some(0) => {
                     st.unshared.remove(&a);
+                    st.pinned.remove(&a);
+                    let mut slot = slot;
+                    if let Ok(k) = fresh.binary_search_by_key(&i, |f| f.0) {
+                        changed += 1;
+                        fresh[k].2 = true;
+                        if let Some(new) = fresh[k].1 {
+                            if slot != ZERO_SLOT {
+                                shared.put_slot(slot);
+                            }
+                            slot = new;
+                        } else {
+                            // No tier takes it (the device full, an I/O error): back in place
+                            // now, with the narrow window above, rather than lose the bytes.
+                            let held = back.map(|b| &b.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+                            if held.is_some_and(|h| matches!(mm.uffd.copy(a, h), Ok(Fill::Filled)))
+                            {
+                                st.back_to_resident(a);
+                                if slot != ZERO_SLOT {
+                                    shared.put_slot(slot);
+                                }
+                                kept.push(a);
+                                continue;
+                            }
+                            eprintln!(
+                                "uffd-daemon: page {a:#x} of pid {:?} changed through a pin \
+                                 while it was evicted, and neither a tier nor the page table \
+                                 takes its new contents: it keeps the older ones",
+                                mm.pid()
+                            );
+                        }
+                    }
                     st.pages.insert(a, Page::Evicted { slot });
                     st.resident -= 1;
                     shared.resident_sub(1);
@@ -694,8 +991,8 @@ fn settle_drop(shared: &Shared, mm: &Mm, p: &PendingDrop, status: Option<&[u8]>)
                         zero += 1;
                     }
                 }
-                // An injected DROP that failed part way over a page a REMOVE was seen for
-                // (agentless.rs): removed, by the daemon or the program; its copy is kept.
+                // An injected DROP whose call failed part way (agentless.rs): moved or not,
+                // unknown; its copy is kept.
                 Some(crate::agentless::DROP_UNKNOWN) => {
                     st.pages.insert(a, Page::Inherited { slot });
                     kept.push(a);
@@ -707,9 +1004,15 @@ fn settle_drop(shared: &Shared, mm: &Mm, p: &PendingDrop, status: Option<&[u8]>)
                     }
                     // Shared (with a forked child, or since one): the next DROP unshares it.
                     // Refused again after that, it is pinned (for I/O): it stays, as the
-                    // kernel's reclaim leaves a pinned page.
-                    if i32::from(e) == libc::EBUSY && !st.unshared.contains(&a) {
-                        st.unshare.insert(a);
+                    // kernel's reclaim leaves a pinned page, and is left out of the victims
+                    // for a while.
+                    if i32::from(e) == libc::EBUSY {
+                        if st.unshared.contains(&a) {
+                            st.note_pinned(a);
+                            pinned += 1;
+                        } else {
+                            st.unshare.insert(a);
+                        }
                     }
                     kept.push(a);
                 }
@@ -717,6 +1020,14 @@ fn settle_drop(shared: &Shared, mm: &Mm, p: &PendingDrop, status: Option<&[u8]>)
                     st.pages.insert(a, Page::Inherited { slot });
                     kept.push(a);
                 }
+            }
+        }
+    }
+    // (Pages stored anew that had been refaulted or removed meanwhile: their new copies go.)
+    for &(_, slot, used) in &fresh {
+        if let (Some(slot), false) = (slot, used) {
+            if slot != ZERO_SLOT {
+                shared.put_slot(slot);
             }
         }
     }
@@ -737,13 +1048,16 @@ fn settle_drop(shared: &Shared, mm: &Mm, p: &PendingDrop, status: Option<&[u8]>)
         &stats.bytes_written,
         (evicted as u64 - zero) * PAGE_SIZE_U64,
     );
+    Stats::add(&stats.evict_changed_pages, changed);
+    Stats::add(&stats.pinned_refusals, pinned);
     if !kept.is_empty() {
         Stats::add(&stats.evict_aborts, kept.len() as u64);
         for (start, n) in runs_of(&kept) {
             unprotect(mm, start, n as u64 * PAGE_SIZE_U64);
         }
     }
-    // Writers that waited on dropped pages retry now and fault them back from the store.
+    // Writers (and faults) that waited on moved pages retry now and fault them back from the
+    // store.
     for &(start, n) in &p.runs {
         let _ = mm.uffd.wake(start, n as u64 * PAGE_SIZE_U64);
     }

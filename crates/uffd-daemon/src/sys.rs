@@ -97,6 +97,12 @@ const UFFDIO_WAKE: u64 = ior(0x02, std::mem::size_of::<UffdioRange>());
 const UFFDIO_COPY: u64 = iowr(0x03, std::mem::size_of::<UffdioCopy>());
 const UFFDIO_ZEROPAGE: u64 = iowr(0x04, std::mem::size_of::<UffdioZeropage>());
 const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, std::mem::size_of::<UffdioWriteprotect>());
+/// `UFFDIO_MOVE`, for a call the daemon runs inside a process (the kernel refuses moves
+/// between address spaces): `struct uffdio_move` is five 64-bit words, dst, src, len, mode and
+/// the bytes moved (written back by the kernel).
+pub const UFFDIO_MOVE: u64 = iowr(0x05, 40);
+/// `UFFDIO_MOVE` mode: a hole in the source counts as moved.
+pub const UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES: u64 = 1 << 1;
 
 /// One message read from a userfaultfd (`struct uffd_msg`, 32 bytes).
 #[repr(C)]
@@ -580,6 +586,26 @@ pub fn read_remote(pid: i32, runs: &[(u64, usize)], out: &mut [u8]) -> io::Resul
         )
     };
     cvt_isize(n)
+}
+
+/// Writes `data` into another process at `addr` with `process_vm_writev`. Only for memory no
+/// userfaultfd covers (the daemon's own pages in a process without an agent).
+pub fn write_remote(pid: i32, addr: u64, data: &[u8]) -> io::Result<()> {
+    let local = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: `local` describes `data`, valid for reads; the remote iovec is only an address
+    // in the other process, which the kernel checks.
+    let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
+    match cvt_isize(n)? {
+        n if n == data.len() => Ok(()),
+        _ => Err(io::Error::from_raw_os_error(libc::EFAULT)),
+    }
 }
 
 /// The CPU the calling thread runs on (a hint).

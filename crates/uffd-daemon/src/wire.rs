@@ -7,7 +7,8 @@
 
 /// `"UFDA"` little-endian: the first word of every packet.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"UFDA");
-/// Protocol version.
+/// Protocol version. (The daemon writes out the agent it was built with, so the two never
+/// differ: FREE was added without a new version.)
 pub const VERSION: u16 = 1;
 /// Header size: magic, version, kind, payload length, sequence number.
 pub const HEADER_LEN: usize = 16;
@@ -34,6 +35,9 @@ pub const KIND_RELEASE: u16 = 6;
 pub const KIND_LEAVE: u16 = 7;
 /// Message kind: a range is about to be locked in memory.
 pub const KIND_LOCK: u16 = 8;
+/// Message kind: the daemon has read back what the last DROP moved into the scratch; the
+/// agent frees it.
+pub const KIND_FREE: u16 = 9;
 
 /// HELLO flag: the sender is a forked child whose uffd the daemon already holds.
 pub const HELLO_FORK_CHILD: u32 = 1;

@@ -306,6 +306,13 @@ fn stat_reports_a_running_daemon_and_strangers_are_refused() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600, "the swap file must be private");
+    // So is the control socket (counters), in a directory of the daemon's own.
+    let ctl = std::fs::symlink_metadata(dir.join("ctl.sock")).expect("ctl.sock");
+    assert_eq!(
+        ctl.permissions().mode() & 0o777,
+        0o600,
+        "ctl.sock must be 0600"
+    );
     let out = Command::new(DAEMON)
         .args(["stat", "--pid", &pid.to_string()])
         .output()

@@ -172,6 +172,39 @@ fn the_program_owns_its_descriptors() {
     assert_paged(&run, 16 << 20);
 }
 
+/// Memory glibc's malloc maps for itself (a large chunk) or grows its heap into (brk) goes
+/// through no `mmap` the agent sees, and a program fills it at once: the agent's allocation
+/// wrappers register it before `malloc` returns. Registered by the scanner instead (it polls
+/// every 2 ms), it was filled past the limit first, the more so with the CPUs busy: 4405-4797
+/// pages for a 2048-page limit with `stress-ng --cpu 2` beside this program. A busy thread
+/// here keeps one CPU taken.
+#[test]
+fn memory_malloc_maps_for_itself_is_managed_before_it_is_filled() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        })
+    };
+    let heap = lifecycle("8M", "heap", &["heap", "64"]);
+    // (A large chunk: `page` mallocs its whole buffer at once.)
+    let chunk = lifecycle("8M", "inner", &["inner", "64"]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = busy.join();
+    assert_eq!(heap.status, 0, "wrong data");
+    assert!(heap.stdout.contains("heap: 64 MiB, 0 bad words"));
+    assert_paged(&heap, 8 << 20);
+    assert_eq!(chunk.status, 0, "wrong data");
+    assert_paged(&chunk, 8 << 20);
+}
+
 /// Pages a process shares with a forked child (or shared with one that has exited: the kernel
 /// marks a page the process's own again only at its next write) cannot be moved out:
 /// `UFFDIO_MOVE` refuses them (EBUSY). Reclaim reads victims through `/proc/PID/mem`, which

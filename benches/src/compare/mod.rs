@@ -81,6 +81,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 pub enum Workload {
     /// usemem, uniform random pages.
     Random,
+    /// usemem, uniform random pages, two threads each in half of the pages.
+    Random2,
+    /// usemem, uniform random pages, four threads each in a quarter of the pages.
+    Random4,
     /// usemem, pages in order, wrapping.
     Sequential,
     /// usemem, Zipf(0.99) over page ranks, ranks scattered over the pages.
@@ -94,8 +98,10 @@ pub enum Workload {
 }
 
 /// Every workload, in run order.
-pub const WORKLOADS: [Workload; 6] = [
+pub const WORKLOADS: [Workload; 8] = [
     Workload::Random,
+    Workload::Random2,
+    Workload::Random4,
     Workload::Sequential,
     Workload::Zipf,
     Workload::StressNg,
@@ -118,6 +124,8 @@ impl Workload {
     pub fn name(self) -> &'static str {
         match self {
             Workload::Random => "random",
+            Workload::Random2 => "random-2t",
+            Workload::Random4 => "random-4t",
             Workload::Sequential => "sequential",
             Workload::Zipf => "zipf",
             Workload::StressNg => "stress-ng",
@@ -140,10 +148,23 @@ impl Workload {
             })
     }
 
+    /// How many threads touch pages (usemem's `--touchers`).
+    pub fn touchers(self) -> usize {
+        match self {
+            Workload::Random2 => 2,
+            Workload::Random4 => 4,
+            _ => 1,
+        }
+    }
+
     /// The unit of its throughput figure.
     pub fn unit(self) -> &'static str {
         match self {
-            Workload::Random | Workload::Sequential | Workload::Zipf => "touches/s",
+            Workload::Random
+            | Workload::Random2
+            | Workload::Random4
+            | Workload::Sequential
+            | Workload::Zipf => "touches/s",
             Workload::StressNg => "bogo ops/s",
             Workload::Redis => "GET/s",
             Workload::Threads => "adds/s",
@@ -154,16 +175,22 @@ impl Workload {
     pub fn is_usemem(self) -> bool {
         matches!(
             self,
-            Workload::Random | Workload::Sequential | Workload::Zipf
+            Workload::Random
+                | Workload::Random2
+                | Workload::Random4
+                | Workload::Sequential
+                | Workload::Zipf
         )
     }
 
     /// What its p50/p99 columns mean.
     pub fn latency_meaning(self) -> Option<&'static str> {
         match self {
-            Workload::Random | Workload::Sequential | Workload::Zipf => {
-                Some("first access of touches that faulted (> 2 us)")
-            }
+            Workload::Random
+            | Workload::Random2
+            | Workload::Random4
+            | Workload::Sequential
+            | Workload::Zipf => Some("first access of touches that faulted (> 2 us)"),
             Workload::StressNg | Workload::Threads => None,
             Workload::Redis => Some("GET latency seen by redis-benchmark"),
         }

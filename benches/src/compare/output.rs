@@ -376,9 +376,11 @@ pub fn extra_table(rows: &[Row]) -> String {
         let g = |k: &str| r.metrics.get(k).copied();
         let f = |v: Option<f64>| v.map_or("-".to_string(), num);
         let fill = match r.workload {
-            Workload::Random | Workload::Sequential | Workload::Zipf => {
-                g("fill_mib_s").map(|v| format!("{} MiB/s", num(v)))
-            }
+            Workload::Random
+            | Workload::Random2
+            | Workload::Random4
+            | Workload::Sequential
+            | Workload::Zipf => g("fill_mib_s").map(|v| format!("{} MiB/s", num(v))),
             Workload::Redis => g("set_rps").map(|v| format!("{} SET/s", num(v))),
             Workload::Threads => g("init_s").map(|v| format!("{} s zeroing", num(v))),
             Workload::StressNg => None,

@@ -166,14 +166,25 @@ fn program(ctx: &Ctx, w: Workload, sock: &Path) -> Vec<String> {
     let p = &ctx.plan;
     let exe = ctx.self_exe.display().to_string();
     match w {
-        Workload::Random | Workload::Sequential | Workload::Zipf => {
+        Workload::Random
+        | Workload::Random2
+        | Workload::Random4
+        | Workload::Sequential
+        | Workload::Zipf => {
             let mut v = vec![
                 exe,
                 "__usemem".into(),
                 "--bytes".into(),
                 p.usemem_bytes.to_string(),
                 "--mode".into(),
-                w.name().into(),
+                match w {
+                    Workload::Sequential => "sequential",
+                    Workload::Zipf => "zipf",
+                    _ => "random",
+                }
+                .into(),
+                "--touchers".into(),
+                w.touchers().to_string(),
                 "--seconds".into(),
                 p.usemem_seconds.to_string(),
             ];
@@ -543,7 +554,12 @@ pub fn run_one(
     let stderr = std::fs::read_to_string(&err).unwrap_or_default();
     let wcode = wrap.as_ref().map(|w| w.code);
     match w {
-        Workload::Random | Workload::Sequential | Workload::Zipf | Workload::Threads => {
+        Workload::Random
+        | Workload::Random2
+        | Workload::Random4
+        | Workload::Sequential
+        | Workload::Zipf
+        | Workload::Threads => {
             let rep: Option<Value> = stdout
                 .lines()
                 .rev()

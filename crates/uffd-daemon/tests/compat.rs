@@ -840,3 +840,111 @@ fn junit_outcomes_reads_libregrtest_reports() {
             .collect::<Vec<_>>()
     );
 }
+
+// ---- 7. Sandboxes: new user namespaces -----------------------------------------------------
+
+/// Whether this machine lets a process make a user namespace at all (bare): where it does
+/// not (`user.max_user_namespaces = 0`, a kernel without them), the cases below skip.
+fn user_namespaces_work() -> bool {
+    let ok = Command::new("unshare")
+        .args(["-U", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIP: this machine refuses a new user namespace bare (unshare -U true)");
+    }
+    ok
+}
+
+/// util-linux `unshare -U` and `unshare -r` make a user namespace with unshare(2), which the
+/// kernel refuses to a process of more than one thread: the agent's two threads made every
+/// managed process one of three, and both failed with EINVAL under the daemon ("unshare
+/// failed: Invalid argument", exit 1). Then a program paged in the namespace: python over 48
+/// MiB, exec'd by `unshare -r`, as root there.
+#[test]
+fn unshare_makes_a_user_namespace() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("unshare") || !have("python3") || !user_namespaces_work() {
+        return;
+    }
+    let run = same_under_a_third("unshare-U-id", &["unshare", "-U", "id"]);
+    assert!(run.stdout.starts_with("uid=65534("), "{}", run.stdout);
+    assert_eq!(run.get("agent_step_outs"), 1);
+    assert_eq!(run.get("agent_restarts"), 1);
+    let run = same_under_a_third("unshare-r-whoami", &["unshare", "-r", "whoami"]);
+    assert_eq!(run.stdout, "root\n");
+    let script = r#"
+import hashlib, os
+data = bytearray(hashlib.sha256(b"userns").digest() * (48 * 1024 * 1024 // 32))
+for i in range(0, len(data), 4096):
+    data[i] = (i // 4096) % 251
+print("uid", os.getuid(), "gid", os.getgid(), open("/proc/self/uid_map").read().split())
+print("sha256", hashlib.sha256(data).hexdigest())
+"#;
+    let python = real_python();
+    let run = same_under_a_third(
+        "unshare-r-python",
+        &["unshare", "-r", &python, "-c", script],
+    );
+    assert!(
+        run.stdout.starts_with("uid 0 gid 0 ['0', '0', '1']"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(run.get("agent_restarts"), 1);
+    assert_eq!(run.get("agent_restart_left_processes"), 0);
+}
+
+/// bubblewrap joins a user namespace made earlier (`--userns FD`, what flatpak and the like
+/// pass it) with setns(2) in its own process, which the kernel refuses to a process of more
+/// than one thread ("Joining the specified user namespace failed" under the daemon); its
+/// sandboxed program then pages there (python over 48 MiB).
+#[test]
+fn bubblewrap_joins_a_user_namespace() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run()
+        || !have("bwrap")
+        || !have("unshare")
+        || !have("python3")
+        || !user_namespaces_work()
+    {
+        return;
+    }
+    // The namespace to join: root in it is root outside (unshare -r).
+    let mut holder = Command::new("unshare")
+        .args(["-r", "sleep", "120"])
+        .spawn()
+        .expect("running unshare -r sleep");
+    let ns = format!("/proc/{}/ns/user", holder.id());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_link(&ns).ok() == std::fs::read_link("/proc/self/ns/user").ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the holder made no user namespace"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let script = r#"
+import hashlib, os
+data = bytearray(hashlib.sha256(b"bwrap").digest() * (48 * 1024 * 1024 // 32))
+for i in range(0, len(data), 4096):
+    data[i] = (i // 4096) % 251
+print("uid", os.getuid(), open("/proc/self/uid_map").read().split())
+print("sha256", hashlib.sha256(data).hexdigest())
+"#;
+    let python = real_python();
+    let sandbox = format!(
+        "exec bwrap --userns 3 --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp -- \
+         {python} -c '{script}' 3<{ns}"
+    );
+    let run = same_under_a_third("bwrap-userns", &["sh", "-c", &sandbox]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(
+        run.stdout.starts_with("uid 0 ['0', '0', '1']"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(run.get("agent_step_outs"), 1);
+    assert_eq!(run.get("agent_restarts"), 1);
+}

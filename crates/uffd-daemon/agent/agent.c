@@ -51,6 +51,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -1582,18 +1583,23 @@ __attribute__((visibility("default"))) int capset(void *hdrp, void *datap)
 #define CLONE_NEWTIME 0x00000080
 #endif
 #define NS_GET_NSTYPE_ _IO(0xb7, 0x3)
+#define NSFS_MAGIC_ 0x6e736673
 #define ALONE_UNSHARE (CLONE_NEWUSER | CLONE_THREAD | CLONE_SIGHAND | CLONE_VM)
 #define ALONE_SETNS (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWTIME)
 #define STEP_OUT_TIMEOUT_US 5000000
 
 /* Whether setns(fd, nstype) needs the process alone: the type asked for, or else the type of
- * the namespace file (a pidfd needs a type: the kernel refuses 0). */
+ * the namespace file (a pidfd needs a type: the kernel refuses 0). The type is asked of nsfs
+ * files only: no other file gets the ioctl. */
 static int setns_needs_alone(long fd, long nstype)
 {
 	if (nstype != 0)
 		return (nstype & ALONE_SETNS) != 0;
 	int saved = errno;
-	long t = syscall(SYS_ioctl, fd, NS_GET_NSTYPE_);
+	struct statfs fs;
+	long t = -1;
+	if (syscall(SYS_fstatfs, fd, &fs) == 0 && fs.f_type == NSFS_MAGIC_)
+		t = syscall(SYS_ioctl, fd, NS_GET_NSTYPE_);
 	errno = saved;
 	return t > 0 && (t & ALONE_SETNS) != 0;
 }

@@ -14,7 +14,7 @@ mod wire;
 /// needs and this list lacks fails the agent's.
 fn write_protocol_header(path: &Path) {
     use wire::*;
-    let defs: [(&str, u64); 22] = [
+    let defs: [(&str, u64); 24] = [
         ("MAGIC", MAGIC.into()),
         ("VERSION", VERSION.into()),
         ("HEADER_LEN", HEADER_LEN as u64),
@@ -29,9 +29,11 @@ fn write_protocol_header(path: &Path) {
         ("KIND_RELEASE", KIND_RELEASE.into()),
         ("KIND_LEAVE", KIND_LEAVE.into()),
         ("KIND_LOCK", KIND_LOCK.into()),
+        ("KIND_STEP_OUT", KIND_STEP_OUT.into()),
         ("HELLO_FORK_CHILD", HELLO_FORK_CHILD.into()),
         ("HELLO_NEED_UFFD", HELLO_NEED_UFFD.into()),
         ("HELLO_API_BY_DAEMON", HELLO_API_BY_DAEMON.into()),
+        ("HELLO_AGENT_RESTART", HELLO_AGENT_RESTART.into()),
         ("LOCK_ON", LOCK_ON.into()),
         ("DROP_RUN_UNSHARE", DROP_RUN_UNSHARE.into()),
         ("FEATURES", REQUIRED_FEATURES),

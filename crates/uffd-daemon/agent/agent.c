@@ -51,6 +51,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -167,10 +168,13 @@ struct agent {
 	volatile int agent_running; /* the agent thread has started and not yet returned */
 	volatile int filtered; /* the program installed a seccomp filter: no agent work in its threads */
 	volatile int leaving; /* the process leaves management (a TSYNC filter): the agent's threads end */
+	volatile int closing; /* the daemon closes the agent's connection on purpose (a step-out) */
+	volatile int stepping_out; /* the agent's threads end for a call that needs the process alone */
+	uint32_t greet_flags; /* what a thread that greets itself says: HELLO_FORK_CHILD or _AGENT_RESTART */
 	volatile int watchdog_tid; /* the watchdog thread's id (0 before it runs or after it ends) */
 	volatile int lock_future; /* mlockall(MCL_FUTURE): every new mapping is locked at birth */
 	struct cred_follow cred; /* the program's credential changes, for the agent's threads */
-	int fork_child;      /* started by atfork_child: greets the daemon itself */
+	int fork_child;      /* started by atfork_child or after a step-out: greets the daemon itself */
 	uint64_t features;
 	char *region;
 	char *probe;
@@ -612,14 +616,18 @@ static void say_from_agent(const char *msg)
 /* The agent thread of a fork child greets the daemon itself: the child's program goes on at
  * once, and nothing of the greeting happens in a program thread (whose privileges or seccomp
  * filter may forbid it). On failure the process runs on: the daemon serves its faults through
- * the uffd the kernel gave it at the fork, but cannot evict its pages. */
-static int greet_as_fork_child(struct agent *ag)
+ * the uffd the kernel gave it at the fork, but cannot evict its pages. After a step-out the
+ * thread greets on the connection the program thread made before the call (`ag->sock`, kept in
+ * this thread's table), so that a call that changed the mount namespace cannot keep it from
+ * the daemon's socket. Either way the daemon answers with this process's uffd. */
+static int greet_again(struct agent *ag)
 {
-	ag->sock = connect_daemon();
+	if (ag->sock < 0)
+		ag->sock = connect_daemon();
 	if (ag->sock < 0)
 		return -1;
 	int fd = -1;
-	if (hello(ag, HELLO_FORK_CHILD, -1, &fd) < 0 || fd < 0) {
+	if (hello(ag, ag->greet_flags, -1, &fd) < 0 || fd < 0) {
 		int e = errno;
 		syscall(SYS_close, ag->sock);
 		errno = e;
@@ -725,7 +733,9 @@ static void *agent_loop(struct agent *ag)
 {
 	block_signals();
 	syscall(SYS_prctl, PR_SET_NAME, "uffd-agent", 0, 0, 0);
-	int ok = own_fd_table(ag->fork_child ? -1 : ag->sock, ag->fork_child ? -1 : ag->uffd) == 0;
+	/* The constructor's socket and uffd, or the socket made for a restart (fork children have
+	 * neither: -1). */
+	int ok = own_fd_table(ag->sock, ag->fork_child ? -1 : ag->uffd) == 0;
 	ag->tid = (int)syscall(SYS_gettid);
 	if (ok) {
 		cred_wake_fd(ag, CRED_AGENT);
@@ -746,11 +756,13 @@ static void *agent_loop(struct agent *ag)
 	syscall(SYS_madvise, ag->scratch, SCRATCH_PAGES * PAGE, MADV_DONTNEED);
 	(void)*(volatile char *)ag->scratch;
 	syscall(SYS_madvise, ag->scratch, PAGE, MADV_DONTNEED);
-	int greet = ag->fork_child ? greet_as_fork_child(ag) : 0;
+	int greet = ag->fork_child ? greet_again(ag) : 0;
 	if (ag->fork_child) {
 		ag->greeted = greet < 0 ? -1 : 1;
 		futex_wake(&ag->greeted);
 	}
+	if (greet < 0 && ag->greet_flags == HELLO_AGENT_RESTART)
+		return NULL; /* the program thread that started us says it (agent_step_in) */
 	if (greet < 0) {
 		char line[200];
 		snprintf(line, sizeof line,
@@ -779,8 +791,9 @@ static void *agent_loop(struct agent *ag)
 	 * pages can never come back: stop now rather than run on with pages that would read as
 	 * zeros or never arrive. */
 	syscall(SYS_close, ag->sock);
-	if (ag->leaving)
-		return NULL; /* the daemon closed it on our LEAVE: it brings every page back */
+	if (ag->leaving || ag->closing)
+		return NULL; /* the daemon closed it on our LEAVE (it brings every page back) or on a
+			      * STEP_OUT (a new agent thread greets again after the call) */
 	if (daemon_exited(ag->daemon_pid))
 		die_daemon_lost();
 	say_from_agent("uffd-agent: lost the connection to uffd-daemon; pages are still served but no "
@@ -792,27 +805,34 @@ static void *agent_loop(struct agent *ag)
  * has, stays as a zombie and is still counted). glibc ends the process when its last thread
  * exits, and counts the agent's threads: without this, they would keep a process alive whose
  * program called pthread_exit in its last thread. `stat_fd` is /proc/self/stat. */
-static int only_agent_threads_left(int stat_fd, int ours)
+static long stat_threads(int stat_fd, char *state)
 {
 	char buf[1024];
 	ssize_t n = syscall(SYS_pread64, stat_fd, buf, sizeof buf - 1, 0);
 	if (n <= 0)
-		return 0;
+		return -1;
 	buf[n] = 0;
 	/* Fields after the command name (which may hold spaces and parentheses): state is the
 	 * first, num_threads the 18th. */
 	char *p = strrchr(buf, ')');
 	if (!p)
-		return 0;
+		return -1;
 	p += 2;
-	char state = *p;
+	*state = *p;
 	long threads = 0;
 	for (int field = 0; *p && field < 17; p++)
 		if (*p == ' ')
 			field++;
 	while (*p >= '0' && *p <= '9')
 		threads = threads * 10 + (*p++ - '0');
-	return threads == ours + (state == 'Z');
+	return threads;
+}
+
+static int only_agent_threads_left(int stat_fd, int ours)
+{
+	char state = 0;
+	long threads = stat_threads(stat_fd, &state);
+	return threads >= 0 && threads == ours + (state == 'Z');
 }
 
 /*
@@ -853,6 +873,13 @@ static void *watchdog_thread(void *arg)
 			pfd = -1;
 		if (pfd < 0 && daemon_exited(ag->daemon_pid))
 			die_daemon_lost();
+		if (ag->stepping_out) {
+			/* A call that needs the process alone: a new watchdog starts after it. */
+			syscall(SYS_close, stat_fd);
+			syscall(SYS_close, pfd);
+			syscall(SYS_close, ag->cred.wake_fd[CRED_WATCHDOG]);
+			return NULL;
+		}
 		if (stat_fd >= 0 && only_agent_threads_left((int)stat_fd, 1 + ag->agent_running))
 			exit(0); /* what glibc does when the last of its threads exits */
 		if (ag->leaving) {
@@ -892,22 +919,29 @@ static int start_threads(struct agent *ag)
 	ag->ready = 0;
 	ag->tid = 0;
 	cred_follow_start(ag);
+	/* The watchdog first: without it no agent thread may run (the daemon's death would go
+	 * unseen), and a failure here leaves nothing to undo. */
 	pthread_attr_init(&at);
-	pthread_attr_setstack(&at, ag->stack, STACK_BYTES);
+	pthread_attr_setstack(&at, ag->watchdog_stack, WATCHDOG_STACK_BYTES);
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-	int rc = pthread_create(&th, &at, agent_thread, ag);
+	int rc = pthread_create(&th, &at, watchdog_thread, ag);
 	pthread_attr_destroy(&at);
 	if (rc != 0) {
 		errno = rc;
 		return -1;
 	}
 	pthread_attr_init(&at);
-	pthread_attr_setstack(&at, ag->watchdog_stack, WATCHDOG_STACK_BYTES);
+	pthread_attr_setstack(&at, ag->stack, STACK_BYTES);
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-	rc = pthread_create(&th, &at, watchdog_thread, ag);
+	rc = pthread_create(&th, &at, agent_thread, ag);
 	pthread_attr_destroy(&at);
-	if (rc != 0)
-		fatal("cannot start the agent's watchdog thread", rc);
+	if (rc != 0) {
+		errno = rc;
+		/* The watchdog alone: it guards the daemon's end as before, and waits for nothing. */
+		while (ag->cred.up == 0)
+			syscall(SYS_futex, &ag->cred.up, FUTEX_WAIT, 0, NULL, NULL, 0);
+		return -1;
+	}
 	while (ag->ready == 0)
 		syscall(SYS_futex, &ag->ready, FUTEX_WAIT, 0, NULL, NULL, 0);
 	/* The watchdog too, before the program runs on: it takes part in the program's set*id
@@ -937,7 +971,10 @@ static void atfork_child(void)
 	ag->sock = -1;
 	ag->uffd = -1;
 	ag->fork_child = 1;
+	ag->greet_flags = HELLO_FORK_CHILD;
 	ag->greeted = 0;
+	ag->closing = 0;
+	ag->stepping_out = 0;
 	if (start_threads(ag) < 0) {
 		say("uffd-agent: a forked child cannot start its agent; its pages are served but not "
 		    "evicted\n");
@@ -960,7 +997,7 @@ static void atfork_child(void)
 static int register_new_mapping(void *addr, size_t len, int prot, int flags)
 {
 	struct agent *ag = g_agent;
-	if (!ag || addr == MAP_FAILED || len < 16 * PAGE || ag->tid <= 0 || ag->filtered)
+	if (!ag || addr == MAP_FAILED || len < 16 * PAGE || ag->tid <= 0 || !ag->agent_running || ag->filtered)
 		return -1;
 	if ((flags & (MAP_PRIVATE | MAP_ANONYMOUS)) != (MAP_PRIVATE | MAP_ANONYMOUS) || (flags & MAP_HUGETLB) ||
 	    (prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE))
@@ -1502,6 +1539,257 @@ __attribute__((visibility("default"))) int capset(void *hdrp, void *datap)
 	return (int)cred_change_call(SYS_capset, (long)hdrp, (long)datap, 0, 0, 0);
 }
 
+/*
+ * Calls the kernel allows only to a process of one thread (6.12's sources, and each checked on
+ * this 6.18 machine with a thread of the program's and with the agent's threads):
+ *   - unshare(CLONE_NEWUSER), which implies CLONE_THREAD | CLONE_FS, and unshare(CLONE_THREAD,
+ *     CLONE_SIGHAND or CLONE_VM), which a process of one thread may ask for as no-ops: EINVAL
+ *     unless the caller is the only thread (kernel/fork.c, ksys_unshare, check_unshare_flags);
+ *   - setns into a user namespace: EINVAL unless the only thread and its fs_struct unshared
+ *     (kernel/user_namespace.c, userns_install); into a mount namespace: EINVAL unless the
+ *     fs_struct is unshared (fs/namespace.c, mntns_install; glibc's threads share it, CLONE_FS);
+ *     into a time namespace: EUSERS unless the only thread (kernel/time/namespace.c,
+ *     timens_install). Through a namespace's file, or a pidfd with those flags.
+ * Every other unshare flag and setns target is allowed to a process of many threads (CLONE_FS
+ * and CLONE_NEWNS copy the caller's fs_struct; CLONE_NEWPID and CLONE_NEWTIME reach only
+ * children), and so is clone(CLONE_NEWUSER), which makes a new process.
+ *
+ * The agent's two threads made every managed process one of three, so these failed under the
+ * daemon and worked bare (unshare -U, unshare -r, sandboxes). Now, when the caller is the
+ * program's only thread, the agent's threads step out for the call: the daemon settles a DROP in
+ * flight and closes the agent's connection (STEP_OUT; it keeps the process's uffd, so the
+ * registrations and every stored page stay, and faults are served meanwhile; nothing of the
+ * process is evicted until the agent is back), the agent thread ends on that and the watchdog
+ * on a flag; the call is made; then the agent's threads start again from the calling thread,
+ * with its new credentials, and greet the daemon as a fork child does (HELLO_AGENT_RESTART, on a
+ * connection made before the call, since a mount namespace entered may not have the daemon's
+ * socket), receiving the process's uffd back. A call the kernel refuses changes nothing, and the
+ * threads come back the same way. The program's signals are blocked meanwhile (but glibc's two),
+ * so no handler runs in the window (they are delivered after it: a few milliseconds late) and no
+ * fork child copies it. If the agent cannot come back, the process leaves management (LEAVE:
+ * every evicted page brought back first) and runs unmanaged from then on, said; if the daemon
+ * would not let the agent step out, the call is made as it is, and fails as it did.
+ *
+ * Nothing changes for the daemon's view of the process in a new user namespace: its pid is the
+ * same (a new pid namespace reaches only children), the peer credentials of the new connection
+ * are read in the daemon's namespaces, and the daemon, root in the initial user namespace, keeps
+ * its access to /proc/PID and its uffd. The agent's own calls (pidfd_getfd of its threads'
+ * descriptors) are within one thread group, which ptrace's checks always allow.
+ *
+ * Not done: a program with other threads of its own (the call fails, as it does bare), a
+ * program under a seccomp filter (the agent makes no call in its threads; the call fails as
+ * before), a vfork child (it shares this state with its parent, whose threads these are: the
+ * call is made as it is, and succeeds, as the child has no thread of the agent's), a call made
+ * with a raw system call instruction.
+ */
+#ifndef CLONE_NEWTIME
+#define CLONE_NEWTIME 0x00000080
+#endif
+#define NS_GET_NSTYPE_ _IO(0xb7, 0x3)
+#define NSFS_MAGIC_ 0x6e736673
+#define ALONE_UNSHARE (CLONE_NEWUSER | CLONE_THREAD | CLONE_SIGHAND | CLONE_VM)
+#define ALONE_SETNS (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWTIME)
+#define STEP_OUT_TIMEOUT_US 5000000
+
+/* Whether setns(fd, nstype) needs the process alone: the type asked for, or else the type of
+ * the namespace file (a pidfd needs a type: the kernel refuses 0). The type is asked of nsfs
+ * files only: no other file gets the ioctl. */
+static int setns_needs_alone(long fd, long nstype)
+{
+	if (nstype != 0)
+		return (nstype & ALONE_SETNS) != 0;
+	int saved = errno;
+	struct statfs fs;
+	long t = -1;
+	if (syscall(SYS_fstatfs, fd, &fs) == 0 && fs.f_type == NSFS_MAGIC_)
+		t = syscall(SYS_ioctl, fd, NS_GET_NSTYPE_);
+	errno = saved;
+	return t > 0 && (t & ALONE_SETNS) != 0;
+}
+
+/* The threads of this process (-1 if /proc cannot tell). */
+static long process_threads(void)
+{
+	int saved = errno;
+	long fd = syscall(SYS_openat, AT_FDCWD, "/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	long n = -1;
+	if (fd >= 0) {
+		char state;
+		n = stat_threads((int)fd, &state);
+		syscall(SYS_close, fd);
+	}
+	errno = saved;
+	return n;
+}
+
+/* In the only program thread, its signals blocked: ends the agent's threads (`agent`,
+ * `watchdog`: their ids, 0 for one not running). 0 once both are gone; -1 if the daemon did not
+ * let the agent thread go (nothing changed then), -2 if a thread did not end in 5 s. */
+static int agent_step_out(struct agent *ag, int agent, int watchdog)
+{
+	if (agent && ag->agent_running) {
+		/* The daemon settles a DROP in flight and closes the connection: the agent thread
+		 * ends on that, quietly (`closing`). */
+		ag->closing = 1;
+		if (ask_daemon(KIND_STEP_OUT, NULL, 0) != 0) {
+			ag->closing = 0;
+			return -1;
+		}
+	}
+	ag->stepping_out = 1;
+	if (watchdog)
+		cred_wake(watchdog, ag->cred.wake_fd[CRED_WATCHDOG]);
+	uint64_t deadline = now_us() + STEP_OUT_TIMEOUT_US;
+	while (!(thread_gone(agent) && thread_gone(watchdog))) {
+		if (now_us() > deadline)
+			return -2;
+		struct timespec ts = { 0, 200000 };
+		syscall(SYS_nanosleep, &ts, NULL);
+	}
+	return 0;
+}
+
+/* Whether this process may start threads: not once unshare(CLONE_NEWPID) has put its
+ * children in a new pid namespace, since the kernel refuses a thread whose pid namespace would
+ * not be its leader's (kernel/fork.c, copy_process: EINVAL, bare too). The link to the
+ * children's namespace names another one then, or none (ENOENT) until its first process (its
+ * reaper) exists. 1 if /proc cannot tell. */
+static int threads_allowed(void)
+{
+	char a[64], b[64];
+	int saved = errno;
+	long n = syscall(SYS_readlinkat, AT_FDCWD, "/proc/self/ns/pid", a, sizeof a);
+	long m = syscall(SYS_readlinkat, AT_FDCWD, "/proc/self/ns/pid_for_children", b, sizeof b);
+	int none = m < 0 && errno == ENOENT;
+	errno = saved;
+	if (n <= 0)
+		return 1;
+	if (m <= 0)
+		return !none;
+	return n == m && memcmp(a, b, (size_t)n) == 0;
+}
+
+/* After the call: starts the agent's threads again from the calling thread (so with its
+ * credentials and namespaces); the agent thread greets the daemon on `*sock` (made before the
+ * call; -1: it connects itself) and receives the process's uffd. 0 once it has. `*sock` is
+ * left to the caller (for its LEAVE) if no agent thread took it, else -1. */
+static int agent_step_in(struct agent *ag, int *sock)
+{
+	ag->closing = 0;
+	ag->stepping_out = 0;
+	ag->sock = *sock;
+	ag->uffd = -1;
+	ag->fork_child = 1;
+	ag->greet_flags = HELLO_AGENT_RESTART;
+	ag->greeted = 0;
+	if (start_threads(ag) < 0)
+		return -1;
+	/* The agent thread has its own copy of the table: ours goes. */
+	if (*sock >= 0)
+		syscall(SYS_close, *sock);
+	*sock = -1;
+	while (ag->greeted == 0)
+		syscall(SYS_futex, &ag->greeted, FUTEX_WAIT, 0, NULL, NULL, 0);
+	return ag->greeted > 0 ? 0 : -1;
+}
+
+static int ask_daemon_on(int sock, uint16_t kind, const uint8_t *payload, uint32_t len);
+
+/* The agent's threads cannot come back after `call` (`why`): the process leaves management
+ * (the daemon brings every evicted page back first, as for a TSYNC filter) and runs without an
+ * agent from then on; said. Asked on `sock` if it is open (made before the call), else on a new
+ * connection. If the daemon cannot be asked, its faults are still served (the daemon holds its
+ * uffd) but nothing is evicted, and the watchdog, if it runs, stays. */
+static void agent_leave_after(struct agent *ag, const char *call, const char *why, int sock)
+{
+	int left = ask_daemon_on(sock, KIND_LEAVE, NULL, 0) == 0;
+	char line[400];
+	if (left) {
+		ag->filtered = 1; /* no agent work in program threads, nor in fork children */
+		ag->leaving = 1;
+		int watchdog = thread_gone(ag->watchdog_tid) ? 0 : ag->watchdog_tid;
+		if (watchdog)
+			cred_wake(watchdog, ag->cred.wake_fd[CRED_WATCHDOG]);
+		snprintf(line, sizeof line,
+			 "uffd-agent[%ld]: the agent's threads cannot start again after %s (%s): its pages "
+			 "are back in memory and it runs unmanaged from now on\n",
+			 syscall(SYS_getpid), call, why);
+	} else {
+		snprintf(line, sizeof line,
+			 "uffd-agent[%ld]: the agent's threads cannot start again after %s (%s), and "
+			 "uffd-daemon could not be asked to take the process back: its pages are served "
+			 "but no longer evicted\n",
+			 syscall(SYS_getpid), call, why);
+	}
+	say(line);
+}
+
+/* unshare(2) or setns(2) (`nr`), made with the agent's threads out of the process when the call
+ * needs it alone (above). */
+static long alone_call(long nr, long a, long b)
+{
+	struct agent *ag = g_agent;
+	int needs = nr == SYS_unshare ? (a & ALONE_UNSHARE) != 0 : setns_needs_alone(a, b);
+	if (!needs || !ag || ag->filtered || (pid_t)syscall(SYS_getpid) != ag->cred.pid)
+		return agent_syscall6(nr, a, b, 0, 0, 0, 0);
+	int me = (int)syscall(SYS_gettid);
+	int agent = thread_gone(ag->tid) ? 0 : ag->tid;
+	int watchdog = thread_gone(ag->watchdog_tid) ? 0 : ag->watchdog_tid;
+	/* Not from one of the agent's threads (the watchdog running the program's exit handlers),
+	 * and not when the program has other threads: the kernel refuses the call whatever the
+	 * agent does, as it does bare. */
+	long threads = process_threads();
+	if ((!agent && !watchdog) || me == agent || me == watchdog ||
+	    (threads >= 0 && threads != 1 + (agent != 0) + (watchdog != 0)))
+		return agent_syscall6(nr, a, b, 0, 0, 0, 0);
+	const char *call = nr == SYS_unshare ? "unshare" : "setns";
+	uint64_t all = ~((1ULL << (32 - 1)) | (1ULL << (33 - 1))), old;
+	syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, &old, sizeof old);
+	long r;
+	int e;
+	int out = agent_step_out(ag, agent, watchdog);
+	if (out == -1) {
+		r = agent_syscall6(nr, a, b, 0, 0, 0, 0);
+		e = errno;
+		char line[300];
+		snprintf(line, sizeof line,
+			 "uffd-agent[%ld]: %s needs a process of one thread, and uffd-daemon did not let the "
+			 "agent's threads step out: it is made with them\n",
+			 syscall(SYS_getpid), call);
+		say(line);
+	} else {
+		/* Connected before the call: a mount namespace it enters may lack the daemon's socket. */
+		int sock = connect_daemon();
+		r = agent_syscall6(nr, a, b, 0, 0, 0, 0);
+		e = errno;
+		const char *why = NULL;
+		if (out != 0)
+			why = "they did not end within 5 s";
+		else if (!threads_allowed())
+			why = "its children are to be in a new pid namespace, and the kernel then lets it "
+			      "start no thread";
+		else if (agent_step_in(ag, &sock) != 0)
+			why = "they could not start or greet uffd-daemon";
+		if (why)
+			agent_leave_after(ag, call, why, sock);
+		else if (sock >= 0)
+			syscall(SYS_close, sock);
+	}
+	syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
+	errno = e;
+	return r;
+}
+
+__attribute__((visibility("default"))) int unshare(int flags)
+{
+	return (int)alone_call(SYS_unshare, flags, 0);
+}
+
+__attribute__((visibility("default"))) int setns(int fd, int nstype)
+{
+	return (int)alone_call(SYS_setns, fd, nstype);
+}
+
 #undef syscall
 __attribute__((visibility("default"))) long syscall(long n, ...)
 {
@@ -1519,6 +1807,8 @@ __attribute__((visibility("default"))) long syscall(long n, ...)
 		note_seccomp();
 	if (n == SYS_capset || (n == SYS_prctl && prctl_changes_creds(a, b)))
 		return cred_change_call(n, a, b, c, d, e);
+	if (n == SYS_unshare || n == SYS_setns)
+		return alone_call(n, a, b);
 	return agent_syscall6(n, a, b, c, d, e, f);
 }
 #define syscall agent_syscall
@@ -1541,12 +1831,22 @@ __attribute__((visibility("default"))) int prctl(int option, ...)
  * once) and waits for its answer: 0 if it answered status 0. */
 static int ask_daemon(uint16_t kind, const uint8_t *payload, uint32_t len)
 {
-	int sock = connect_daemon();
+	return ask_daemon_on(-1, kind, payload, len);
+}
+
+/* ask_daemon on `sock`, a connection made earlier and not used yet (closed here), or on a new
+ * one if it is -1. */
+static int ask_daemon_on(int sock, uint16_t kind, const uint8_t *payload, uint32_t len)
+{
+	if (sock < 0)
+		sock = connect_daemon();
 	if (sock < 0)
 		return -1;
 	uint8_t pkt[HEADER_LEN + 24];
-	if (len > 24)
+	if (len > 24) {
+		syscall(SYS_close, sock);
 		return -1;
+	}
 	header(pkt, kind, len);
 	if (len)
 		memcpy(pkt + HEADER_LEN, payload, len);
@@ -1728,6 +2028,15 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 	ag->watchdog_stack = ag->stack + STACK_BYTES;
 	ag->daemon_pid = (pid_t)atoi(dpid);
 
+	ag->sock = -1;
+	if (!threads_allowed()) {
+		/* exec'd after unshare(CLONE_NEWPID) (unshare -p without --fork): the agent's threads
+		 * cannot start. Its children, each in the new pid namespace, may. */
+		unmanaged(ag, "its children are to be in a new pid namespace, and the kernel then lets it "
+			      "start no thread",
+			  EINVAL);
+		return;
+	}
 	ag->sock = connect_daemon();
 	if (ag->sock < 0) {
 		unmanaged(ag, "cannot connect to uffd-daemon", errno);
@@ -1784,7 +2093,7 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 		return;
 	}
 	if (start_threads(ag) < 0)
-		fatal("cannot start the agent thread with a descriptor table of its own", errno);
+		fatal("cannot start the agent's threads (the agent thread with a descriptor table of its own)", errno);
 	/* The agent thread holds the socket and the uffd in its own table now: nothing of the
 	 * agent's stays in the program's. */
 	close(ag->sock);

@@ -20,7 +20,8 @@ use crate::fault;
 use crate::maps;
 use crate::mm::{Mm, MmState, Page, ZERO_SLOT};
 use crate::protocol::{
-    self, Message, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD, MAX_PACKET,
+    self, Message, HELLO_AGENT_RESTART, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD,
+    MAX_PACKET,
 };
 use crate::reclaim;
 use crate::stats::{Histogram, Samples, Stats};
@@ -631,6 +632,18 @@ fn leave_management(shared: &Shared, pid: i32) -> std::io::Result<()> {
     let conn = agent_without_drop(&mm)?.take();
     drop(conn);
     let managed = restore_and_step_aside(shared, &mm, 0, crate::wire::USER_END, Unregister::Parts)?;
+    // The same request comes from an agent whose threads stepped out and could not start or
+    // greet again (`step_out`): the process goes on without them.
+    if mm.stepped_out.swap(false, Ordering::AcqRel) {
+        Stats::add(&shared.stats.agent_restart_left_processes, 1);
+        eprintln!(
+            "uffd-daemon: pid {pid}: the agent's threads could not start again after a call that \
+             needs the process alone (a new user namespace): its {} MiB are brought back and the \
+             process is no longer managed (counted in unmanaged_no_agent_bytes)",
+            managed >> 20
+        );
+        return Ok(());
+    }
     Stats::add(&shared.stats.tsync_left_processes, 1);
     Stats::add(&shared.stats.tsync_left_bytes, managed);
     eprintln!(
@@ -639,6 +652,35 @@ fn leave_management(shared: &Shared, pid: i32) -> std::io::Result<()> {
          unmanaged_no_agent_bytes)",
         managed >> 20
     );
+    Ok(())
+}
+
+/// The program makes a call the kernel allows only to a process of one thread
+/// (`unshare(CLONE_NEWUSER)`, `setns` into a user, mount or time namespace: the agent's
+/// `unshare` and `setns` wrappers ask), so the agent's threads end for the moment of it and
+/// then start again. The daemon waits for a DROP in flight to settle and closes the agent's
+/// connection (the agent thread ends on that) with none outstanding. Everything else is kept:
+/// the uffd (the daemon's own reference keeps the registrations alive after the agent's copy
+/// closes), the page states, the stored pages; faults are served meanwhile, and nothing of the
+/// process is evicted until its agent greets again (`HELLO_AGENT_RESTART`).
+fn step_out(shared: &Shared, pid: i32) -> std::io::Result<()> {
+    let Some(mm) = live_mm(shared, pid) else {
+        return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+    };
+    if mm.agentless.load(Ordering::Acquire) {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut slot = agent_without_drop(&mm)?;
+    let conn = slot.take();
+    mm.stepped_out.store(true, Ordering::Release);
+    // The agent thread ends through glibc's thread exit, which touches the program's memory
+    // (its thread count, its allocator's caches): faults of the program's, not of an agent
+    // thread that a DROP could wait for, since none can be sent any more. The new agent thread
+    // names itself again.
+    mm.agent_tid.store(0, Ordering::Relaxed);
+    drop(slot);
+    drop(conn);
+    Stats::add(&shared.stats.agent_step_outs, 1);
     Ok(())
 }
 
@@ -840,6 +882,11 @@ fn read_hello(
             answer_request(sock, pid, r, "stop managing it");
             return None;
         }
+        Ok((Message::StepOut, _)) => {
+            let r = step_out(shared, pid);
+            answer_request(sock, pid, r, "let its agent's threads step out");
+            return None;
+        }
         Ok((other, _)) => {
             Stats::add(&stats.protocol_errors, 1);
             refuse(sock, &format!("expected HELLO, got {other:?}"));
@@ -922,7 +969,7 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         let Some(again) = read_hello(&shared, &sock, cred.pid) else {
             return;
         };
-        if again.0.flags & (HELLO_NEED_UFFD | HELLO_FORK_CHILD) != 0 {
+        if again.0.flags & (HELLO_NEED_UFFD | HELLO_FORK_CHILD | HELLO_AGENT_RESTART) != 0 {
             Stats::add(&stats.protocol_errors, 1);
             refuse(
                 &sock,
@@ -936,6 +983,42 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
     let region = (hello.region_start, hello.region_start + hello.region_len);
     let max_drop = (hello.scratch_pages as usize).min(protocol::MAX_DROP_PAGES);
 
+    if hello.flags & HELLO_AGENT_RESTART != 0 {
+        // The agent's threads of a managed process, back after they stepped out: like a fork
+        // child, it gets back the uffd the daemon kept (the new agent thread named itself
+        // through its scratch fault before greeting).
+        let Some(mm) = live_mm(&shared, pid) else {
+            refuse(&sock, "no managed address space is known for this pid");
+            return;
+        };
+        // One agent per address space, as for a fork child. (Also an agent whose earlier
+        // connection was lost: only its watchdog had to step out.)
+        let mut slot = mm.agent.lock();
+        if slot.is_some() || mm.agentless.load(Ordering::Acquire) {
+            drop(slot);
+            Stats::add(&stats.protocol_errors, 1);
+            refuse(&sock, "this process already has an agent connection");
+            return;
+        }
+        let mut conn = match AgentConn::new(sock, max_drop) {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        let ack = Message::HelloAck {
+            status: 0,
+            max_drop_pages: max_drop as u32,
+        };
+        if conn.send(&ack, Some(mm.uffd.raw())).is_err() {
+            return;
+        }
+        *slot = Some(conn);
+        mm.stepped_out.store(false, Ordering::Release);
+        drop(slot);
+        Stats::add(&stats.agent_restarts, 1);
+        // The call may have changed what the process maps; pick up anything new.
+        let _ = scan_and_register(&shared, &mm);
+        return;
+    }
     if hello.flags & HELLO_FORK_CHILD != 0 {
         // The child named itself through its probe fault before connecting; find its mm.
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -137,6 +137,9 @@ pub struct Mm {
     /// Managed without an agent (`agentless.rs`): DROPs are `MADV_DONTNEED`s injected with
     /// ptrace, the probe page is one the daemon mapped.
     pub agentless: AtomicBool,
+    /// The agent's threads stepped out (`STEP_OUT`: the program makes a call that needs the
+    /// process alone) and have not greeted again yet.
+    pub stepped_out: AtomicBool,
     /// The runs an injected DROP is removing now: their `REMOVE` events are the daemon's own.
     pub own_drop: Mutex<OwnDrop>,
     /// A forked child of an agentless process, not bound to its pid yet: the token the daemon
@@ -253,6 +256,7 @@ impl Mm {
             untracked_rss: AtomicU64::new(0),
             wp_waiters: AtomicBool::new(false),
             agentless: AtomicBool::new(false),
+            stepped_out: AtomicBool::new(false),
             own_drop: Mutex::new(OwnDrop::default()),
             bind_token: Mutex::new(None),
             handling: AtomicU64::new(0),

@@ -7,10 +7,12 @@
 //! HELLO      agent  -> daemon  pid u32, ppid u32, flags u32, pad u32, features u64,
 //!                              region_start u64, region_len u64, probe u64, scratch u64,
 //!                              scratch_pages u32, pad u32            (+ the uffd by SCM_RIGHTS
-//!                                                                     unless FORK_CHILD;
+//!                                                                     unless FORK_CHILD or
+//!                                                                     AGENT_RESTART;
 //!                                                                     scratch = probe + 4096)
 //! HELLO_ACK  daemon -> agent   status i32, max_drop_pages u32        (+ the child's uffd by
-//!                                                                     SCM_RIGHTS to a fork child)
+//!                                                                     SCM_RIGHTS to a fork child
+//!                                                                     or an AGENT_RESTART)
 //! DROP       daemon -> agent   nruns u32, pad u32, nruns x (addr u64, npages u32, pad u32)
 //! DROP_DONE  agent  -> daemon  npages u32, pad u32, npages x status u8 (0 = dropped, else errno)
 //! ERROR      daemon -> agent   code i32, message bytes (UTF-8)
@@ -24,9 +26,10 @@
 use thiserror::Error;
 
 pub use crate::wire::{
-    DROP_RUN_UNSHARE, HEADER_LEN, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD,
-    KIND_DROP, KIND_DROP_DONE, KIND_ERROR, KIND_HELLO, KIND_HELLO_ACK, KIND_LEAVE, KIND_LOCK,
-    KIND_RELEASE, LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
+    DROP_RUN_UNSHARE, HEADER_LEN, HELLO_AGENT_RESTART, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD,
+    HELLO_NEED_UFFD, KIND_DROP, KIND_DROP_DONE, KIND_ERROR, KIND_HELLO, KIND_HELLO_ACK, KIND_LEAVE,
+    KIND_LOCK, KIND_RELEASE, KIND_STEP_OUT, LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS,
+    VERSION,
 };
 
 /// The agent's greeting.
@@ -94,6 +97,14 @@ pub enum Message {
     /// the agent's connection (its threads then end), brings back every page it evicted from
     /// the process and stops managing it (answered with `HelloAck`, status 0 or an errno).
     Leave,
+    /// From a program thread of a managed process, on a connection of its own: the program
+    /// makes a call the kernel allows only to a process of one thread (`unshare` or `setns`
+    /// of a user namespace, ...), and the agent's threads end for it. The daemon settles any
+    /// DROP in flight and closes the agent's connection, and keeps everything else: the
+    /// registrations, the stored pages, the uffd (answered with `HelloAck`, status 0 or an
+    /// errno). The agent's new threads greet again with
+    /// [`HELLO_AGENT_RESTART`](crate::wire::HELLO_AGENT_RESTART).
+    StepOut,
     /// From a program thread of a managed process, on a connection of its own, before its
     /// `mlock`, `mlock2` or `mlockall` (or after one that failed): no page of the range may be
     /// chosen for eviction from now on, so that none reaches a tier after the lock (the
@@ -215,6 +226,7 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
             KIND_RELEASE
         }
         Message::Leave => KIND_LEAVE,
+        Message::StepOut => KIND_STEP_OUT,
         Message::Lock { start, len, flags } => {
             p.extend_from_slice(&start.to_le_bytes());
             p.extend_from_slice(&len.to_le_bytes());
@@ -295,7 +307,10 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
                 scratch: u64_at(p, 48),
                 scratch_pages: u32_at(p, 56),
             };
-            if h.flags & !(HELLO_FORK_CHILD | HELLO_NEED_UFFD | HELLO_API_BY_DAEMON) != 0 {
+            if h.flags
+                & !(HELLO_FORK_CHILD | HELLO_NEED_UFFD | HELLO_API_BY_DAEMON | HELLO_AGENT_RESTART)
+                != 0
+            {
                 return Err(payload_err(
                     "HELLO",
                     p.len(),
@@ -441,6 +456,12 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
             }
             Message::Leave
         }
+        KIND_STEP_OUT => {
+            if !p.is_empty() {
+                return Err(payload_err("STEP_OUT", p.len(), "expected no payload"));
+            }
+            Message::StepOut
+        }
         KIND_LOCK => {
             if p.len() != 24 {
                 return Err(payload_err("LOCK", p.len(), "expected 24 bytes"));
@@ -519,6 +540,7 @@ mod tests {
                 len: pages * 4096
             }),
             Just(Message::Leave),
+            Just(Message::StepOut),
             (page_addr(), 1u64..1024, 0u32..2).prop_map(|(start, pages, flags)| Message::Lock {
                 start,
                 len: pages * 4096,

@@ -158,6 +158,15 @@ counters! {
     tsync_left_processes,
     /// Bytes the daemon managed in those processes when they left.
     tsync_left_bytes,
+    /// Times the agent's threads of a process ended for a call the kernel allows only to a
+    /// process of one thread (`unshare(CLONE_NEWUSER)`, `setns` into a user, mount or time
+    /// namespace), the process's uffd and registrations kept by the daemon meanwhile.
+    agent_step_outs,
+    /// Times they started again after such a call and greeted the daemon: managed again.
+    agent_restarts,
+    /// Processes whose agent could not start again after such a call: the daemon brought their
+    /// pages back and stopped managing them (as `tsync_left`; counted by the census since).
+    agent_restart_left_processes,
     /// Times eviction stalled because no tier took any page of a batch (the swap space full, a
     /// failing device): the limit does not hold until it ends.
     store_stalls,

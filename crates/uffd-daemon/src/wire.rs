@@ -20,7 +20,7 @@ pub const MAX_DROP_PAGES: usize = 4096;
 
 /// Message kind: the agent's greeting.
 pub const KIND_HELLO: u16 = 1;
-/// Message kind: the daemon's answer to a greeting (and to RELEASE, LEAVE, LOCK).
+/// Message kind: the daemon's answer to a greeting (and to RELEASE, LEAVE, LOCK, STEP_OUT).
 pub const KIND_HELLO_ACK: u16 = 2;
 /// Message kind: drop these pages.
 pub const KIND_DROP: u16 = 3;
@@ -34,6 +34,10 @@ pub const KIND_RELEASE: u16 = 6;
 pub const KIND_LEAVE: u16 = 7;
 /// Message kind: a range is about to be locked in memory.
 pub const KIND_LOCK: u16 = 8;
+/// Message kind: the agent's threads are about to end for a moment (a program call that needs
+/// the process to have one thread: a new user namespace); they greet again with
+/// [`HELLO_AGENT_RESTART`] after it.
+pub const KIND_STEP_OUT: u16 = 9;
 
 /// HELLO flag: the sender is a forked child whose uffd the daemon already holds.
 pub const HELLO_FORK_CHILD: u32 = 1;
@@ -46,6 +50,10 @@ pub const HELLO_NEED_UFFD: u32 = 2;
 /// `EVENT_FORK` needs); the daemon enables the features and registers the agent's probe and
 /// scratch pages.
 pub const HELLO_API_BY_DAEMON: u32 = 4;
+/// HELLO flag: the agent's threads of a process the daemon manages start again after they
+/// stepped out ([`KIND_STEP_OUT`]); like a fork child, the daemon answers with the process's
+/// uffd, which it kept.
+pub const HELLO_AGENT_RESTART: u32 = 8;
 
 /// DROP run flag: do not move this run's pages; make them the process's own again
 /// (`MADV_POPULATE_WRITE`, which breaks copy-on-write sharing as a write would, without

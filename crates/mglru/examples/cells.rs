@@ -48,6 +48,16 @@ fn config(spec: &str) -> Result<Config, String> {
             "bloom_filter" => c.bloom_filter = n != 0,
             "look_around" => c.look_around = n != 0,
             "max_nr_gens" => c.max_nr_gens = n as usize,
+            "idle_demotion" => c.idle_demotion = n != 0,
+            "aging_ctrl" => c.aging_ctrl = n as u32,
+            "settle_faults" => c.settle_faults = n != 0,
+            "placement" => {
+                c.fault_placement = match n {
+                    0 => mglru::FaultPlacement::Oldest,
+                    1 => mglru::FaultPlacement::SecondOldest,
+                    _ => mglru::FaultPlacement::Youngest,
+                }
+            }
             _ => return Err(format!("unknown knob {k}")),
         }
     }
@@ -93,9 +103,17 @@ fn cells(dir: &PathBuf) -> Result<Vec<Cell>, String> {
             .collect();
         files.sort();
         for p in files {
-            let name = p.file_stem().unwrap_or_default().to_string_lossy().into_owned();
+            let name = p
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
             let text = std::fs::read_to_string(&p).map_err(|e| e.to_string())?;
-            by_fraction(&mut out, &name, parse_trace(&text).map_err(|e| e.to_string())?);
+            by_fraction(
+                &mut out,
+                &name,
+                parse_trace(&text).map_err(|e| e.to_string())?,
+            );
         }
     }
     let len = 1_000_000;
@@ -109,10 +127,18 @@ fn cells(dir: &PathBuf) -> Result<Vec<Cell>, String> {
         "zipf_scan_1to4",
         workload::zipf_with_scan(20_000, 0.9, 1, 4, len, 2),
     );
-    for (name, num, den) in [("loop_1.1x", 11, 10), ("loop_1.5x", 3, 2), ("loop_2x", 2, 1)] {
+    for (name, num, den) in [
+        ("loop_1.1x", 11, 10),
+        ("loop_1.5x", 3, 2),
+        ("loop_2x", 2, 1),
+    ] {
         for f in FRACTIONS {
             let cap = (20_000.0 * f) as usize;
-            let pages = if num == 11 { cap + cap / 10 } else { cap * num / den };
+            let pages = if num == 11 {
+                cap + cap / 10
+            } else {
+                cap * num / den
+            };
             out.push(Cell {
                 trace: name.into(),
                 cap,
@@ -124,7 +150,12 @@ fn cells(dir: &PathBuf) -> Result<Vec<Cell>, String> {
     for set in [5_000, 20_000] {
         for (alpha, seed) in [(0.9, 11), (1.0, 12), (1.1, 13)] {
             let t = workload::moving_hot_set(set, alpha, 5 * set, 3, seed + set as u64);
-            by_set(&mut out, &format!("moved_z{alpha:.1}_{}k", set / 1000), set, t);
+            by_set(
+                &mut out,
+                &format!("moved_z{alpha:.1}_{}k", set / 1000),
+                set,
+                t,
+            );
         }
     }
     for (scan, seed) in [(10_000, 21), (30_000, 22)] {
@@ -166,7 +197,10 @@ fn main() -> Result<(), String> {
         .into_iter()
         .filter(|c| only.is_empty() || only.iter().any(|o| c.trace.starts_with(o.as_str())))
         .collect();
-    let cfgs: Vec<Config> = variants.iter().map(|v| config(v)).collect::<Result<_, _>>()?;
+    let cfgs: Vec<Config> = variants
+        .iter()
+        .map(|v| config(v))
+        .collect::<Result<_, _>>()?;
     // (lru, best of ARC/LIRS/S3-FIFO) per cell.
     let mut base = Vec::new();
     for c in &all {
@@ -221,6 +255,10 @@ fn main() -> Result<(), String> {
                     lru * 100.0
                 );
             }
+        }
+        if only.len() == 1 {
+            summary.push(format!("{v}: sum {sum:.2}"));
+            continue;
         }
         let g: Vec<String> = gaps.iter().map(|(k, v)| format!("{k} {v:+.1}")).collect();
         summary.push(format!(

@@ -94,6 +94,14 @@ pub struct Config {
     /// the clock, so their protection lasts as before. 8 by default (a deviation from v6.1,
     /// see the crate documentation).
     pub eviction_aging: u32,
+    /// EXPERIMENT: when a walk finds the protected pages idle, demote the ones it did not find
+    /// young to the old end of the oldest generation at once.
+    pub idle_demotion: bool,
+    /// EXPERIMENT: the aging controller.
+    pub aging_ctrl: u32,
+    /// EXPERIMENT: clear the fault's accessed bit of each faulted page at the next eviction
+    /// or aging (instead of taking the first bit seen as the fault's).
+    pub settle_faults: bool,
 }
 
 impl Default for Config {
@@ -134,6 +142,9 @@ impl Config {
             refault_window: 0,
             young_bound_aging: false,
             eviction_aging: 0,
+            idle_demotion: false,
+            aging_ctrl: 0,
+            settle_faults: false,
         }
     }
 
@@ -251,11 +262,22 @@ pub struct Stats {
     pub evicted: u64,
     /// Pages added that had a shadow entry (recent or not).
     pub refaults: u64,
+    /// The aging controller's window: victims never promoted since they were added
+    /// (probation) and victims that had been (demoted), `[probation, demoted]`, halved every
+    /// memory's worth of evictions.
+    pub aging_evicted: [u64; 2],
+    /// Refaults within a memory's worth of evictions of the victims counted in
+    /// `aging_evicted`, `[probation, demoted]`.
+    pub aging_refaulted: [u64; 2],
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Shadow {
     seq: u64,
+    /// The eviction epoch it was evicted in (see [`AgingCtrl`]).
+    epoch: u64,
+    /// Whether it had been promoted for a reuse since it was added (a demotion's victim).
+    reused: bool,
     /// Which FIFO slot is this entry's (wrapping; the FIFO holds far fewer than 2^32).
     stamp: u32,
     page_type: PageType,
@@ -294,10 +316,89 @@ impl Keyed for Node {
     }
 }
 
-/// Bits of a shadow token ([`Mglru::take_shadow`]): the page type, its references (3 bits)
-/// and the low 24 bits of the generation it was evicted from.
+/// Bits of a shadow token ([`Mglru::take_shadow`]): the page type, its references (3 bits),
+/// whether it had been promoted for a reuse, the low 12 bits of its eviction epoch and the low
+/// 11 bits of the generation it was evicted from.
 pub const SHADOW_TOKEN_BITS: u32 = 28;
-const TOKEN_SEQ_BITS: u32 = SHADOW_TOKEN_BITS - 4;
+const TOKEN_EPOCH_BITS: u32 = 12;
+const TOKEN_SEQ_BITS: u32 = SHADOW_TOKEN_BITS - 5 - TOKEN_EPOCH_BITS;
+const TOKEN_EPOCH_SHIFT: u32 = 5;
+const TOKEN_SEQ_SHIFT: u32 = TOKEN_EPOCH_SHIFT + TOKEN_EPOCH_BITS;
+
+/// Eviction epochs per memory's worth of evictions (an epoch ends when the pages evicted in it
+/// reach `1 / EPOCHS_PER_TURNOVER` of the resident pages).
+const EPOCHS_PER_TURNOVER: u64 = 8;
+
+/// Refaults within this many epochs (about one memory's worth of evictions, ARC's ghost lists)
+/// count for the aging controller.
+const CTRL_REFAULT_EPOCHS: u64 = EPOCHS_PER_TURNOVER;
+
+/// What the aging controller says, from the refault rates of the two kinds of victims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AgingMode {
+    /// Demoted victims come back more than twice as often as probation's: the aging demotes
+    /// pages still in use (a loop, long reuse periods): age only when generations run out.
+    Protect,
+    /// Probation's victims come back more than twice as often as demoted ones: the protected
+    /// generations hold pages less used than the ones turned away (the hot set moved): run
+    /// the eviction clock.
+    Fast,
+    /// Neither: the young bound and the idle gate decide.
+    Neutral,
+}
+
+/// The aging controller: evictions and recent refaults of victims never promoted since they
+/// were added (`[0]`, probation) and of victims that had been (`[1]`, demoted), halved every
+/// memory's worth of evictions; the eviction epoch clock.
+#[derive(Debug, Default, Clone)]
+struct AgingCtrl {
+    evicted: [u64; 2],
+    refaulted: [u64; 2],
+    epoch: u64,
+    /// Evictions in the current epoch.
+    in_epoch: u64,
+}
+
+impl AgingCtrl {
+    fn on_evict(&mut self, reused: bool, len: usize) {
+        self.evicted[usize::from(reused)] += 1;
+        self.in_epoch += 1;
+        if self.in_epoch * EPOCHS_PER_TURNOVER >= len as u64 {
+            self.in_epoch = 0;
+            self.epoch += 1;
+            if self.epoch % EPOCHS_PER_TURNOVER == 0 {
+                self.evicted[0] /= 2;
+                self.refaulted[0] /= 2;
+            }
+        }
+        // The demoted victims' window halves on their own turnover: no demotions, no news.
+        if self.evicted[1] > len as u64 {
+            self.evicted[1] /= 2;
+            self.refaulted[1] /= 2;
+        }
+    }
+
+    fn on_refault(&mut self, reused: bool, epoch: u64) {
+        if self.epoch.saturating_sub(epoch) <= CTRL_REFAULT_EPOCHS {
+            self.refaulted[usize::from(reused)] += 1;
+        }
+    }
+
+    fn mode(&self) -> AgingMode {
+        let pos = |k: usize, gain| CtrlPos {
+            refaulted: self.refaulted[k],
+            total: self.evicted[k],
+            gain,
+        };
+        if !positive_ctrl_err(pos(0, 1), pos(1, 2)) {
+            AgingMode::Protect
+        } else if !positive_ctrl_err(pos(1, 1), pos(0, 2)) {
+            AgingMode::Fast
+        } else {
+            AgingMode::Neutral
+        }
+    }
+}
 
 // A node per resident page: keep it at two words (the daemon's metadata budget is 1% of the
 // memory it manages, and the nodes are most of it).
@@ -434,6 +535,9 @@ pub struct Mglru {
     evicted_at_aging: u64,
     /// Whether the last walk found most protected pages idle (the eviction clock runs fast).
     aging_fast: bool,
+    aging_ctrl: AgingCtrl,
+    /// Faulted pages whose fault's accessed bit is not cleared yet (`settle_faults`).
+    unsettled: Vec<PageId>,
     refaults: u64,
 }
 
@@ -468,6 +572,8 @@ impl Mglru {
             evicted: 0,
             evicted_at_aging: 0,
             aging_fast: false,
+            aging_ctrl: AgingCtrl::default(),
+            unsettled: Vec::new(),
             refaults: 0,
         })
     }
@@ -586,7 +692,14 @@ impl Mglru {
     pub fn take_shadow(&mut self, page: PageId) -> Option<u32> {
         let s = self.shadows.remove(&page)?;
         let seq = (s.seq & ((1 << TOKEN_SEQ_BITS) - 1)) as u32;
-        Some((seq << 4) | (u32::from(s.refs) << 1) | s.page_type.idx() as u32)
+        let epoch = (s.epoch & ((1 << TOKEN_EPOCH_BITS) - 1)) as u32;
+        Some(
+            (seq << TOKEN_SEQ_SHIFT)
+                | (epoch << TOKEN_EPOCH_SHIFT)
+                | (u32::from(s.reused) << 4)
+                | (u32::from(s.refs) << 1)
+                | s.page_type.idx() as u32,
+        )
     }
 
     /// [`Mglru::add`] for a page whose shadow entry the embedder kept (a token from
@@ -608,9 +721,14 @@ impl Mglru {
         let page_type = PageType::from_idx((token & 1) as usize);
         let mask = (1u64 << TOKEN_SEQ_BITS) - 1;
         let min = self.min_seq[page_type.idx()];
-        let distance = min.wrapping_sub(u64::from(token >> 4)) & mask;
+        let distance = min.wrapping_sub(u64::from(token >> TOKEN_SEQ_SHIFT)) & mask;
+        let epoch_mask = (1u64 << TOKEN_EPOCH_BITS) - 1;
+        let epoch_token = u64::from(token >> TOKEN_EPOCH_SHIFT) & epoch_mask;
+        let epochs = self.aging_ctrl.epoch.wrapping_sub(epoch_token) & epoch_mask;
         let shadow = Shadow {
             seq: min.saturating_sub(distance),
+            epoch: self.aging_ctrl.epoch.saturating_sub(epochs),
+            reused: token & (1 << 4) != 0,
             stamp: 0,
             page_type,
             refs: ((token >> 1) & 7) as u8,
@@ -629,6 +747,7 @@ impl Mglru {
         let refault = shadow.map(|shadow| {
             let rf = self.refault_of(&shadow);
             self.refaults += 1;
+            self.aging_ctrl.on_refault(shadow.reused, shadow.epoch);
             if rf.recent {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
@@ -658,6 +777,9 @@ impl Mglru {
         // A recent refault has a history: its first accessed bit is a reuse.
         if hint.arrival == Arrival::Fault && !workingset {
             word.set_fresh();
+            if self.cfg.settle_faults {
+                self.unsettled.push(page);
+            }
         }
         let i = self.slab.insert(
             page,
@@ -768,6 +890,7 @@ impl Mglru {
     /// bloom filter is on), promotes young pages to the current youngest generation, then
     /// increments `max_seq` (draining the oldest generation if all of them are in use).
     pub fn age(&mut self, source: &mut dyn AccessSource) -> WalkStats {
+        self.settle(source);
         self.try_to_inc_min_seq();
         self.walk(source);
         self.inc_max_seq();
@@ -831,6 +954,9 @@ impl Mglru {
         }
         batch.apply(&mut self.nr_pages, &mut self.gen_promoted);
         self.aging_fast = stats.young * IDLE_FRACTION.1 < protected * IDLE_FRACTION.0;
+        if self.aging_fast && self.cfg.idle_demotion {
+            self.demote_idle();
+        }
         stats.nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.walks += 1;
         self.walk_totals.nanos = self.walk_totals.nanos.saturating_add(stats.nanos);
@@ -840,6 +966,47 @@ impl Mglru {
         self.walk_totals.pages_scanned += stats.pages_scanned;
         self.walk_totals.young += stats.young;
         self.last_walk = stats;
+    }
+
+    /// Moves every page of the protected generations below the youngest that is still in the
+    /// generation of its list (not promoted since: idle) to the old end of the oldest
+    /// generation, older protected generations nearer the tail; promoted pages are sorted to
+    /// their own generation.
+    fn demote_idle(&mut self) {
+        for ty in 0..2 {
+            let oldest = self.gen(self.min_seq[ty]);
+            for seq in (self.min_seq[ty] + 1..self.max_seq).rev() {
+                let g = self.gen(seq);
+                while let Some(i) = self.lists[g][ty].head() {
+                    self.lists[g][ty].unlink(&mut self.slab.nodes, i);
+                    let (old, new) = self.slab.nodes[i as usize].word.inc_gen(g, oldest);
+                    if let Some(old) = old {
+                        if old != new {
+                            self.nr_pages[old][ty] -= 1;
+                            self.nr_pages[new][ty] += 1;
+                        }
+                    }
+                    if new == oldest {
+                        self.lists[new][ty].push_tail(&mut self.slab.nodes, i);
+                    } else {
+                        self.lists[new][ty].push_head(&mut self.slab.nodes, i);
+                    }
+                    self.slab.nodes[i as usize].word.set_list_gen(new);
+                }
+            }
+        }
+    }
+
+    /// Clears the fault's accessed bit of the pages faulted since the last call, so that the
+    /// next bit seen on them is a reuse.
+    fn settle(&mut self, source: &mut dyn AccessSource) {
+        for page in std::mem::take(&mut self.unsettled) {
+            if let Some(i) = self.slab.get(page) {
+                if self.slab.nodes[i as usize].word.settle() {
+                    source.test_and_clear_page(page);
+                }
+            }
+        }
     }
 
     /// `inc_max_seq`: opens a new youngest generation.
@@ -936,9 +1103,64 @@ impl Mglru {
         if min_seq + n > self.max_seq {
             return true;
         }
+        let mode = match self.cfg.aging_ctrl {
+            0 => AgingMode::Neutral,
+            1 => self.aging_ctrl.mode(),
+            4 | 5 => {
+                let [_, ed] = self.aging_ctrl.evicted;
+                let [_, rd] = self.aging_ctrl.refaulted;
+                let num = if self.cfg.aging_ctrl == 4 { 2 } else { 4 };
+                if rd >= MIN_LRU_BATCH as u64 && rd * num > ed * (num - 1) {
+                    AgingMode::Protect
+                } else {
+                    AgingMode::Neutral
+                }
+            }
+            6 | 7 => AgingMode::Neutral,
+            v => match self.aging_ctrl.mode() {
+                AgingMode::Protect => AgingMode::Neutral,
+                AgingMode::Fast if v == 3 && self.aging_ctrl.evicted[1] < MIN_LRU_BATCH as u64 => {
+                    AgingMode::Neutral
+                }
+                m => m,
+            },
+        };
+        // 6, 7: the controller only vetoes the idle clock when demoted victims come back
+        // more than twice (6) or more (7) as often as probation's.
+        let veto = match self.cfg.aging_ctrl {
+            6 => !positive_ctrl_err(
+                CtrlPos {
+                    refaulted: self.aging_ctrl.refaulted[0],
+                    total: self.aging_ctrl.evicted[0],
+                    gain: 1,
+                },
+                CtrlPos {
+                    refaulted: self.aging_ctrl.refaulted[1],
+                    total: self.aging_ctrl.evicted[1],
+                    gain: 2,
+                },
+            ),
+            7 => !positive_ctrl_err(
+                CtrlPos {
+                    refaulted: self.aging_ctrl.refaulted[0],
+                    total: self.aging_ctrl.evicted[0],
+                    gain: 1,
+                },
+                CtrlPos {
+                    refaulted: self.aging_ctrl.refaulted[1],
+                    total: self.aging_ctrl.evicted[1],
+                    gain: 1,
+                },
+            ),
+            _ => false,
+        };
+        let mode = if veto { AgingMode::Neutral } else { mode };
+        if mode == AgingMode::Protect {
+            return false;
+        }
         // The eviction clock, while the last walk found the protected pages idle.
         let k = u64::from(self.cfg.eviction_aging);
-        if self.aging_fast
+        if ((self.aging_fast && !veto) || mode == AgingMode::Fast)
             && k > 0
             && (self.evicted - self.evicted_at_aging) * k >= self.len() as u64
         {
@@ -1010,6 +1232,7 @@ impl Mglru {
         // since nothing sets accessed bits or references meanwhile; the bound guards bugs.
         let mut budget = (self.len() as u64 + 1) * (MAX_NR_GENS + MAX_NR_TIERS + 4) as u64 * 4;
         let mut idle = 0;
+        self.settle(source);
         while victims.len() < n && self.nr_evictable() > 0 {
             self.try_to_inc_min_seq();
             if self.should_run_aging() {
@@ -1218,6 +1441,7 @@ impl Mglru {
         let n = &self.slab.nodes[i as usize];
         let page = n.page();
         let refs = n.word.refs();
+        let reused = n.word.is_reused();
         let tier = tier_from_refs(refs);
         if let Some(g) = n.word.isolate() {
             self.nr_pages[g][ty] -= 1;
@@ -1232,10 +1456,14 @@ impl Mglru {
         // lru_gen_eviction: the token holds min_seq and the references.
         let stamp = self.next_stamp;
         self.next_stamp = self.next_stamp.wrapping_add(1);
+        let len = self.len();
+        self.aging_ctrl.on_evict(reused, len);
         self.shadows.insert(
             page,
             Shadow {
                 seq: self.min_seq[ty],
+                epoch: self.aging_ctrl.epoch,
+                reused,
                 page_type: PageType::from_idx(ty),
                 refs: refs as u8,
                 stamp,
@@ -1315,6 +1543,8 @@ impl Mglru {
             look_around_promoted: self.look_around_promoted,
             evicted: self.evicted,
             refaults: self.refaults,
+            aging_evicted: self.aging_ctrl.evicted,
+            aging_refaulted: self.aging_ctrl.refaulted,
         }
     }
 

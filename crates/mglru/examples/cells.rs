@@ -42,15 +42,13 @@ fn config(spec: &str) -> Result<Config, String> {
         let n: u64 = v.parse().map_err(|_| format!("bad value in {part}"))?;
         match k {
             "eviction_aging" => c.eviction_aging = n as u32,
+            "demotion_feedback" => c.demotion_feedback = n != 0,
             "refault_window" => c.refault_window = n,
             "look_twice" => c.look_twice = n != 0,
             "young_bound_aging" => c.young_bound_aging = n != 0,
             "bloom_filter" => c.bloom_filter = n != 0,
             "look_around" => c.look_around = n != 0,
             "max_nr_gens" => c.max_nr_gens = n as usize,
-            "idle_demotion" => c.idle_demotion = n != 0,
-            "aging_ctrl" => c.aging_ctrl = n as u32,
-            "settle_faults" => c.settle_faults = n != 0,
             "placement" => {
                 c.fault_placement = match n {
                     0 => mglru::FaultPlacement::Oldest,

@@ -130,10 +130,8 @@ fn cells_config(spec: &str) -> Config {
         let n: u64 = v.parse().expect("a number");
         match k {
             "eviction_aging" => c.eviction_aging = n as u32,
+            "demotion_feedback" => c.demotion_feedback = n != 0,
             "young_bound_aging" => c.young_bound_aging = n != 0,
-            "aging_ctrl" => c.aging_ctrl = n as u32,
-            "settle_faults" => c.settle_faults = n != 0,
-            "idle_demotion" => c.idle_demotion = n != 0,
             "look_twice" => c.look_twice = n != 0,
             "refault_window" => c.refault_window = n,
             _ => panic!("unknown knob {k}"),

@@ -94,14 +94,17 @@ pub struct Config {
     /// the clock, so their protection lasts as before. 8 by default (a deviation from v6.1,
     /// see the crate documentation).
     pub eviction_aging: u32,
-    /// EXPERIMENT: when a walk finds the protected pages idle, demote the ones it did not find
-    /// young to the old end of the oldest generation at once.
-    pub idle_demotion: bool,
-    /// EXPERIMENT: the aging controller.
-    pub aging_ctrl: u32,
-    /// EXPERIMENT: clear the fault's accessed bit of each faulted page at the next eviction
-    /// or aging (instead of taking the first bit seen as the fault's).
-    pub settle_faults: bool,
+    /// Whether the eviction clock ([`Config::eviction_aging`]) is held back while the victims
+    /// that had been promoted for a reuse (demoted by the aging, then evicted) come back more
+    /// often than the victims never promoted since they were added (probation's): a
+    /// refault rate per kind of victim over about a memory's worth of evictions, compared as
+    /// the PID controller compares tiers (`positive_ctrl_err`, gains 1:1). The clock demotes
+    /// protected pages that a walk found idle; when demoted pages keep coming back, they were
+    /// in use (their reuse period is longer than the walks', or the access source shows no
+    /// reuse at all, as the daemon's `--access faults`), and demoting more of them costs
+    /// faults. After a move the demoted pages do not come back, and the clock runs. On by
+    /// default (part of the fourth deviation from v6.1; v6.1 has no clock).
+    pub demotion_feedback: bool,
 }
 
 impl Default for Config {
@@ -121,6 +124,7 @@ impl Default for Config {
             look_twice: true,
             young_bound_aging: true,
             eviction_aging: DEFAULT_EVICTION_AGING,
+            demotion_feedback: true,
             ..Self::v6_1()
         }
     }
@@ -142,9 +146,7 @@ impl Config {
             refault_window: 0,
             young_bound_aging: false,
             eviction_aging: 0,
-            idle_demotion: false,
-            aging_ctrl: 0,
-            settle_faults: false,
+            demotion_feedback: false,
         }
     }
 
@@ -333,23 +335,12 @@ const EPOCHS_PER_TURNOVER: u64 = 8;
 /// count for the aging controller.
 const CTRL_REFAULT_EPOCHS: u64 = EPOCHS_PER_TURNOVER;
 
-/// What the aging controller says, from the refault rates of the two kinds of victims.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum AgingMode {
-    /// Demoted victims come back more than twice as often as probation's: the aging demotes
-    /// pages still in use (a loop, long reuse periods): age only when generations run out.
-    Protect,
-    /// Probation's victims come back more than twice as often as demoted ones: the protected
-    /// generations hold pages less used than the ones turned away (the hot set moved): run
-    /// the eviction clock.
-    Fast,
-    /// Neither: the young bound and the idle gate decide.
-    Neutral,
-}
-
-/// The aging controller: evictions and recent refaults of victims never promoted since they
-/// were added (`[0]`, probation) and of victims that had been (`[1]`, demoted), halved every
-/// memory's worth of evictions; the eviction epoch clock.
+/// The demotion feedback ([`Config::demotion_feedback`]): evictions and recent refaults of
+/// victims never promoted since they were added (`[0]`, probation) and of victims that had
+/// been (`[1]`, demoted). Probation's window is halved every memory's worth of evictions,
+/// the demoted victims' every memory's worth of demoted victims (without demotions there is
+/// no news about them, so what was learnt stays). Also the eviction epoch clock that
+/// measures refault distances for it.
 #[derive(Debug, Default, Clone)]
 struct AgingCtrl {
     evicted: [u64; 2],
@@ -384,19 +375,15 @@ impl AgingCtrl {
         }
     }
 
-    fn mode(&self) -> AgingMode {
-        let pos = |k: usize, gain| CtrlPos {
+    /// Whether demoted victims come back more often than probation's (with at least
+    /// `MIN_LRU_BATCH` of their refaults in the window): the eviction clock holds back.
+    fn demoted_in_use(&self) -> bool {
+        let pos = |k: usize| CtrlPos {
             refaulted: self.refaulted[k],
             total: self.evicted[k],
-            gain,
+            gain: 1,
         };
-        if !positive_ctrl_err(pos(0, 1), pos(1, 2)) {
-            AgingMode::Protect
-        } else if !positive_ctrl_err(pos(1, 1), pos(0, 2)) {
-            AgingMode::Fast
-        } else {
-            AgingMode::Neutral
-        }
+        !positive_ctrl_err(pos(0), pos(1))
     }
 }
 
@@ -536,8 +523,7 @@ pub struct Mglru {
     /// Whether the last walk found most protected pages idle (the eviction clock runs fast).
     aging_fast: bool,
     aging_ctrl: AgingCtrl,
-    /// Faulted pages whose fault's accessed bit is not cleared yet (`settle_faults`).
-    unsettled: Vec<PageId>,
+
     refaults: u64,
 }
 
@@ -573,7 +559,6 @@ impl Mglru {
             evicted_at_aging: 0,
             aging_fast: false,
             aging_ctrl: AgingCtrl::default(),
-            unsettled: Vec::new(),
             refaults: 0,
         })
     }
@@ -777,9 +762,6 @@ impl Mglru {
         // A recent refault has a history: its first accessed bit is a reuse.
         if hint.arrival == Arrival::Fault && !workingset {
             word.set_fresh();
-            if self.cfg.settle_faults {
-                self.unsettled.push(page);
-            }
         }
         let i = self.slab.insert(
             page,
@@ -890,7 +872,6 @@ impl Mglru {
     /// bloom filter is on), promotes young pages to the current youngest generation, then
     /// increments `max_seq` (draining the oldest generation if all of them are in use).
     pub fn age(&mut self, source: &mut dyn AccessSource) -> WalkStats {
-        self.settle(source);
         self.try_to_inc_min_seq();
         self.walk(source);
         self.inc_max_seq();
@@ -954,9 +935,6 @@ impl Mglru {
         }
         batch.apply(&mut self.nr_pages, &mut self.gen_promoted);
         self.aging_fast = stats.young * IDLE_FRACTION.1 < protected * IDLE_FRACTION.0;
-        if self.aging_fast && self.cfg.idle_demotion {
-            self.demote_idle();
-        }
         stats.nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.walks += 1;
         self.walk_totals.nanos = self.walk_totals.nanos.saturating_add(stats.nanos);
@@ -966,47 +944,6 @@ impl Mglru {
         self.walk_totals.pages_scanned += stats.pages_scanned;
         self.walk_totals.young += stats.young;
         self.last_walk = stats;
-    }
-
-    /// Moves every page of the protected generations below the youngest that is still in the
-    /// generation of its list (not promoted since: idle) to the old end of the oldest
-    /// generation, older protected generations nearer the tail; promoted pages are sorted to
-    /// their own generation.
-    fn demote_idle(&mut self) {
-        for ty in 0..2 {
-            let oldest = self.gen(self.min_seq[ty]);
-            for seq in (self.min_seq[ty] + 1..self.max_seq).rev() {
-                let g = self.gen(seq);
-                while let Some(i) = self.lists[g][ty].head() {
-                    self.lists[g][ty].unlink(&mut self.slab.nodes, i);
-                    let (old, new) = self.slab.nodes[i as usize].word.inc_gen(g, oldest);
-                    if let Some(old) = old {
-                        if old != new {
-                            self.nr_pages[old][ty] -= 1;
-                            self.nr_pages[new][ty] += 1;
-                        }
-                    }
-                    if new == oldest {
-                        self.lists[new][ty].push_tail(&mut self.slab.nodes, i);
-                    } else {
-                        self.lists[new][ty].push_head(&mut self.slab.nodes, i);
-                    }
-                    self.slab.nodes[i as usize].word.set_list_gen(new);
-                }
-            }
-        }
-    }
-
-    /// Clears the fault's accessed bit of the pages faulted since the last call, so that the
-    /// next bit seen on them is a reuse.
-    fn settle(&mut self, source: &mut dyn AccessSource) {
-        for page in std::mem::take(&mut self.unsettled) {
-            if let Some(i) = self.slab.get(page) {
-                if self.slab.nodes[i as usize].word.settle() {
-                    source.test_and_clear_page(page);
-                }
-            }
-        }
     }
 
     /// `inc_max_seq`: opens a new youngest generation.
@@ -1103,64 +1040,12 @@ impl Mglru {
         if min_seq + n > self.max_seq {
             return true;
         }
-        let mode = match self.cfg.aging_ctrl {
-            0 => AgingMode::Neutral,
-            1 => self.aging_ctrl.mode(),
-            4 | 5 => {
-                let [_, ed] = self.aging_ctrl.evicted;
-                let [_, rd] = self.aging_ctrl.refaulted;
-                let num = if self.cfg.aging_ctrl == 4 { 2 } else { 4 };
-                if rd >= MIN_LRU_BATCH as u64 && rd * num > ed * (num - 1) {
-                    AgingMode::Protect
-                } else {
-                    AgingMode::Neutral
-                }
-            }
-            6 | 7 => AgingMode::Neutral,
-            v => match self.aging_ctrl.mode() {
-                AgingMode::Protect => AgingMode::Neutral,
-                AgingMode::Fast if v == 3 && self.aging_ctrl.evicted[1] < MIN_LRU_BATCH as u64 => {
-                    AgingMode::Neutral
-                }
-                m => m,
-            },
-        };
-        // 6, 7: the controller only vetoes the idle clock when demoted victims come back
-        // more than twice (6) or more (7) as often as probation's.
-        let veto = match self.cfg.aging_ctrl {
-            6 => !positive_ctrl_err(
-                CtrlPos {
-                    refaulted: self.aging_ctrl.refaulted[0],
-                    total: self.aging_ctrl.evicted[0],
-                    gain: 1,
-                },
-                CtrlPos {
-                    refaulted: self.aging_ctrl.refaulted[1],
-                    total: self.aging_ctrl.evicted[1],
-                    gain: 2,
-                },
-            ),
-            7 => !positive_ctrl_err(
-                CtrlPos {
-                    refaulted: self.aging_ctrl.refaulted[0],
-                    total: self.aging_ctrl.evicted[0],
-                    gain: 1,
-                },
-                CtrlPos {
-                    refaulted: self.aging_ctrl.refaulted[1],
-                    total: self.aging_ctrl.evicted[1],
-                    gain: 1,
-                },
-            ),
-            _ => false,
-        };
-        let mode = if veto { AgingMode::Neutral } else { mode };
-        if mode == AgingMode::Protect {
-            return false;
-        }
-        // The eviction clock, while the last walk found the protected pages idle.
+        // The eviction clock, while the last walk found the protected pages idle and the pages
+        // it demoted do not come back more than probation's victims.
         let k = u64::from(self.cfg.eviction_aging);
-        if ((self.aging_fast && !veto) || mode == AgingMode::Fast)
+        let held = self.cfg.demotion_feedback && self.aging_ctrl.demoted_in_use();
+        if self.aging_fast
+            && !held
             && k > 0
             && (self.evicted - self.evicted_at_aging) * k >= self.len() as u64
         {
@@ -1232,7 +1117,6 @@ impl Mglru {
         // since nothing sets accessed bits or references meanwhile; the bound guards bugs.
         let mut budget = (self.len() as u64 + 1) * (MAX_NR_GENS + MAX_NR_TIERS + 4) as u64 * 4;
         let mut idle = 0;
-        self.settle(source);
         while victims.len() < n && self.nr_evictable() > 0 {
             self.try_to_inc_min_seq();
             if self.should_run_aging() {

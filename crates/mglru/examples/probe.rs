@@ -121,6 +121,15 @@ fn main() {
         tm as f64 * 100.0 / n,
         tl as f64 * 100.0 / n
     );
+    // The cost of aging per fault: walks, pages they scanned and their time, per miss.
+    let s = mg.stats();
+    println!(
+        "aging: {} walks, {} pages scanned ({:.3} per miss), {:.0} ns of walks per miss",
+        s.walks,
+        s.walk_totals.pages_scanned,
+        s.walk_totals.pages_scanned as f64 / tm.max(1) as f64,
+        s.walk_totals.nanos as f64 / tm.max(1) as f64
+    );
 }
 
 fn cells_config(spec: &str) -> Config {

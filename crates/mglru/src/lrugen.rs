@@ -91,8 +91,9 @@ pub struct Config {
     /// that stopped being used (the workload moved to other pages) keeps the young
     /// generations until the young bound fires, while the new hot set is churned through the
     /// oldest. A walk that finds most protected pages used (a loop, a stable hot set) stops
-    /// the clock, so their protection lasts as before. 8 by default (a deviation from v6.1,
-    /// see the crate documentation).
+    /// the clock, so their protection lasts as before, and so does
+    /// [`Config::demotion_feedback`] while the pages the clock demoted keep coming back. 8 by
+    /// default (a deviation from v6.1, see the crate documentation).
     pub eviction_aging: u32,
     /// Whether the eviction clock ([`Config::eviction_aging`]) is held back while the victims
     /// that had been promoted for a reuse (demoted by the aging, then evicted) come back more
@@ -115,8 +116,10 @@ impl Default for Config {
     /// generations ([`Config::young_bound_aging`]), so the aging does not stop while faults
     /// refill the oldest generation; and while a walk finds the protected generations idle,
     /// the aging also runs per eighth of memory evicted ([`Config::eviction_aging`]), so a hot
-    /// set that moved is forgotten. Everything else (4 generations, swappiness 60, PMD
-    /// regions, bloom filter, look-around, the kernel's refault rule) is v6.1's.
+    /// set that moved is forgotten, unless the pages it demotes come back more than
+    /// probation's victims ([`Config::demotion_feedback`]). Everything else (4 generations,
+    /// swappiness 60, PMD regions, bloom filter, look-around, the kernel's refault rule) is
+    /// v6.1's.
     /// [`Config::v6_1`] is the v6.1 rules unchanged.
     fn default() -> Self {
         Self {
@@ -689,9 +692,11 @@ impl Mglru {
 
     /// [`Mglru::add`] for a page whose shadow entry the embedder kept (a token from
     /// [`Mglru::take_shadow`]; the kernel's `lru_gen_refault`). The generation it was evicted
-    /// from is known modulo 2^24 generations: a refault further back than that may be
-    /// taken for a nearer one. Page ids above [`MAX_PAGE_ID`] are rejected as by
-    /// [`Mglru::add`].
+    /// from is known modulo 2^11 generations and its eviction epoch (for
+    /// [`Config::demotion_feedback`]) modulo 2^12 epochs of 1/8 of memory evicted: a refault
+    /// further back than that may be taken for a nearer one (a very old one for a recent one
+    /// with a probability of about 1/2048 for the workingset rule and 9/4096 for the
+    /// feedback). Page ids above [`MAX_PAGE_ID`] are rejected as by [`Mglru::add`].
     pub fn add_refault(
         &mut self,
         page: PageId,

@@ -200,6 +200,8 @@ struct agent {
 
 /* Set once by the constructor, read by the atfork handlers (program threads only). */
 static struct agent *g_agent;
+/* The agent's changes of the program's signal dispositions, one at a time (see "Core dumps"). */
+static volatile int g_sig_lock;
 static char g_sock_path[108];
 
 static void say(const char *msg)
@@ -965,6 +967,8 @@ static void atfork_child(void)
 	struct agent *ag = g_agent;
 	if (!ag)
 		return;
+	/* Another thread of the parent may have held it at the fork: it is not in the child. */
+	g_sig_lock = 0;
 	/* Name ourselves to the daemon: this fault arrives on our new uffd with our tid. */
 	volatile char c = *(volatile char *)ag->probe;
 	(void)c;
@@ -1341,7 +1345,6 @@ struct ksigaction {
 };
 
 static struct ksigaction g_shadow[64]; /* what the program set, for the signals the agent holds */
-static volatile int g_sig_lock;        /* the agent's changes of dispositions, one at a time */
 static volatile int g_dump_armed;      /* the agent handles core dumps in this process */
 static volatile int g_dumping;         /* a core-dumping signal was handled: nothing is taken again */
 

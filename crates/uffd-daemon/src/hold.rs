@@ -11,7 +11,7 @@
 //!   `get_user_pages_remote` without `locked`, so without `FAULT_FLAG_ALLOW_RETRY`), which
 //!   `handle_userfault` answers with `VM_FAULT_SIGBUS` instead of waiting for the daemon: `EIO`
 //!   for an evicted page, and for one never touched in a registered range. (`process_vm_readv`
-//!   pins with `locked` and waits for the daemon: it works, as reclaim's own reads do.)
+//!   pins with `locked` and waits for the daemon: it works.)
 //!
 //! So the daemon *holds* such a process: no eviction of it in flight or starting (its agent
 //! slot), every page it evicted brought back (`UFFDIO_COPY` from the store), its memory

@@ -78,6 +78,9 @@ pub struct MmState {
     /// and is not unshared again (a DROP of pages that never move would keep reclaim from
     /// seeing that it cannot make progress).
     pub unshared: std::collections::BTreeSet<u64>,
+    /// Ranges a hold let go (`hold.rs`): refused while the process is held, registered again
+    /// when a trace hold ends; a fork child's own to register.
+    pub hold_let_go: Vec<(u64, u64)>,
 }
 
 impl std::fmt::Debug for MmState {
@@ -154,6 +157,13 @@ pub struct Mm {
     /// `/proc/PID/mem` of the process, opened at its first eviction (for `pid`): reclaim reads
     /// its victims through it (`sys::read_mem`).
     pub mem: Mutex<Option<(i32, std::fs::File)>>,
+    /// Why the process is held (`hold.rs`: `HOLD_DUMP`, `HOLD_TRACE` bits; 0: it is not):
+    /// its evicted pages are brought back, its memory is the kernel's, nothing is evicted.
+    pub held: AtomicU32,
+    /// What a hold has done, under its own lock (holds and releases take it in turn).
+    pub hold: Mutex<crate::hold::HoldState>,
+    /// A thread of the scanner's is bringing the pages of a traced process back.
+    pub holding: AtomicBool,
 }
 
 /// What binds a forked child of an agentless process to its pid: 16 random bytes the daemon
@@ -262,6 +272,9 @@ impl Mm {
             handling: AtomicU64::new(0),
             rseq_pages: Mutex::new(Vec::new()),
             mem: Mutex::new(None),
+            held: AtomicU32::new(0),
+            hold: Mutex::new(crate::hold::HoldState::default()),
+            holding: AtomicBool::new(false),
         })
     }
 
@@ -298,6 +311,7 @@ impl MmState {
             lock_requests: Vec::new(),
             unshare: std::collections::BTreeSet::new(),
             unshared: std::collections::BTreeSet::new(),
+            hold_let_go: Vec::new(),
         }
     }
 
@@ -405,6 +419,12 @@ impl MmState {
         }
     }
 
+    /// Takes `[start, end)` out of the ranges the daemon leaves alone (a hold that let it go
+    /// is over: `hold.rs`).
+    pub fn unrefuse(&mut self, start: u64, end: u64) {
+        subtract(&mut self.refused, start, end);
+    }
+
     /// Parts of `[start, end)` not covered by `ranges` or `refused`.
     pub fn uncovered(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
         let mut gaps = vec![(start, end)];
@@ -479,6 +499,10 @@ impl MmState {
         let mut child = MmState::new(&shared.policy);
         child.ranges = self.ranges.clone();
         child.refused = self.refused.clone();
+        // What a hold of the parent let go is not the child's to leave alone: it registers it.
+        for &(s, e) in &self.hold_let_go {
+            child.unrefuse(s, e);
+        }
         for (addr, p) in self.pages.iter() {
             let cp = match p {
                 // Present in the parent at fork: the child has a copy-on-write copy.

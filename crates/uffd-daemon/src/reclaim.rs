@@ -182,6 +182,11 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let Some(agent) = agent_guard.as_mut() else {
         return 0;
     };
+    // Held for a core dump or a debugger (`hold.rs`): nothing is evicted. (Checked under the
+    // agent slot, which a hold takes after marking the process.)
+    if crate::hold::is_held(mm) {
+        return 0;
+    }
     if shared
         .store_backoff
         .lock()

@@ -73,6 +73,10 @@ counters! {
     /// ... locked memory of managed processes (`VmLck`: mlock, mlockall), which the daemon
     /// leaves alone: never registered, or unregistered once resident.
     unmanaged_locked_bytes,
+    /// ... anonymous memory of processes held while traced (`hold.rs`).
+    unmanaged_traced_bytes,
+    /// ... anonymous memory of processes held for their core dump (`hold.rs`).
+    unmanaged_dumping_bytes,
     /// Pages a fork child did not inherit: its parent's `MADV_WIPEONFORK` (zeros in the child)
     /// and `MADV_DONTFORK` (no mapping in the child) memory.
     fork_pages_wiped,
@@ -167,6 +171,19 @@ counters! {
     /// Processes whose agent could not start again after such a call: the daemon brought their
     /// pages back and stopped managing them (as `tsync_left`; counted by the census since).
     agent_restart_left_processes,
+    /// Processes held for their core dump (`hold.rs`): a core-dumping signal at its default
+    /// action, with a core to be written; their evicted pages brought back first.
+    held_for_dump,
+    /// Processes held while traced (a debugger, strace): their evicted pages brought back,
+    /// their memory the kernel's, nothing evicted, until no thread is traced.
+    held_for_trace,
+    /// Trace holds that ended (the tracer detached): the memory is paged again.
+    trace_releases,
+    /// Evicted pages brought back for holds.
+    hold_pages_restored,
+    /// Evicted pages a hold left evicted, more than the machine had available: a core file
+    /// holds zeros there, a debugger cannot read them.
+    hold_pages_kept_evicted,
     /// Times eviction stalled because no tier took any page of a batch (the swap space full, a
     /// failing device): the limit does not hold until it ends.
     store_stalls,

@@ -45,6 +45,20 @@ struct Readahead {
 }
 
 impl Readahead {
+    /// The pages read ahead in the last run that a fault at `addr` has gone past: the fault
+    /// lies after the run's first page and at most `slack` pages beyond its end (a stream
+    /// that went through pages still present, which stopped the run), so a sequential reader
+    /// touched them on its way. Random faults land there about `slack / pages` of the time.
+    fn passed(&self, addr: u64, slack: usize) -> impl Iterator<Item = u64> {
+        let start = self.prev + PAGE_SIZE_U64;
+        let end = if addr > self.prev && addr <= self.prev_end + slack as u64 * PAGE_SIZE_U64 {
+            addr.min(self.prev_end)
+        } else {
+            start
+        };
+        (start..end.max(start)).step_by(PAGE_SIZE)
+    }
+
     fn next_window(&mut self, addr: u64, max: usize) -> usize {
         let sequential = addr >= self.prev && addr <= self.prev_end + 2 * PAGE_SIZE_U64;
         self.window = if sequential {
@@ -409,10 +423,18 @@ fn serve_fault(
                 // unprotected.
                 return true;
             }
-            Some(Page::Resident { .. }) => {
-                // Protection armed by the access source: this write is an access.
-                st.pages.insert(addr, Page::Resident { referenced: true });
+            Some(Page::Resident { readahead, .. }) => {
+                // Protection armed by the access source: this write is an access (and a use
+                // of a page read ahead).
+                let page = Page::Resident {
+                    referenced: true,
+                    readahead: false,
+                };
+                st.pages.insert(addr, page);
                 Stats::add(&stats.wp_access_faults, 1);
+                if readahead {
+                    Stats::add(&stats.readahead_hit_pages, 1);
+                }
             }
             // A page that was `Dropping` and moved here (mremap): while a DROP is in flight the
             // agent may move whatever is at the old address, and mremap can bring this page
@@ -465,6 +487,23 @@ fn serve_fault(
         shared.kick_reclaim();
         return false;
     }
+    // Uses of pages read ahead that this fault shows: the pages of the last run it went past
+    // (a sequential reader read them on its way here), or the page itself when the message is
+    // for a page already filled (its thread touched it while it was being read ahead).
+    let max = 1usize << shared.policy.page_cluster;
+    let mut hits = ra
+        .passed(addr, max)
+        .filter(|&a| st.readahead_used(a))
+        .count() as u64;
+    if let Some(Page::Resident {
+        readahead: true, ..
+    }) = prior
+    {
+        hits += u64::from(st.readahead_used(addr));
+    }
+    if hits > 0 {
+        Stats::add(&stats.readahead_hit_pages, hits);
+    }
     let write = p.flags & sys::UFFD_PAGEFAULT_FLAG_WRITE != 0;
     // Pages filled from the fault address on (more than one with readahead) and their old
     // states.
@@ -479,7 +518,6 @@ fn serve_fault(
             if slot != ZERO_SLOT =>
         {
             // Readahead only of pages known missing, and only with room under the limit.
-            let max = 1usize << shared.policy.page_cluster;
             let mut window = if matches!(prior, Some(Page::Evicted { .. })) {
                 ra.next_window(addr, max)
             } else {
@@ -576,7 +614,6 @@ fn serve_fault(
             // window grows like readahead's, and a run stops at the first page the table
             // knows. UFFDIO_COPY never overwrites a present page, and a run that leaves the
             // VMA fails as a whole and falls back to the faulting page.
-            let max = 1usize << shared.policy.page_cluster;
             let mut window = zra.next_window(addr, max);
             if shared.resident() + window > shared.limit_pages {
                 window = 1;
@@ -682,7 +719,7 @@ fn serve_fault(
             debug_assert_eq!(now, old, "{a:#x} changed while it was restored");
             st.release(shared, a, now);
         }
-        st.make_resident(shared, a, Arrival::Cold, false);
+        st.add_readahead(shared, a);
     }
     for i in 1..zero_run as u64 {
         st.make_resident(shared, addr + i * PAGE_SIZE_U64, Arrival::Cold, false);

@@ -31,44 +31,10 @@ use mglru::Arrival;
 
 use crate::daemon::{self, Shared};
 use crate::mm::{Mm, Page, ZERO_SLOT};
+use crate::readahead::{self, Readahead};
 use crate::stats::Stats;
 use crate::sys::{self, Fill, RawUffdMsg, Uffd, UffdEvent, PAGE_SIZE, PAGE_SIZE_U64};
 use crate::tiers::{Tier, FOLIO_PAGES};
-
-/// Readahead state of one address space (the kernel's VMA-based swap readahead, simplified):
-/// the window doubles while faults follow the previous restored run and halves otherwise.
-#[derive(Debug)]
-struct Readahead {
-    prev: u64,
-    prev_end: u64,
-    window: usize,
-}
-
-impl Readahead {
-    /// The pages read ahead in the last run that a fault at `addr` has gone past: the fault
-    /// lies after the run's first page and at most `slack` pages beyond its end (a stream
-    /// that went through pages still present, which stopped the run), so a sequential reader
-    /// touched them on its way. Random faults land there about `slack / pages` of the time.
-    fn passed(&self, addr: u64, slack: usize) -> impl Iterator<Item = u64> {
-        let start = self.prev + PAGE_SIZE_U64;
-        let end = if addr > self.prev && addr <= self.prev_end + slack as u64 * PAGE_SIZE_U64 {
-            addr.min(self.prev_end)
-        } else {
-            start
-        };
-        (start..end.max(start)).step_by(PAGE_SIZE)
-    }
-
-    fn next_window(&mut self, addr: u64, max: usize) -> usize {
-        let sequential = addr >= self.prev && addr <= self.prev_end + 2 * PAGE_SIZE_U64;
-        self.window = if sequential {
-            (self.window * 2).min(max)
-        } else {
-            (self.window / 2).max(1)
-        };
-        self.window
-    }
-}
 
 /// Adaptive polling of the uffd after a fault, with the rule of the guest haltpoll cpuidle
 /// governor (`drivers/cpuidle/governors/haltpoll.c`, `adjust_poll_limit`): the window is
@@ -239,18 +205,9 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
     let mut page = vec![0u8; FOLIO_PAGES * PAGE_SIZE];
     let zeros = vec![0u8; FOLIO_PAGES * PAGE_SIZE];
     let mut served: u64 = 0;
-    let mut ra = [
-        Readahead {
-            prev: 0,
-            prev_end: 0,
-            window: 1,
-        },
-        Readahead {
-            prev: 0,
-            prev_end: 0,
-            window: 1,
-        },
-    ];
+    // Readahead of evicted pages, and fault-around of never-written ones (which judges no
+    // outcomes: its window follows position alone).
+    let mut ra = [Readahead::default(), Readahead::default()];
     let mut spin = Spin::new(shared.policy.fault_spin);
     // When the handling of the last batch ended, if it held a fault.
     let mut after_fault: Option<Instant> = None;
@@ -434,6 +391,7 @@ fn serve_fault(
                 Stats::add(&stats.wp_access_faults, 1);
                 if readahead {
                     Stats::add(&stats.readahead_hit_pages, 1);
+                    ra.record(1, 0);
                 }
             }
             // A page that was `Dropping` and moved here (mremap): while a DROP is in flight the
@@ -487,13 +445,32 @@ fn serve_fault(
         shared.kick_reclaim();
         return false;
     }
-    // Uses of pages read ahead that this fault shows: the pages of the last run it went past
-    // (a sequential reader read them on its way here), or the page itself when the message is
-    // for a page already filled (its thread touched it while it was being read ahead).
+    // What this fault shows of pages read ahead (`readahead.rs`): it went past the pages of a
+    // run of the stream it continues (a sequential reader read them on its way here: hits),
+    // or, starting a stream, dropped one that left its last run behind (those still unused:
+    // misses); and a message for a page already filled is a use of it (its thread touched it
+    // while it was being read ahead). Hits clear the pages' readahead marks; both feed the
+    // hit ratio that caps the window.
     let max = 1usize << shared.policy.page_cluster;
-    let mut hits = ra
-        .passed(addr, max)
+    let restore = matches!(
+        prior,
+        Some(Page::Evicted { slot } | Page::Dropping { slot } | Page::Inherited { slot })
+            if slot != ZERO_SLOT
+    );
+    let o = ra.observe(addr, max, restore);
+    let mut hits = readahead::pages(&o.passed)
         .filter(|&a| st.readahead_used(a))
+        .count() as u64;
+    let misses = readahead::pages(&o.left)
+        .filter(|&a| {
+            matches!(
+                st.pages.get(a),
+                Some(Page::Resident {
+                    readahead: true,
+                    ..
+                })
+            )
+        })
         .count() as u64;
     if let Some(Page::Resident {
         readahead: true, ..
@@ -504,6 +481,7 @@ fn serve_fault(
     if hits > 0 {
         Stats::add(&stats.readahead_hit_pages, hits);
     }
+    ra.record(hits, misses);
     let write = p.flags & sys::UFFD_PAGEFAULT_FLAG_WRITE != 0;
     // Pages filled from the fault address on (more than one with readahead) and their old
     // states.
@@ -519,7 +497,7 @@ fn serve_fault(
         {
             // Readahead only of pages known missing, and only with room under the limit.
             let mut window = if matches!(prior, Some(Page::Evicted { .. })) {
-                ra.next_window(addr, max)
+                ra.window(addr, max)
             } else {
                 1
             };
@@ -614,7 +592,7 @@ fn serve_fault(
             // window grows like readahead's, and a run stops at the first page the table
             // knows. UFFDIO_COPY never overwrites a present page, and a run that leaves the
             // VMA fails as a whole and falls back to the faulting page.
-            let mut window = zra.next_window(addr, max);
+            let mut window = zra.window(addr, max);
             if shared.resident() + window > shared.limit_pages {
                 window = 1;
             }
@@ -735,8 +713,7 @@ fn serve_fault(
         if run.len() == FOLIO_PAGES && addr % (FOLIO_PAGES as u64 * PAGE_SIZE_U64) == 0 {
             Stats::add(&stats.swpin_folios, 1);
         }
-        ra.prev = addr;
-        ra.prev_end = addr + run.len() as u64 * PAGE_SIZE_U64;
+        ra.restored(addr, run.len());
         match tier {
             Some(Tier::Zswap) => {
                 Stats::add(&stats.fault_zswap, 1);
@@ -752,8 +729,7 @@ fn serve_fault(
     } else {
         Stats::add(&stats.zero_fills, 1);
         Stats::add(&stats.fault_around_pages, zero_run as u64 - 1);
-        zra.prev = addr;
-        zra.prev_end = addr + zero_run as u64 * PAGE_SIZE_U64;
+        zra.restored(addr, zero_run);
         shared.lat_zero.record(ns);
     }
     Stats::add(&stats.fault_service_ns, ns);

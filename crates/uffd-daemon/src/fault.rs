@@ -4,7 +4,8 @@
 //! ```text
 //! missing fault ─▶ page table ─▶ Evicted/Dropping(slot) ─▶ read slot (zswap, else the
 //!                  backend) and, on a sequential pattern, the evicted pages after it (up to
-//!                  2^page_cluster, a whole 64 KiB folio at most) ─▶ UFFDIO_COPY (wakes)
+//!                  2^page_cluster, a whole 64 KiB folio at most; readahead.rs sizes the
+//!                  window per stream, capped by a hit ratio) ─▶ UFFDIO_COPY (wakes)
 //!                              └▶ unknown ───────────────▶ UFFDIO_ZEROPAGE (read fault)
 //!                                                          UFFDIO_COPY of zeros (write fault)
 //! write-protect fault ─▶ page mid-eviction? leave the writer asleep; reclaim wakes it when the

@@ -695,9 +695,10 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
     let rows = output::aggregate(&results, &o.workloads, &o.setups);
     let table = format!(
         "{}\nMedians with [min, max] over the rounds; x bare = elapsed / bare's median \
-         elapsed:\n\n{}",
+         elapsed:\n\n{}\nThe daemon's readahead (pages):\n\n{}",
         output::table(&rows, &o.workloads),
-        output::spread_table(&rows)
+        output::spread_table(&rows),
+        output::readahead_table(&rows)
     );
     let command = output::command_line(args);
     if o.json {

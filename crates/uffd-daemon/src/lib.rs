@@ -100,6 +100,7 @@ pub mod maps;
 mod mm;
 pub mod pagetable;
 pub mod protocol;
+mod readahead;
 mod reclaim;
 mod rundir;
 pub mod stats;

@@ -32,7 +32,7 @@ pub const BATCH_PAGES: usize = 256;
 /// the write-protect access source, re-arms protection where the aging cleared bits.
 fn pick_victims(shared: &Shared, mm: &Mm, batch: u32, max: usize) -> Vec<u64> {
     let mut st = mm.state.lock();
-    let (victims, cleared) = st.pick_victims(batch, max);
+    let (victims, cleared) = st.pick_victims(batch, max, &shared.stats);
     if shared.wp_access() && !cleared.is_empty() {
         // Under the state lock, like every protection change (see the WP fault path). Best
         // effort: an event pending (EAGAIN) only means fewer accesses are seen this round.

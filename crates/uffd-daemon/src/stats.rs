@@ -206,6 +206,17 @@ counters! {
     wp_arm_ranges,
     /// Pages restored ahead of a fault (readahead of neighbours on sequential faults).
     readahead_pages,
+    /// Of `readahead_pages`: pages the daemon then saw the program use (the kernel's swap
+    /// readahead hits). A read of a present page makes no fault, so a use is seen as: a later
+    /// fault of the same stream past the page (a sequential reader went through it), a
+    /// write-protect fault on it (`access = "faults+wp"`), or a fault message for it.
+    readahead_hit_pages,
+    /// Of `readahead_pages`: pages that left with no use seen since they were read ahead:
+    /// chosen as victims, removed or unmapped by the program, or still unused when their
+    /// process ended. An upper bound on the pages read ahead for nothing (a read of such a
+    /// page outside a sequential stream is not seen); `readahead_pages` minus hits and unused
+    /// are still resident and unjudged.
+    readahead_unused_pages,
     /// Faults that restored a whole aligned 64 KiB folio at once.
     swpin_folios,
     /// Never-written pages filled with zeros ahead of a sequential zero-fill fault.

@@ -339,6 +339,47 @@ impl Handling {
     }
 }
 
+/// Adds the mapping around `addr`, a missing fault outside the ranges the table knows, to
+/// them: the agent's `mmap` wrapper registers new mappings itself, before the scan sees them,
+/// and what relies on the ranges (a fork child's wipe-on-fork and dont-fork pages, a hold's
+/// restore, waking writers) must cover every page the table holds. A fault came through this
+/// uffd, so the whole mapping is registered with it (registration is per mapping).
+fn learn_range(shared: &Shared, mm: &Mm, addr: u64) {
+    let Some(pid) = mm.pid() else { return };
+    let vma = {
+        let mut maps = mm.maps.lock();
+        if maps.as_ref().is_none_or(|(p, _)| *p != pid) {
+            *maps = std::fs::File::open(format!("/proc/{pid}/maps"))
+                .ok()
+                .map(|f| (pid, f));
+        }
+        match maps.as_ref().map(|(_, f)| sys::vma_covering(f, addr)) {
+            Some(Ok(v)) => v,
+            // (Before Linux 6.11: the whole maps text.)
+            Some(Err(e)) if e.raw_os_error() == Some(libc::ENOTTY) => {
+                crate::maps::read_maps(pid).ok().and_then(|v| {
+                    v.iter()
+                        .find(|v| v.start <= addr && addr < v.end)
+                        .map(|v| (v.start, v.end))
+                })
+            }
+            _ => None,
+        }
+    };
+    let Some((s, e)) = vma else { return };
+    let mut st = mm.state.lock();
+    // Never the agent's own region.
+    for (ps, pe) in [(s, e.min(mm.region.0)), (s.max(mm.region.1), e)] {
+        if ps >= pe {
+            continue;
+        }
+        for (gs, ge) in st.uncovered(ps, pe) {
+            st.add_range(gs, ge);
+            Stats::add(&shared.stats.ranges_learned, 1);
+        }
+    }
+}
+
 /// Serves one fault. Returns false when it must be retried (`EAGAIN`).
 fn serve_fault(
     shared: &Shared,
@@ -422,6 +463,11 @@ fn serve_fault(
         Stats::add(&stats.agent_faults, 1);
     }
     let mut st = mm.state.lock();
+    if !st.in_ranges(addr) {
+        drop(st);
+        learn_range(shared, mm, addr);
+        st = mm.state.lock();
+    }
     let prior = st.pages.get(addr);
     // Throttle like the kernel's direct reclaim: at the limit, a fault that would add a
     // resident page waits (its thread is blocked in the kernel anyway) while reclaim makes

@@ -158,6 +158,9 @@ pub struct Mm {
     /// `/proc/PID/mem` of the process, opened at its first eviction (for `pid`): reclaim reads
     /// its victims through it (`sys::read_mem`).
     pub mem: Mutex<Option<(i32, std::fs::File)>>,
+    /// `/proc/PID/maps` of the process (for `pid`), for `PROCMAP_QUERY` (`fault.rs`,
+    /// learning a range the agent registered before the scan saw it).
+    pub maps: Mutex<Option<(i32, std::fs::File)>>,
     /// Why the process is held (`hold.rs`: `HOLD_DUMP`, `HOLD_TRACE` bits; 0: it is not):
     /// its evicted pages are brought back, its memory is the kernel's, nothing is evicted.
     pub held: AtomicU32,
@@ -273,6 +276,7 @@ impl Mm {
             handling: AtomicU64::new(0),
             rseq_pages: Mutex::new(Vec::new()),
             mem: Mutex::new(None),
+            maps: Mutex::new(None),
             held: AtomicU32::new(0),
             hold: Mutex::new(crate::hold::HoldState::default()),
             holding: AtomicBool::new(false),
@@ -453,6 +457,12 @@ impl MmState {
     /// is over: `hold.rs`).
     pub fn unrefuse(&mut self, start: u64, end: u64) {
         subtract(&mut self.refused, start, end);
+    }
+
+    /// Whether `addr` is in a registered range the table knows.
+    pub fn in_ranges(&self, addr: u64) -> bool {
+        let i = self.ranges.partition_point(|&(_, e)| e <= addr);
+        self.ranges.get(i).is_some_and(|&(s, _)| s <= addr)
     }
 
     /// Parts of `[start, end)` not covered by `ranges` or `refused`.

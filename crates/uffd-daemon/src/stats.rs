@@ -88,6 +88,9 @@ counters! {
     ranges_registered,
     /// Reads of a process's /proc/PID/maps to find memory to register (the scanner's).
     maps_scans,
+    /// Ranges the program registered before the daemon's scan saw them (the agent's `mmap`
+    /// wrapper), learned from their first fault (`PROCMAP_QUERY`).
+    ranges_learned,
     /// DROP requests sent to agents.
     drop_requests,
     /// DROP requests an agent did not answer within 10 s (its pages stayed protected until

@@ -887,9 +887,21 @@ fn read_hello(
     let (n, fd) = match sys::recv_with_fd(sock.as_raw_fd(), &mut buf) {
         Ok(x) => x,
         Err(e) => {
-            if e.kind() == std::io::ErrorKind::InvalidData {
-                Stats::add(&stats.protocol_errors, 1);
-                refuse(sock, &e.to_string());
+            match e.kind() {
+                std::io::ErrorKind::InvalidData => {
+                    Stats::add(&stats.protocol_errors, 1);
+                    refuse(sock, &e.to_string());
+                }
+                // No greeting in time (SO_RCVTIMEO): dropped, with the reason, so that a
+                // client merely slow (a loaded machine) is told why rather than reset.
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    Stats::add(&stats.greeting_timeouts, 1);
+                    refuse(
+                        sock,
+                        &format!("no greeting within {GREETING_TIMEOUT_MS} ms of connecting"),
+                    );
+                }
+                _ => {}
             }
             return None;
         }

@@ -84,6 +84,9 @@ counters! {
     processes,
     /// Processes managed now.
     processes_live,
+    /// Connections dropped because no greeting (or no second greeting, after the device was
+    /// lent) came within the greeting timeout; each was told so with an ERROR.
+    greeting_timeouts,
     /// Ranges registered with UFFDIO_REGISTER.
     ranges_registered,
     /// Reads of a process's /proc/PID/maps to find memory to register (the scanner's).

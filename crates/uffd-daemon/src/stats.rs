@@ -444,6 +444,7 @@ fn is_gauge(name: &str) -> bool {
         || name.starts_with("unmanaged_")
         || name.starts_with("daemon_metadata_")
         || name.ends_with("_us")
+        || name.ends_with("_pct")
 }
 
 /// The JSON snapshot of daemon `daemon_pid` in the Prometheus text format (version 0.0.4):

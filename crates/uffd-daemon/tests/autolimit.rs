@@ -74,7 +74,7 @@ fn auto_limit_gives_up_cold_memory() {
         resident >= (32 << 8) * 9 / 10,
         "the hot set was squeezed: {resident}"
     );
-    assert!(run.get("evicted_pages") > (all / 2) as u64);
+    assert!(run.get("evicted_pages") > all / 2);
 }
 
 /// 64 MiB swept over and over: all of it is the working set, and it keeps its memory (the

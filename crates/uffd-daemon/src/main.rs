@@ -20,6 +20,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// (Parsed once at start: the size of its largest variant costs nothing.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run PROGRAM under the daemon, keeping its resident anonymous memory under --limit.

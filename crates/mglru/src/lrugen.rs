@@ -106,6 +106,14 @@ pub struct Config {
     /// faults. After a move the demoted pages do not come back, and the clock runs. On by
     /// default (part of the fourth deviation from v6.1; v6.1 has no clock).
     pub demotion_feedback: bool,
+    /// EXPERIMENT: pages demoted from the oldest protected generation per refault of a
+    /// probation victim within a memory's worth of evictions (ARC's adaptation on a B1 ghost
+    /// hit), while the demotion feedback does not hold. 0: off.
+    pub ghost_demotion: u32,
+    /// EXPERIMENT: loop mode threshold in quarters: while probation's victims come back at
+    /// least `loop_mru / 4` of the time within a memory, their refaults are evicted first
+    /// (most recent first), so the resident set stays put (LIRS on a loop). 0: off.
+    pub loop_mru: u32,
 }
 
 impl Default for Config {
@@ -150,6 +158,8 @@ impl Config {
             young_bound_aging: false,
             eviction_aging: 0,
             demotion_feedback: false,
+            ghost_demotion: 0,
+            loop_mru: 0,
         }
     }
 
@@ -378,6 +388,12 @@ impl AgingCtrl {
         }
     }
 
+    /// Whether probation's victims come back at least `q / 4` of the time (loop mode).
+    fn loop_mode(&self, q: u32) -> bool {
+        self.refaulted[0] >= MIN_LRU_BATCH as u64
+            && self.refaulted[0] * 4 >= self.evicted[0] * u64::from(q)
+    }
+
     /// Whether demoted victims come back more often than probation's (with at least
     /// `MIN_LRU_BATCH` of their refaults in the window): the eviction clock holds back.
     fn demoted_in_use(&self) -> bool {
@@ -526,6 +542,10 @@ pub struct Mglru {
     /// Whether the last walk found most protected pages idle (the eviction clock runs fast).
     aging_fast: bool,
     aging_ctrl: AgingCtrl,
+    /// Loop mode's refaults, evicted first, most recent first.
+    mru: Vec<PageId>,
+    /// Demotions owed to probation's ghost hits.
+    demote_credit: u64,
 
     refaults: u64,
 }
@@ -562,6 +582,8 @@ impl Mglru {
             evicted_at_aging: 0,
             aging_fast: false,
             aging_ctrl: AgingCtrl::default(),
+            mru: Vec::new(),
+            demote_credit: 0,
             refaults: 0,
         })
     }
@@ -734,11 +756,21 @@ impl Mglru {
     ) -> Result<Option<Refault>, Error> {
         let ty = hint.page_type.idx();
         let mut workingset = false;
+        let mut loop_refault = false;
         let refault = shadow.map(|shadow| {
             let rf = self.refault_of(&shadow);
             self.refaults += 1;
             self.aging_ctrl.on_refault(shadow.reused, shadow.epoch);
-            if rf.recent {
+            let near = self.aging_ctrl.epoch.saturating_sub(shadow.epoch) <= CTRL_REFAULT_EPOCHS;
+            if near && !shadow.reused {
+                if self.cfg.loop_mru > 0 && self.aging_ctrl.loop_mode(self.cfg.loop_mru) {
+                    loop_refault = true;
+                }
+                if self.cfg.ghost_demotion > 0 {
+                    self.demote_credit += u64::from(self.cfg.ghost_demotion);
+                }
+            }
+            if rf.recent && !loop_refault {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
                 self.tiers[sty][rf.tier].refaulted += 1;
@@ -778,6 +810,9 @@ impl Mglru {
         self.lists[gen][ty].push_head(&mut self.slab.nodes, i);
         self.nr_pages[gen][ty] += 1;
         *self.regions.entry(self.region_of(page)).or_insert(0) += 1;
+        if loop_refault {
+            self.mru.push(page);
+        }
         Ok(refault)
     }
 
@@ -1123,6 +1158,17 @@ impl Mglru {
         let mut budget = (self.len() as u64 + 1) * (MAX_NR_GENS + MAX_NR_TIERS + 4) as u64 * 4;
         let mut idle = 0;
         while victims.len() < n && self.nr_evictable() > 0 {
+            if self.cfg.loop_mru > 0 && self.evict_mru(n, &mut victims) {
+                continue;
+            }
+            if self.demote_credit > 0 {
+                let held = self.cfg.demotion_feedback && self.aging_ctrl.demoted_in_use();
+                if held {
+                    self.demote_credit = 0;
+                } else {
+                    self.demote_protected();
+                }
+            }
             self.try_to_inc_min_seq();
             if self.should_run_aging() {
                 self.walk(source);
@@ -1151,6 +1197,58 @@ impl Mglru {
         self.prune_shadows();
         self.maybe_compact();
         victims
+    }
+
+    /// Loop mode: evicts the most recent loop refault still in the oldest generation and not
+    /// promoted. True if one was evicted.
+    fn evict_mru(&mut self, _n: usize, victims: &mut Vec<PageId>) -> bool {
+        while let Some(page) = self.mru.pop() {
+            let Some(i) = self.slab.get(page) else {
+                continue;
+            };
+            let n = &self.slab.nodes[i as usize];
+            let ty = n.page_type().idx();
+            let gen = self.gen(self.min_seq[ty]);
+            if n.list_gen() != gen || n.word.gen() != Some(gen) {
+                continue;
+            }
+            self.evict_node(i, ty, gen);
+            victims.push(page);
+            return true;
+        }
+        false
+    }
+
+    /// Demotes up to `demote_credit` pages from the old end of the oldest protected
+    /// generation to the young end of the oldest generation.
+    fn demote_protected(&mut self) {
+        let ty = PageType::Anon.idx();
+        let min_gen = self.gen(self.min_seq[ty]);
+        let mut batch = GenBatch::default();
+        let mut budget = 4 * self.demote_credit + 8;
+        'outer: for seq in self.min_seq[ty] + 1..=self.max_seq {
+            let g = self.gen(seq);
+            while self.demote_credit > 0 && budget > 0 {
+                budget -= 1;
+                let Some(i) = self.lists[g][ty].tail() else {
+                    continue 'outer;
+                };
+                let fg = self.slab.nodes[i as usize].word.gen().unwrap_or(g);
+                if fg != g {
+                    self.move_node(i, ty, g, fg, true);
+                    continue;
+                }
+                let (old, new) = self.slab.nodes[i as usize].word.inc_gen(g, min_gen);
+                if let Some(old) = old {
+                    batch.record(ty, old, new);
+                }
+                self.move_node(i, ty, g, new, true);
+                self.demote_credit -= 1;
+            }
+            break;
+        }
+        self.demote_credit = 0;
+        batch.apply(&mut self.nr_pages, &mut self.gen_promoted);
     }
 
     /// `isolate_folios` + `evict_folios`: one batch from the oldest generation of the chosen

@@ -114,6 +114,8 @@ pub struct Config {
     /// least `loop_mru / 4` of the time within a memory, their refaults are evicted first
     /// (most recent first), so the resident set stays put (LIRS on a loop). 0: off.
     pub loop_mru: u32,
+    /// EXPERIMENT: loop mode's window in memories' worth of evictions (at least 1).
+    pub loop_window: u32,
 }
 
 impl Default for Config {
@@ -160,6 +162,7 @@ impl Config {
             demotion_feedback: false,
             ghost_demotion: 0,
             loop_mru: 0,
+            loop_window: 1,
         }
     }
 
@@ -361,11 +364,18 @@ struct AgingCtrl {
     epoch: u64,
     /// Evictions in the current epoch.
     in_epoch: u64,
+    /// Loop mode: probation's victims and their refaults within `loop_epochs`.
+    loop_evicted: u64,
+    loop_refaulted: u64,
+    loop_epochs: u64,
 }
 
 impl AgingCtrl {
     fn on_evict(&mut self, reused: bool, len: usize) {
         self.evicted[usize::from(reused)] += 1;
+        if !reused {
+            self.loop_evicted += 1;
+        }
         self.in_epoch += 1;
         if self.in_epoch * EPOCHS_PER_TURNOVER >= len as u64 {
             self.in_epoch = 0;
@@ -373,6 +383,10 @@ impl AgingCtrl {
             if self.epoch % EPOCHS_PER_TURNOVER == 0 {
                 self.evicted[0] /= 2;
                 self.refaulted[0] /= 2;
+            }
+            if self.epoch % self.loop_epochs.max(1) == 0 {
+                self.loop_evicted /= 2;
+                self.loop_refaulted /= 2;
             }
         }
         // The demoted victims' window halves on their own turnover: no demotions, no news.
@@ -383,6 +397,9 @@ impl AgingCtrl {
     }
 
     fn on_refault(&mut self, reused: bool, epoch: u64) {
+        if !reused && self.epoch.saturating_sub(epoch) <= self.loop_epochs {
+            self.loop_refaulted += 1;
+        }
         if self.epoch.saturating_sub(epoch) <= CTRL_REFAULT_EPOCHS {
             self.refaulted[usize::from(reused)] += 1;
         }
@@ -390,8 +407,8 @@ impl AgingCtrl {
 
     /// Whether probation's victims come back at least `q / 4` of the time (loop mode).
     fn loop_mode(&self, q: u32) -> bool {
-        self.refaulted[0] >= MIN_LRU_BATCH as u64
-            && self.refaulted[0] * 4 >= self.evicted[0] * u64::from(q)
+        self.loop_refaulted >= MIN_LRU_BATCH as u64
+            && self.loop_refaulted * 8 >= self.loop_evicted * u64::from(q)
     }
 
     /// Whether demoted victims come back more often than probation's (with at least
@@ -554,6 +571,7 @@ impl Mglru {
     /// A new, empty LRU.
     pub fn new(cfg: Config) -> Result<Self, Error> {
         cfg.validate()?;
+        let loop_epochs = EPOCHS_PER_TURNOVER * u64::from(cfg.loop_window.max(1));
         Ok(Self {
             // As lru_gen_init_lruvec: max_seq starts so that every generation index is live.
             max_seq: (cfg.max_nr_gens - 1) as u64,
@@ -581,7 +599,10 @@ impl Mglru {
             evicted: 0,
             evicted_at_aging: 0,
             aging_fast: false,
-            aging_ctrl: AgingCtrl::default(),
+            aging_ctrl: AgingCtrl {
+                loop_epochs,
+                ..AgingCtrl::default()
+            },
             mru: Vec::new(),
             demote_credit: 0,
             refaults: 0,
@@ -762,10 +783,16 @@ impl Mglru {
             self.refaults += 1;
             self.aging_ctrl.on_refault(shadow.reused, shadow.epoch);
             let near = self.aging_ctrl.epoch.saturating_sub(shadow.epoch) <= CTRL_REFAULT_EPOCHS;
+            let loop_near =
+                self.aging_ctrl.epoch.saturating_sub(shadow.epoch) <= self.aging_ctrl.loop_epochs;
+            if loop_near
+                && !shadow.reused
+                && self.cfg.loop_mru > 0
+                && self.aging_ctrl.loop_mode(self.cfg.loop_mru)
+            {
+                loop_refault = true;
+            }
             if near && !shadow.reused {
-                if self.cfg.loop_mru > 0 && self.aging_ctrl.loop_mode(self.cfg.loop_mru) {
-                    loop_refault = true;
-                }
                 if self.cfg.ghost_demotion > 0 {
                     self.demote_credit += u64::from(self.cfg.ghost_demotion);
                 }

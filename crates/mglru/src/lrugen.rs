@@ -17,6 +17,14 @@ const SCAN_BATCH: usize = MIN_LRU_BATCH;
 /// The default [`Config::eviction_aging`].
 const DEFAULT_EVICTION_AGING: u32 = 8;
 
+/// The default [`Config::loop_eviction`]: loop mode while probation's victims come back at
+/// least 5/8 of the time.
+const DEFAULT_LOOP_EVICTION: u32 = 5;
+
+/// Loop mode's refaults waiting to be evicted are at most this share of the resident pages
+/// (plus [`MIN_LRU_BATCH`]); the oldest are forgotten first.
+const LOOP_VICTIMS_FRACTION: usize = 8;
+
 /// A walk finds the protected pages (all generations but the oldest) idle when it finds fewer
 /// young pages than this share of them; the eviction clock then runs until a walk finds more.
 const IDLE_FRACTION: (u64, u64) = (1, 4);
@@ -106,16 +114,19 @@ pub struct Config {
     /// faults. After a move the demoted pages do not come back, and the clock runs. On by
     /// default (part of the fourth deviation from v6.1; v6.1 has no clock).
     pub demotion_feedback: bool,
-    /// EXPERIMENT: pages demoted from the oldest protected generation per refault of a
-    /// probation victim within a memory's worth of evictions (ARC's adaptation on a B1 ghost
-    /// hit), while the demotion feedback does not hold. 0: off.
-    pub ghost_demotion: u32,
-    /// EXPERIMENT: loop mode threshold in quarters: while probation's victims come back at
-    /// least `loop_mru / 4` of the time within a memory, their refaults are evicted first
-    /// (most recent first), so the resident set stays put (LIRS on a loop). 0: off.
-    pub loop_mru: u32,
-    /// EXPERIMENT: loop mode's window in memories' worth of evictions (at least 1).
-    pub loop_window: u32,
+    /// Loop mode, in eighths (0: off, as in v6.1): while probation's victims (pages never
+    /// promoted since they were added) come back within a memory's worth of evictions at
+    /// least `loop_eviction / 8` of the time, the working set is larger than memory and its
+    /// pages are reused in about the order they were used (a loop): every page evicted is
+    /// needed again, so what matters is which pages stay. A refault of a probation victim
+    /// within that window then gets no protection (no `workingset`, not counted as a recent
+    /// refault) and is the next victim, the most recent first, instead of pushing out the
+    /// pages already resident. The resident set stays put and each round of the loop misses
+    /// only the pages beyond memory, as LIRS keeps its LIR set on a loop (Jiang and Zhang,
+    /// SIGMETRICS 2002: a new block whose reuse distance exceeds the LIR set's recency stays
+    /// HIR, and LIRS evicts resident HIR blocks first). The victims come from the eviction's
+    /// scan otherwise. 5 by default (a deviation from v6.1, see the crate documentation).
+    pub loop_eviction: u32,
 }
 
 impl Default for Config {
@@ -138,6 +149,7 @@ impl Default for Config {
             young_bound_aging: true,
             eviction_aging: DEFAULT_EVICTION_AGING,
             demotion_feedback: true,
+            loop_eviction: DEFAULT_LOOP_EVICTION,
             ..Self::v6_1()
         }
     }
@@ -160,9 +172,7 @@ impl Config {
             young_bound_aging: false,
             eviction_aging: 0,
             demotion_feedback: false,
-            ghost_demotion: 0,
-            loop_mru: 0,
-            loop_window: 1,
+            loop_eviction: 0,
         }
     }
 
@@ -179,6 +189,9 @@ impl Config {
         }
         if self.swappiness > 200 {
             return bad("swappiness", u64::from(self.swappiness), "0..=200");
+        }
+        if self.loop_eviction > 8 {
+            return bad("loop_eviction", u64::from(self.loop_eviction), "0..=8");
         }
         if self.refault_window > MAX_NR_GENS as u64 {
             return bad("refault_window", self.refault_window, "0..=4");
@@ -364,18 +377,11 @@ struct AgingCtrl {
     epoch: u64,
     /// Evictions in the current epoch.
     in_epoch: u64,
-    /// Loop mode: probation's victims and their refaults within `loop_epochs`.
-    loop_evicted: u64,
-    loop_refaulted: u64,
-    loop_epochs: u64,
 }
 
 impl AgingCtrl {
     fn on_evict(&mut self, reused: bool, len: usize) {
         self.evicted[usize::from(reused)] += 1;
-        if !reused {
-            self.loop_evicted += 1;
-        }
         self.in_epoch += 1;
         if self.in_epoch * EPOCHS_PER_TURNOVER >= len as u64 {
             self.in_epoch = 0;
@@ -383,10 +389,6 @@ impl AgingCtrl {
             if self.epoch % EPOCHS_PER_TURNOVER == 0 {
                 self.evicted[0] /= 2;
                 self.refaulted[0] /= 2;
-            }
-            if self.epoch % self.loop_epochs.max(1) == 0 {
-                self.loop_evicted /= 2;
-                self.loop_refaulted /= 2;
             }
         }
         // The demoted victims' window halves on their own turnover: no demotions, no news.
@@ -397,18 +399,21 @@ impl AgingCtrl {
     }
 
     fn on_refault(&mut self, reused: bool, epoch: u64) {
-        if !reused && self.epoch.saturating_sub(epoch) <= self.loop_epochs {
-            self.loop_refaulted += 1;
-        }
-        if self.epoch.saturating_sub(epoch) <= CTRL_REFAULT_EPOCHS {
+        if self.is_near(epoch) {
             self.refaulted[usize::from(reused)] += 1;
         }
     }
 
-    /// Whether probation's victims come back at least `q / 4` of the time (loop mode).
-    fn loop_mode(&self, q: u32) -> bool {
-        self.loop_refaulted >= MIN_LRU_BATCH as u64
-            && self.loop_refaulted * 8 >= self.loop_evicted * u64::from(q)
+    /// Whether probation's victims come back within the window at least `eighths / 8` of the
+    /// time (with at least `MIN_LRU_BATCH` of their refaults in the window): loop mode.
+    fn loop_mode(&self, eighths: u32) -> bool {
+        eighths > 0
+            && self.refaulted[0] >= MIN_LRU_BATCH as u64
+            && self.refaulted[0] * 8 >= self.evicted[0] * u64::from(eighths)
+    }
+
+    fn is_near(&self, epoch: u64) -> bool {
+        self.epoch.saturating_sub(epoch) <= CTRL_REFAULT_EPOCHS
     }
 
     /// Whether demoted victims come back more often than probation's (with at least
@@ -559,10 +564,8 @@ pub struct Mglru {
     /// Whether the last walk found most protected pages idle (the eviction clock runs fast).
     aging_fast: bool,
     aging_ctrl: AgingCtrl,
-    /// Loop mode's refaults, evicted first, most recent first.
-    mru: Vec<PageId>,
-    /// Demotions owed to probation's ghost hits.
-    demote_credit: u64,
+    /// Loop mode's refaults, the next victims, most recent last ([`Config::loop_eviction`]).
+    loop_victims: VecDeque<PageId>,
 
     refaults: u64,
 }
@@ -571,7 +574,6 @@ impl Mglru {
     /// A new, empty LRU.
     pub fn new(cfg: Config) -> Result<Self, Error> {
         cfg.validate()?;
-        let loop_epochs = EPOCHS_PER_TURNOVER * u64::from(cfg.loop_window.max(1));
         Ok(Self {
             // As lru_gen_init_lruvec: max_seq starts so that every generation index is live.
             max_seq: (cfg.max_nr_gens - 1) as u64,
@@ -599,12 +601,8 @@ impl Mglru {
             evicted: 0,
             evicted_at_aging: 0,
             aging_fast: false,
-            aging_ctrl: AgingCtrl {
-                loop_epochs,
-                ..AgingCtrl::default()
-            },
-            mru: Vec::new(),
-            demote_credit: 0,
+            aging_ctrl: AgingCtrl::default(),
+            loop_victims: VecDeque::new(),
             refaults: 0,
         })
     }
@@ -777,27 +775,16 @@ impl Mglru {
     ) -> Result<Option<Refault>, Error> {
         let ty = hint.page_type.idx();
         let mut workingset = false;
-        let mut loop_refault = false;
+        let mut loop_victim = false;
         let refault = shadow.map(|shadow| {
             let rf = self.refault_of(&shadow);
             self.refaults += 1;
             self.aging_ctrl.on_refault(shadow.reused, shadow.epoch);
-            let near = self.aging_ctrl.epoch.saturating_sub(shadow.epoch) <= CTRL_REFAULT_EPOCHS;
-            let loop_near =
-                self.aging_ctrl.epoch.saturating_sub(shadow.epoch) <= self.aging_ctrl.loop_epochs;
-            if loop_near
-                && !shadow.reused
-                && self.cfg.loop_mru > 0
-                && self.aging_ctrl.loop_mode(self.cfg.loop_mru)
-            {
-                loop_refault = true;
-            }
-            if near && !shadow.reused {
-                if self.cfg.ghost_demotion > 0 {
-                    self.demote_credit += u64::from(self.cfg.ghost_demotion);
-                }
-            }
-            if rf.recent && !loop_refault {
+            // Loop mode: a probation victim back within the window is the next victim.
+            loop_victim = !shadow.reused
+                && self.aging_ctrl.is_near(shadow.epoch)
+                && self.aging_ctrl.loop_mode(self.cfg.loop_eviction);
+            if rf.recent && !loop_victim {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
                 self.tiers[sty][rf.tier].refaulted += 1;
@@ -837,8 +824,12 @@ impl Mglru {
         self.lists[gen][ty].push_head(&mut self.slab.nodes, i);
         self.nr_pages[gen][ty] += 1;
         *self.regions.entry(self.region_of(page)).or_insert(0) += 1;
-        if loop_refault {
-            self.mru.push(page);
+        if loop_victim {
+            self.loop_victims.push_back(page);
+            let most = self.len() / LOOP_VICTIMS_FRACTION + MIN_LRU_BATCH;
+            while self.loop_victims.len() > most {
+                self.loop_victims.pop_front();
+            }
         }
         Ok(refault)
     }
@@ -1185,16 +1176,8 @@ impl Mglru {
         let mut budget = (self.len() as u64 + 1) * (MAX_NR_GENS + MAX_NR_TIERS + 4) as u64 * 4;
         let mut idle = 0;
         while victims.len() < n && self.nr_evictable() > 0 {
-            if self.cfg.loop_mru > 0 && self.evict_mru(n, &mut victims) {
+            if self.evict_loop_victim(&mut victims) {
                 continue;
-            }
-            if self.demote_credit > 0 {
-                let held = self.cfg.demotion_feedback && self.aging_ctrl.demoted_in_use();
-                if held {
-                    self.demote_credit = 0;
-                } else {
-                    self.demote_protected();
-                }
             }
             self.try_to_inc_min_seq();
             if self.should_run_aging() {
@@ -1226,10 +1209,11 @@ impl Mglru {
         victims
     }
 
-    /// Loop mode: evicts the most recent loop refault still in the oldest generation and not
-    /// promoted. True if one was evicted.
-    fn evict_mru(&mut self, _n: usize, victims: &mut Vec<PageId>) -> bool {
-        while let Some(page) = self.mru.pop() {
+    /// Loop mode ([`Config::loop_eviction`]): evicts the most recent loop refault that is
+    /// still in the oldest generation and was not promoted since, without the per-page check
+    /// (its accessed bit is its own fault's). True if one was evicted.
+    fn evict_loop_victim(&mut self, victims: &mut Vec<PageId>) -> bool {
+        while let Some(page) = self.loop_victims.pop_back() {
             let Some(i) = self.slab.get(page) else {
                 continue;
             };
@@ -1239,43 +1223,14 @@ impl Mglru {
             if n.list_gen() != gen || n.word.gen() != Some(gen) {
                 continue;
             }
+            if ty == PageType::Anon.idx() && !self.can_swap() {
+                continue;
+            }
             self.evict_node(i, ty, gen);
             victims.push(page);
             return true;
         }
         false
-    }
-
-    /// Demotes up to `demote_credit` pages from the old end of the oldest protected
-    /// generation to the young end of the oldest generation.
-    fn demote_protected(&mut self) {
-        let ty = PageType::Anon.idx();
-        let min_gen = self.gen(self.min_seq[ty]);
-        let mut batch = GenBatch::default();
-        let mut budget = 4 * self.demote_credit + 8;
-        'outer: for seq in self.min_seq[ty] + 1..=self.max_seq {
-            let g = self.gen(seq);
-            while self.demote_credit > 0 && budget > 0 {
-                budget -= 1;
-                let Some(i) = self.lists[g][ty].tail() else {
-                    continue 'outer;
-                };
-                let fg = self.slab.nodes[i as usize].word.gen().unwrap_or(g);
-                if fg != g {
-                    self.move_node(i, ty, g, fg, true);
-                    continue;
-                }
-                let (old, new) = self.slab.nodes[i as usize].word.inc_gen(g, min_gen);
-                if let Some(old) = old {
-                    batch.record(ty, old, new);
-                }
-                self.move_node(i, ty, g, new, true);
-                self.demote_credit -= 1;
-            }
-            break;
-        }
-        self.demote_credit = 0;
-        batch.apply(&mut self.nr_pages, &mut self.gen_promoted);
     }
 
     /// `isolate_folios` + `evict_folios`: one batch from the oldest generation of the chosen
@@ -1518,6 +1473,7 @@ impl Mglru {
             + self.regions.capacity() * (std::mem::size_of::<(PageId, u32)>() + 1)
             + self.shadows.capacity() * (std::mem::size_of::<(PageId, Shadow)>() + 1)
             + self.shadow_fifo.capacity() * std::mem::size_of::<(PageId, u32)>()
+            + self.loop_victims.capacity() * std::mem::size_of::<PageId>()
             + self
                 .filters
                 .iter()

@@ -1638,6 +1638,7 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             rss_total += rss;
             // A tracer came or went (`hold.rs`): from the same read, every 2 ms.
             crate::hold::note_tracer(&shared, &m, pid, tracer);
+            crate::hold::note_self_mem(&shared, &m, pid);
             let tracked = |m: &Mm| m.state.lock().resident as u64 * PAGE_SIZE_U64;
             let untracked = m.untracked_rss.load(Ordering::Relaxed);
             let last = m.last_scan_tick.load(Ordering::Relaxed);

@@ -178,6 +178,10 @@ counters! {
     /// pages back and stopped managing them (as `tsync_left`; counted by the census since).
     agent_restart_left_processes,
     /// Processes held for their core dump (`hold.rs`): a core-dumping signal at its default
+    /// Processes held because they opened their own memory file (`/proc/self/mem`).
+    held_for_self_mem,
+    /// Holds for a process's own memory file that ended (no descriptor names one any more).
+    self_mem_releases,
     /// action, with a core to be written; their evicted pages brought back first.
     held_for_dump,
     /// Processes held while traced (a debugger, strace): their evicted pages brought back,

@@ -57,6 +57,14 @@ impl Histogram {
         self.total += 1;
     }
 
+    /// Adds every value of `other`.
+    pub fn merge(&mut self, other: &Histogram) {
+        for (c, o) in self.counts.iter_mut().zip(&other.counts) {
+            *c += o;
+        }
+        self.total += other.total;
+    }
+
     /// Number of values recorded.
     pub fn count(&self) -> u64 {
         self.total

@@ -81,6 +81,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 pub enum Workload {
     /// usemem, uniform random pages.
     Random,
+    /// usemem, uniform random pages, two threads each in half of the pages.
+    Random2,
+    /// usemem, uniform random pages, four threads each in a quarter of the pages.
+    Random4,
     /// usemem, pages in order, wrapping.
     Sequential,
     /// usemem, Zipf(0.99) over page ranks, ranks scattered over the pages.
@@ -94,8 +98,10 @@ pub enum Workload {
 }
 
 /// Every workload, in run order.
-pub const WORKLOADS: [Workload; 6] = [
+pub const WORKLOADS: [Workload; 8] = [
     Workload::Random,
+    Workload::Random2,
+    Workload::Random4,
     Workload::Sequential,
     Workload::Zipf,
     Workload::StressNg,
@@ -118,6 +124,8 @@ impl Workload {
     pub fn name(self) -> &'static str {
         match self {
             Workload::Random => "random",
+            Workload::Random2 => "random-2t",
+            Workload::Random4 => "random-4t",
             Workload::Sequential => "sequential",
             Workload::Zipf => "zipf",
             Workload::StressNg => "stress-ng",
@@ -140,10 +148,23 @@ impl Workload {
             })
     }
 
+    /// How many threads touch pages (usemem's `--touchers`).
+    pub fn touchers(self) -> usize {
+        match self {
+            Workload::Random2 => 2,
+            Workload::Random4 => 4,
+            _ => 1,
+        }
+    }
+
     /// The unit of its throughput figure.
     pub fn unit(self) -> &'static str {
         match self {
-            Workload::Random | Workload::Sequential | Workload::Zipf => "touches/s",
+            Workload::Random
+            | Workload::Random2
+            | Workload::Random4
+            | Workload::Sequential
+            | Workload::Zipf => "touches/s",
             Workload::StressNg => "bogo ops/s",
             Workload::Redis => "GET/s",
             Workload::Threads => "adds/s",
@@ -154,16 +175,22 @@ impl Workload {
     pub fn is_usemem(self) -> bool {
         matches!(
             self,
-            Workload::Random | Workload::Sequential | Workload::Zipf
+            Workload::Random
+                | Workload::Random2
+                | Workload::Random4
+                | Workload::Sequential
+                | Workload::Zipf
         )
     }
 
     /// What its p50/p99 columns mean.
     pub fn latency_meaning(self) -> Option<&'static str> {
         match self {
-            Workload::Random | Workload::Sequential | Workload::Zipf => {
-                Some("first access of touches that faulted (> 2 us)")
-            }
+            Workload::Random
+            | Workload::Random2
+            | Workload::Random4
+            | Workload::Sequential
+            | Workload::Zipf => Some("first access of touches that faulted (> 2 us)"),
             Workload::StressNg | Workload::Threads => None,
             Workload::Redis => Some("GET latency seen by redis-benchmark"),
         }
@@ -484,6 +511,39 @@ fn kernel_prerequisites(s: Setup) -> Result<(), String> {
     }
 }
 
+/// Takes the machine's comparison lock (`/var/tmp/uffd-compare.lock`, flock), waiting while
+/// another driver holds it; held until the returned file is dropped.
+fn machine_lock() -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let path = Path::new("/var/tmp/uffd-compare.lock");
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock(2) on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut holder = String::new();
+        let _ = f.read_to_string(&mut holder);
+        eprintln!(
+            "compare: another comparison is running (pid {}); waiting for it to end",
+            holder.trim()
+        );
+        // SAFETY: as above.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("locking {}", path.display()));
+        }
+    }
+    f.set_len(0)?;
+    f.rewind()?;
+    write!(f, "{}", std::process::id())?;
+    Ok(f)
+}
+
 /// Scratch directory of the runs (on the disk of /var/tmp, like the swap files).
 const WORKDIR: &str = "/var/tmp/uffd-compare-run";
 
@@ -492,6 +552,11 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
     proc::install_signal_handlers();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
+    // One comparison at a time on a machine: the kernel setups change machine-wide settings
+    // (swap, zswap's parameters, cgroups), and the leftovers of a previous run are found in
+    // one scratch directory. A second driver waits for the first rather than undo its setup
+    // and kill its workload as a leftover.
+    let _lock = machine_lock()?;
     // A previous run killed outright may have left its workload (and daemon) running.
     if let Some(pgid) = std::fs::read_to_string(Path::new(WORKDIR).join(run::PGID_FILE))
         .ok()
@@ -668,9 +733,10 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
     let rows = output::aggregate(&results, &o.workloads, &o.setups);
     let table = format!(
         "{}\nMedians with [min, max] over the rounds; x bare = elapsed / bare's median \
-         elapsed:\n\n{}",
+         elapsed:\n\n{}\nThe daemon's readahead (pages):\n\n{}",
         output::table(&rows, &o.workloads),
-        output::spread_table(&rows)
+        output::spread_table(&rows),
+        output::readahead_table(&rows)
     );
     let command = output::command_line(args);
     if o.json {

@@ -31,6 +31,7 @@
 //!
 //! ```text
 //! usemem --bytes 1G --mode random|sequential|zipf --seconds 10 [--final-check] [--seed 1]
+//!        [--touchers N]   (N threads touching, each in its own stripe of the pages)
 //! usemem --bytes 1G --mode threads [--threads 32] [--rounds N]
 //! ```
 
@@ -199,6 +200,7 @@ struct Args {
     mode: Mode,
     zipf_theta: f64,
     threads: usize,
+    touchers: usize,
     rounds: u64,
     seconds: f64,
     max_touches: u64,
@@ -213,6 +215,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         mode: Mode::Random,
         zipf_theta: 0.99,
         threads: 32,
+        touchers: 1,
         rounds: 32768,
         seconds: 10.0,
         max_touches: u64::MAX,
@@ -249,6 +252,11 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                 a.threads = val("--threads")?
                     .parse()
                     .map_err(|e| format!("--threads: {e}"))?
+            }
+            "--touchers" => {
+                a.touchers = val("--touchers")?
+                    .parse()
+                    .map_err(|e| format!("--touchers: {e}"))?
             }
             "--rounds" => {
                 a.rounds = val("--rounds")?
@@ -288,6 +296,12 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
     if a.bytes / PAGE > u32::MAX as usize {
         return Err(format!("--bytes {} is over 2^32 pages", a.bytes));
     }
+    if a.touchers == 0 || a.touchers > 64 || a.touchers > a.bytes / PAGE {
+        return Err(format!(
+            "--touchers {} must be 1-64 and at most one a page",
+            a.touchers
+        ));
+    }
     if a.mode == Mode::Threads && a.threads == 0 {
         return Err("--threads must be at least 1".into());
     }
@@ -314,12 +328,6 @@ impl Mapping {
         assert!(page < self.pages);
         // SAFETY: `page < pages`, so the offset stays inside the mapping.
         unsafe { self.base.add(page * WORDS) }
-    }
-
-    /// The first word of `page`, read once (this is the access that may fault).
-    fn first_word(&self, page: usize) -> u64 {
-        // SAFETY: the pointer is inside the mapping, aligned, and the mapping is readable.
-        unsafe { std::ptr::read_volatile(self.page_ptr(page)) }
     }
 
     fn page(&mut self, page: usize) -> &mut [u64; WORDS] {
@@ -359,6 +367,111 @@ fn verify(page: usize, pass: u32, got: &[u64; WORDS], want: &[u64; WORDS]) -> Re
     ))
 }
 
+/// One toucher's pages: `pages` pages of the working set from page `first`.
+struct Stripe {
+    base: *mut u64,
+    first: usize,
+    pages: usize,
+}
+
+// SAFETY: each stripe names pages no other stripe does, in a mapping that outlives the
+// touchers (they run in a scope inside `run`, which owns it).
+unsafe impl Send for Stripe {}
+
+impl Stripe {
+    /// Page `page` of the stripe (its index in the whole working set is `first + page`).
+    fn page(&mut self, page: usize) -> &mut [u64; WORDS] {
+        assert!(page < self.pages);
+        // SAFETY: inside the stripe, hence the mapping, aligned to a page; `&mut self` and the
+        // stripes' disjointness make the borrow unique.
+        unsafe {
+            &mut *self
+                .base
+                .add((self.first + page) * WORDS)
+                .cast::<[u64; WORDS]>()
+        }
+    }
+
+    /// The first word of `page`, read once (this is the access that may fault).
+    fn first_word(&mut self, page: usize) -> u64 {
+        // SAFETY: as in `page`.
+        unsafe { std::ptr::read_volatile(self.page(page).as_ptr()) }
+    }
+}
+
+/// What one toucher did.
+struct Touched {
+    touches: u64,
+    elapsed: Duration,
+    fault_hist: Histogram,
+    touch_hist: Histogram,
+}
+
+/// The touch loop over one stripe: pages chosen by `a.mode` among the stripe's, each verified
+/// against its current pass and rewritten with the next, until `deadline` or `max_touches`.
+fn touch_stripe(
+    mut stripe: Stripe,
+    passes: &mut [u32],
+    a: &Args,
+    mut rng: u64,
+    deadline: Duration,
+    max_touches: u64,
+) -> Result<Touched, String> {
+    let pages = stripe.pages;
+    let mut want = [0u64; WORDS];
+    let mut fault_hist = Histogram::new();
+    let mut touch_hist = Histogram::new();
+    let mut next_seq = 0usize;
+    // Zipf: ranks drawn skewed, scattered over the pages by a seeded permutation (built before
+    // the touch phase; 4 bytes a page, like `passes`).
+    let zipf = if a.mode == Mode::Zipf {
+        Some((
+            Zipf::new(pages as u64, a.zipf_theta)?,
+            permutation(pages, a.seed.wrapping_add(stripe.first as u64)),
+        ))
+    } else {
+        None
+    };
+    let t1 = Instant::now();
+    let mut touches = 0u64;
+    let mut elapsed = Duration::ZERO;
+    while touches < max_touches && elapsed < deadline {
+        let p = match (a.mode, &zipf) {
+            (Mode::Zipf, Some((z, perm))) => perm[z.sample(&mut rng) as usize - 1] as usize,
+            (Mode::Sequential, _) => {
+                let p = next_seq;
+                next_seq = (next_seq + 1) % pages;
+                p
+            }
+            _ => (splitmix(&mut rng) % pages as u64) as usize,
+        };
+        let global = stripe.first + p;
+        let start = Instant::now();
+        let _ = stripe.first_word(p);
+        let faulted = start.elapsed();
+        let pass = passes[p];
+        pattern(global, pass, a.seed, &mut want);
+        verify(global, pass, stripe.page(p), &want)?;
+        pattern(global, pass + 1, a.seed, &mut want);
+        *stripe.page(p) = want;
+        passes[p] = pass + 1;
+        let end = Instant::now();
+        let f = faulted.as_nanos() as u64;
+        if f > a.fault_threshold_ns {
+            fault_hist.record(f);
+        }
+        touch_hist.record((end - start).as_nanos() as u64);
+        touches += 1;
+        elapsed = end - t1;
+    }
+    Ok(Touched {
+        touches,
+        elapsed,
+        fault_hist,
+        touch_hist,
+    })
+}
+
 fn run(a: &Args) -> Result<serde_json::Value, String> {
     let pages = a.bytes / PAGE;
     let mut map = Mapping::new(pages)?;
@@ -373,52 +486,67 @@ fn run(a: &Args) -> Result<serde_json::Value, String> {
     }
     let fill_s = t0.elapsed().as_secs_f64();
 
-    // Touch phase.
+    // Touch phase: each toucher thread in its own stripe of pages (one stripe, on this thread,
+    // by default), so that no page is touched by two threads at once.
+    let deadline = Duration::from_secs_f64(a.seconds);
+    let n = a.touchers;
+    let per = pages / n;
+    let base = map.base;
+    let stripes: Vec<(Stripe, &mut [u32])> = {
+        let mut rest = &mut passes[..];
+        (0..n)
+            .map(|t| {
+                let len = if t + 1 == n { pages - per * t } else { per };
+                let (mine, more) = std::mem::take(&mut rest).split_at_mut(len);
+                rest = more;
+                (
+                    Stripe {
+                        base,
+                        first: per * t,
+                        pages: len,
+                    },
+                    mine,
+                )
+            })
+            .collect()
+    };
+    let max_touches = a.max_touches / n as u64;
+    let results: Vec<Result<Touched, String>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = stripes
+            .into_iter()
+            .enumerate()
+            .map(|(t, (stripe, passes))| {
+                let seed = a.seed;
+                sc.spawn(move || {
+                    touch_stripe(
+                        stripe,
+                        passes,
+                        a,
+                        seed ^ 0xDEAD_BEEF ^ (t as u64).wrapping_mul(0x9E37_79B9),
+                        deadline,
+                        max_touches,
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a toucher panicked".into()))
+            })
+            .collect()
+    });
     let mut fault_hist = Histogram::new();
     let mut touch_hist = Histogram::new();
-    let mut rng = a.seed ^ 0xDEAD_BEEF;
-    let mut next_seq = 0usize;
-    // Zipf: ranks drawn skewed, scattered over the pages by a seeded permutation (built before
-    // the touch phase; 4 bytes a page, like `passes`).
-    let zipf = if a.mode == Mode::Zipf {
-        Some((
-            Zipf::new(pages as u64, a.zipf_theta)?,
-            permutation(pages, a.seed),
-        ))
-    } else {
-        None
-    };
-    let deadline = Duration::from_secs_f64(a.seconds);
-    let t1 = Instant::now();
     let mut touches = 0u64;
     let mut elapsed = Duration::ZERO;
-    while touches < a.max_touches && elapsed < deadline {
-        let p = match (a.mode, &zipf) {
-            (Mode::Zipf, Some((z, perm))) => perm[z.sample(&mut rng) as usize - 1] as usize,
-            (Mode::Sequential, _) => {
-                let p = next_seq;
-                next_seq = (next_seq + 1) % pages;
-                p
-            }
-            _ => (splitmix(&mut rng) % pages as u64) as usize,
-        };
-        let start = Instant::now();
-        let _ = map.first_word(p);
-        let faulted = start.elapsed();
-        let pass = passes[p];
-        pattern(p, pass, a.seed, &mut want);
-        verify(p, pass, map.page(p), &want)?;
-        pattern(p, pass + 1, a.seed, &mut want);
-        *map.page(p) = want;
-        passes[p] = pass + 1;
-        let end = Instant::now();
-        let f = faulted.as_nanos() as u64;
-        if f > a.fault_threshold_ns {
-            fault_hist.record(f);
-        }
-        touch_hist.record((end - start).as_nanos() as u64);
-        touches += 1;
-        elapsed = end - t1;
+    for r in results {
+        let r = r?;
+        fault_hist.merge(&r.fault_hist);
+        touch_hist.merge(&r.touch_hist);
+        touches += r.touches;
+        elapsed = elapsed.max(r.elapsed);
     }
     let touch_s = elapsed.as_secs_f64();
 
@@ -436,6 +564,7 @@ fn run(a: &Args) -> Result<serde_json::Value, String> {
     Ok(json!({
         "workload": "usemem",
         "mode": a.mode.name(),
+        "touchers": n,
         "zipf_theta": (a.mode == Mode::Zipf).then_some(a.zipf_theta),
         "bytes": pages * PAGE,
         "pages": pages,
@@ -544,6 +673,39 @@ mod tests {
         assert_ne!(p, permutation(1000, 4));
         // Scattered: the 10 hottest ranks do not sit in the first 10 pages.
         assert!(p[..10].iter().filter(|&&x| x < 10).count() < 5);
+    }
+
+    #[test]
+    fn touchers_share_the_work_and_every_page_checks() {
+        for (mode, touchers) in [("random", 1), ("random", 3), ("zipf", 4), ("sequential", 2)] {
+            let args: Vec<String> = [
+                "--bytes",
+                "1M",
+                "--mode",
+                mode,
+                "--touchers",
+                &touchers.to_string(),
+                "--touches",
+                "4000",
+                "--seconds",
+                "5",
+                "--final-check",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let a = parse_args(&args).expect("args");
+            let v = run(&a).expect("every page checks");
+            assert_eq!(v["touchers"], touchers, "{mode}");
+            // Each toucher does its share of the touches, all pages checked at the end.
+            assert_eq!(
+                v["touches"],
+                4000 / touchers as u64 * touchers as u64,
+                "{mode}"
+            );
+            assert_eq!(v["check"], "ok");
+        }
+        assert!(parse_args(&["--touchers".to_string(), "0".to_string()]).is_err());
     }
 
     #[test]

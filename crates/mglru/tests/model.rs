@@ -67,6 +67,10 @@ fn config() -> impl Strategy<Value = Config> {
         0u64..=2,
         any::<bool>(),
         0u32..=4,
+        (
+            any::<bool>(),
+            prop_oneof![Just(0u32), Just(1), Just(5), Just(8)],
+        ),
     )
         .prop_map(
             |(
@@ -79,6 +83,7 @@ fn config() -> impl Strategy<Value = Config> {
                 window,
                 young_bound,
                 eviction_aging,
+                (demotion_feedback, loop_eviction),
             )| {
                 Config {
                     max_nr_gens: gens,
@@ -92,6 +97,8 @@ fn config() -> impl Strategy<Value = Config> {
                     refault_window: window,
                     young_bound_aging: young_bound,
                     eviction_aging,
+                    demotion_feedback,
+                    loop_eviction,
                 }
             },
         )

@@ -32,6 +32,13 @@
  * fault's thread id, then greets the daemon, receives its own uffd back and starts a new agent
  * thread. Every other thread of the parent is gone in the child, as POSIX says.
  *
+ * Inspection: the kernel reads a process's memory without a userfault for a core dump and for a
+ * debugger (/proc/PID/mem, PTRACE_PEEKDATA), so evicted pages would read as zeros or EIO. The
+ * agent handles the core-dumping signals the program leaves at their default action and asks
+ * the daemon to bring every page back before the core is written (see "Core dumps" below), and
+ * a tracer with the agent asks the same before it attaches (see ptrace()); the daemon's hold.rs
+ * does the rest, and sees tracers from outside the tree in /proc.
+ *
  * Protocol: see crates/uffd-daemon/src/protocol.rs; the constants below mirror it.
  */
 #define _GNU_SOURCE
@@ -50,13 +57,16 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <linux/futex.h>
 #include <stdarg.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 /*
@@ -168,10 +178,13 @@ struct agent {
 	volatile int agent_running; /* the agent thread has started and not yet returned */
 	volatile int filtered; /* the program installed a seccomp filter: no agent work in its threads */
 	volatile int leaving; /* the process leaves management (a TSYNC filter): the agent's threads end */
+	volatile int closing; /* the daemon closes the agent's connection on purpose (a step-out) */
+	volatile int stepping_out; /* the agent's threads end for a call that needs the process alone */
+	uint32_t greet_flags; /* what a thread that greets itself says: HELLO_FORK_CHILD or _AGENT_RESTART */
 	volatile int watchdog_tid; /* the watchdog thread's id (0 before it runs or after it ends) */
 	volatile int lock_future; /* mlockall(MCL_FUTURE): every new mapping is locked at birth */
 	struct cred_follow cred; /* the program's credential changes, for the agent's threads */
-	int fork_child;      /* started by atfork_child: greets the daemon itself */
+	int fork_child;      /* started by atfork_child or after a step-out: greets the daemon itself */
 	uint64_t features;
 	char *region;
 	char *probe;
@@ -189,6 +202,8 @@ struct agent {
 
 /* Set once by the constructor, read by the atfork handlers (program threads only). */
 static struct agent *g_agent;
+/* The agent's changes of the program's signal dispositions, one at a time (see "Core dumps"). */
+static volatile int g_sig_lock;
 static char g_sock_path[108];
 
 static void say(const char *msg)
@@ -626,14 +641,18 @@ static void say_from_agent(const char *msg)
 /* The agent thread of a fork child greets the daemon itself: the child's program goes on at
  * once, and nothing of the greeting happens in a program thread (whose privileges or seccomp
  * filter may forbid it). On failure the process runs on: the daemon serves its faults through
- * the uffd the kernel gave it at the fork, but cannot evict its pages. */
-static int greet_as_fork_child(struct agent *ag)
+ * the uffd the kernel gave it at the fork, but cannot evict its pages. After a step-out the
+ * thread greets on the connection the program thread made before the call (`ag->sock`, kept in
+ * this thread's table), so that a call that changed the mount namespace cannot keep it from
+ * the daemon's socket. Either way the daemon answers with this process's uffd. */
+static int greet_again(struct agent *ag)
 {
-	ag->sock = connect_daemon();
+	if (ag->sock < 0)
+		ag->sock = connect_daemon();
 	if (ag->sock < 0)
 		return -1;
 	int fd = -1;
-	if (hello(ag, HELLO_FORK_CHILD, -1, &fd) < 0 || fd < 0) {
+	if (hello(ag, ag->greet_flags, -1, &fd) < 0 || fd < 0) {
 		int e = errno;
 		syscall(SYS_close, ag->sock);
 		errno = e;
@@ -739,7 +758,9 @@ static void *agent_loop(struct agent *ag)
 {
 	block_signals();
 	syscall(SYS_prctl, PR_SET_NAME, "uffd-agent", 0, 0, 0);
-	int ok = own_fd_table(ag->fork_child ? -1 : ag->sock, ag->fork_child ? -1 : ag->uffd) == 0;
+	/* The constructor's socket and uffd, or the socket made for a restart (fork children have
+	 * neither: -1). */
+	int ok = own_fd_table(ag->sock, ag->fork_child ? -1 : ag->uffd) == 0;
 	ag->tid = (int)syscall(SYS_gettid);
 	if (ok) {
 		cred_wake_fd(ag, CRED_AGENT);
@@ -760,11 +781,13 @@ static void *agent_loop(struct agent *ag)
 	syscall(SYS_madvise, ag->scratch, SCRATCH_PAGES * PAGE, MADV_DONTNEED);
 	(void)*(volatile char *)ag->scratch;
 	syscall(SYS_madvise, ag->scratch, PAGE, MADV_DONTNEED);
-	int greet = ag->fork_child ? greet_as_fork_child(ag) : 0;
+	int greet = ag->fork_child ? greet_again(ag) : 0;
 	if (ag->fork_child) {
 		ag->greeted = greet < 0 ? -1 : 1;
 		futex_wake(&ag->greeted);
 	}
+	if (greet < 0 && ag->greet_flags == HELLO_AGENT_RESTART)
+		return NULL; /* the program thread that started us says it (agent_step_in) */
 	if (greet < 0) {
 		char line[200];
 		snprintf(line, sizeof line,
@@ -800,8 +823,9 @@ static void *agent_loop(struct agent *ag)
 	 * pages can never come back: stop now rather than run on with pages that would read as
 	 * zeros or never arrive. */
 	syscall(SYS_close, ag->sock);
-	if (ag->leaving)
-		return NULL; /* the daemon closed it on our LEAVE: it brings every page back */
+	if (ag->leaving || ag->closing)
+		return NULL; /* the daemon closed it on our LEAVE (it brings every page back) or on a
+			      * STEP_OUT (a new agent thread greets again after the call) */
 	if (daemon_exited(ag->daemon_pid))
 		die_daemon_lost();
 	say_from_agent("uffd-agent: lost the connection to uffd-daemon; pages are still served but no "
@@ -813,27 +837,34 @@ static void *agent_loop(struct agent *ag)
  * has, stays as a zombie and is still counted). glibc ends the process when its last thread
  * exits, and counts the agent's threads: without this, they would keep a process alive whose
  * program called pthread_exit in its last thread. `stat_fd` is /proc/self/stat. */
-static int only_agent_threads_left(int stat_fd, int ours)
+static long stat_threads(int stat_fd, char *state)
 {
 	char buf[1024];
 	ssize_t n = syscall(SYS_pread64, stat_fd, buf, sizeof buf - 1, 0);
 	if (n <= 0)
-		return 0;
+		return -1;
 	buf[n] = 0;
 	/* Fields after the command name (which may hold spaces and parentheses): state is the
 	 * first, num_threads the 18th. */
 	char *p = strrchr(buf, ')');
 	if (!p)
-		return 0;
+		return -1;
 	p += 2;
-	char state = *p;
+	*state = *p;
 	long threads = 0;
 	for (int field = 0; *p && field < 17; p++)
 		if (*p == ' ')
 			field++;
 	while (*p >= '0' && *p <= '9')
 		threads = threads * 10 + (*p++ - '0');
-	return threads == ours + (state == 'Z');
+	return threads;
+}
+
+static int only_agent_threads_left(int stat_fd, int ours)
+{
+	char state = 0;
+	long threads = stat_threads(stat_fd, &state);
+	return threads >= 0 && threads == ours + (state == 'Z');
 }
 
 /*
@@ -874,6 +905,13 @@ static void *watchdog_thread(void *arg)
 			pfd = -1;
 		if (pfd < 0 && daemon_exited(ag->daemon_pid))
 			die_daemon_lost();
+		if (ag->stepping_out) {
+			/* A call that needs the process alone: a new watchdog starts after it. */
+			syscall(SYS_close, stat_fd);
+			syscall(SYS_close, pfd);
+			syscall(SYS_close, ag->cred.wake_fd[CRED_WATCHDOG]);
+			return NULL;
+		}
 		if (stat_fd >= 0 && only_agent_threads_left((int)stat_fd, 1 + ag->agent_running))
 			exit(0); /* what glibc does when the last of its threads exits */
 		if (ag->leaving) {
@@ -913,22 +951,29 @@ static int start_threads(struct agent *ag)
 	ag->ready = 0;
 	ag->tid = 0;
 	cred_follow_start(ag);
+	/* The watchdog first: without it no agent thread may run (the daemon's death would go
+	 * unseen), and a failure here leaves nothing to undo. */
 	pthread_attr_init(&at);
-	pthread_attr_setstack(&at, ag->stack, STACK_BYTES);
+	pthread_attr_setstack(&at, ag->watchdog_stack, WATCHDOG_STACK_BYTES);
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-	int rc = pthread_create(&th, &at, agent_thread, ag);
+	int rc = pthread_create(&th, &at, watchdog_thread, ag);
 	pthread_attr_destroy(&at);
 	if (rc != 0) {
 		errno = rc;
 		return -1;
 	}
 	pthread_attr_init(&at);
-	pthread_attr_setstack(&at, ag->watchdog_stack, WATCHDOG_STACK_BYTES);
+	pthread_attr_setstack(&at, ag->stack, STACK_BYTES);
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-	rc = pthread_create(&th, &at, watchdog_thread, ag);
+	rc = pthread_create(&th, &at, agent_thread, ag);
 	pthread_attr_destroy(&at);
-	if (rc != 0)
-		fatal("cannot start the agent's watchdog thread", rc);
+	if (rc != 0) {
+		errno = rc;
+		/* The watchdog alone: it guards the daemon's end as before, and waits for nothing. */
+		while (ag->cred.up == 0)
+			syscall(SYS_futex, &ag->cred.up, FUTEX_WAIT, 0, NULL, NULL, 0);
+		return -1;
+	}
 	while (ag->ready == 0)
 		syscall(SYS_futex, &ag->ready, FUTEX_WAIT, 0, NULL, NULL, 0);
 	/* The watchdog too, before the program runs on: it takes part in the program's set*id
@@ -943,6 +988,8 @@ static void atfork_child(void)
 	struct agent *ag = g_agent;
 	if (!ag)
 		return;
+	/* Another thread of the parent may have held it at the fork: it is not in the child. */
+	g_sig_lock = 0;
 	/* Name ourselves to the daemon: this fault arrives on our new uffd with our tid. */
 	volatile char c = *(volatile char *)ag->probe;
 	(void)c;
@@ -958,7 +1005,10 @@ static void atfork_child(void)
 	ag->sock = -1;
 	ag->uffd = -1;
 	ag->fork_child = 1;
+	ag->greet_flags = HELLO_FORK_CHILD;
 	ag->greeted = 0;
+	ag->closing = 0;
+	ag->stepping_out = 0;
 	if (start_threads(ag) < 0) {
 		say("uffd-agent: a forked child cannot start its agent; its pages are served but not "
 		    "evicted\n");
@@ -981,7 +1031,7 @@ static void atfork_child(void)
 static int register_new_mapping(void *addr, size_t len, int prot, int flags)
 {
 	struct agent *ag = g_agent;
-	if (!ag || addr == MAP_FAILED || len < 16 * PAGE || ag->tid <= 0 || ag->filtered)
+	if (!ag || addr == MAP_FAILED || len < 16 * PAGE || ag->tid <= 0 || !ag->agent_running || ag->filtered)
 		return -1;
 	if ((flags & (MAP_PRIVATE | MAP_ANONYMOUS)) != (MAP_PRIVATE | MAP_ANONYMOUS) || (flags & MAP_HUGETLB) ||
 	    (prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE))
@@ -1044,7 +1094,7 @@ __attribute__((visibility("default"))) void *mmap64(void *addr, size_t len, int 
  * memory it has just mapped is registered before the caller can touch it:
  *   - a chunk glibc mapped for itself (IS_MMAPPED in its header: the mapping starts
  *     `prev_size` bytes before the chunk and is `prev_size + size` long);
- *   - the main heap's growth since the last call (sbrk(0), which reads glibc's cached break).
+ *   - the main heap's growth since the last call (glibc's cached break, `__curbrk`).
  * Another allocator maps through mmap(), which the wrapper above registers; a program that
  * defines malloc itself never calls these. What is still missed (thread arenas grown by
  * mprotect) the scan registers as before. Registering is an optimisation here too.
@@ -1053,6 +1103,9 @@ __attribute__((visibility("default"))) void *mmap64(void *addr, size_t len, int 
  * the constructor): such calls get memory from a small static pool that free() ignores.
  */
 extern void *__libc_malloc(size_t);
+/* glibc's cached program break, which sbrk(0) returns (exported since glibc 2.2.5): read
+ * directly, it costs a load per call instead of a call (3-4 ns, twice per malloc and free). */
+extern void *__curbrk;
 
 static struct {
 	void *(*malloc)(size_t);
@@ -1166,9 +1219,9 @@ static void note_allocation(void *p)
 			return;
 		}
 	}
-	uintptr_t cur = (uintptr_t)sbrk(0);
+	uintptr_t cur = (uintptr_t)__curbrk;
 	uintptr_t seen = g_brk_seen;
-	if (cur == seen || cur == (uintptr_t)-1)
+	if (cur == seen || cur == 0)
 		return;
 	g_brk_seen = cur;
 	if (seen && cur > seen)
@@ -1180,8 +1233,8 @@ static void note_free(void)
 {
 	if (!g_alloc.glibc || !g_agent)
 		return;
-	uintptr_t cur = (uintptr_t)sbrk(0);
-	if (cur != (uintptr_t)-1 && cur < g_brk_seen)
+	uintptr_t cur = (uintptr_t)__curbrk;
+	if (cur != 0 && cur < g_brk_seen)
 		g_brk_seen = cur;
 }
 
@@ -1267,12 +1320,412 @@ __attribute__((visibility("default"))) void *memalign(size_t align, size_t n)
 	return p;
 }
 
+/*
+ * Core dumps. The kernel writes a core file with FOLL_DUMP, which takes a page that is not
+ * mapped in anonymous memory for a hole: every evicted page would be zeros in the core. So the
+ * agent handles the core-dumping signals the program leaves at their default action. When a
+ * core would be written (dumpable, and RLIMIT_CORE and core_pattern allow one), the handler
+ * asks the daemon to bring every evicted page back and to evict nothing more (HOLD,
+ * HOLD_DUMP), and waits for the answer however long the pages take to come back; then it puts
+ * the default action back and queues the same signal, with the same siginfo, for its own
+ * thread. The signal is delivered as the handler returns: sigreturn has put the interrupted
+ * registers back, so the kernel dumps the thread as it was at the crash (a fault's
+ * instruction, abort's raise), with the signal's own siginfo, and the process dies of it with
+ * the status it would have had.
+ *
+ * The program does not see it. sigaction() and the signal() family are interposed: the agent's
+ * handler is kept only while the program's disposition is the default; the program reads back
+ * the default action with the flags and mask it set last (the "shadow": what the kernel gave
+ * back when the program set it, or at the agent's start); a program that installs a handler or
+ * SIG_IGN replaces the agent's (it is the program's signal then), and one that sets the
+ * default again gets the agent's back. glibc's own internal calls (abort, system, posix_spawn)
+ * read and write the agent's handler as they would the default, and put it back as found. The
+ * raw rt_sigaction system call through syscall() is interposed too; one made with a syscall
+ * instruction of the program's own, or a look at SigCgt in /proc/PID/status, sees the
+ * agent's handler. Never armed in a process with a seccomp filter (note_seccomp gives the
+ * signals back first): the handler's calls could be ones the filter kills for.
+ *
+ * Not covered: a signal the kernel forces with its default action (a synchronous fault while
+ * the signal is blocked, a seccomp kill, a signal frame that cannot be written: a stack
+ * overflow in a thread with no alternate stack of the program's; the agent sets none, since the
+ * program's own SA_ONSTACK handlers would run on it), a process with a seccomp filter, a vfork
+ * or raw clone child before its exec (the daemon knows no address space by its pid). And the
+ * program's other threads run on while the pages come back, where bare the kernel stops them
+ * as soon as the dump begins.
+ */
+#define DUMP_SIGNALS ((1ULL << SIGQUIT) | (1ULL << SIGILL) | (1ULL << SIGTRAP) | (1ULL << SIGABRT) | \
+		      (1ULL << SIGBUS) | (1ULL << SIGFPE) | (1ULL << SIGSEGV) | (1ULL << SIGXCPU) |    \
+		      (1ULL << SIGXFSZ) | (1ULL << SIGSYS))
+
+/* The kernel's struct sigaction (x86_64 and arm64 alike). */
+struct ksigaction {
+	void *handler;
+	unsigned long flags;
+	void *restorer;
+	uint64_t mask;
+};
+
+static struct ksigaction g_shadow[64]; /* what the program set, for the signals the agent holds */
+static volatile int g_dump_armed;      /* the agent handles core dumps in this process */
+static volatile int g_dumping;         /* a core-dumping signal was handled: nothing is taken again */
+
+static int ask_daemon_for(uint16_t kind, const uint8_t *payload, uint32_t len, int timeout_s);
+static void dump_handler(int sig, siginfo_t *info, void *ucv);
+
+static int dump_signal(int sig)
+{
+	return sig > 0 && sig < 64 && ((DUMP_SIGNALS >> sig) & 1);
+}
+
+static int k_sigaction(int sig, const struct ksigaction *act, struct ksigaction *old)
+{
+	return (int)syscall(SYS_rt_sigaction, sig, act, old, 8);
+}
+
+/* Every signal blocked (a handler of the program's cannot run into the lock it interrupted),
+ * and the lock taken; `saved` gets the caller's mask back in sig_unlock. */
+static void sig_lock(uint64_t *saved)
+{
+	uint64_t all = ~0ULL;
+	syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, saved, 8);
+	while (__atomic_exchange_n(&g_sig_lock, 1, __ATOMIC_ACQUIRE))
+		syscall(SYS_sched_yield);
+}
+
+static void sig_unlock(const uint64_t *saved)
+{
+	__atomic_store_n(&g_sig_lock, 0, __ATOMIC_RELEASE);
+	syscall(SYS_rt_sigprocmask, SIG_SETMASK, saved, NULL, 8);
+}
+
+/* glibc's definition of `name`, the one this library's hides. */
+static void *next_symbol(void *volatile *cache, const char *name)
+{
+	void *p = *cache;
+	if (!p) {
+		p = dlsym(RTLD_NEXT, name);
+		*cache = p;
+	}
+	return p;
+}
+
+typedef void (*handler_fn)(int);
+typedef int (*sigaction_fn)(int, const struct sigaction *, struct sigaction *);
+typedef handler_fn (*signal_fn)(int, handler_fn);
+typedef int (*siginterrupt_fn)(int, int);
+
+static void *volatile g_real_sigaction, *volatile g_real___sigaction, *volatile g_real_signal,
+	*volatile g_real_bsd_signal, *volatile g_real_ssignal, *volatile g_real_sysv_signal,
+	*volatile g_real___sysv_signal, *volatile g_real_siginterrupt,
+	*volatile g_real_ptrace;
+
+/* Whether the kernel runs the agent's handler for `sig` (then the program's view is the
+ * shadow). */
+static int agent_holds(int sig)
+{
+	struct ksigaction k;
+	return k_sigaction(sig, NULL, &k) == 0 && k.handler == (void *)dump_handler;
+}
+
+/* The program's disposition of `sig` is the default now: remember it as the kernel keeps it
+ * and install the agent's handler (through glibc, which adds its signal return trampoline).
+ * Under the lock. */
+static void take_signal(int sig)
+{
+	struct ksigaction k;
+	sigaction_fn real = (sigaction_fn)next_symbol(&g_real_sigaction, "sigaction");
+	if (!g_dump_armed || g_dumping || !real || k_sigaction(sig, NULL, &k) != 0 || k.handler != SIG_DFL)
+		return;
+	g_shadow[sig] = k;
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_sigaction = dump_handler;
+	sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+	sigfillset(&sa.sa_mask);
+	real(sig, &sa, NULL);
+}
+
+/* What glibc's sigaction() would have given the program for its own default action. */
+static void show_shadow(int sig, struct sigaction *oact)
+{
+	oact->sa_handler = (handler_fn)g_shadow[sig].handler;
+	oact->sa_flags = (int)g_shadow[sig].flags;
+#if defined(__x86_64__)
+	oact->sa_restorer = (void (*)(void))g_shadow[sig].restorer;
+#endif
+	memcpy(&oact->sa_mask, &g_shadow[sig].mask, 8);
+}
+
+static void arm_dump_signals(void)
+{
+	uint64_t m;
+	sig_lock(&m);
+	g_dump_armed = 1;
+	for (int sig = 1; sig < 64; sig++)
+		if (dump_signal(sig))
+			take_signal(sig);
+	sig_unlock(&m);
+}
+
+/* Puts the program's own dispositions back; the agent handles no core dump from now on. */
+static void give_dump_signals_back(void)
+{
+	if (!g_dump_armed)
+		return;
+	uint64_t m;
+	sig_lock(&m);
+	g_dump_armed = 0;
+	for (int sig = 1; sig < 64; sig++)
+		if (dump_signal(sig) && agent_holds(sig))
+			k_sigaction(sig, &g_shadow[sig], NULL);
+	sig_unlock(&m);
+}
+
+/* Reads up to `cap - 1` bytes of a small file into `buf`, terminated; -1 if it cannot. */
+static long read_small(const char *path, char *buf, size_t cap)
+{
+	long fd = syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	long n = syscall(SYS_read, fd, buf, cap - 1);
+	syscall(SYS_close, fd);
+	buf[n > 0 ? n : 0] = 0;
+	return n;
+}
+
+/*
+ * Whether the kernel would write a core for this process now (fs/coredump.c, vfs_coredump):
+ * dumpable; a pattern that pipes to a helper ('|', unless RLIMIT_CORE is 1, the kernel's mark of
+ * a helper's own crash) or to a socket ('@') whatever the limit, a file only with RLIMIT_CORE
+ * of at least a page (binfmt_elf's min_coredump); and anonymous private memory in the dump
+ * (coredump_filter bit 0). In doubt, yes: bringing the pages back for nothing costs time, a
+ * core with holes is wrong.
+ */
+static int core_would_be_written(void)
+{
+	if (syscall(SYS_prctl, PR_GET_DUMPABLE, 0, 0, 0, 0) == 0)
+		return 0;
+	char buf[32];
+	if (read_small("/proc/self/coredump_filter", buf, sizeof buf) > 0) {
+		unsigned long filter = 0;
+		for (const char *c = buf; *c; c++) {
+			int d = *c >= '0' && *c <= '9' ? *c - '0' : *c >= 'a' && *c <= 'f' ? *c - 'a' + 10 : -1;
+			if (d < 0)
+				break;
+			filter = filter * 16 + (unsigned long)d;
+		}
+		if (!(filter & 1))
+			return 0;
+	}
+	struct { uint64_t cur, max; } lim;
+	if (syscall(SYS_prlimit64, 0, RLIMIT_CORE, NULL, &lim) != 0)
+		return 1;
+	if (read_small("/proc/sys/kernel/core_pattern", buf, sizeof buf) <= 0)
+		return 1;
+	if (buf[0] == '|')
+		return lim.cur != 1;
+	if (buf[0] == '@')
+		return 1;
+	return lim.cur >= PAGE;
+}
+
+static void dump_handler(int sig, siginfo_t *info, void *ucv)
+{
+	int saved_errno = errno;
+	if (core_would_be_written()) {
+		uint8_t p[8];
+		put32(p, 0);
+		put32(p + 4, HOLD_DUMP);
+		(void)ask_daemon_for(KIND_HOLD, p, sizeof p, 0);
+	}
+	uint64_t m;
+	sig_lock(&m);
+	g_dumping = 1;
+	/* (Unless the program installed a handler of its own meanwhile: then it runs.) */
+	if (agent_holds(sig))
+		k_sigaction(sig, &g_shadow[sig], NULL);
+	sig_unlock(&m);
+	/* Delivered when this handler returns, whatever mask sigreturn puts back (a sigsuspend's
+	 * caller may block it otherwise). */
+	sigdelset(&((ucontext_t *)ucv)->uc_sigmask, sig);
+	long pid = syscall(SYS_getpid), tid = syscall(SYS_gettid);
+	if (syscall(SYS_rt_tgsigqueueinfo, pid, tid, sig, info) != 0)
+		syscall(SYS_tgkill, pid, tid, sig);
+	errno = saved_errno;
+}
+
+/* The interposed calls below: for a core-dumping signal, the real call under the lock, the
+ * agent's handler shown as the shadow, and taken again if the program set the default. */
+
+static int wrap_sigaction(void *volatile *cache, const char *name, int sig, const struct sigaction *act,
+			  struct sigaction *oact)
+{
+	sigaction_fn real = (sigaction_fn)next_symbol(cache, name);
+	if (!real) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (!dump_signal(sig) || !g_dump_armed)
+		return real(sig, act, oact);
+	uint64_t m;
+	sig_lock(&m);
+	int ours = agent_holds(sig);
+	int r = real(sig, act, oact);
+	int e = errno;
+	if (r == 0) {
+		if (ours && oact)
+			show_shadow(sig, oact);
+		if (act)
+			take_signal(sig);
+	}
+	sig_unlock(&m);
+	errno = e;
+	return r;
+}
+
+__attribute__((visibility("default"))) int sigaction(int sig, const struct sigaction *act, struct sigaction *oact)
+{
+	return wrap_sigaction(&g_real_sigaction, "sigaction", sig, act, oact);
+}
+
+__attribute__((visibility("default"))) int __sigaction(int sig, const struct sigaction *act, struct sigaction *oact)
+{
+	return wrap_sigaction(&g_real___sigaction, "__sigaction", sig, act, oact);
+}
+
+static handler_fn wrap_signal(void *volatile *cache, const char *name, int sig, handler_fn h)
+{
+	signal_fn real = (signal_fn)next_symbol(cache, name);
+	if (!real) {
+		errno = ENOSYS;
+		return SIG_ERR;
+	}
+	if (!dump_signal(sig) || !g_dump_armed)
+		return real(sig, h);
+	uint64_t m;
+	sig_lock(&m);
+	int ours = agent_holds(sig);
+	handler_fn old = real(sig, h);
+	int e = errno;
+	if (old != SIG_ERR) {
+		if (ours && (void *)old == (void *)dump_handler)
+			old = (handler_fn)g_shadow[sig].handler;
+		take_signal(sig);
+	}
+	sig_unlock(&m);
+	errno = e;
+	return old;
+}
+
+__attribute__((visibility("default"))) handler_fn signal(int sig, handler_fn h)
+{
+	return wrap_signal(&g_real_signal, "signal", sig, h);
+}
+
+__attribute__((visibility("default"))) handler_fn bsd_signal(int sig, handler_fn h)
+{
+	return wrap_signal(&g_real_bsd_signal, "bsd_signal", sig, h);
+}
+
+__attribute__((visibility("default"))) handler_fn ssignal(int sig, handler_fn h)
+{
+	return wrap_signal(&g_real_ssignal, "ssignal", sig, h);
+}
+
+__attribute__((visibility("default"))) handler_fn sysv_signal(int sig, handler_fn h)
+{
+	return wrap_signal(&g_real_sysv_signal, "sysv_signal", sig, h);
+}
+
+__attribute__((visibility("default"))) handler_fn __sysv_signal(int sig, handler_fn h)
+{
+	return wrap_signal(&g_real___sysv_signal, "__sysv_signal", sig, h);
+}
+
+/* sigset changes the signal mask too, which the lock must not cover: it is glibc's, written
+ * with the calls it makes (sysdeps/posix/sigset.c), through the interposed sigaction. */
+__attribute__((visibility("default"))) handler_fn sigset(int sig, handler_fn disp)
+{
+	sigset_t set, oset;
+	struct sigaction act, oact;
+	sigemptyset(&set);
+	if (sigaddset(&set, sig) < 0)
+		return SIG_ERR;
+	if (disp == SIG_HOLD) {
+		if (sigprocmask(SIG_BLOCK, &set, &oset) < 0)
+			return SIG_ERR;
+		if (sigismember(&oset, sig))
+			return SIG_HOLD;
+		if (sigaction(sig, NULL, &oact) < 0)
+			return SIG_ERR;
+		return oact.sa_handler;
+	}
+	act.sa_handler = disp;
+	sigemptyset(&act.sa_mask);
+	act.sa_flags = 0;
+	if (sigaction(sig, &act, &oact) < 0)
+		return SIG_ERR;
+	if (sigprocmask(SIG_UNBLOCK, &set, &oset) < 0)
+		return SIG_ERR;
+	return sigismember(&oset, sig) ? SIG_HOLD : oact.sa_handler;
+}
+
+/* glibc's siginterrupt reads and writes back the disposition with SA_RESTART changed: the
+ * agent's handler stays, the program's flags change in the shadow. */
+__attribute__((visibility("default"))) int siginterrupt(int sig, int flag)
+{
+	siginterrupt_fn real = (siginterrupt_fn)next_symbol(&g_real_siginterrupt, "siginterrupt");
+	if (!real) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (!dump_signal(sig) || !g_dump_armed)
+		return real(sig, flag);
+	uint64_t m;
+	sig_lock(&m);
+	int ours = agent_holds(sig);
+	int r = real(sig, flag);
+	int e = errno;
+	if (r == 0 && ours) {
+		if (flag)
+			g_shadow[sig].flags &= ~(unsigned long)SA_RESTART;
+		else
+			g_shadow[sig].flags |= SA_RESTART;
+	}
+	sig_unlock(&m);
+	errno = e;
+	return r;
+}
+
+/* syscall(SYS_rt_sigaction, ...) of the program's: the same, in the kernel's format. */
+static long program_rt_sigaction(int sig, const void *act, void *oact, long size)
+{
+	if (!dump_signal(sig) || !g_dump_armed)
+		return agent_syscall6(SYS_rt_sigaction, sig, (long)act, (long)oact, size, 0, 0);
+	uint64_t m;
+	sig_lock(&m);
+	int ours = agent_holds(sig);
+	long r = agent_syscall6(SYS_rt_sigaction, sig, (long)act, (long)oact, size, 0, 0);
+	int e = errno;
+	if (r == 0) {
+		if (ours && oact)
+			memcpy(oact, &g_shadow[sig], sizeof g_shadow[sig]);
+		if (act)
+			take_signal(sig);
+	}
+	sig_unlock(&m);
+	errno = e;
+	return r;
+}
+
 /* A seccomp filter is being installed: from now on the agent does nothing in program threads
- * (see atfork_child). */
+ * (see atfork_child), and handles no core-dumping signal (its calls could be ones the filter
+ * kills the process for, which would change how it dies). */
 static void note_seccomp(void)
 {
 	if (g_agent)
 		g_agent->filtered = 1;
+	give_dump_signals_back();
 }
 
 static int ask_daemon(uint16_t kind, const uint8_t *payload, uint32_t len);
@@ -1520,6 +1973,257 @@ __attribute__((visibility("default"))) int capset(void *hdrp, void *datap)
 	return (int)cred_change_call(SYS_capset, (long)hdrp, (long)datap, 0, 0, 0);
 }
 
+/*
+ * Calls the kernel allows only to a process of one thread (6.12's sources, and each checked on
+ * this 6.18 machine with a thread of the program's and with the agent's threads):
+ *   - unshare(CLONE_NEWUSER), which implies CLONE_THREAD | CLONE_FS, and unshare(CLONE_THREAD,
+ *     CLONE_SIGHAND or CLONE_VM), which a process of one thread may ask for as no-ops: EINVAL
+ *     unless the caller is the only thread (kernel/fork.c, ksys_unshare, check_unshare_flags);
+ *   - setns into a user namespace: EINVAL unless the only thread and its fs_struct unshared
+ *     (kernel/user_namespace.c, userns_install); into a mount namespace: EINVAL unless the
+ *     fs_struct is unshared (fs/namespace.c, mntns_install; glibc's threads share it, CLONE_FS);
+ *     into a time namespace: EUSERS unless the only thread (kernel/time/namespace.c,
+ *     timens_install). Through a namespace's file, or a pidfd with those flags.
+ * Every other unshare flag and setns target is allowed to a process of many threads (CLONE_FS
+ * and CLONE_NEWNS copy the caller's fs_struct; CLONE_NEWPID and CLONE_NEWTIME reach only
+ * children), and so is clone(CLONE_NEWUSER), which makes a new process.
+ *
+ * The agent's two threads made every managed process one of three, so these failed under the
+ * daemon and worked bare (unshare -U, unshare -r, sandboxes). Now, when the caller is the
+ * program's only thread, the agent's threads step out for the call: the daemon settles a DROP in
+ * flight and closes the agent's connection (STEP_OUT; it keeps the process's uffd, so the
+ * registrations and every stored page stay, and faults are served meanwhile; nothing of the
+ * process is evicted until the agent is back), the agent thread ends on that and the watchdog
+ * on a flag; the call is made; then the agent's threads start again from the calling thread,
+ * with its new credentials, and greet the daemon as a fork child does (HELLO_AGENT_RESTART, on a
+ * connection made before the call, since a mount namespace entered may not have the daemon's
+ * socket), receiving the process's uffd back. A call the kernel refuses changes nothing, and the
+ * threads come back the same way. The program's signals are blocked meanwhile (but glibc's two),
+ * so no handler runs in the window (they are delivered after it: a few milliseconds late) and no
+ * fork child copies it. If the agent cannot come back, the process leaves management (LEAVE:
+ * every evicted page brought back first) and runs unmanaged from then on, said; if the daemon
+ * would not let the agent step out, the call is made as it is, and fails as it did.
+ *
+ * Nothing changes for the daemon's view of the process in a new user namespace: its pid is the
+ * same (a new pid namespace reaches only children), the peer credentials of the new connection
+ * are read in the daemon's namespaces, and the daemon, root in the initial user namespace, keeps
+ * its access to /proc/PID and its uffd. The agent's own calls (pidfd_getfd of its threads'
+ * descriptors) are within one thread group, which ptrace's checks always allow.
+ *
+ * Not done: a program with other threads of its own (the call fails, as it does bare), a
+ * program under a seccomp filter (the agent makes no call in its threads; the call fails as
+ * before), a vfork child (it shares this state with its parent, whose threads these are: the
+ * call is made as it is, and succeeds, as the child has no thread of the agent's), a call made
+ * with a raw system call instruction.
+ */
+#ifndef CLONE_NEWTIME
+#define CLONE_NEWTIME 0x00000080
+#endif
+#define NS_GET_NSTYPE_ _IO(0xb7, 0x3)
+#define NSFS_MAGIC_ 0x6e736673
+#define ALONE_UNSHARE (CLONE_NEWUSER | CLONE_THREAD | CLONE_SIGHAND | CLONE_VM)
+#define ALONE_SETNS (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWTIME)
+#define STEP_OUT_TIMEOUT_US 5000000
+
+/* Whether setns(fd, nstype) needs the process alone: the type asked for, or else the type of
+ * the namespace file (a pidfd needs a type: the kernel refuses 0). The type is asked of nsfs
+ * files only: no other file gets the ioctl. */
+static int setns_needs_alone(long fd, long nstype)
+{
+	if (nstype != 0)
+		return (nstype & ALONE_SETNS) != 0;
+	int saved = errno;
+	struct statfs fs;
+	long t = -1;
+	if (syscall(SYS_fstatfs, fd, &fs) == 0 && fs.f_type == NSFS_MAGIC_)
+		t = syscall(SYS_ioctl, fd, NS_GET_NSTYPE_);
+	errno = saved;
+	return t > 0 && (t & ALONE_SETNS) != 0;
+}
+
+/* The threads of this process (-1 if /proc cannot tell). */
+static long process_threads(void)
+{
+	int saved = errno;
+	long fd = syscall(SYS_openat, AT_FDCWD, "/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	long n = -1;
+	if (fd >= 0) {
+		char state;
+		n = stat_threads((int)fd, &state);
+		syscall(SYS_close, fd);
+	}
+	errno = saved;
+	return n;
+}
+
+/* In the only program thread, its signals blocked: ends the agent's threads (`agent`,
+ * `watchdog`: their ids, 0 for one not running). 0 once both are gone; -1 if the daemon did not
+ * let the agent thread go (nothing changed then), -2 if a thread did not end in 5 s. */
+static int agent_step_out(struct agent *ag, int agent, int watchdog)
+{
+	if (agent && ag->agent_running) {
+		/* The daemon settles a DROP in flight and closes the connection: the agent thread
+		 * ends on that, quietly (`closing`). */
+		ag->closing = 1;
+		if (ask_daemon(KIND_STEP_OUT, NULL, 0) != 0) {
+			ag->closing = 0;
+			return -1;
+		}
+	}
+	ag->stepping_out = 1;
+	if (watchdog)
+		cred_wake(watchdog, ag->cred.wake_fd[CRED_WATCHDOG]);
+	uint64_t deadline = now_us() + STEP_OUT_TIMEOUT_US;
+	while (!(thread_gone(agent) && thread_gone(watchdog))) {
+		if (now_us() > deadline)
+			return -2;
+		struct timespec ts = { 0, 200000 };
+		syscall(SYS_nanosleep, &ts, NULL);
+	}
+	return 0;
+}
+
+/* Whether this process may start threads: not once unshare(CLONE_NEWPID) has put its
+ * children in a new pid namespace, since the kernel refuses a thread whose pid namespace would
+ * not be its leader's (kernel/fork.c, copy_process: EINVAL, bare too). The link to the
+ * children's namespace names another one then, or none (ENOENT) until its first process (its
+ * reaper) exists. 1 if /proc cannot tell. */
+static int threads_allowed(void)
+{
+	char a[64], b[64];
+	int saved = errno;
+	long n = syscall(SYS_readlinkat, AT_FDCWD, "/proc/self/ns/pid", a, sizeof a);
+	long m = syscall(SYS_readlinkat, AT_FDCWD, "/proc/self/ns/pid_for_children", b, sizeof b);
+	int none = m < 0 && errno == ENOENT;
+	errno = saved;
+	if (n <= 0)
+		return 1;
+	if (m <= 0)
+		return !none;
+	return n == m && memcmp(a, b, (size_t)n) == 0;
+}
+
+/* After the call: starts the agent's threads again from the calling thread (so with its
+ * credentials and namespaces); the agent thread greets the daemon on `*sock` (made before the
+ * call; -1: it connects itself) and receives the process's uffd. 0 once it has. `*sock` is
+ * left to the caller (for its LEAVE) if no agent thread took it, else -1. */
+static int agent_step_in(struct agent *ag, int *sock)
+{
+	ag->closing = 0;
+	ag->stepping_out = 0;
+	ag->sock = *sock;
+	ag->uffd = -1;
+	ag->fork_child = 1;
+	ag->greet_flags = HELLO_AGENT_RESTART;
+	ag->greeted = 0;
+	if (start_threads(ag) < 0)
+		return -1;
+	/* The agent thread has its own copy of the table: ours goes. */
+	if (*sock >= 0)
+		syscall(SYS_close, *sock);
+	*sock = -1;
+	while (ag->greeted == 0)
+		syscall(SYS_futex, &ag->greeted, FUTEX_WAIT, 0, NULL, NULL, 0);
+	return ag->greeted > 0 ? 0 : -1;
+}
+
+static int ask_daemon_on(int sock, uint16_t kind, const uint8_t *payload, uint32_t len);
+
+/* The agent's threads cannot come back after `call` (`why`): the process leaves management
+ * (the daemon brings every evicted page back first, as for a TSYNC filter) and runs without an
+ * agent from then on; said. Asked on `sock` if it is open (made before the call), else on a new
+ * connection. If the daemon cannot be asked, its faults are still served (the daemon holds its
+ * uffd) but nothing is evicted, and the watchdog, if it runs, stays. */
+static void agent_leave_after(struct agent *ag, const char *call, const char *why, int sock)
+{
+	int left = ask_daemon_on(sock, KIND_LEAVE, NULL, 0) == 0;
+	char line[400];
+	if (left) {
+		ag->filtered = 1; /* no agent work in program threads, nor in fork children */
+		ag->leaving = 1;
+		int watchdog = thread_gone(ag->watchdog_tid) ? 0 : ag->watchdog_tid;
+		if (watchdog)
+			cred_wake(watchdog, ag->cred.wake_fd[CRED_WATCHDOG]);
+		snprintf(line, sizeof line,
+			 "uffd-agent[%ld]: the agent's threads cannot start again after %s (%s): its pages "
+			 "are back in memory and it runs unmanaged from now on\n",
+			 syscall(SYS_getpid), call, why);
+	} else {
+		snprintf(line, sizeof line,
+			 "uffd-agent[%ld]: the agent's threads cannot start again after %s (%s), and "
+			 "uffd-daemon could not be asked to take the process back: its pages are served "
+			 "but no longer evicted\n",
+			 syscall(SYS_getpid), call, why);
+	}
+	say(line);
+}
+
+/* unshare(2) or setns(2) (`nr`), made with the agent's threads out of the process when the call
+ * needs it alone (above). */
+static long alone_call(long nr, long a, long b)
+{
+	struct agent *ag = g_agent;
+	int needs = nr == SYS_unshare ? (a & ALONE_UNSHARE) != 0 : setns_needs_alone(a, b);
+	if (!needs || !ag || ag->filtered || (pid_t)syscall(SYS_getpid) != ag->cred.pid)
+		return agent_syscall6(nr, a, b, 0, 0, 0, 0);
+	int me = (int)syscall(SYS_gettid);
+	int agent = thread_gone(ag->tid) ? 0 : ag->tid;
+	int watchdog = thread_gone(ag->watchdog_tid) ? 0 : ag->watchdog_tid;
+	/* Not from one of the agent's threads (the watchdog running the program's exit handlers),
+	 * and not when the program has other threads: the kernel refuses the call whatever the
+	 * agent does, as it does bare. */
+	long threads = process_threads();
+	if ((!agent && !watchdog) || me == agent || me == watchdog ||
+	    (threads >= 0 && threads != 1 + (agent != 0) + (watchdog != 0)))
+		return agent_syscall6(nr, a, b, 0, 0, 0, 0);
+	const char *call = nr == SYS_unshare ? "unshare" : "setns";
+	uint64_t all = ~((1ULL << (32 - 1)) | (1ULL << (33 - 1))), old;
+	syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, &old, sizeof old);
+	long r;
+	int e;
+	int out = agent_step_out(ag, agent, watchdog);
+	if (out == -1) {
+		r = agent_syscall6(nr, a, b, 0, 0, 0, 0);
+		e = errno;
+		char line[300];
+		snprintf(line, sizeof line,
+			 "uffd-agent[%ld]: %s needs a process of one thread, and uffd-daemon did not let the "
+			 "agent's threads step out: it is made with them\n",
+			 syscall(SYS_getpid), call);
+		say(line);
+	} else {
+		/* Connected before the call: a mount namespace it enters may lack the daemon's socket. */
+		int sock = connect_daemon();
+		r = agent_syscall6(nr, a, b, 0, 0, 0, 0);
+		e = errno;
+		const char *why = NULL;
+		if (out != 0)
+			why = "they did not end within 5 s";
+		else if (!threads_allowed())
+			why = "its children are to be in a new pid namespace, and the kernel then lets it "
+			      "start no thread";
+		else if (agent_step_in(ag, &sock) != 0)
+			why = "they could not start or greet uffd-daemon";
+		if (why)
+			agent_leave_after(ag, call, why, sock);
+		else if (sock >= 0)
+			syscall(SYS_close, sock);
+	}
+	syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
+	errno = e;
+	return r;
+}
+
+__attribute__((visibility("default"))) int unshare(int flags)
+{
+	return (int)alone_call(SYS_unshare, flags, 0);
+}
+
+__attribute__((visibility("default"))) int setns(int fd, int nstype)
+{
+	return (int)alone_call(SYS_setns, fd, nstype);
+}
+
 #undef syscall
 __attribute__((visibility("default"))) long syscall(long n, ...)
 {
@@ -1537,6 +2241,10 @@ __attribute__((visibility("default"))) long syscall(long n, ...)
 		note_seccomp();
 	if (n == SYS_capset || (n == SYS_prctl && prctl_changes_creds(a, b)))
 		return cred_change_call(n, a, b, c, d, e);
+	if (n == SYS_unshare || n == SYS_setns)
+		return alone_call(n, a, b);
+	if (n == SYS_rt_sigaction)
+		return program_rt_sigaction((int)a, (const void *)b, (void *)c, d);
 	return agent_syscall6(n, a, b, c, d, e, f);
 }
 #define syscall agent_syscall
@@ -1555,22 +2263,47 @@ __attribute__((visibility("default"))) int prctl(int option, ...)
 	return (int)agent_syscall6(SYS_prctl, option, (long)a, (long)b, (long)c, (long)d, 0);
 }
 
+static int ask_daemon_timed(int sock, uint16_t kind, const uint8_t *payload, uint32_t len, int timeout_s);
+
 /* Sends one request of `kind` to the daemon on a connection of this thread's own (closed at
  * once) and waits for its answer: 0 if it answered status 0. */
 static int ask_daemon(uint16_t kind, const uint8_t *payload, uint32_t len)
 {
-	int sock = connect_daemon();
+	return ask_daemon_on(-1, kind, payload, len);
+}
+
+/* ask_daemon on `sock`, a connection made earlier and not used yet (closed here), or on a new
+ * one if it is -1. */
+static int ask_daemon_on(int sock, uint16_t kind, const uint8_t *payload, uint32_t len)
+{
+	return ask_daemon_timed(sock, kind, payload, len, GREETING_TIMEOUT_S);
+}
+
+/* ask_daemon, waiting `timeout_s` seconds at most for the answer (0: as long as it takes). */
+static int ask_daemon_for(uint16_t kind, const uint8_t *payload, uint32_t len, int timeout_s)
+{
+	return ask_daemon_timed(-1, kind, payload, len, timeout_s);
+}
+
+/* The request itself. Raw system calls and the caller's stack only: a signal handler asks. */
+static int ask_daemon_timed(int sock, uint16_t kind, const uint8_t *payload, uint32_t len, int timeout_s)
+{
+	if (sock < 0)
+		sock = connect_daemon();
 	if (sock < 0)
 		return -1;
 	uint8_t pkt[HEADER_LEN + 24];
-	if (len > 24)
+	if (len > 24) {
+		syscall(SYS_close, sock);
 		return -1;
+	}
 	header(pkt, kind, len);
 	if (len)
 		memcpy(pkt + HEADER_LEN, payload, len);
 	int rc = -1;
-	struct timeval tv = { .tv_sec = GREETING_TIMEOUT_S, .tv_usec = 0 };
-	syscall(SYS_setsockopt, sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	struct timeval tv = { .tv_sec = timeout_s, .tv_usec = 0 };
+	if (timeout_s > 0)
+		syscall(SYS_setsockopt, sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	if (send_packet(sock, pkt, HEADER_LEN + len, -1) == 0) {
 		uint8_t ans[HEADER_LEN + 64];
 		ssize_t n = recv_packet(sock, ans, sizeof ans, NULL);
@@ -1581,6 +2314,135 @@ static int ask_daemon(uint16_t kind, const uint8_t *payload, uint32_t len)
 	}
 	syscall(SYS_close, sock);
 	return rc;
+}
+
+/*
+ * ptrace: a debugger reads and writes its tracee's memory through /proc/PID/mem and
+ * PEEKDATA/POKEDATA, which get EIO on a page the daemon evicted or never saw touched. A
+ * tracer of the tree (gdb -p, strace -p run under the daemon) asks the daemon first to bring
+ * the tracee's pages back and hand its memory to the kernel while it is traced (HOLD,
+ * HOLD_TRACE), and attaches once that is done: nothing it reads is missing. The daemon ends the
+ * hold when no thread of the tracee is traced any more. (PTRACE_TRACEME is not asked about: an
+ * exec follows, and the daemon sees the new image traced when it greets.)
+ */
+#define PTRACE_ATTACH_ 16
+#define PTRACE_SEIZE_ 0x4206
+__attribute__((visibility("default"))) long ptrace(int req, ...)
+{
+	va_list ap;
+	va_start(ap, req);
+	pid_t pid = va_arg(ap, pid_t);
+	void *addr = va_arg(ap, void *);
+	void *data = va_arg(ap, void *);
+	va_end(ap);
+	long (*real)(int, ...) = (long (*)(int, ...))next_symbol(&g_real_ptrace, "ptrace");
+	if (!real) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if ((req == PTRACE_ATTACH_ || req == PTRACE_SEIZE_) && pid > 0 && g_agent && !g_agent->filtered) {
+		int e = errno;
+		uint8_t p[8];
+		put32(p, (uint32_t)pid);
+		put32(p + 4, HOLD_TRACE);
+		(void)ask_daemon(KIND_HOLD, p, sizeof p);
+		errno = e;
+	}
+	return real(req, pid, addr, data);
+}
+
+/*
+ * open of the process's own memory file: /proc/PID/mem gets EIO on a page the daemon evicted or
+ * never saw touched (the kernel's remote access cannot wait for a userfault), and a program that
+ * reads or writes its own memory through it (a JIT patching code, ksm's selftests writing to
+ * PROT_NONE pages) is no tracer the daemon would see. So opening it asks the daemon first to
+ * bring this process's pages back and hand its memory to the kernel (HOLD, HOLD_SELF_MEM), and
+ * opens once that is done; the daemon ends the hold when no descriptor of the process names a
+ * memory file any more. Only the paths that name this process: /proc/self/mem,
+ * /proc/thread-self/mem, /proc/PID/mem and /proc/{self,PID}/task/TID/mem.
+ */
+static int names_own_mem(const char *path)
+{
+	if (!path || strncmp(path, "/proc/", 6) != 0)
+		return 0;
+	size_t n = strlen(path);
+	if (n < 10 || strcmp(path + n - 4, "/mem") != 0)
+		return 0;
+	const char *who = path + 6;
+	if (!strncmp(who, "self/", 5) || !strncmp(who, "thread-self/", 12))
+		return 1;
+	long pid = 0;
+	const char *c = who;
+	while (*c >= '0' && *c <= '9' && pid < 1L << 31)
+		pid = pid * 10 + (*c++ - '0');
+	return c > who && *c == '/' && pid == (long)syscall(SYS_getpid);
+}
+
+static void own_mem_hold(const char *path)
+{
+	if (!g_agent || g_agent->filtered || !names_own_mem(path))
+		return;
+	int e = errno;
+	uint8_t p[8];
+	put32(p, 0);
+	put32(p + 4, HOLD_SELF_MEM);
+	(void)ask_daemon(KIND_HOLD, p, sizeof p);
+	errno = e;
+}
+
+static void *volatile g_real_open, *volatile g_real_open64, *volatile g_real_openat,
+	*volatile g_real_openat64;
+typedef int (*open_fn)(const char *, int, ...);
+typedef int (*openat_fn)(int, const char *, int, ...);
+
+/* The mode argument, present only with O_CREAT or O_TMPFILE. */
+#define OPEN_MODE(flags, last)                               \
+	mode_t mode = 0;                                     \
+	if ((flags) & (O_CREAT | __O_TMPFILE)) {             \
+		va_list ap;                                  \
+		va_start(ap, last);                          \
+		mode = (mode_t)va_arg(ap, int);              \
+		va_end(ap);                                  \
+	}
+
+__attribute__((visibility("default"))) int open(const char *path, int flags, ...)
+{
+	OPEN_MODE(flags, flags);
+	own_mem_hold(path);
+	open_fn real = (open_fn)next_symbol(&g_real_open, "open");
+	if (!real)
+		return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
+	return real(path, flags, mode);
+}
+
+__attribute__((visibility("default"))) int open64(const char *path, int flags, ...)
+{
+	OPEN_MODE(flags, flags);
+	own_mem_hold(path);
+	open_fn real = (open_fn)next_symbol(&g_real_open64, "open64");
+	if (!real)
+		return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
+	return real(path, flags, mode);
+}
+
+__attribute__((visibility("default"))) int openat(int dirfd, const char *path, int flags, ...)
+{
+	OPEN_MODE(flags, flags);
+	own_mem_hold(path);
+	openat_fn real = (openat_fn)next_symbol(&g_real_openat, "openat");
+	if (!real)
+		return (int)syscall(SYS_openat, dirfd, path, flags, mode);
+	return real(dirfd, path, flags, mode);
+}
+
+__attribute__((visibility("default"))) int openat64(int dirfd, const char *path, int flags, ...)
+{
+	OPEN_MODE(flags, flags);
+	own_mem_hold(path);
+	openat_fn real = (openat_fn)next_symbol(&g_real_openat64, "openat64");
+	if (!real)
+		return (int)syscall(SYS_openat, dirfd, path, flags, mode);
+	return real(dirfd, path, flags, mode);
 }
 
 /* Asks the daemon to hand [start, start+len) over to the program's own userfaultfd: it brings
@@ -1724,8 +2586,24 @@ static void unmanaged(struct agent *ag, const char *why, int err)
 		close(ag->sock);
 }
 
+/* glibc's definitions behind the interposed calls, looked up now rather than at a first call
+ * that may come from a signal handler (dlsym takes the loader's lock). */
+static void find_next_symbols(void)
+{
+	static const struct { void *volatile *cache; const char *name; } next[] = {
+		{ &g_real_sigaction, "sigaction" },	    { &g_real___sigaction, "__sigaction" },
+		{ &g_real_signal, "signal" },		    { &g_real_bsd_signal, "bsd_signal" },
+		{ &g_real_ssignal, "ssignal" },		    { &g_real_sysv_signal, "sysv_signal" },
+		{ &g_real___sysv_signal, "__sysv_signal" }, { &g_real_siginterrupt, "siginterrupt" },
+		{ &g_real_ptrace, "ptrace" },
+	};
+	for (size_t i = 0; i < sizeof next / sizeof next[0]; i++)
+		(void)next_symbol(next[i].cache, next[i].name);
+}
+
 __attribute__((constructor)) static void uffd_agent_init(void)
 {
+	find_next_symbols();
 	const char *path = getenv("UFFD_DAEMON_SOCK");
 	const char *dpid = getenv("UFFD_DAEMON_PID");
 	if (!path || !*path || !dpid)
@@ -1746,6 +2624,15 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 	ag->watchdog_stack = ag->stack + STACK_BYTES;
 	ag->daemon_pid = (pid_t)atoi(dpid);
 
+	ag->sock = -1;
+	if (!threads_allowed()) {
+		/* exec'd after unshare(CLONE_NEWPID) (unshare -p without --fork): the agent's threads
+		 * cannot start. Its children, each in the new pid namespace, may. */
+		unmanaged(ag, "its children are to be in a new pid namespace, and the kernel then lets it "
+			      "start no thread",
+			  EINVAL);
+		return;
+	}
 	ag->sock = connect_daemon();
 	if (ag->sock < 0) {
 		unmanaged(ag, "cannot connect to uffd-daemon", errno);
@@ -1802,14 +2689,15 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 		return;
 	}
 	if (start_threads(ag) < 0)
-		fatal("cannot start the agent thread with a descriptor table of its own", errno);
+		fatal("cannot start the agent's threads (the agent thread with a descriptor table of its own)", errno);
 	/* The agent thread holds the socket and the uffd in its own table now: nothing of the
 	 * agent's stays in the program's. */
 	close(ag->sock);
 	close(uffd);
 	/* The heap as it is now was registered with the greeting; its growth from here on is
 	 * registered by the allocation wrappers. */
-	g_brk_seen = (uintptr_t)sbrk(0);
+	g_brk_seen = (uintptr_t)sbrk(0); /* (also sets __curbrk if nothing has yet) */
 	g_agent = ag;
 	pthread_atfork(NULL, NULL, atfork_child);
+	arm_dump_signals();
 }

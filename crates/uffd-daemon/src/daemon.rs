@@ -20,7 +20,8 @@ use crate::fault;
 use crate::maps;
 use crate::mm::{Mm, MmState, Page, ZERO_SLOT};
 use crate::protocol::{
-    self, Message, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD, MAX_PACKET,
+    self, Message, HELLO_AGENT_RESTART, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD,
+    MAX_PACKET,
 };
 use crate::reclaim;
 use crate::stats::{Histogram, Samples, Stats};
@@ -36,8 +37,11 @@ pub use crate::wire::EXIT_DAEMON_LOST;
 /// How the daemon runs.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Resident limit for the managed memory of the whole process tree, in bytes.
+    /// Resident limit for the managed memory of the whole process tree, in bytes (under
+    /// `auto_limit`, where the limit starts).
     pub limit_bytes: u64,
+    /// `--limit auto`: the controller that sets the limit from the tree's stall.
+    pub auto_limit: Option<crate::limit::AutoConfig>,
     /// The tiers below resident memory.
     pub tiers: TierConfig,
     /// The replacement policy and its access source.
@@ -63,12 +67,12 @@ pub struct Shared {
     pub tiers: Tiers,
     /// The policy settings (each address space has its own policy).
     pub policy: PolicyConfig,
-    /// The limit in pages.
-    pub limit_pages: usize,
-    /// Reclaim starts above this many resident pages ...
-    pub high_pages: usize,
-    /// ... and stops at this many.
-    pub low_pages: usize,
+    /// The resident limit and reclaim's watermarks (set by the controller under `auto`).
+    pub limit: crate::limit::Limit,
+    /// The time the tree's threads spend waiting on faults.
+    pub stall: crate::limit::StallMeter,
+    /// The limit's controller, under `--limit auto`.
+    pub auto_limit: Option<crate::limit::AutoLimit>,
     resident: AtomicUsize,
     /// Every live address space.
     pub mms: Mutex<Vec<Arc<Mm>>>,
@@ -110,12 +114,18 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Shared state for a limit of `limit_pages`.
-    pub fn new(tiers: Tiers, policy: PolicyConfig, limit_pages: usize, verbose: bool) -> Self {
-        // Reclaim in batches ahead of the limit so that the limit itself is rarely crossed.
-        let margin = (limit_pages / 16).clamp(64, 4096);
-        let high = limit_pages.saturating_sub(margin).max(1);
-        let low = limit_pages.saturating_sub(2 * margin).max(1);
+    /// Shared state for a limit of `limit_pages`, or one the controller `auto` sets.
+    pub fn new(
+        tiers: Tiers,
+        policy: PolicyConfig,
+        limit_pages: usize,
+        auto: Option<crate::limit::AutoConfig>,
+        verbose: bool,
+    ) -> Self {
+        let auto_limit = auto.map(crate::limit::AutoLimit::new);
+        let limit_pages = auto_limit
+            .as_ref()
+            .map_or(limit_pages, |a| a.initial_pages());
         Shared {
             stats: Stats::default(),
             lat_zswap: Histogram::default(),
@@ -123,9 +133,9 @@ impl Shared {
             lat_zero: Histogram::default(),
             tiers,
             policy,
-            limit_pages,
-            high_pages: high,
-            low_pages: low,
+            limit: crate::limit::Limit::new(limit_pages),
+            stall: crate::limit::StallMeter::default(),
+            auto_limit,
             resident: AtomicUsize::new(0),
             mms: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
@@ -187,7 +197,7 @@ impl Shared {
 
     /// Wakes the monitor when resident memory passed the high watermark.
     pub fn maybe_kick_reclaim(&self) {
-        if self.resident() > self.high_pages {
+        if self.resident() > self.limit.high() {
             let mut k = self.kick.lock();
             if !*k {
                 *k = true;
@@ -228,7 +238,14 @@ impl Shared {
             .as_ref()
             .map_or("off", |p| p.mode().name())
             .into();
-        v["limit_pages"] = (self.limit_pages as u64).into();
+        v["limit_pages"] = (self.limit.pages() as u64).into();
+        // The tree's memory stall (limit.rs): wall time with a fault outstanding, and the sum
+        // of all the waits, in seconds.
+        v["memory_stall_some_s"] = (self.stall.some_ns() as f64 / 1e9).into();
+        v["memory_stall_total_s"] = (self.stall.total_ns() as f64 / 1e9).into();
+        if let Some(a) = &self.auto_limit {
+            a.to_json(&mut v);
+        }
         self.inject_stop_times.report("inject_stop", &mut v);
         self.inject_hold_times.report("inject_hold", &mut v);
         self.drop_agent_times.report("drop_agent", &mut v);
@@ -340,27 +357,25 @@ fn forked_table_fixup(shared: &Shared, mm: &Mm, pid: i32) {
             return;
         }
     };
+    // From the child's mappings, not from the registered ranges the table knows: the agent's
+    // mmap wrapper registers memory before any scan sees it, and its pages are in the table
+    // all the same. Every page outside a mapping of the child (dont-fork) or in a
+    // wipe-on-fork one goes.
     let mut st = mm.state.lock();
-    let ranges = st.ranges.clone();
     let mut forgotten = 0;
-    for (s, e) in ranges {
-        // Parts of a registered range that no mapping of the child covers: DONTFORK.
-        let mut at = s;
-        for &(vs, ve, f) in vmas.iter().filter(|v| v.0 < e && v.1 > s) {
-            if vs > at {
-                forgotten += st.forget_range(shared, at, vs);
-                st.remove_range(at, vs);
-            }
-            if f.wipe_on_fork {
-                forgotten += st.forget_range(shared, vs.max(s), ve.min(e));
-            }
-            at = at.max(ve);
+    let mut at = 0u64;
+    for &(vs, ve, f) in &vmas {
+        if vs > at {
+            forgotten += st.forget_range(shared, at, vs);
+            st.remove_range(at, vs);
         }
-        if at < e {
-            forgotten += st.forget_range(shared, at, e);
-            st.remove_range(at, e);
+        if f.wipe_on_fork {
+            forgotten += st.forget_range(shared, vs, ve);
         }
+        at = at.max(ve);
     }
+    forgotten += st.forget_range(shared, at, u64::MAX);
+    st.remove_range(at, u64::MAX);
     if forgotten > 0 {
         Stats::add(&shared.stats.fork_pages_wiped, forgotten as u64);
     }
@@ -487,6 +502,11 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) -> bool {
                 }
             }
         }
+    }
+    // A held process (`hold.rs`): what this scan registered (new mappings, and those the
+    // agent's mmap wrapper registered) is the kernel's again at once.
+    if crate::hold::is_held(mm) {
+        let _ = crate::hold::bring_back(shared, mm, Duration::ZERO);
     }
     shared.maybe_kick_reclaim();
     true
@@ -615,8 +635,10 @@ fn release_to_program(shared: &Shared, pid: i32, start: u64, len: u64) -> std::i
         return Ok(()); // not managed: nothing of ours is registered there
     };
     let _agent = agent_without_drop(&mm)?;
-    let managed = restore_and_step_aside(shared, &mm, start, start + len, Unregister::Whole)?;
+    let (managed, restored) =
+        restore_and_step_aside(shared, &mm, start, start + len, Unregister::Whole)?;
     Stats::add(&shared.stats.own_uffd_bytes, managed);
+    Stats::add(&shared.stats.own_uffd_pages_restored, restored);
     Ok(())
 }
 
@@ -633,7 +655,21 @@ fn leave_management(shared: &Shared, pid: i32) -> std::io::Result<()> {
     };
     let conn = agent_without_drop(&mm)?.take();
     drop(conn);
-    let managed = restore_and_step_aside(shared, &mm, 0, crate::wire::USER_END, Unregister::Parts)?;
+    let (managed, restored) =
+        restore_and_step_aside(shared, &mm, 0, crate::wire::USER_END, Unregister::Parts)?;
+    Stats::add(&shared.stats.own_uffd_pages_restored, restored);
+    // The same request comes from an agent whose threads stepped out and could not start or
+    // greet again (`step_out`): the process goes on without them.
+    if mm.stepped_out.swap(false, Ordering::AcqRel) {
+        Stats::add(&shared.stats.agent_restart_left_processes, 1);
+        eprintln!(
+            "uffd-daemon: pid {pid}: the agent's threads could not start again after a call that \
+             needs the process alone (a new user namespace): its {} MiB are brought back and the \
+             process is no longer managed (counted in unmanaged_no_agent_bytes)",
+            managed >> 20
+        );
+        return Ok(());
+    }
     Stats::add(&shared.stats.tsync_left_processes, 1);
     Stats::add(&shared.stats.tsync_left_bytes, managed);
     eprintln!(
@@ -642,6 +678,35 @@ fn leave_management(shared: &Shared, pid: i32) -> std::io::Result<()> {
          unmanaged_no_agent_bytes)",
         managed >> 20
     );
+    Ok(())
+}
+
+/// The program makes a call the kernel allows only to a process of one thread
+/// (`unshare(CLONE_NEWUSER)`, `setns` into a user, mount or time namespace: the agent's
+/// `unshare` and `setns` wrappers ask), so the agent's threads end for the moment of it and
+/// then start again. The daemon waits for a DROP in flight to settle and closes the agent's
+/// connection (the agent thread ends on that) with none outstanding. Everything else is kept:
+/// the uffd (the daemon's own reference keeps the registrations alive after the agent's copy
+/// closes), the page states, the stored pages; faults are served meanwhile, and nothing of the
+/// process is evicted until its agent greets again (`HELLO_AGENT_RESTART`).
+fn step_out(shared: &Shared, pid: i32) -> std::io::Result<()> {
+    let Some(mm) = live_mm(shared, pid) else {
+        return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+    };
+    if mm.agentless.load(Ordering::Acquire) {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut slot = agent_without_drop(&mm)?;
+    let conn = slot.take();
+    mm.stepped_out.store(true, Ordering::Release);
+    // The agent thread ends through glibc's thread exit, which touches the program's memory
+    // (its thread count, its allocator's caches): faults of the program's, not of an agent
+    // thread that a DROP could wait for, since none can be sent any more. The new agent thread
+    // names itself again.
+    mm.agent_tid.store(0, Ordering::Relaxed);
+    drop(slot);
+    drop(conn);
+    Stats::add(&shared.stats.agent_step_outs, 1);
     Ok(())
 }
 
@@ -676,7 +741,7 @@ fn lock_request(
 }
 
 /// The live (not retired) address space of `pid`, if the daemon manages one.
-fn live_mm(shared: &Shared, pid: i32) -> Option<Arc<Mm>> {
+pub(crate) fn live_mm(shared: &Shared, pid: i32) -> Option<Arc<Mm>> {
     shared
         .mms
         .lock()
@@ -703,7 +768,7 @@ fn agent_without_drop(mm: &Mm) -> std::io::Result<parking_lot::MutexGuard<'_, Op
 }
 
 /// How [`restore_and_step_aside`] unregisters.
-enum Unregister {
+pub(crate) enum Unregister {
     /// The whole range at once (a program's own registration: one anonymous range).
     Whole,
     /// Each part the daemon registered (a range that may hold mappings no userfaultfd takes,
@@ -712,16 +777,22 @@ enum Unregister {
 }
 
 /// Brings back every page of `[start, end)` the daemon evicted (the program's memory reads as
-/// before), unregisters it, forgets its pages and refuses to register it again. Returns the
-/// bytes of it the daemon had registered.
-fn restore_and_step_aside(
+/// before), unregisters it, forgets its pages and refuses to register it again (a hold takes
+/// the refusal back when it ends, `hold.rs`). Returns the bytes of it the daemon had
+/// registered and the pages it brought back.
+pub(crate) fn restore_and_step_aside(
     shared: &Shared,
     mm: &Mm,
     start: u64,
     end: u64,
     how: Unregister,
-) -> std::io::Result<u64> {
-    let mut page = vec![0u8; PAGE_SIZE];
+) -> std::io::Result<(u64, u64)> {
+    // Runs of consecutive pages in consecutive slots come back with one read of what the
+    // backend holds of them and one UFFDIO_COPY: a page at a time, a hold of pages the swap
+    // file holds took 80 us a page, one disk read each.
+    const RUN: usize = 64;
+    let mut buf = vec![0u8; RUN * PAGE_SIZE];
+    let mut restored = 0u64;
     loop {
         let mut st = mm.state.lock();
         let stored: Vec<(u64, u32)> = st
@@ -730,17 +801,43 @@ fn restore_and_step_aside(
             .filter_map(|(a, p)| p.slot().map(|s| (a, s)))
             .collect();
         let mut again = false;
-        for (a, slot) in stored {
-            if slot == ZERO_SLOT {
-                page.fill(0);
-            } else {
-                shared.tiers.read(slot, &mut page)?;
+        let mut i = 0;
+        while i < stored.len() {
+            let (a0, s0) = stored[i];
+            let mut n = 1;
+            while s0 != ZERO_SLOT
+                && n < RUN
+                && stored.get(i + n) == Some(&(a0 + n as u64 * PAGE_SIZE_U64, s0 + n as u32))
+            {
+                n += 1;
             }
-            match mm.uffd.copy(a, &page) {
+            let got = if s0 == ZERO_SLOT {
+                buf[..PAGE_SIZE].fill(0);
+                1
+            } else {
+                shared.tiers.read_run(s0, n, &mut buf[..n * PAGE_SIZE])?.0
+            };
+            let (_, filled) = mm.uffd.copy_run(a0, &buf[..got * PAGE_SIZE]);
+            for k in 0..filled {
+                let a = a0 + k as u64 * PAGE_SIZE_U64;
+                if let Some(p) = st.pages.remove(a) {
+                    st.release(shared, a, p);
+                }
+            }
+            restored += filled as u64;
+            i += filled;
+            if filled == got {
+                continue;
+            }
+            // The run stopped at this page (present already, the end of a mapping, an event
+            // pending): it alone.
+            let a = stored[i].0;
+            match mm
+                .uffd
+                .copy(a, &buf[filled * PAGE_SIZE..(filled + 1) * PAGE_SIZE])
+            {
                 Ok(f @ (Fill::Filled | Fill::Exists)) => {
-                    if f == Fill::Filled {
-                        Stats::add(&shared.stats.own_uffd_pages_restored, 1);
-                    }
+                    restored += u64::from(f == Fill::Filled);
                     if let Some(p) = st.pages.remove(a) {
                         st.release(shared, a, p);
                     }
@@ -753,6 +850,7 @@ fn restore_and_step_aside(
                 Ok(Fill::Gone) => {}
                 Err(e) => return Err(e),
             }
+            i += 1;
         }
         if again {
             drop(st);
@@ -772,7 +870,7 @@ fn restore_and_step_aside(
         st.forget_range(shared, start, end);
         st.remove_range(start, end);
         st.refuse(start, end);
-        return Ok(managed);
+        return Ok((managed, restored));
     }
 }
 
@@ -808,9 +906,21 @@ fn read_hello(
     let (n, fd) = match sys::recv_with_fd(sock.as_raw_fd(), &mut buf) {
         Ok(x) => x,
         Err(e) => {
-            if e.kind() == std::io::ErrorKind::InvalidData {
-                Stats::add(&stats.protocol_errors, 1);
-                refuse(sock, &e.to_string());
+            match e.kind() {
+                std::io::ErrorKind::InvalidData => {
+                    Stats::add(&stats.protocol_errors, 1);
+                    refuse(sock, &e.to_string());
+                }
+                // No greeting in time (SO_RCVTIMEO): dropped, with the reason, so that a
+                // client merely slow (a loaded machine) is told why rather than reset.
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    Stats::add(&stats.greeting_timeouts, 1);
+                    refuse(
+                        sock,
+                        &format!("no greeting within {GREETING_TIMEOUT_MS} ms of connecting"),
+                    );
+                }
+                _ => {}
             }
             return None;
         }
@@ -841,6 +951,22 @@ fn read_hello(
         Ok((Message::Leave, _)) => {
             let r = leave_management(shared, pid);
             answer_request(sock, pid, r, "stop managing it");
+            return None;
+        }
+        Ok((Message::StepOut, _)) => {
+            let r = step_out(shared, pid);
+            answer_request(sock, pid, r, "let its agent's threads step out");
+            return None;
+        }
+        Ok((
+            Message::Hold {
+                pid: target,
+                reason,
+            },
+            _,
+        )) => {
+            let r = crate::hold::request(shared, pid, target, reason);
+            answer_request(sock, pid, r, "bring its evicted pages back for inspection");
             return None;
         }
         Ok((other, _)) => {
@@ -925,7 +1051,7 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         let Some(again) = read_hello(&shared, &sock, cred.pid) else {
             return;
         };
-        if again.0.flags & (HELLO_NEED_UFFD | HELLO_FORK_CHILD) != 0 {
+        if again.0.flags & (HELLO_NEED_UFFD | HELLO_FORK_CHILD | HELLO_AGENT_RESTART) != 0 {
             Stats::add(&stats.protocol_errors, 1);
             refuse(
                 &sock,
@@ -939,6 +1065,42 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
     let region = (hello.region_start, hello.region_start + hello.region_len);
     let max_drop = (hello.scratch_pages as usize).min(protocol::MAX_DROP_PAGES);
 
+    if hello.flags & HELLO_AGENT_RESTART != 0 {
+        // The agent's threads of a managed process, back after they stepped out: like a fork
+        // child, it gets back the uffd the daemon kept (the new agent thread named itself
+        // through its scratch fault before greeting).
+        let Some(mm) = live_mm(&shared, pid) else {
+            refuse(&sock, "no managed address space is known for this pid");
+            return;
+        };
+        // One agent per address space, as for a fork child. (Also an agent whose earlier
+        // connection was lost: only its watchdog had to step out.)
+        let mut slot = mm.agent.lock();
+        if slot.is_some() || mm.agentless.load(Ordering::Acquire) {
+            drop(slot);
+            Stats::add(&stats.protocol_errors, 1);
+            refuse(&sock, "this process already has an agent connection");
+            return;
+        }
+        let mut conn = match AgentConn::new(sock, max_drop) {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        let ack = Message::HelloAck {
+            status: 0,
+            max_drop_pages: max_drop as u32,
+        };
+        if conn.send(&ack, Some(mm.uffd.raw())).is_err() {
+            return;
+        }
+        *slot = Some(conn);
+        mm.stepped_out.store(false, Ordering::Release);
+        drop(slot);
+        Stats::add(&stats.agent_restarts, 1);
+        // The call may have changed what the process maps; pick up anything new.
+        let _ = scan_and_register(&shared, &mm);
+        return;
+    }
     if hello.flags & HELLO_FORK_CHILD != 0 {
         // The child named itself through its probe fault before connecting; find its mm.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -981,6 +1143,8 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         }
         *slot = Some(conn);
         drop(slot);
+        // Traced from its birth (a tracer that follows forks): held (`hold.rs`).
+        crate::hold::at_greeting(&shared, &mm, pid);
         // Registrations were inherited; pick up anything new.
         let _ = scan_and_register(&shared, &mm);
         return;
@@ -1067,6 +1231,9 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
     if start_mm(&shared, &mm).is_err() {
         return;
     }
+    // Traced from its start (`gdb PROGRAM`, `strace PROGRAM`: PTRACE_TRACEME before the exec):
+    // held, its memory the kernel's while traced (`hold.rs`).
+    crate::hold::at_greeting(&shared, &mm, pid);
     let _ = scan_and_register(&shared, &mm);
     let mut conn = match AgentConn::new(sock, max_drop) {
         Ok(c) => c,
@@ -1266,6 +1433,7 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
         tiers,
         config.policy,
         (config.limit_bytes / PAGE_SIZE_U64) as usize,
+        config.auto_limit,
         config.verbose,
     ));
 
@@ -1415,7 +1583,13 @@ fn census_round(shared: &Shared, census: &mut Census) {
         .iter()
         .map(|(&p, (_, why))| (p, why.clone()))
         .collect();
-    let found = census.take(me, &managed, &shared.stats, shared.policy.unmanaged);
+    let held: std::collections::HashMap<i32, crate::unmanaged::Kind> = shared
+        .mms
+        .lock()
+        .iter()
+        .filter_map(|m| Some((m.pid()?, crate::hold::census_kind(m)?)))
+        .collect();
+    let found = census.take(me, &managed, &held, &shared.stats, shared.policy.unmanaged);
     if let Some((pid, kind)) = found {
         census.stopped = true;
         eprintln!(
@@ -1464,8 +1638,11 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             if no_agent || m.retired.load(Ordering::Relaxed) {
                 continue;
             }
-            let rss = maps::rss_anon_bytes(pid).unwrap_or(0);
+            let (rss, tracer) = maps::rss_and_tracer(pid).unwrap_or((0, 0));
             rss_total += rss;
+            // A tracer came or went (`hold.rs`): from the same read, every 2 ms.
+            crate::hold::note_tracer(&shared, &m, pid, tracer);
+            crate::hold::note_self_mem(&shared, &m, pid);
             let tracked = |m: &Mm| m.state.lock().resident as u64 * PAGE_SIZE_U64;
             let untracked = m.untracked_rss.load(Ordering::Relaxed);
             let last = m.last_scan_tick.load(Ordering::Relaxed);
@@ -1720,19 +1897,24 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                 }
             }
         }
+        // Under `--limit auto`: the controller reads the stall and sets the limit (limit.rs);
+        // a lowered limit is reclaimed to just below, at the rate the controller's step sets.
+        if let Some(a) = &shared.auto_limit {
+            a.tick(&shared.limit, &shared.stall, shared.resident());
+        }
         // Reclaim is idle: the scratch areas the last DROPs left pages in are freed.
-        if shared.resident() <= shared.high_pages {
+        if shared.resident() <= shared.limit.high() {
             reclaim::free_idle_scratch(shared);
         }
         // Reclaim down to the low watermark, biggest address space first.
-        if shared.resident() > shared.high_pages {
+        if shared.resident() > shared.limit.high() {
             let deadline = Instant::now() + Duration::from_millis(50);
-            while shared.resident() > shared.low_pages && Instant::now() < deadline {
+            while shared.resident() > shared.limit.low() && Instant::now() < deadline {
                 let mut cands: Vec<Arc<Mm>> = shared.mms.lock().clone();
                 cands.sort_by_key(|m| std::cmp::Reverse(m.state.lock().resident));
                 let mut progress = 0;
                 for m in cands.iter().take(3) {
-                    let want = shared.resident().saturating_sub(shared.low_pages);
+                    let want = shared.resident().saturating_sub(shared.limit.low());
                     if want == 0 {
                         break;
                     }
@@ -1772,7 +1954,7 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                     progress == 0
                         && !answer_due
                         && !unshare_due
-                        && shared.resident() >= shared.limit_pages,
+                        && shared.resident() >= shared.limit.pages(),
                     Ordering::Relaxed,
                 );
                 if progress == 0 && !unshare_due {

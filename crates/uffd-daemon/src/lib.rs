@@ -47,6 +47,11 @@
 //! * **Fork** (`UFFD_EVENT_FORK`): the child gets a copy of the page table; stored pages are
 //!   shared with a slot reference count of two. The child names itself by touching the agent's
 //!   probe page (the fault carries its tid), then greets the daemon and gets its uffd back.
+//! * **Held for inspection** (`hold.rs`): the kernel reads a process's memory for a core file or
+//!   for a debugger (`/proc/PID/mem`, `PEEKDATA`) without a userfault, so before a core dump
+//!   (the agent's handler of core-dumping signals asks) and while a tracer is attached (seen in
+//!   `TracerPid`, or asked by a tracer's agent before it attaches) the daemon brings every
+//!   evicted page back, gives the memory to the kernel and evicts nothing from the process.
 //!
 //! # Invariants
 //!
@@ -77,6 +82,7 @@
 //! }).unwrap();
 //! let config = Config {
 //!     limit_bytes: r.limit,
+//!     auto_limit: r.auto,
 //!     tiers: r.tiers,
 //!     policy: r.policy,
 //!     stats_json: None,
@@ -93,12 +99,15 @@ pub mod config;
 mod daemon;
 pub mod demo;
 mod fault;
+mod hold;
 mod idlepoll;
 pub mod inject;
+pub mod limit;
 pub mod maps;
 mod mm;
 pub mod pagetable;
 pub mod protocol;
+mod readahead;
 mod reclaim;
 mod rundir;
 pub mod stats;

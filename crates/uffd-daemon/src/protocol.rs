@@ -7,14 +7,23 @@
 //! HELLO      agent  -> daemon  pid u32, ppid u32, flags u32, pad u32, features u64,
 //!                              region_start u64, region_len u64, probe u64, scratch u64,
 //!                              scratch_pages u32, pad u32            (+ the uffd by SCM_RIGHTS
-//!                                                                     unless FORK_CHILD;
+//!                                                                     unless FORK_CHILD or
+//!                                                                     AGENT_RESTART;
 //!                                                                     scratch = probe + 4096)
 //! HELLO_ACK  daemon -> agent   status i32, max_drop_pages u32        (+ the child's uffd by
-//!                                                                     SCM_RIGHTS to a fork child)
+//!                                                                     SCM_RIGHTS to a fork child
+//!                                                                     or an AGENT_RESTART)
 //! DROP       daemon -> agent   nruns u32, pad u32, nruns x (addr u64, npages u32, pad u32)
 //! DROP_DONE  agent  -> daemon  npages u32, pad u32, npages x status u8 (0 = moved, else errno)
 //! FREE       daemon -> agent   (no payload): free what the last DROP moved into the scratch
 //! ERROR      daemon -> agent   code i32, message bytes (UTF-8)
+//! RELEASE    agent  -> daemon  start u64, len u64                    (program thread, own
+//!                                                                     connection; so are the
+//!                                                                     three below)
+//! LEAVE      agent  -> daemon  (nothing)
+//! LOCK       agent  -> daemon  start u64, len u64, flags u32, pad u32
+//! HOLD       agent  -> daemon  pid u32 (0: the sender), reason u32 (HOLD_DUMP, HOLD_TRACE,
+//!                              HOLD_SELF_MEM)
 //! ```
 //!
 //! The agent side is C (`agent/agent.c`) and mirrors these constants. Everything the daemon
@@ -25,9 +34,10 @@
 use thiserror::Error;
 
 pub use crate::wire::{
-    DROP_RUN_UNSHARE, HEADER_LEN, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD, HELLO_NEED_UFFD,
-    KIND_DROP, KIND_DROP_DONE, KIND_ERROR, KIND_FREE, KIND_HELLO, KIND_HELLO_ACK, KIND_LEAVE,
-    KIND_LOCK, KIND_RELEASE, LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
+    DROP_RUN_UNSHARE, HEADER_LEN, HELLO_AGENT_RESTART, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD,
+    HELLO_NEED_UFFD, HOLD_DUMP, HOLD_SELF_MEM, HOLD_TRACE, KIND_DROP, KIND_DROP_DONE, KIND_ERROR,
+    KIND_FREE, KIND_HELLO, KIND_HELLO_ACK, KIND_HOLD, KIND_LEAVE, KIND_LOCK, KIND_RELEASE,
+    KIND_STEP_OUT, LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
 };
 
 /// The agent's greeting.
@@ -99,6 +109,14 @@ pub enum Message {
     /// the agent's connection (its threads then end), brings back every page it evicted from
     /// the process and stops managing it (answered with `HelloAck`, status 0 or an errno).
     Leave,
+    /// From a program thread of a managed process, on a connection of its own: the program
+    /// makes a call the kernel allows only to a process of one thread (`unshare` or `setns`
+    /// of a user namespace, ...), and the agent's threads end for it. The daemon settles any
+    /// DROP in flight and closes the agent's connection, and keeps everything else: the
+    /// registrations, the stored pages, the uffd (answered with `HelloAck`, status 0 or an
+    /// errno). The agent's new threads greet again with
+    /// [`HELLO_AGENT_RESTART`](crate::wire::HELLO_AGENT_RESTART).
+    StepOut,
     /// From a program thread of a managed process, on a connection of its own, before its
     /// `mlock`, `mlock2` or `mlockall` (or after one that failed): no page of the range may be
     /// chosen for eviction from now on, so that none reaches a tier after the lock (the
@@ -111,6 +129,21 @@ pub enum Message {
         len: u64,
         /// `LOCK_*` flags.
         flags: u32,
+    },
+    /// From a program thread of a managed process, on a connection of its own: the process
+    /// `pid` (0: the sender) is about to be inspected from outside, by a core dump
+    /// ([`HOLD_DUMP`]: the sender got a core-dumping signal it leaves at its default action)
+    /// or by a tracer ([`HOLD_TRACE`]: the sender is about to attach to it), or by itself
+    /// ([`HOLD_SELF_MEM`]: the sender is about to open its own `/proc/PID/mem`). The kernel reads
+    /// the memory of such a process without a userfault (a dump takes a missing page for a
+    /// hole, `/proc/PID/mem` and `PEEKDATA` fail with `EIO`), so the daemon brings every page
+    /// it evicted back, hands the memory to the kernel and evicts nothing more from it
+    /// (`hold.rs`). Answered with `HelloAck` once that is done.
+    Hold {
+        /// The process (or one of its threads); 0 for the sender's own.
+        pid: u32,
+        /// `HOLD_DUMP`, `HOLD_TRACE` or `HOLD_SELF_MEM`.
+        reason: u32,
     },
     /// A fatal error for the agent.
     Error {
@@ -220,6 +253,7 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
             KIND_RELEASE
         }
         Message::Leave => KIND_LEAVE,
+        Message::StepOut => KIND_STEP_OUT,
         Message::Free => KIND_FREE,
         Message::Lock { start, len, flags } => {
             p.extend_from_slice(&start.to_le_bytes());
@@ -227,6 +261,11 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
             p.extend_from_slice(&flags.to_le_bytes());
             p.extend_from_slice(&0u32.to_le_bytes());
             KIND_LOCK
+        }
+        Message::Hold { pid, reason } => {
+            p.extend_from_slice(&pid.to_le_bytes());
+            p.extend_from_slice(&reason.to_le_bytes());
+            KIND_HOLD
         }
         Message::Error { code, message } => {
             p.extend_from_slice(&code.to_le_bytes());
@@ -301,7 +340,10 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
                 scratch: u64_at(p, 48),
                 scratch_pages: u32_at(p, 56),
             };
-            if h.flags & !(HELLO_FORK_CHILD | HELLO_NEED_UFFD | HELLO_API_BY_DAEMON) != 0 {
+            if h.flags
+                & !(HELLO_FORK_CHILD | HELLO_NEED_UFFD | HELLO_API_BY_DAEMON | HELLO_AGENT_RESTART)
+                != 0
+            {
                 return Err(payload_err(
                     "HELLO",
                     p.len(),
@@ -447,6 +489,12 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
             }
             Message::Leave
         }
+        KIND_STEP_OUT => {
+            if !p.is_empty() {
+                return Err(payload_err("STEP_OUT", p.len(), "expected no payload"));
+            }
+            Message::StepOut
+        }
         KIND_FREE => {
             if !p.is_empty() {
                 return Err(payload_err("FREE", p.len(), "expected no payload"));
@@ -475,6 +523,30 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
                 ));
             }
             Message::Lock { start, len, flags }
+        }
+        KIND_HOLD => {
+            if p.len() != 8 {
+                return Err(payload_err("HOLD", p.len(), "expected 8 bytes"));
+            }
+            let (pid, reason) = (u32_at(p, 0), u32_at(p, 4));
+            if reason != HOLD_DUMP && reason != HOLD_TRACE && reason != HOLD_SELF_MEM {
+                return Err(payload_err(
+                    "HOLD",
+                    p.len(),
+                    format!(
+                        "unknown reason {reason} (HOLD_DUMP {HOLD_DUMP}, HOLD_TRACE {HOLD_TRACE} \
+                         or HOLD_SELF_MEM {HOLD_SELF_MEM})"
+                    ),
+                ));
+            }
+            if pid > i32::MAX as u32 {
+                return Err(payload_err(
+                    "HOLD",
+                    p.len(),
+                    format!("pid {pid} is not a pid"),
+                ));
+            }
+            Message::Hold { pid, reason }
         }
         other => return Err(ProtocolError::Kind(other)),
     };
@@ -531,12 +603,18 @@ mod tests {
                 len: pages * 4096
             }),
             Just(Message::Leave),
+            Just(Message::StepOut),
             Just(Message::Free),
             (page_addr(), 1u64..1024, 0u32..2).prop_map(|(start, pages, flags)| Message::Lock {
                 start,
                 len: pages * 4096,
                 flags
             }),
+            (
+                0u32..1 << 22,
+                prop_oneof![Just(HOLD_DUMP), Just(HOLD_TRACE), Just(HOLD_SELF_MEM)]
+            )
+                .prop_map(|(pid, reason)| Message::Hold { pid, reason }),
         ]
     }
 
@@ -585,6 +663,21 @@ mod tests {
         assert_eq!(decode(&[0; 3]), Err(ProtocolError::Short(3)));
         let big = vec![0u8; MAX_PACKET + 1];
         assert_eq!(decode(&big), Err(ProtocolError::TooLong(MAX_PACKET + 1)));
+    }
+
+    #[test]
+    fn hold_reasons_are_checked() {
+        let pkt = encode(&Message::Hold { pid: 0, reason: 7 }, 0);
+        let err = decode(&pkt).unwrap_err();
+        assert!(err.to_string().contains("unknown reason 7"), "{err}");
+        let pkt = encode(
+            &Message::Hold {
+                pid: u32::MAX,
+                reason: HOLD_DUMP,
+            },
+            0,
+        );
+        assert!(decode(&pkt).is_err());
     }
 
     #[test]

@@ -21,7 +21,8 @@ pub const MAX_DROP_PAGES: usize = 4096;
 
 /// Message kind: the agent's greeting.
 pub const KIND_HELLO: u16 = 1;
-/// Message kind: the daemon's answer to a greeting (and to RELEASE, LEAVE, LOCK).
+/// Message kind: the daemon's answer to a greeting (and to RELEASE, LEAVE, LOCK, STEP_OUT,
+/// HOLD).
 pub const KIND_HELLO_ACK: u16 = 2;
 /// Message kind: drop these pages.
 pub const KIND_DROP: u16 = 3;
@@ -35,9 +36,16 @@ pub const KIND_RELEASE: u16 = 6;
 pub const KIND_LEAVE: u16 = 7;
 /// Message kind: a range is about to be locked in memory.
 pub const KIND_LOCK: u16 = 8;
+/// Message kind: the agent's threads are about to end for a moment (a program call that needs
+/// the process to have one thread: a new user namespace); they greet again with
+/// [`HELLO_AGENT_RESTART`] after it.
+pub const KIND_STEP_OUT: u16 = 9;
+/// Message kind: bring every evicted page of a process back and evict none while it is
+/// inspected (a core dump, a debugger).
+pub const KIND_HOLD: u16 = 10;
 /// Message kind: the daemon has read back what the last DROP moved into the scratch; the
 /// agent frees it.
-pub const KIND_FREE: u16 = 9;
+pub const KIND_FREE: u16 = 11;
 
 /// HELLO flag: the sender is a forked child whose uffd the daemon already holds.
 pub const HELLO_FORK_CHILD: u32 = 1;
@@ -50,6 +58,10 @@ pub const HELLO_NEED_UFFD: u32 = 2;
 /// `EVENT_FORK` needs); the daemon enables the features and registers the agent's probe and
 /// scratch pages.
 pub const HELLO_API_BY_DAEMON: u32 = 4;
+/// HELLO flag: the agent's threads of a process the daemon manages start again after they
+/// stepped out ([`KIND_STEP_OUT`]); like a fork child, the daemon answers with the process's
+/// uffd, which it kept.
+pub const HELLO_AGENT_RESTART: u32 = 8;
 
 /// DROP run flag: do not move this run's pages; make them the process's own again
 /// (`MADV_POPULATE_WRITE`, which breaks copy-on-write sharing as a write would, without
@@ -59,6 +71,16 @@ pub const DROP_RUN_UNSHARE: u32 = 1;
 
 /// LOCK flag: the range is about to be locked (clear: a lock asked for did not happen).
 pub const LOCK_ON: u32 = 1;
+
+/// HOLD reason: the sender is about to dump core (a core-dumping signal it left at its
+/// default action); the hold lasts until it exits.
+pub const HOLD_DUMP: u32 = 1;
+/// HOLD reason: the sender is about to trace the process it names (`PTRACE_ATTACH`,
+/// `PTRACE_SEIZE`); the hold lasts while the process is traced.
+pub const HOLD_TRACE: u32 = 2;
+/// HOLD reason: the sender is about to open its own memory file (`/proc/self/mem`); the hold
+/// lasts while a descriptor of the process names a memory file.
+pub const HOLD_SELF_MEM: u32 = 4;
 
 /// Feature bits (`UFFD_FEATURE_*`).
 pub const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;

@@ -840,3 +840,177 @@ fn junit_outcomes_reads_libregrtest_reports() {
             .collect::<Vec<_>>()
     );
 }
+
+// ---- 7. Sandboxes: new user namespaces -----------------------------------------------------
+
+/// Whether this machine lets a process make a user namespace at all (bare): where it does
+/// not (`user.max_user_namespaces = 0`, a kernel without them), the cases below skip.
+fn user_namespaces_work() -> bool {
+    let ok = Command::new("unshare")
+        .args(["-U", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIP: this machine refuses a new user namespace bare (unshare -U true)");
+    }
+    ok
+}
+
+/// util-linux `unshare -U` and `unshare -r` make a user namespace with unshare(2), which the
+/// kernel refuses to a process of more than one thread: the agent's two threads made every
+/// managed process one of three, and both failed with EINVAL under the daemon ("unshare
+/// failed: Invalid argument", exit 1). Then a program paged in the namespace: python over 48
+/// MiB, exec'd by `unshare -r`, as root there.
+#[test]
+fn unshare_makes_a_user_namespace() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("unshare") || !have("python3") || !user_namespaces_work() {
+        return;
+    }
+    let run = same_under_a_third("unshare-U-id", &["unshare", "-U", "id"]);
+    assert!(run.stdout.starts_with("uid=65534("), "{}", run.stdout);
+    assert_eq!(run.get("agent_step_outs"), 1);
+    assert_eq!(run.get("agent_restarts"), 1);
+    let run = same_under_a_third("unshare-r-whoami", &["unshare", "-r", "whoami"]);
+    assert_eq!(run.stdout, "root\n");
+    let script = r#"
+import hashlib, os
+data = bytearray(hashlib.sha256(b"userns").digest() * (48 * 1024 * 1024 // 32))
+for i in range(0, len(data), 4096):
+    data[i] = (i // 4096) % 251
+print("uid", os.getuid(), "gid", os.getgid(), open("/proc/self/uid_map").read().split())
+print("sha256", hashlib.sha256(data).hexdigest())
+"#;
+    let python = real_python();
+    let run = same_under_a_third(
+        "unshare-r-python",
+        &["unshare", "-r", &python, "-c", script],
+    );
+    assert!(
+        run.stdout.starts_with("uid 0 gid 0 ['0', '0', '1']"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(run.get("agent_restarts"), 1);
+    assert_eq!(run.get("agent_restart_left_processes"), 0);
+}
+
+/// A process holding a user namespace made by `unshare -rm` (root in it is root outside) and a
+/// mount namespace of its own, for others to enter; killed when dropped.
+struct NamespaceHolder(std::process::Child);
+
+impl NamespaceHolder {
+    fn new() -> NamespaceHolder {
+        let child = Command::new("unshare")
+            .args(["-rm", "sleep", "120"])
+            .spawn()
+            .expect("running unshare -rm sleep");
+        let holder = NamespaceHolder(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_link(holder.ns("user")).ok()
+            == std::fs::read_link("/proc/self/ns/user").ok()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the holder made no user namespace"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        holder
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    fn ns(&self, kind: &str) -> String {
+        format!("/proc/{}/ns/{kind}", self.0.id())
+    }
+}
+
+impl Drop for NamespaceHolder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// util-linux `nsenter -U -m` enters another process's user and mount namespaces with setns(2)
+/// ("reassociate to namespace 'ns/user' failed: Invalid argument" under the daemon: the
+/// kernel wants a process of one thread for the one, an unshared fs_struct for the other),
+/// then runs python over 48 MiB there.
+#[test]
+fn nsenter_enters_a_user_and_mount_namespace() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("nsenter") || !have("unshare") || !user_namespaces_work() {
+        return;
+    }
+    let holder = NamespaceHolder::new();
+    let target = holder.pid().to_string();
+    let script = r#"
+import hashlib, os
+data = bytearray(hashlib.sha256(b"nsenter").digest() * (48 * 1024 * 1024 // 32))
+for i in range(0, len(data), 4096):
+    data[i] = (i // 4096) % 251
+print("uid", os.getuid(), open("/proc/self/uid_map").read().split())
+print("sha256", hashlib.sha256(data).hexdigest())
+"#;
+    let python = real_python();
+    let run = same_under_a_third(
+        "nsenter-user-mnt",
+        &[
+            "nsenter", "-t", &target, "-U", "-m", "--", &python, "-c", script,
+        ],
+    );
+    drop(holder);
+    assert!(
+        run.stdout.starts_with("uid 0 ['0', '0', '1']"),
+        "{}",
+        run.stdout
+    );
+    // One setns per namespace, each with the agent's threads stepped out and back.
+    assert_eq!(run.get("agent_step_outs"), 2);
+    assert_eq!(run.get("agent_restarts"), 2);
+}
+
+/// bubblewrap joins a user namespace made earlier (`--userns FD`, what flatpak and the like
+/// pass it) with setns(2) in its own process, which the kernel refuses to a process of more
+/// than one thread ("Joining the specified user namespace failed" under the daemon); its
+/// sandboxed program then pages there (python over 48 MiB).
+#[test]
+fn bubblewrap_joins_a_user_namespace() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run()
+        || !have("bwrap")
+        || !have("unshare")
+        || !have("python3")
+        || !user_namespaces_work()
+    {
+        return;
+    }
+    // The namespace to join: root in it is root outside.
+    let holder = NamespaceHolder::new();
+    let ns = holder.ns("user");
+    let script = r#"
+import hashlib, os
+data = bytearray(hashlib.sha256(b"bwrap").digest() * (48 * 1024 * 1024 // 32))
+for i in range(0, len(data), 4096):
+    data[i] = (i // 4096) % 251
+print("uid", os.getuid(), open("/proc/self/uid_map").read().split())
+print("sha256", hashlib.sha256(data).hexdigest())
+"#;
+    let python = real_python();
+    let sandbox = format!(
+        "exec bwrap --userns 3 --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp -- \
+         {python} -c '{script}' 3<{ns}"
+    );
+    let run = same_under_a_third("bwrap-userns", &["sh", "-c", &sandbox]);
+    drop(holder);
+    assert!(
+        run.stdout.starts_with("uid 0 ['0', '0', '1']"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(run.get("agent_step_outs"), 1);
+    assert_eq!(run.get("agent_restarts"), 1);
+}

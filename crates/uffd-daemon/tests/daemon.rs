@@ -222,6 +222,62 @@ fn client_stops_when_the_daemon_dies() {
     );
 }
 
+/// `uffd-daemon stat` with a daemon stopped (SIGSTOP, a debugger): that daemon is skipped with a
+/// word after a bounded wait, not waited for (stat used to hang while any daemon was stopped).
+#[test]
+fn stat_skips_a_stopped_daemon() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let mut daemon = Command::new(DAEMON)
+        .args(["run", "--limit", "16M", "--", "sleep", "30"])
+        .spawn()
+        .expect("starting the daemon");
+    let pid = daemon.id();
+    let dir = uffd_daemon::default_run_base().join(pid.to_string());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !dir.join("ctl.sock").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: kill(2) with integer arguments, to our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    let started = Instant::now();
+    let mut stat = Command::new(DAEMON)
+        .args(["stat", "--pid", &pid.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("uffd-daemon stat");
+    let mut finished = None;
+    while started.elapsed() < Duration::from_secs(20) {
+        if let Some(st) = stat.try_wait().expect("waiting for stat") {
+            finished = Some(st);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = started.elapsed();
+    if finished.is_none() {
+        let _ = stat.kill();
+    }
+    let out = stat.wait_with_output().expect("stat's output");
+    // SAFETY: as above; then the daemon's program is ended and the daemon reaped.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGCONT);
+        libc::kill(pid as i32, libc::SIGTERM);
+    }
+    let _ = daemon.wait();
+    assert!(
+        finished.is_some(),
+        "stat hung on a stopped daemon for {took:?}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("did not answer"), "stat said: {err}");
+    assert!(took < Duration::from_secs(10), "stat took {took:?}");
+}
+
 #[test]
 fn stat_reports_a_running_daemon_and_strangers_are_refused() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -250,6 +306,13 @@ fn stat_reports_a_running_daemon_and_strangers_are_refused() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600, "the swap file must be private");
+    // So is the control socket (counters), in a directory of the daemon's own.
+    let ctl = std::fs::symlink_metadata(dir.join("ctl.sock")).expect("ctl.sock");
+    assert_eq!(
+        ctl.permissions().mode() & 0o777,
+        0o600,
+        "ctl.sock must be 0600"
+    );
     let out = Command::new(DAEMON)
         .args(["stat", "--pid", &pid.to_string()])
         .output()

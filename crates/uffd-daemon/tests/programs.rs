@@ -172,6 +172,39 @@ fn the_program_owns_its_descriptors() {
     assert_paged(&run, 16 << 20);
 }
 
+/// Memory glibc's malloc maps for itself (a large chunk) or grows its heap into (brk) goes
+/// through no `mmap` the agent sees, and a program fills it at once: the agent's allocation
+/// wrappers register it before `malloc` returns. Registered by the scanner instead (it polls
+/// every 2 ms), it was filled past the limit first, the more so with the CPUs busy: 4405-4797
+/// pages for a 2048-page limit with `stress-ng --cpu 2` beside this program. A busy thread
+/// here keeps one CPU taken.
+#[test]
+fn memory_malloc_maps_for_itself_is_managed_before_it_is_filled() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        })
+    };
+    let heap = lifecycle("8M", "heap", &["heap", "64"]);
+    // (A large chunk: `page` mallocs its whole buffer at once.)
+    let chunk = lifecycle("8M", "inner", &["inner", "64"]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = busy.join();
+    assert_eq!(heap.status, 0, "wrong data");
+    assert!(heap.stdout.contains("heap: 64 MiB, 0 bad words"));
+    assert_paged(&heap, 8 << 20);
+    assert_eq!(chunk.status, 0, "wrong data");
+    assert_paged(&chunk, 8 << 20);
+}
+
 /// Pages a process shares with a forked child (or shared with one that has exited: the kernel
 /// marks a page the process's own again only at its next write) cannot be moved out:
 /// `UFFDIO_MOVE` refuses them (EBUSY). Reclaim reads victims through `/proc/PID/mem`, which
@@ -671,6 +704,112 @@ fn a_programs_own_userfaultfd_gets_its_memory() {
         run.get("own_uffd_pages_restored") > 0,
         "nothing of the range had been evicted: the test did not test the hand-over"
     );
+}
+
+/// A program that makes a new user namespace (`unshare(CLONE_NEWUSER)`, then maps itself to
+/// root there as `unshare -r` does), and children that enter user, mount and time namespaces
+/// with setns(2) and unshare CLONE_THREAD | CLONE_SIGHAND | CLONE_VM: calls the kernel allows
+/// only to a process of one thread, which failed with EINVAL (EUSERS for time) under the
+/// daemon while the agent's two threads were there. Each must do what it does bare, and the
+/// process must stay managed after the call: every word checked, the pages evicted before the
+/// call brought back, 96 MiB written and checked after it with the process's own anonymous RSS
+/// held at the limit (bare it reaches 96 MiB). Tests/clients/userns.c.
+#[test]
+fn a_new_user_namespace_keeps_the_process_managed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client("userns").to_string_lossy().into_owned();
+    let bare = run_bare("userns", &[&exe, "96"], Duration::from_secs(60));
+    if bare.status != 0 && bare.stdout.contains("holder:") && bare.stdout.contains("failed") {
+        eprintln!(
+            "SKIP: this machine refuses new user namespaces bare: {}",
+            bare.stdout
+        );
+        return;
+    }
+    assert_eq!(bare.status, 0, "bare: {}{}", bare.stdout, bare.stderr);
+    let run = run_under("32M", "userns", &[&exe, "96"]);
+    assert_eq!(run.status, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.stdout, bare.stdout, "{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("after the call: pattern A 0 bad words, pattern B 0 bad words")
+            && run
+                .stdout
+                .contains("a child forked in the new namespace: status 0"),
+        "{}",
+        run.stdout
+    );
+    // The holder's unshare, three setns, the no-op unshare, the refused one and the process's
+    // own: each stepped out and came back (the child with a thread of its own did not step out:
+    // its call fails as bare).
+    assert_eq!(run.get("agent_step_outs"), 7, "{}", run.stderr);
+    assert_eq!(run.get("agent_restarts"), 7, "{}", run.stderr);
+    assert_eq!(run.get("agent_restart_left_processes"), 0);
+    assert_eq!(run.get("protocol_errors"), 0, "{}", run.stderr);
+    assert_agents(&run);
+    // Managed after the call: pages went out while it wrote and read 96 MiB under 32 MiB.
+    let peak_kib: u64 = run
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("userns: RssAnon peak after the call: "))
+        .and_then(|l| l.trim_end_matches(" kB").parse().ok())
+        .expect("the client's RssAnon peak after the call");
+    assert!(
+        peak_kib <= (32 + 8) << 10,
+        "RssAnon reached {peak_kib} kB after the call under a 32 MiB limit: not managed"
+    );
+    assert!(
+        run.get("evicted_pages") > 2 * (96 << 20) / 4096,
+        "evicted {} pages",
+        run.get("evicted_pages")
+    );
+}
+
+/// A user namespace and a pid namespace for the children in one call (`unshare -Urp`): the
+/// kernel then lets the process start no thread at all (its pid namespace would not be its
+/// leader's), so the agent cannot come back. The process leaves management, every evicted
+/// page brought back first, and says so; its data is intact.
+#[test]
+fn a_process_whose_agent_cannot_come_back_leaves_with_its_pages() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client("userns").to_string_lossy().into_owned();
+    let bare = run_bare(
+        "userns-newpid",
+        &[&exe, "64", "newpid"],
+        Duration::from_secs(60),
+    );
+    if bare.status != 0 {
+        eprintln!(
+            "SKIP: this machine refuses unshare(CLONE_NEWUSER | CLONE_NEWPID) bare: {}",
+            bare.stdout
+        );
+        return;
+    }
+    let run = run_under("16M", "userns-newpid", &[&exe, "64", "newpid"]);
+    assert_eq!(run.status, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.stdout, bare.stdout);
+    assert!(run.get("evicted_pages") > 0, "nothing was paged out first");
+    assert_eq!(run.get("agent_step_outs"), 1);
+    assert_eq!(run.get("agent_restarts"), 0);
+    assert_eq!(run.get("agent_restart_left_processes"), 1);
+    assert!(
+        run.get("own_uffd_pages_restored") > 0,
+        "no page brought back"
+    );
+    assert!(
+        run.stderr.contains(
+            "cannot start again after unshare (its children are to be in a new pid namespace"
+        ),
+        "the process left unmanaged without a word: {}",
+        run.stderr
+    );
+    assert_eq!(run.get("agents_lost"), 0);
 }
 
 /// A buffer registered as io_uring fixed buffers is pinned (FOLL_LONGTERM) and filled by

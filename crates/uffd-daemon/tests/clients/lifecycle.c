@@ -20,6 +20,8 @@
  *                              line on stdin
  *   lifecycle shared MIB       fill MIB MiB of MAP_SHARED anonymous memory, check it, hold it a
  *                              moment (for the daemon's census)
+ *   lifecycle heap MIB         fill MIB MiB in 64 KiB mallocs (glibc's main heap, grown by brk),
+ *                              check it
  *   lifecycle fork-shared MIB KIB  fill MIB MiB, fork a child that exits at once (the pages
  *                              stay marked shared), fork a child that waits: wait until the two
  *                              hold at most KIB KiB of anonymous memory (10 s at most), check
@@ -273,6 +275,21 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		char line[8];
 		(void)!read(0, line, sizeof line);
+		return bad != 0;
+	}
+	if (!strcmp(mode, "heap")) {
+		size_t n = mib * 16, sz = 64 * 1024;
+		uint64_t **v = malloc(n * sizeof *v);
+		for (size_t i = 0; i < n; i++) {
+			v[i] = malloc(sz);
+			for (size_t j = 0; j < sz / 8; j++)
+				v[i][j] = i ^ (j * 0x9e3779b97f4a7c15ull);
+		}
+		long bad = 0;
+		for (size_t i = 0; i < n; i++)
+			for (size_t j = 0; j < sz / 8; j++)
+				bad += v[i][j] != (i ^ (j * 0x9e3779b97f4a7c15ull));
+		printf("heap: %zu MiB, %ld bad words\n", mib, bad);
 		return bad != 0;
 	}
 	if (!strcmp(mode, "fork-shared")) {

@@ -408,7 +408,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     // 4. Still ours? (A REMOVE, UNMAP or REMAP may have taken pages meanwhile.)
     let mut to_drop = Vec::with_capacity(victims.len());
     let mut drop_slots = Vec::with_capacity(victims.len());
-    let mut drop_data = Vec::with_capacity(victims.len() * PAGE_SIZE);
+    let mut drop_data = Vec::new();
     let mut gone = Vec::new();
     {
         let mut st = mm.state.lock();
@@ -420,12 +420,23 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
                 st.pages.insert(a, Page::Dropping { slot: slots[i] });
                 to_drop.push(a);
                 drop_slots.push(slots[i]);
-                drop_data.extend_from_slice(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
             } else {
                 if slots[i] != ZERO_SLOT {
                     shared.put_slot(slots[i]);
                 }
                 gone.push(a);
+            }
+        }
+    }
+    // What was read from the pages being dropped, for the read-back: the batch's buffer as it
+    // is when every victim is still ours (the usual case), else the pages' bytes gathered.
+    if to_drop.len() == victims.len() {
+        drop_data = data;
+    } else if !to_drop.is_empty() {
+        drop_data.reserve(to_drop.len() * PAGE_SIZE);
+        for (i, a) in victims.iter().enumerate() {
+            if to_drop.binary_search(a).is_ok() {
+                drop_data.extend_from_slice(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
             }
         }
     }
@@ -517,7 +528,7 @@ fn drop_injected(
         Err(e) => {
             // Nothing was moved: the batch goes back.
             let kept = vec![1u8; p.pages.len() + p.unshare.len()];
-            settle_drop(shared, mm, &p, Some(&kept), None);
+            settle_drop(shared, mm, &p, Some(&kept), &[]);
             lose_injection(shared, agent_guard, pid, &e);
             return 0;
         }
@@ -536,7 +547,7 @@ fn drop_injected(
                 sent: t_drop,
                 said_late: false,
             };
-            settle_drop(shared, mm, &one, Some(&[1]), None);
+            settle_drop(shared, mm, &one, Some(&[1]), &[]);
             p.pages.remove(i);
             p.slots.remove(i);
             p.data.drain(i * PAGE_SIZE..(i + 1) * PAGE_SIZE);
@@ -566,24 +577,17 @@ fn drop_injected(
         .filter_map(|(&a, &l)| l.then_some(a))
         .collect();
     let done = crate::agentless::drop_pages(shared, mm, pid, stop, &live_pages, &p.unshare);
-    // The moved pages are in the scratch (in the order of `live_pages`): read back now that
-    // the program runs again. (Pages no longer `Dropping` were settled by their events:
-    // settle_drop skips them.)
-    let moved: Vec<bool> = done.status[..live_pages.len()]
-        .iter()
-        .map(|&s| s == 0)
-        .collect();
-    let live_back = read_back(mm, pid, &moved);
+    // The moved pages are in the scratch (page `k` of `live_pages` at scratch page `k`): read
+    // back now that the program runs again. (Pages no longer `Dropping` were settled by their
+    // events: settle_drop skips them.)
     let mut status = Vec::with_capacity(p.pages.len() + p.unshare.len());
-    let mut back = ReadBack::none(p.pages.len());
+    let mut moved = Vec::new();
     let mut next = 0;
     for (i, &l) in live.iter().enumerate() {
         if l {
             status.push(done.status[next]);
-            if live_back.present[next] {
-                back.present[i] = true;
-                back.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
-                    .copy_from_slice(&live_back.data[next * PAGE_SIZE..(next + 1) * PAGE_SIZE]);
+            if done.status[next] == 0 {
+                moved.push((next, i));
             }
             next += 1;
         } else {
@@ -591,9 +595,10 @@ fn drop_injected(
         }
     }
     status.extend_from_slice(&done.status[live_pages.len()..]);
+    let changed = read_back(mm, pid, &moved, &p.data);
     let only_unshare = p.pages.is_empty();
     let unshared = p.unshare.len();
-    let evicted = settle_drop(shared, mm, &p, Some(&status), Some(&back));
+    let evicted = settle_drop(shared, mm, &p, Some(&status), &changed);
     if let Some(e) = done.err {
         lose_injection(shared, agent_guard, pid, &e);
     }
@@ -691,7 +696,7 @@ fn drop_by_agent(
         Err(e) => {
             // Nothing was sent: nothing moves. Give the pages back.
             lose_agent(shared, mm, agent_guard, &e);
-            settle_drop(shared, mm, &pending, None, None);
+            settle_drop(shared, mm, &pending, None, &[]);
             return 0;
         }
     }
@@ -744,14 +749,16 @@ fn finish_drop(
 ) -> usize {
     match waited {
         Ok(status) => {
-            // The pages it moved are in its scratch until FREE: read them back first.
-            let moved: Vec<bool> = status[..pending.pages.len()]
+            // The pages it moved are in its scratch until FREE (page `i` of the DROP at scratch
+            // page `i`): read them back first.
+            let moved: Vec<(usize, usize)> = status[..pending.pages.len()]
                 .iter()
-                .map(|&s| s == 0)
+                .enumerate()
+                .filter_map(|(i, &s)| (s == 0).then_some((i, i)))
                 .collect();
-            let back = match mm.pid() {
-                Some(pid) => read_back(mm, pid, &moved),
-                None => ReadBack::none(moved.len()),
+            let changed = match mm.pid() {
+                Some(pid) => read_back(mm, pid, &moved, &pending.data),
+                None => Vec::new(),
             };
             // The agent frees the scratch at its next DROP (as it did at the end of each DROP
             // before, this costs the DROP a REMOVE event's round trip through the handler), or
@@ -759,7 +766,7 @@ fn finish_drop(
             if !pending.pages.is_empty() {
                 *mm.scratch_filled.lock() = Some(std::time::Instant::now());
             }
-            settle_drop(shared, mm, &pending, Some(&status), Some(&back))
+            settle_drop(shared, mm, &pending, Some(&status), &changed)
         }
         Err(DropWait::NotYet) => {
             let mut pending = pending;
@@ -786,7 +793,7 @@ fn finish_drop(
             // For a protocol error the connection is closed first: a well-behaved agent
             // answers only once it has moved what it was going to move.
             lose_agent(shared, mm, agent_guard, &e);
-            settle_drop(shared, mm, &pending, None, None)
+            settle_drop(shared, mm, &pending, None, &[])
         }
     }
 }
@@ -838,32 +845,27 @@ fn lose_injection(
     }
 }
 
-/// What the pages a DROP moved held when they moved, read back from the scratch before it is
-/// freed: page `i` of the DROP at `data[i * PAGE_SIZE..]` where `present[i]` (not moved, or
-/// a hole the move found there: nothing).
-#[derive(Debug)]
-pub struct ReadBack {
-    /// The pages' bytes.
-    pub data: Vec<u8>,
-    /// Which pages were read.
-    pub present: Vec<bool>,
+/// The pages a DROP moved that held other bytes when they moved than reclaim had read from
+/// them (and stored): written through a pin in between. Each as (its index in the DROP, what it
+/// held), by index.
+pub type Changed = Vec<(usize, Vec<u8>)>;
+
+thread_local! {
+    /// The read-back buffer of the thread that settles DROPs (the monitor): a batch's worth,
+    /// kept between batches.
+    static READ_BACK: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-impl ReadBack {
-    /// Nothing read, for a DROP of `pages` pages.
-    pub fn none(pages: usize) -> Self {
-        ReadBack {
-            data: vec![0; pages * PAGE_SIZE],
-            present: vec![false; pages],
-        }
+/// Reads back, through `/proc/PID/mem`, the pages a DROP moved into `mm`'s scratch, and
+/// returns those that hold other bytes than `stored` (what reclaim read, page `i` of the DROP
+/// at `i * 4096`). `moved`: (scratch page, index in the DROP) of each page moved, by scratch
+/// page. A page the move found missing (it allows holes) is not there to compare; nor is
+/// anything if the process is gone.
+pub fn read_back(mm: &Mm, pid: i32, moved: &[(usize, usize)], stored: &[u8]) -> Changed {
+    let mut changed = Vec::new();
+    if moved.is_empty() || stored.is_empty() {
+        return changed;
     }
-}
-
-/// Reads back, through `/proc/PID/mem`, the pages a DROP moved into `mm`'s scratch (`moved`:
-/// per page of the DROP; page `i` is at `mm.scratch + i * 4096`). A page the move found
-/// missing (it allows holes) reads as absent; so does everything if the process is gone.
-pub fn read_back(mm: &Mm, pid: i32, moved: &[bool]) -> ReadBack {
-    let mut back = ReadBack::none(moved.len());
     let mut mem = mm.mem.lock();
     if mem.as_ref().is_none_or(|(p, _)| *p != pid) {
         *mem = std::fs::File::open(format!("/proc/{pid}/mem"))
@@ -871,29 +873,36 @@ pub fn read_back(mm: &Mm, pid: i32, moved: &[bool]) -> ReadBack {
             .map(|f| (pid, f));
     }
     let Some((_, f)) = mem.as_ref() else {
-        return back;
+        return changed;
     };
-    let mut i = 0;
-    while i < moved.len() {
-        if !moved[i] {
-            i += 1;
-            continue;
-        }
-        let mut j = i + 1;
-        while j < moved.len() && moved[j] {
-            j += 1;
-        }
-        let at = mm.scratch + i as u64 * PAGE_SIZE_U64;
-        let out = &mut back.data[i * PAGE_SIZE..j * PAGE_SIZE];
-        if let Ok(missing) = sys::read_mem(f, &[(at, out.len())], out) {
-            for k in i..j {
-                let a = mm.scratch + k as u64 * PAGE_SIZE_U64;
-                back.present[k] = missing.binary_search(&a).is_err();
+    READ_BACK.with_borrow_mut(|buf| {
+        let mut i = 0;
+        while i < moved.len() {
+            // A run of consecutive scratch pages: one read.
+            let mut j = i + 1;
+            while j < moved.len() && moved[j].0 == moved[j - 1].0 + 1 {
+                j += 1;
             }
+            let len = (j - i) * PAGE_SIZE;
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            let at = mm.scratch + moved[i].0 as u64 * PAGE_SIZE_U64;
+            if let Ok(missing) = sys::read_mem(f, &[(at, len)], &mut buf[..len]) {
+                for (k, &(slot, idx)) in moved[i..j].iter().enumerate() {
+                    let a = mm.scratch + slot as u64 * PAGE_SIZE_U64;
+                    let held = &buf[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
+                    let read = stored.get(idx * PAGE_SIZE..(idx + 1) * PAGE_SIZE);
+                    if missing.binary_search(&a).is_err() && read.is_some_and(|r| r != held) {
+                        changed.push((idx, held.to_vec()));
+                    }
+                }
+            }
+            i = j;
         }
-        i = j;
-    }
-    back
+    });
+    changed.sort_unstable_by_key(|c| c.0);
+    changed
 }
 
 /// Stores one page on its own (a page that changed after reclaim first stored it); `None`
@@ -912,8 +921,8 @@ fn store_page(shared: &Shared, page: &[u8]) -> Option<u32> {
 /// `Evicted` and refused ones resident again; without one (the agent is gone and nothing moves
 /// any more, but which pages moved is unknown), every page keeps its stored copy as
 /// `Inherited` (a missing fault is served from it, a write-protect fault lifts the
-/// protection). A moved page that `back` shows holding other bytes than were stored (written
-/// through a pin after reclaim read it) is stored anew with those bytes, its first copy
+/// protection). A moved page that `changed` names (it held other bytes than were stored:
+/// written through a pin after reclaim read it) is stored anew with those bytes, its first copy
 /// released (a missing fault there waits for this, and then gets them). Then protection is
 /// lifted from pages kept in place and waiting writers and faults are woken. Returns the pages
 /// evicted.
@@ -922,13 +931,13 @@ fn settle_drop(
     mm: &Mm,
     p: &PendingDrop,
     status: Option<&[u8]>,
-    back: Option<&ReadBack>,
+    changed: &[(usize, Vec<u8>)],
 ) -> usize {
     let stats = &shared.stats;
     let mut kept = Vec::new();
     let mut evicted = 0usize;
     let mut zero = 0u64;
-    let mut changed = 0u64;
+    let mut n_changed = 0u64;
     let mut pinned = 0u64;
     // Moved pages that held other bytes than reclaim read from them (and stored): written
     // through a pin in between. Stored anew before the state lock is taken (a store may write
@@ -938,12 +947,10 @@ fn settle_drop(
     // the zap, and the program would find these bytes where it expects zeros. The handler,
     // which applies events in the kernel's order, serves the page at its next access.
     let mut fresh: Vec<(usize, Option<u32>, bool)> = Vec::new();
-    if let (Some(s), Some(back)) = (status, back) {
-        for (i, &st) in s[..p.pages.len()].iter().enumerate() {
-            let held = &back.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
-            let read = p.data.get(i * PAGE_SIZE..(i + 1) * PAGE_SIZE);
-            if st == 0 && back.present[i] && read.is_some_and(|r| r != held) {
-                fresh.push((i, store_page(shared, held), false));
+    if let Some(s) = status {
+        for (i, held) in changed {
+            if s.get(*i) == Some(&0) {
+                fresh.push((*i, store_page(shared, held), false));
             }
         }
     }
@@ -960,7 +967,7 @@ fn settle_drop(
                     st.pinned.remove(&a);
                     let mut slot = slot;
                     if let Ok(k) = fresh.binary_search_by_key(&i, |f| f.0) {
-                        changed += 1;
+                        n_changed += 1;
                         fresh[k].2 = true;
                         if let Some(new) = fresh[k].1 {
                             if slot != ZERO_SLOT {
@@ -970,7 +977,10 @@ fn settle_drop(
                         } else {
                             // No tier takes it (the device full, an I/O error): back in place
                             // now, with the narrow window above, rather than lose the bytes.
-                            let held = back.map(|b| &b.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+                            let held = changed
+                                .binary_search_by_key(&i, |c| c.0)
+                                .ok()
+                                .map(|k| changed[k].1.as_slice());
                             if held.is_some_and(|h| matches!(mm.uffd.copy(a, h), Ok(Fill::Filled)))
                             {
                                 st.back_to_resident(a);
@@ -1053,7 +1063,7 @@ fn settle_drop(
         &stats.bytes_written,
         (evicted as u64 - zero) * PAGE_SIZE_U64,
     );
-    Stats::add(&stats.evict_changed_pages, changed);
+    Stats::add(&stats.evict_changed_pages, n_changed);
     Stats::add(&stats.pinned_refusals, pinned);
     if !kept.is_empty() {
         Stats::add(&stats.evict_aborts, kept.len() as u64);

@@ -1074,7 +1074,14 @@ fn assert_pidns_script_managed(run: &Run) {
     let rss: Vec<u64> = run
         .stderr
         .lines()
-        .filter_map(|l| l.split_once("pidns-rss ")?.1.split_whitespace().nth(1)?.parse().ok())
+        .filter_map(|l| {
+            l.split_once("pidns-rss ")?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        })
         .collect();
     assert_eq!(rss.len(), 2, "the script's RssAnon lines: {}", run.stderr);
     for kib in rss {
@@ -1114,7 +1121,14 @@ fn unshare_makes_a_pid_namespace() {
     assert_eq!(run.get("fork_children_bound"), 2);
     let run = same_under_a_third(
         "unshare-pf-mount-proc-python",
-        &["unshare", "-pf", "--mount-proc", &python, "-c", PIDNS_SCRIPT],
+        &[
+            "unshare",
+            "-pf",
+            "--mount-proc",
+            &python,
+            "-c",
+            PIDNS_SCRIPT,
+        ],
     );
     assert_pidns_script_managed(&run);
     assert_eq!(run.get("fork_children_bound"), 2);
@@ -1132,7 +1146,8 @@ fn unshare_makes_a_pid_namespace() {
     );
     assert_pidns_script_managed(&run);
     assert!(
-        run.stderr.contains("its children are to be in a new pid namespace"),
+        run.stderr
+            .contains("its children are to be in a new pid namespace"),
         "the shell in the old namespace ran unmanaged without a word: {}",
         run.stderr
     );
@@ -1156,12 +1171,24 @@ fn bubblewrap_makes_a_pid_namespace() {
         ("bwrap-unshare-all", vec!["--unshare-all"]),
     ];
     if user_namespaces_work() {
-        cases.push(("bwrap-unshare-user-pid", vec!["--unshare-user", "--unshare-pid"]));
+        cases.push((
+            "bwrap-unshare-user-pid",
+            vec!["--unshare-user", "--unshare-pid"],
+        ));
     }
     for (name, flags) in cases {
         let mut argv = vec!["bwrap"];
         argv.extend(flags);
-        argv.extend(["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--"]);
+        argv.extend([
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--",
+        ]);
         argv.extend([python.as_str(), "-c", PIDNS_SCRIPT]);
         let run = same_under_a_third(name, &argv);
         assert_pidns_script_managed(&run);

@@ -494,7 +494,9 @@ fn a_client_in_a_pid_namespace_stops_when_the_daemon_dies() {
         return;
     }
     let mut daemon = Command::new(DAEMON)
-        .args(["run", "--limit", "8M", "--", "unshare", "-pf", CHECKER, "hold"])
+        .args([
+            "run", "--limit", "8M", "--", "unshare", "-pf", CHECKER, "hold",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -504,7 +506,7 @@ fn a_client_in_a_pid_namespace_stops_when_the_daemon_dies() {
     // Its own number there: the namespace's first process.
     assert_eq!(ready.trim(), "READY 1");
     wait_line(&mut out, "round 1:"); // pages have been evicted and read back at least once
-    // SAFETY: kill(2) of the daemon we started.
+                                     // SAFETY: kill(2) of the daemon we started.
     unsafe { libc::kill(daemon.id() as i32, libc::SIGKILL) };
     let _ = daemon.wait();
     // The client must stop by itself (its output pipe closes), with a clear message.

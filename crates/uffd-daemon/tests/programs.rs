@@ -847,7 +847,12 @@ fn assert_wipe_on_fork_in_a_pid_namespace(run: &Run) {
     assert!(run.get("fork_pages_wiped") > 0);
     assert_eq!(run.get("fork_children_bound"), 2, "{}", run.stderr);
     assert_eq!(run.get("fork_children_unbound"), 0);
-    assert_eq!(run.get("protocol_errors"), 0, "a greeting was refused: {}", run.stderr);
+    assert_eq!(
+        run.get("protocol_errors"),
+        0,
+        "a greeting was refused: {}",
+        run.stderr
+    );
     assert_paged(run, 16 << 20);
 }
 

@@ -45,7 +45,10 @@ pub fn measure(live: &dyn Fn() -> isize) -> anyhow::Result<Vec<Row>> {
         let mut table = uffd_daemon::pagetable::PageTable::new();
         for i in 0..MANAGED as u64 {
             let page = if i < RESIDENT as u64 {
-                uffd_daemon::pagetable::Page::Resident { referenced: false }
+                uffd_daemon::pagetable::Page::Resident {
+                    referenced: false,
+                    readahead: false,
+                }
             } else {
                 uffd_daemon::pagetable::Page::Evicted { slot: i as u32 }
             };

@@ -14,7 +14,7 @@ mod wire;
 /// needs and this list lacks fails the agent's.
 fn write_protocol_header(path: &Path) {
     use wire::*;
-    let defs: [(&str, u64); 24] = [
+    let defs: [(&str, u64); 27] = [
         ("MAGIC", MAGIC.into()),
         ("VERSION", VERSION.into()),
         ("HEADER_LEN", HEADER_LEN as u64),
@@ -30,12 +30,15 @@ fn write_protocol_header(path: &Path) {
         ("KIND_LEAVE", KIND_LEAVE.into()),
         ("KIND_LOCK", KIND_LOCK.into()),
         ("KIND_STEP_OUT", KIND_STEP_OUT.into()),
+        ("KIND_HOLD", KIND_HOLD.into()),
         ("HELLO_FORK_CHILD", HELLO_FORK_CHILD.into()),
         ("HELLO_NEED_UFFD", HELLO_NEED_UFFD.into()),
         ("HELLO_API_BY_DAEMON", HELLO_API_BY_DAEMON.into()),
         ("HELLO_AGENT_RESTART", HELLO_AGENT_RESTART.into()),
         ("LOCK_ON", LOCK_ON.into()),
         ("DROP_RUN_UNSHARE", DROP_RUN_UNSHARE.into()),
+        ("HOLD_DUMP", HOLD_DUMP.into()),
+        ("HOLD_TRACE", HOLD_TRACE.into()),
         ("FEATURES", REQUIRED_FEATURES),
         ("EXIT_DAEMON_LOST", EXIT_DAEMON_LOST as u64),
         ("USER_END", USER_END),

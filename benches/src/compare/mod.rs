@@ -511,6 +511,39 @@ fn kernel_prerequisites(s: Setup) -> Result<(), String> {
     }
 }
 
+/// Takes the machine's comparison lock (`/var/tmp/uffd-compare.lock`, flock), waiting while
+/// another driver holds it; held until the returned file is dropped.
+fn machine_lock() -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let path = Path::new("/var/tmp/uffd-compare.lock");
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock(2) on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut holder = String::new();
+        let _ = f.read_to_string(&mut holder);
+        eprintln!(
+            "compare: another comparison is running (pid {}); waiting for it to end",
+            holder.trim()
+        );
+        // SAFETY: as above.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("locking {}", path.display()));
+        }
+    }
+    f.set_len(0)?;
+    f.rewind()?;
+    write!(f, "{}", std::process::id())?;
+    Ok(f)
+}
+
 /// Scratch directory of the runs (on the disk of /var/tmp, like the swap files).
 const WORKDIR: &str = "/var/tmp/uffd-compare-run";
 
@@ -519,6 +552,11 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
     proc::install_signal_handlers();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
+    // One comparison at a time on a machine: the kernel setups change machine-wide settings
+    // (swap, zswap's parameters, cgroups), and the leftovers of a previous run are found in
+    // one scratch directory. A second driver waits for the first rather than undo its setup
+    // and kill its workload as a leftover.
+    let _lock = machine_lock()?;
     // A previous run killed outright may have left its workload (and daemon) running.
     if let Some(pgid) = std::fs::read_to_string(Path::new(WORKDIR).join(run::PGID_FILE))
         .ok()
@@ -695,9 +733,10 @@ fn run_main(args: &[String]) -> Result<ExitCode> {
     let rows = output::aggregate(&results, &o.workloads, &o.setups);
     let table = format!(
         "{}\nMedians with [min, max] over the rounds; x bare = elapsed / bare's median \
-         elapsed:\n\n{}",
+         elapsed:\n\n{}\nThe daemon's readahead (pages):\n\n{}",
         output::table(&rows, &o.workloads),
-        output::spread_table(&rows)
+        output::spread_table(&rows),
+        output::readahead_table(&rows)
     );
     let command = output::command_line(args);
     if o.json {

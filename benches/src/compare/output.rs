@@ -356,6 +356,43 @@ pub fn spread_table(rows: &[Row]) -> String {
     out
 }
 
+/// The daemon's readahead, machine-independent counts: pages brought back, how many came by
+/// readahead, how many of those it then saw used (hits) and how many left unused (evicted,
+/// removed or still unused at exit), the unused pages as a share of the pages brought back,
+/// and the faults served.
+pub fn readahead_table(rows: &[Row]) -> String {
+    const COLS: [&str; 9] = [
+        "workload",
+        "setup",
+        "runs",
+        "pages swapped in",
+        "by readahead",
+        "readahead hits",
+        "readahead unused",
+        "unused % of swapped in",
+        "faults",
+    ];
+    let mut out = format!("| {} |\n|{}\n", COLS.join(" | "), "---|".repeat(COLS.len()));
+    for r in rows
+        .iter()
+        .filter(|r| r.status != "unavailable" && r.setup.is_daemon())
+    {
+        let cells = [
+            r.workload.name().to_string(),
+            r.setup.name().to_string(),
+            r.runs.to_string(),
+            spread(r, "d_swapin_pages"),
+            spread(r, "d_readahead_pages"),
+            spread(r, "d_readahead_hit_pages"),
+            spread(r, "d_readahead_unused_pages"),
+            spread(r, "d_readahead_unused_pct"),
+            spread(r, "d_faults"),
+        ];
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    out
+}
+
 /// A second table: where the pages went and what memory the tiers took.
 pub fn extra_table(rows: &[Row]) -> String {
     const COLS: [&str; 11] = [
@@ -637,6 +674,18 @@ pub fn write_doc(
     );
     g.push_str(&extra_table(rows));
     g.push('\n');
+    if rows.iter().any(|r| r.setup.is_daemon()) {
+        let _ = writeln!(
+            g,
+            "The daemon's readahead (pages; medians [min, max]): pages brought back, those read \
+             ahead of a fault, those it then saw used (a later fault of the same stream past \
+             them, or a write to them) and those that left with no use seen (evicted, removed, \
+             or unused at exit: an upper bound on the waste), the last as a share of the pages \
+             brought back:\n"
+        );
+        g.push_str(&readahead_table(rows));
+        g.push('\n');
+    }
     let setups: Vec<Setup> = {
         let mut v: Vec<Setup> = rows.iter().map(|r| r.setup).collect();
         v.dedup();

@@ -472,6 +472,9 @@ pub fn run_one(
                 "pswpin",
                 "evicted_pages",
                 "faults",
+                "readahead_pages",
+                "readahead_hit_pages",
+                "readahead_unused_pages",
                 "zswap_ratio_at_max",
                 "store_refused",
                 "zswap_reject_pool_limit",
@@ -499,6 +502,16 @@ pub fn run_one(
                         format!("d_{}_mib", k.trim_end_matches("_bytes")),
                         v / (1 << 20) as f64,
                     );
+                }
+            }
+            // Pages brought back (every page of a readahead run), and the share of them that
+            // readahead brought for nothing (machine-independent: the goal of issue #19 is at
+            // most 5% on random and Zipf access).
+            if let Some(b) = g("bytes_read") {
+                let pages = b / 4096.0;
+                m.insert("d_swapin_pages".into(), pages);
+                if let (Some(u), true) = (g("readahead_unused_pages"), pages > 0.0) {
+                    m.insert("d_readahead_unused_pct".into(), 100.0 * u / pages);
                 }
             }
             if let (Some(ns), Some(f)) = (g("fault_service_ns"), g("faults")) {

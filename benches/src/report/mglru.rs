@@ -19,11 +19,13 @@
 //!   of distinct pages. Policies: `mglru` (the default `Config`: v6.1 with faulted pages in the
 //!   oldest generation and the look-twice rule for their first accessed bit), `mglru-v6.1`
 //!   (`Config::v6_1()`: faulted pages youngest, their fault's bit counted as a reuse),
-//!   `mglru-noclock` (the default without `eviction_aging`, the default before issue #20),
+//!   `mglru-nofeedback` (the default without `demotion_feedback`, the default before
+//!   2026-11-27), `mglru-noclock` (the default without `eviction_aging`, the default before
+//!   issue #20),
 //!   `active-inactive`,
 //!   `lru`, `clock`, and `ARC`, `LIRS`, `S3-FIFO` when libCacheSim is installed.
 //! - `libcachesim`: the version used, or the reason it could not run.
-//! - `goals[policy]`: for `mglru`, `mglru-noclock` and `mglru-v6.1`: the worst excess over LRU in points
+//! - `goals[policy]`: for `mglru`, `mglru-nofeedback`, `mglru-noclock` and `mglru-v6.1`: the worst excess over LRU in points
 //!   (`max_excess_over_lru_points`, goal <= 0.5) and where; whether it beats active-inactive on
 //!   every scan-mixed trace and capacity (`beats_active_inactive_on_scans`); and
 //!   `gap_to_best_points[trace][capacity]`, its miss ratio minus the best of ARC, LIRS and
@@ -62,8 +64,9 @@ const TRACE_DIR: &str = "../shared/data/traces";
 const FRACTIONS: [f64; 4] = [0.01, 0.05, 0.10, 0.25];
 /// Capacities of the moved-hot-set and periodic-scan traces, as shares of the hot set.
 const SET_FRACTIONS: [f64; 4] = [0.2, 0.4, 0.6, 0.8];
-const RUST_POLICIES: [&str; 6] = [
+const RUST_POLICIES: [&str; 7] = [
     "mglru",
+    "mglru-nofeedback",
     "mglru-noclock",
     "mglru-v6.1",
     "active-inactive",
@@ -82,6 +85,10 @@ struct Workload {
 fn make(name: &str) -> anyhow::Result<Box<dyn Policy>> {
     Ok(match name {
         "mglru" => Box::new(Mglru::new(Config::default())?),
+        "mglru-nofeedback" => Box::new(Mglru::new(Config {
+            demotion_feedback: false,
+            ..Config::default()
+        })?),
         "mglru-noclock" => Box::new(Mglru::new(no_clock())?),
         "mglru-v6.1" => Box::new(Mglru::new(Config::v6_1())?),
         "active-inactive" => Box::new(ActiveInactive::default()),
@@ -491,7 +498,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     // Goals.
     let get = |cell: &Map<String, Value>, k: &str| cell.get(k).and_then(Value::as_f64);
     let mut goals = Map::new();
-    for pol in ["mglru", "mglru-noclock", "mglru-v6.1"] {
+    for pol in ["mglru", "mglru-nofeedback", "mglru-noclock", "mglru-v6.1"] {
         let mut worst = (f64::NEG_INFINITY, String::new());
         let mut beats_ai = true;
         let mut beats_ai_detail = Map::new();
@@ -660,7 +667,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             table += "\n";
         }
     }
-    for pol in ["mglru", "mglru-noclock", "mglru-v6.1"] {
+    for pol in ["mglru", "mglru-nofeedback", "mglru-noclock", "mglru-v6.1"] {
         let g = &goals[pol];
         table += &format!(
             "{pol}: worst excess over LRU {:.2} points at {} (goal <= 0.5); beats active-inactive on all scan mixes: {}\n",

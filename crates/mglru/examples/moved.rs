@@ -6,10 +6,11 @@
 //!
 //! ```text
 //! cargo run --release -p mglru --example moved -- [--set N] [--alpha A] [--cap-frac F] \
-//!     [--phase-len N] [--window N] [VARIANT]
+//!     [--phase-len N] [--window N] [--seed N] [VARIANT]
 //! ```
 //!
-//! VARIANT is `default` (the default), `v61`, or `eN` (the default with `eviction_aging` N).
+//! The report's `moved_zA_Nk` traces use seed `11`, `12`, `13` (alpha 0.9, 1.0, 1.1) plus the
+//! set size (`--seed 5012` for `moved_z1.0_5k`). VARIANT is `default` (the default), `v61`, or `eN` (the default with `eviction_aging` N).
 
 use std::collections::HashSet;
 
@@ -53,6 +54,7 @@ fn main() {
     let mut frac = 0.4f64;
     let mut phase_len = 0usize;
     let mut window = 0usize;
+    let mut seed = 7u64;
     let mut variant = "default".to_string();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -63,6 +65,7 @@ fn main() {
             "--cap-frac" => frac = val().parse().expect("frac"),
             "--phase-len" => phase_len = val().parse().expect("phase len"),
             "--window" => window = val().parse().expect("window"),
+            "--seed" => seed = val().parse().expect("seed"),
             v => variant = v.to_string(),
         }
     }
@@ -80,7 +83,7 @@ fn main() {
         },
         _ => Config::default(),
     };
-    let trace = workload::moving_hot_set(set, alpha, phase_len, 3, 7);
+    let trace = workload::moving_hot_set(set, alpha, phase_len, 3, seed);
     let cap = (set as f64 * frac) as usize;
     let mut mg = Mglru::new(cfg).expect("config");
     let mut lru = Lru::new();

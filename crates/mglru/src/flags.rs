@@ -12,19 +12,20 @@
 //! | 5 | referenced (first access through the descriptor path) | `PG_referenced` |
 //! | 6 | workingset | `PG_workingset` |
 //! | 7 | fresh: faulted in, its accessed bit not yet seen (for [`crate::Config::look_twice`]) | |
-//! | 8..11 | list generation: the generation whose list the node is on | the folio's `lru` list |
+//! | 8 | reused: promoted for an access since it was added (kept until eviction) | `PG_workingset` on mapped folios (6.14) |
+//! | 9..11 | list generation: the generation whose list the node is on | the folio's `lru` list |
 //! | 11 | page type (0 anon, 1 file) | `folio_is_file_lru` |
 //! | 12..64 | page id ([`PAGE_ID_BITS`] bits) | the folio itself |
 //!
-//! Every update of bits 0..8 is one CAS loop on the whole word, so a promotion by the aging
+//! Every update of bits 0..9 is one CAS loop on the whole word, so a promotion by the aging
 //! walk ([`PageFlags::update_gen`]), an access counted through the descriptor path
 //! ([`PageFlags::inc_refs`]) and the protection of a page by eviction ([`PageFlags::inc_gen`])
 //! never lose each other's effect. Each generation change returns the old generation, so the
 //! caller can account the move in a batch of per-generation count deltas ([`GenBatch`]).
 //!
-//! INVARIANT: the flag updates change only bits 0..8 (checked by a `debug_assert!` in every
+//! INVARIANT: the flag updates change only bits 0..9 (checked by a `debug_assert!` in every
 //! CAS loop); the list generation changes only through [`PageFlags::set_list_gen`], itself a
-//! CAS loop that changes only bits 8..11; the type and page id never change while the word
+//! CAS loop that changes only bits 9..11; the type and page id never change while the word
 //! lives.
 
 use crate::policy::{PageId, PageType};
@@ -40,11 +41,12 @@ const REFS_MASK: u64 = ((1 << REFS_WIDTH) - 1) << REFS_SHIFT;
 const REFERENCED: u64 = 1 << 5;
 const WORKINGSET: u64 = 1 << 6;
 const FRESH: u64 = 1 << 7;
+const REUSED: u64 = 1 << 8;
 const REFS_FLAGS: u64 = REFERENCED | WORKINGSET;
 /// The bits the flag operations own (everything above is the node's).
-const FLAGS_MASK: u64 = (1 << 8) - 1;
-const LIST_GEN_SHIFT: u32 = 8;
-const LIST_GEN_MASK: u64 = 0b111 << LIST_GEN_SHIFT;
+const FLAGS_MASK: u64 = (1 << 9) - 1;
+const LIST_GEN_SHIFT: u32 = 9;
+const LIST_GEN_MASK: u64 = 0b11 << LIST_GEN_SHIFT;
 const TYPE_SHIFT: u32 = 11;
 const TYPE_BIT: u64 = 1 << TYPE_SHIFT;
 const PAGE_SHIFT: u32 = 12;
@@ -171,6 +173,13 @@ impl PageFlags {
         tier_from_refs(self.refs())
     }
 
+    /// Whether the page was promoted for an access since it was added (by the aging walk, a
+    /// look-around or the eviction-time check): it was protected at least once, so its
+    /// eviction is a demotion's outcome, not a probation's.
+    pub(crate) fn is_reused(&self) -> bool {
+        self.load() & REUSED != 0
+    }
+
     #[cfg(all(test, not(mglru_loom)))]
     pub(crate) fn is_referenced(&self) -> bool {
         self.load() & REFERENCED != 0
@@ -181,7 +190,7 @@ impl PageFlags {
         self.load() & WORKINGSET != 0
     }
 
-    /// The bits the flag operations own (0..8), for tests of the layout.
+    /// The bits the flag operations own (0..9), for tests of the layout.
     #[cfg(all(test, not(mglru_loom)))]
     fn flag_bits(&self) -> u64 {
         self.load() & FLAGS_MASK
@@ -253,6 +262,7 @@ impl PageFlags {
             } else {
                 Some(
                     (w & !(GEN_MASK | REFS_MASK | REFS_FLAGS | FRESH))
+                        | REUSED
                         | (((gen as u64) + 1) << GEN_SHIFT),
                 )
             }

@@ -81,7 +81,11 @@
 //!      of the pages outside the oldest generation (the protected set stopped being used: the
 //!      hot set moved), the aging also runs each time `1/8` of memory has been evicted, until
 //!      a walk finds the protected pages used again. Without it a moved hot set kept the young
-//!      generations while the new one was churned through the oldest (issue #20).
+//!      generations while the new one was churned through the oldest (issue #20). With
+//!      [`Config::demotion_feedback`] the clock holds back while the victims it demoted come
+//!      back more often than the victims never promoted since they were added: the walk's
+//!      bits cannot tell a moved set from pages reused over longer periods than the walks'
+//!      (or see any reuse when only faults set bits), the refaults of the demoted pages can.
 //!
 //!   Why: with v6.1's rules every faulted page is promoted twice for one access (placed
 //!   youngest, then promoted again for the fault's accessed bit, and look-arounds promote the

@@ -91,9 +91,21 @@ pub struct Config {
     /// that stopped being used (the workload moved to other pages) keeps the young
     /// generations until the young bound fires, while the new hot set is churned through the
     /// oldest. A walk that finds most protected pages used (a loop, a stable hot set) stops
-    /// the clock, so their protection lasts as before. 8 by default (a deviation from v6.1,
-    /// see the crate documentation).
+    /// the clock, so their protection lasts as before, and so does
+    /// [`Config::demotion_feedback`] while the pages the clock demoted keep coming back. 8 by
+    /// default (a deviation from v6.1, see the crate documentation).
     pub eviction_aging: u32,
+    /// Whether the eviction clock ([`Config::eviction_aging`]) is held back while the victims
+    /// that had been promoted for a reuse (demoted by the aging, then evicted) come back more
+    /// often than the victims never promoted since they were added (probation's): a
+    /// refault rate per kind of victim over about a memory's worth of evictions, compared as
+    /// the PID controller compares tiers (`positive_ctrl_err`, gains 1:1). The clock demotes
+    /// protected pages that a walk found idle; when demoted pages keep coming back, they were
+    /// in use (their reuse period is longer than the walks', or the access source shows no
+    /// reuse at all, as the daemon's `--access faults`), and demoting more of them costs
+    /// faults. After a move the demoted pages do not come back, and the clock runs. On by
+    /// default (part of the fourth deviation from v6.1; v6.1 has no clock).
+    pub demotion_feedback: bool,
 }
 
 impl Default for Config {
@@ -104,8 +116,10 @@ impl Default for Config {
     /// generations ([`Config::young_bound_aging`]), so the aging does not stop while faults
     /// refill the oldest generation; and while a walk finds the protected generations idle,
     /// the aging also runs per eighth of memory evicted ([`Config::eviction_aging`]), so a hot
-    /// set that moved is forgotten. Everything else (4 generations, swappiness 60, PMD
-    /// regions, bloom filter, look-around, the kernel's refault rule) is v6.1's.
+    /// set that moved is forgotten, unless the pages it demotes come back more than
+    /// probation's victims ([`Config::demotion_feedback`]). Everything else (4 generations,
+    /// swappiness 60, PMD regions, bloom filter, look-around, the kernel's refault rule) is
+    /// v6.1's.
     /// [`Config::v6_1`] is the v6.1 rules unchanged.
     fn default() -> Self {
         Self {
@@ -113,6 +127,7 @@ impl Default for Config {
             look_twice: true,
             young_bound_aging: true,
             eviction_aging: DEFAULT_EVICTION_AGING,
+            demotion_feedback: true,
             ..Self::v6_1()
         }
     }
@@ -134,6 +149,7 @@ impl Config {
             refault_window: 0,
             young_bound_aging: false,
             eviction_aging: 0,
+            demotion_feedback: false,
         }
     }
 
@@ -251,11 +267,22 @@ pub struct Stats {
     pub evicted: u64,
     /// Pages added that had a shadow entry (recent or not).
     pub refaults: u64,
+    /// The aging controller's window: victims never promoted since they were added
+    /// (probation) and victims that had been (demoted), `[probation, demoted]`, halved every
+    /// memory's worth of evictions.
+    pub aging_evicted: [u64; 2],
+    /// Refaults within a memory's worth of evictions of the victims counted in
+    /// `aging_evicted`, `[probation, demoted]`.
+    pub aging_refaulted: [u64; 2],
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Shadow {
     seq: u64,
+    /// The eviction epoch it was evicted in (see [`AgingCtrl`]).
+    epoch: u64,
+    /// Whether it had been promoted for a reuse since it was added (a demotion's victim).
+    reused: bool,
     /// Which FIFO slot is this entry's (wrapping; the FIFO holds far fewer than 2^32).
     stamp: u32,
     page_type: PageType,
@@ -294,10 +321,74 @@ impl Keyed for Node {
     }
 }
 
-/// Bits of a shadow token ([`Mglru::take_shadow`]): the page type, its references (3 bits)
-/// and the low 24 bits of the generation it was evicted from.
+/// Bits of a shadow token ([`Mglru::take_shadow`]): the page type, its references (3 bits),
+/// whether it had been promoted for a reuse, the low 12 bits of its eviction epoch and the low
+/// 11 bits of the generation it was evicted from.
 pub const SHADOW_TOKEN_BITS: u32 = 28;
-const TOKEN_SEQ_BITS: u32 = SHADOW_TOKEN_BITS - 4;
+const TOKEN_EPOCH_BITS: u32 = 12;
+const TOKEN_SEQ_BITS: u32 = SHADOW_TOKEN_BITS - 5 - TOKEN_EPOCH_BITS;
+const TOKEN_EPOCH_SHIFT: u32 = 5;
+const TOKEN_SEQ_SHIFT: u32 = TOKEN_EPOCH_SHIFT + TOKEN_EPOCH_BITS;
+
+/// Eviction epochs per memory's worth of evictions (an epoch ends when the pages evicted in it
+/// reach `1 / EPOCHS_PER_TURNOVER` of the resident pages).
+const EPOCHS_PER_TURNOVER: u64 = 8;
+
+/// Refaults within this many epochs (about one memory's worth of evictions, ARC's ghost lists)
+/// count for the aging controller.
+const CTRL_REFAULT_EPOCHS: u64 = EPOCHS_PER_TURNOVER;
+
+/// The demotion feedback ([`Config::demotion_feedback`]): evictions and recent refaults of
+/// victims never promoted since they were added (`[0]`, probation) and of victims that had
+/// been (`[1]`, demoted). Probation's window is halved every memory's worth of evictions,
+/// the demoted victims' every memory's worth of demoted victims (without demotions there is
+/// no news about them, so what was learnt stays). Also the eviction epoch clock that
+/// measures refault distances for it.
+#[derive(Debug, Default, Clone)]
+struct AgingCtrl {
+    evicted: [u64; 2],
+    refaulted: [u64; 2],
+    epoch: u64,
+    /// Evictions in the current epoch.
+    in_epoch: u64,
+}
+
+impl AgingCtrl {
+    fn on_evict(&mut self, reused: bool, len: usize) {
+        self.evicted[usize::from(reused)] += 1;
+        self.in_epoch += 1;
+        if self.in_epoch * EPOCHS_PER_TURNOVER >= len as u64 {
+            self.in_epoch = 0;
+            self.epoch += 1;
+            if self.epoch % EPOCHS_PER_TURNOVER == 0 {
+                self.evicted[0] /= 2;
+                self.refaulted[0] /= 2;
+            }
+        }
+        // The demoted victims' window halves on their own turnover: no demotions, no news.
+        if self.evicted[1] > len as u64 {
+            self.evicted[1] /= 2;
+            self.refaulted[1] /= 2;
+        }
+    }
+
+    fn on_refault(&mut self, reused: bool, epoch: u64) {
+        if self.epoch.saturating_sub(epoch) <= CTRL_REFAULT_EPOCHS {
+            self.refaulted[usize::from(reused)] += 1;
+        }
+    }
+
+    /// Whether demoted victims come back more often than probation's (with at least
+    /// `MIN_LRU_BATCH` of their refaults in the window): the eviction clock holds back.
+    fn demoted_in_use(&self) -> bool {
+        let pos = |k: usize| CtrlPos {
+            refaulted: self.refaulted[k],
+            total: self.evicted[k],
+            gain: 1,
+        };
+        !positive_ctrl_err(pos(0), pos(1))
+    }
+}
 
 // A node per resident page: keep it at two words (the daemon's metadata budget is 1% of the
 // memory it manages, and the nodes are most of it).
@@ -434,6 +525,8 @@ pub struct Mglru {
     evicted_at_aging: u64,
     /// Whether the last walk found most protected pages idle (the eviction clock runs fast).
     aging_fast: bool,
+    aging_ctrl: AgingCtrl,
+
     refaults: u64,
 }
 
@@ -468,6 +561,7 @@ impl Mglru {
             evicted: 0,
             evicted_at_aging: 0,
             aging_fast: false,
+            aging_ctrl: AgingCtrl::default(),
             refaults: 0,
         })
     }
@@ -586,14 +680,23 @@ impl Mglru {
     pub fn take_shadow(&mut self, page: PageId) -> Option<u32> {
         let s = self.shadows.remove(&page)?;
         let seq = (s.seq & ((1 << TOKEN_SEQ_BITS) - 1)) as u32;
-        Some((seq << 4) | (u32::from(s.refs) << 1) | s.page_type.idx() as u32)
+        let epoch = (s.epoch & ((1 << TOKEN_EPOCH_BITS) - 1)) as u32;
+        Some(
+            (seq << TOKEN_SEQ_SHIFT)
+                | (epoch << TOKEN_EPOCH_SHIFT)
+                | (u32::from(s.reused) << 4)
+                | (u32::from(s.refs) << 1)
+                | s.page_type.idx() as u32,
+        )
     }
 
     /// [`Mglru::add`] for a page whose shadow entry the embedder kept (a token from
     /// [`Mglru::take_shadow`]; the kernel's `lru_gen_refault`). The generation it was evicted
-    /// from is known modulo 2^24 generations: a refault further back than that may be
-    /// taken for a nearer one. Page ids above [`MAX_PAGE_ID`] are rejected as by
-    /// [`Mglru::add`].
+    /// from is known modulo 2^11 generations and its eviction epoch (for
+    /// [`Config::demotion_feedback`]) modulo 2^12 epochs of 1/8 of memory evicted: a refault
+    /// further back than that may be taken for a nearer one (a very old one for a recent one
+    /// with a probability of about 1/2048 for the workingset rule and 9/4096 for the
+    /// feedback). Page ids above [`MAX_PAGE_ID`] are rejected as by [`Mglru::add`].
     pub fn add_refault(
         &mut self,
         page: PageId,
@@ -608,9 +711,14 @@ impl Mglru {
         let page_type = PageType::from_idx((token & 1) as usize);
         let mask = (1u64 << TOKEN_SEQ_BITS) - 1;
         let min = self.min_seq[page_type.idx()];
-        let distance = min.wrapping_sub(u64::from(token >> 4)) & mask;
+        let distance = min.wrapping_sub(u64::from(token >> TOKEN_SEQ_SHIFT)) & mask;
+        let epoch_mask = (1u64 << TOKEN_EPOCH_BITS) - 1;
+        let epoch_token = u64::from(token >> TOKEN_EPOCH_SHIFT) & epoch_mask;
+        let epochs = self.aging_ctrl.epoch.wrapping_sub(epoch_token) & epoch_mask;
         let shadow = Shadow {
             seq: min.saturating_sub(distance),
+            epoch: self.aging_ctrl.epoch.saturating_sub(epochs),
+            reused: token & (1 << 4) != 0,
             stamp: 0,
             page_type,
             refs: ((token >> 1) & 7) as u8,
@@ -629,6 +737,7 @@ impl Mglru {
         let refault = shadow.map(|shadow| {
             let rf = self.refault_of(&shadow);
             self.refaults += 1;
+            self.aging_ctrl.on_refault(shadow.reused, shadow.epoch);
             if rf.recent {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
@@ -936,9 +1045,12 @@ impl Mglru {
         if min_seq + n > self.max_seq {
             return true;
         }
-        // The eviction clock, while the last walk found the protected pages idle.
+        // The eviction clock, while the last walk found the protected pages idle and the pages
+        // it demoted do not come back more than probation's victims.
         let k = u64::from(self.cfg.eviction_aging);
+        let held = self.cfg.demotion_feedback && self.aging_ctrl.demoted_in_use();
         if self.aging_fast
+            && !held
             && k > 0
             && (self.evicted - self.evicted_at_aging) * k >= self.len() as u64
         {
@@ -1218,6 +1330,7 @@ impl Mglru {
         let n = &self.slab.nodes[i as usize];
         let page = n.page();
         let refs = n.word.refs();
+        let reused = n.word.is_reused();
         let tier = tier_from_refs(refs);
         if let Some(g) = n.word.isolate() {
             self.nr_pages[g][ty] -= 1;
@@ -1232,10 +1345,14 @@ impl Mglru {
         // lru_gen_eviction: the token holds min_seq and the references.
         let stamp = self.next_stamp;
         self.next_stamp = self.next_stamp.wrapping_add(1);
+        let len = self.len();
+        self.aging_ctrl.on_evict(reused, len);
         self.shadows.insert(
             page,
             Shadow {
                 seq: self.min_seq[ty],
+                epoch: self.aging_ctrl.epoch,
+                reused,
                 page_type: PageType::from_idx(ty),
                 refs: refs as u8,
                 stamp,
@@ -1315,6 +1432,8 @@ impl Mglru {
             look_around_promoted: self.look_around_promoted,
             evicted: self.evicted,
             refaults: self.refaults,
+            aging_evicted: self.aging_ctrl.evicted,
+            aging_refaulted: self.aging_ctrl.refaulted,
         }
     }
 

@@ -852,3 +852,46 @@ fn replay_with_bits(l: &mut Mglru, cap: usize, trace: &[u64], bits: &mut AccessB
         .unwrap()
         .misses
 }
+
+/// The demotion feedback holds the eviction clock back when the pages it demoted keep coming
+/// back. With the daemon's `--access faults` an accessed bit is only ever the fault's, so no
+/// walk sees a protected page used and the idle gate is always open; a stationary Zipf set
+/// then has its refaulted (protected) pages demoted by the clock and faulted again. The
+/// feedback sees the demoted victims refault more than probation's and stops the clock.
+#[test]
+#[cfg_attr(miri, ignore = "replays 320,000 requests: minutes under miri")]
+fn demotion_feedback_keeps_refaulting_pages_under_fault_only_access() {
+    let pages = 20_000u64;
+    let z = workload::Zipf::new(pages as usize, 0.99);
+    let mut rng = workload::SplitMix::new(1);
+    let mut trace: Vec<u64> = (0..pages).collect();
+    trace.extend((0..300_000).map(|_| z.sample(&mut rng) * 7919 % pages));
+    let misses = |demotion_feedback| {
+        let mut l = lru_with(Config {
+            demotion_feedback,
+            ..Config::default()
+        });
+        let mut bits = AccessBits::new();
+        let mut misses = 0u64;
+        for (k, &page) in trace.iter().enumerate() {
+            if l.contains(page) {
+                continue; // a hit sets no bit: only faults do
+            }
+            if Policy::len(&l) >= 5_000 {
+                for v in Policy::evict(&mut l, 1, &mut bits) {
+                    bits.clear(v);
+                }
+            }
+            l.add(page, Hint::fault(PageType::Anon)).unwrap();
+            bits.set(page);
+            misses += u64::from(k >= 100_000);
+        }
+        l.check_integrity().unwrap();
+        misses
+    };
+    let (with, without) = (misses(true), misses(false));
+    assert!(
+        with * 10 < without * 9,
+        "feedback {with} misses, without {without}: at least 10% fewer expected"
+    );
+}

@@ -67,6 +67,7 @@ fn config() -> impl Strategy<Value = Config> {
         0u64..=2,
         any::<bool>(),
         0u32..=4,
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -79,6 +80,7 @@ fn config() -> impl Strategy<Value = Config> {
                 window,
                 young_bound,
                 eviction_aging,
+                demotion_feedback,
             )| {
                 Config {
                     max_nr_gens: gens,
@@ -92,6 +94,7 @@ fn config() -> impl Strategy<Value = Config> {
                     refault_window: window,
                     young_bound_aging: young_bound,
                     eviction_aging,
+                    demotion_feedback,
                 }
             },
         )

@@ -41,6 +41,13 @@
  * greets the daemon and receives the child's uffd and the daemon's lifeline; the probe page is
  * emptied after that. Every other thread of the parent is gone in the child, as POSIX says.
  *
+ * Inspection: the kernel reads a process's memory without a userfault for a core dump and for a
+ * debugger (/proc/PID/mem, PTRACE_PEEKDATA), so evicted pages would read as zeros or EIO. The
+ * agent handles the core-dumping signals the program leaves at their default action and asks
+ * the daemon to bring every page back before the core is written (see "Core dumps" below), and
+ * a tracer with the agent asks the same before it attaches (see ptrace()); the daemon's hold.rs
+ * does the rest, and sees tracers from outside the tree in /proc.
+ *
  * Protocol: see crates/uffd-daemon/src/protocol.rs; the constants below mirror it.
  */
 #define _GNU_SOURCE
@@ -59,6 +66,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -67,6 +75,7 @@
 #include <sys/un.h>
 #include <linux/futex.h>
 #include <stdarg.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 /*
@@ -213,6 +222,8 @@ struct agent {
 
 /* Set once by the constructor, read by the atfork handlers (program threads only). */
 static struct agent *g_agent;
+/* The agent's changes of the program's signal dispositions, one at a time (see "Core dumps"). */
+static volatile int g_sig_lock;
 static char g_sock_path[108];
 
 static void say(const char *msg)
@@ -1177,7 +1188,11 @@ static void atfork_child(void)
 	struct agent *ag = g_agent;
 	if (!ag)
 		return;
-	/* Name ourselves to the daemon: this fault arrives on our new uffd with our tid. */
+	/* Another thread of the parent may have held it at the fork: it is not in the child. */
+	g_sig_lock = 0;
+	/* Show the daemon which process this is: the fault arrives on our new uffd (wipe-on-fork:
+	 * the page is empty here) and waits while the daemon writes its token into the page and
+	 * finds the process that holds it (bind.rs). */
 	volatile char c = *(volatile char *)ag->probe;
 	(void)c;
 	/* Under the program's seccomp filter, which this thread and any thread it starts obey, any
@@ -1208,7 +1223,7 @@ static void atfork_child(void)
 			syscall(SYS_futex, &ag->greeted, FUTEX_WAIT, 0, NULL, NULL, 0);
 	}
 	/* Emptied only now: what the daemon wrote there shows which process this is until the
-	 * greeting (bind.rs); this process's own children fault on it again. */
+	 * greeting (bind.rs, bind_at_greeting). */
 	syscall(SYS_madvise, ag->probe, PAGE, MADV_DONTNEED);
 }
 
@@ -1512,12 +1527,412 @@ __attribute__((visibility("default"))) void *memalign(size_t align, size_t n)
 	return p;
 }
 
+/*
+ * Core dumps. The kernel writes a core file with FOLL_DUMP, which takes a page that is not
+ * mapped in anonymous memory for a hole: every evicted page would be zeros in the core. So the
+ * agent handles the core-dumping signals the program leaves at their default action. When a
+ * core would be written (dumpable, and RLIMIT_CORE and core_pattern allow one), the handler
+ * asks the daemon to bring every evicted page back and to evict nothing more (HOLD,
+ * HOLD_DUMP), and waits for the answer however long the pages take to come back; then it puts
+ * the default action back and queues the same signal, with the same siginfo, for its own
+ * thread. The signal is delivered as the handler returns: sigreturn has put the interrupted
+ * registers back, so the kernel dumps the thread as it was at the crash (a fault's
+ * instruction, abort's raise), with the signal's own siginfo, and the process dies of it with
+ * the status it would have had.
+ *
+ * The program does not see it. sigaction() and the signal() family are interposed: the agent's
+ * handler is kept only while the program's disposition is the default; the program reads back
+ * the default action with the flags and mask it set last (the "shadow": what the kernel gave
+ * back when the program set it, or at the agent's start); a program that installs a handler or
+ * SIG_IGN replaces the agent's (it is the program's signal then), and one that sets the
+ * default again gets the agent's back. glibc's own internal calls (abort, system, posix_spawn)
+ * read and write the agent's handler as they would the default, and put it back as found. The
+ * raw rt_sigaction system call through syscall() is interposed too; one made with a syscall
+ * instruction of the program's own, or a look at SigCgt in /proc/PID/status, sees the
+ * agent's handler. Never armed in a process with a seccomp filter (note_seccomp gives the
+ * signals back first): the handler's calls could be ones the filter kills for.
+ *
+ * Not covered: a signal the kernel forces with its default action (a synchronous fault while
+ * the signal is blocked, a seccomp kill, a signal frame that cannot be written: a stack
+ * overflow in a thread with no alternate stack of the program's; the agent sets none, since the
+ * program's own SA_ONSTACK handlers would run on it), a process with a seccomp filter, a vfork
+ * or raw clone child before its exec (the daemon knows no address space by its pid). And the
+ * program's other threads run on while the pages come back, where bare the kernel stops them
+ * as soon as the dump begins.
+ */
+#define DUMP_SIGNALS ((1ULL << SIGQUIT) | (1ULL << SIGILL) | (1ULL << SIGTRAP) | (1ULL << SIGABRT) | \
+		      (1ULL << SIGBUS) | (1ULL << SIGFPE) | (1ULL << SIGSEGV) | (1ULL << SIGXCPU) |    \
+		      (1ULL << SIGXFSZ) | (1ULL << SIGSYS))
+
+/* The kernel's struct sigaction (x86_64 and arm64 alike). */
+struct ksigaction {
+	void *handler;
+	unsigned long flags;
+	void *restorer;
+	uint64_t mask;
+};
+
+static struct ksigaction g_shadow[64]; /* what the program set, for the signals the agent holds */
+static volatile int g_dump_armed;      /* the agent handles core dumps in this process */
+static volatile int g_dumping;         /* a core-dumping signal was handled: nothing is taken again */
+
+static int ask_daemon_for(uint16_t kind, const uint8_t *payload, uint32_t len, int timeout_s);
+static void dump_handler(int sig, siginfo_t *info, void *ucv);
+
+static int dump_signal(int sig)
+{
+	return sig > 0 && sig < 64 && ((DUMP_SIGNALS >> sig) & 1);
+}
+
+static int k_sigaction(int sig, const struct ksigaction *act, struct ksigaction *old)
+{
+	return (int)syscall(SYS_rt_sigaction, sig, act, old, 8);
+}
+
+/* Every signal blocked (a handler of the program's cannot run into the lock it interrupted),
+ * and the lock taken; `saved` gets the caller's mask back in sig_unlock. */
+static void sig_lock(uint64_t *saved)
+{
+	uint64_t all = ~0ULL;
+	syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, saved, 8);
+	while (__atomic_exchange_n(&g_sig_lock, 1, __ATOMIC_ACQUIRE))
+		syscall(SYS_sched_yield);
+}
+
+static void sig_unlock(const uint64_t *saved)
+{
+	__atomic_store_n(&g_sig_lock, 0, __ATOMIC_RELEASE);
+	syscall(SYS_rt_sigprocmask, SIG_SETMASK, saved, NULL, 8);
+}
+
+/* glibc's definition of `name`, the one this library's hides. */
+static void *next_symbol(void *volatile *cache, const char *name)
+{
+	void *p = *cache;
+	if (!p) {
+		p = dlsym(RTLD_NEXT, name);
+		*cache = p;
+	}
+	return p;
+}
+
+typedef void (*handler_fn)(int);
+typedef int (*sigaction_fn)(int, const struct sigaction *, struct sigaction *);
+typedef handler_fn (*signal_fn)(int, handler_fn);
+typedef int (*siginterrupt_fn)(int, int);
+
+static void *volatile g_real_sigaction, *volatile g_real___sigaction, *volatile g_real_signal,
+	*volatile g_real_bsd_signal, *volatile g_real_ssignal, *volatile g_real_sysv_signal,
+	*volatile g_real___sysv_signal, *volatile g_real_siginterrupt,
+	*volatile g_real_ptrace;
+
+/* Whether the kernel runs the agent's handler for `sig` (then the program's view is the
+ * shadow). */
+static int agent_holds(int sig)
+{
+	struct ksigaction k;
+	return k_sigaction(sig, NULL, &k) == 0 && k.handler == (void *)dump_handler;
+}
+
+/* The program's disposition of `sig` is the default now: remember it as the kernel keeps it
+ * and install the agent's handler (through glibc, which adds its signal return trampoline).
+ * Under the lock. */
+static void take_signal(int sig)
+{
+	struct ksigaction k;
+	sigaction_fn real = (sigaction_fn)next_symbol(&g_real_sigaction, "sigaction");
+	if (!g_dump_armed || g_dumping || !real || k_sigaction(sig, NULL, &k) != 0 || k.handler != SIG_DFL)
+		return;
+	g_shadow[sig] = k;
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_sigaction = dump_handler;
+	sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+	sigfillset(&sa.sa_mask);
+	real(sig, &sa, NULL);
+}
+
+/* What glibc's sigaction() would have given the program for its own default action. */
+static void show_shadow(int sig, struct sigaction *oact)
+{
+	oact->sa_handler = (handler_fn)g_shadow[sig].handler;
+	oact->sa_flags = (int)g_shadow[sig].flags;
+#if defined(__x86_64__)
+	oact->sa_restorer = (void (*)(void))g_shadow[sig].restorer;
+#endif
+	memcpy(&oact->sa_mask, &g_shadow[sig].mask, 8);
+}
+
+static void arm_dump_signals(void)
+{
+	uint64_t m;
+	sig_lock(&m);
+	g_dump_armed = 1;
+	for (int sig = 1; sig < 64; sig++)
+		if (dump_signal(sig))
+			take_signal(sig);
+	sig_unlock(&m);
+}
+
+/* Puts the program's own dispositions back; the agent handles no core dump from now on. */
+static void give_dump_signals_back(void)
+{
+	if (!g_dump_armed)
+		return;
+	uint64_t m;
+	sig_lock(&m);
+	g_dump_armed = 0;
+	for (int sig = 1; sig < 64; sig++)
+		if (dump_signal(sig) && agent_holds(sig))
+			k_sigaction(sig, &g_shadow[sig], NULL);
+	sig_unlock(&m);
+}
+
+/* Reads up to `cap - 1` bytes of a small file into `buf`, terminated; -1 if it cannot. */
+static long read_small(const char *path, char *buf, size_t cap)
+{
+	long fd = syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	long n = syscall(SYS_read, fd, buf, cap - 1);
+	syscall(SYS_close, fd);
+	buf[n > 0 ? n : 0] = 0;
+	return n;
+}
+
+/*
+ * Whether the kernel would write a core for this process now (fs/coredump.c, vfs_coredump):
+ * dumpable; a pattern that pipes to a helper ('|', unless RLIMIT_CORE is 1, the kernel's mark of
+ * a helper's own crash) or to a socket ('@') whatever the limit, a file only with RLIMIT_CORE
+ * of at least a page (binfmt_elf's min_coredump); and anonymous private memory in the dump
+ * (coredump_filter bit 0). In doubt, yes: bringing the pages back for nothing costs time, a
+ * core with holes is wrong.
+ */
+static int core_would_be_written(void)
+{
+	if (syscall(SYS_prctl, PR_GET_DUMPABLE, 0, 0, 0, 0) == 0)
+		return 0;
+	char buf[32];
+	if (read_small("/proc/self/coredump_filter", buf, sizeof buf) > 0) {
+		unsigned long filter = 0;
+		for (const char *c = buf; *c; c++) {
+			int d = *c >= '0' && *c <= '9' ? *c - '0' : *c >= 'a' && *c <= 'f' ? *c - 'a' + 10 : -1;
+			if (d < 0)
+				break;
+			filter = filter * 16 + (unsigned long)d;
+		}
+		if (!(filter & 1))
+			return 0;
+	}
+	struct { uint64_t cur, max; } lim;
+	if (syscall(SYS_prlimit64, 0, RLIMIT_CORE, NULL, &lim) != 0)
+		return 1;
+	if (read_small("/proc/sys/kernel/core_pattern", buf, sizeof buf) <= 0)
+		return 1;
+	if (buf[0] == '|')
+		return lim.cur != 1;
+	if (buf[0] == '@')
+		return 1;
+	return lim.cur >= PAGE;
+}
+
+static void dump_handler(int sig, siginfo_t *info, void *ucv)
+{
+	int saved_errno = errno;
+	if (core_would_be_written()) {
+		uint8_t p[8];
+		put32(p, 0);
+		put32(p + 4, HOLD_DUMP);
+		(void)ask_daemon_for(KIND_HOLD, p, sizeof p, 0);
+	}
+	uint64_t m;
+	sig_lock(&m);
+	g_dumping = 1;
+	/* (Unless the program installed a handler of its own meanwhile: then it runs.) */
+	if (agent_holds(sig))
+		k_sigaction(sig, &g_shadow[sig], NULL);
+	sig_unlock(&m);
+	/* Delivered when this handler returns, whatever mask sigreturn puts back (a sigsuspend's
+	 * caller may block it otherwise). */
+	sigdelset(&((ucontext_t *)ucv)->uc_sigmask, sig);
+	long pid = syscall(SYS_getpid), tid = syscall(SYS_gettid);
+	if (syscall(SYS_rt_tgsigqueueinfo, pid, tid, sig, info) != 0)
+		syscall(SYS_tgkill, pid, tid, sig);
+	errno = saved_errno;
+}
+
+/* The interposed calls below: for a core-dumping signal, the real call under the lock, the
+ * agent's handler shown as the shadow, and taken again if the program set the default. */
+
+static int wrap_sigaction(void *volatile *cache, const char *name, int sig, const struct sigaction *act,
+			  struct sigaction *oact)
+{
+	sigaction_fn real = (sigaction_fn)next_symbol(cache, name);
+	if (!real) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (!dump_signal(sig) || !g_dump_armed)
+		return real(sig, act, oact);
+	uint64_t m;
+	sig_lock(&m);
+	int ours = agent_holds(sig);
+	int r = real(sig, act, oact);
+	int e = errno;
+	if (r == 0) {
+		if (ours && oact)
+			show_shadow(sig, oact);
+		if (act)
+			take_signal(sig);
+	}
+	sig_unlock(&m);
+	errno = e;
+	return r;
+}
+
+__attribute__((visibility("default"))) int sigaction(int sig, const struct sigaction *act, struct sigaction *oact)
+{
+	return wrap_sigaction(&g_real_sigaction, "sigaction", sig, act, oact);
+}
+
+__attribute__((visibility("default"))) int __sigaction(int sig, const struct sigaction *act, struct sigaction *oact)
+{
+	return wrap_sigaction(&g_real___sigaction, "__sigaction", sig, act, oact);
+}
+
+static handler_fn wrap_signal(void *volatile *cache, const char *name, int sig, handler_fn h)
+{
+	signal_fn real = (signal_fn)next_symbol(cache, name);
+	if (!real) {
+		errno = ENOSYS;
+		return SIG_ERR;
+	}
+	if (!dump_signal(sig) || !g_dump_armed)
+		return real(sig, h);
+	uint64_t m;
+	sig_lock(&m);
+	int ours = agent_holds(sig);
+	handler_fn old = real(sig, h);
+	int e = errno;
+	if (old != SIG_ERR) {
+		if (ours && (void *)old == (void *)dump_handler)
+			old = (handler_fn)g_shadow[sig].handler;
+		take_signal(sig);
+	}
+	sig_unlock(&m);
+	errno = e;
+	return old;
+}
+
+__attribute__((visibility("default"))) handler_fn signal(int sig, handler_fn h)
+{
+	return wrap_signal(&g_real_signal, "signal", sig, h);
+}
+
+__attribute__((visibility("default"))) handler_fn bsd_signal(int sig, handler_fn h)
+{
+	return wrap_signal(&g_real_bsd_signal, "bsd_signal", sig, h);
+}
+
+__attribute__((visibility("default"))) handler_fn ssignal(int sig, handler_fn h)
+{
+	return wrap_signal(&g_real_ssignal, "ssignal", sig, h);
+}
+
+__attribute__((visibility("default"))) handler_fn sysv_signal(int sig, handler_fn h)
+{
+	return wrap_signal(&g_real_sysv_signal, "sysv_signal", sig, h);
+}
+
+__attribute__((visibility("default"))) handler_fn __sysv_signal(int sig, handler_fn h)
+{
+	return wrap_signal(&g_real___sysv_signal, "__sysv_signal", sig, h);
+}
+
+/* sigset changes the signal mask too, which the lock must not cover: it is glibc's, written
+ * with the calls it makes (sysdeps/posix/sigset.c), through the interposed sigaction. */
+__attribute__((visibility("default"))) handler_fn sigset(int sig, handler_fn disp)
+{
+	sigset_t set, oset;
+	struct sigaction act, oact;
+	sigemptyset(&set);
+	if (sigaddset(&set, sig) < 0)
+		return SIG_ERR;
+	if (disp == SIG_HOLD) {
+		if (sigprocmask(SIG_BLOCK, &set, &oset) < 0)
+			return SIG_ERR;
+		if (sigismember(&oset, sig))
+			return SIG_HOLD;
+		if (sigaction(sig, NULL, &oact) < 0)
+			return SIG_ERR;
+		return oact.sa_handler;
+	}
+	act.sa_handler = disp;
+	sigemptyset(&act.sa_mask);
+	act.sa_flags = 0;
+	if (sigaction(sig, &act, &oact) < 0)
+		return SIG_ERR;
+	if (sigprocmask(SIG_UNBLOCK, &set, &oset) < 0)
+		return SIG_ERR;
+	return sigismember(&oset, sig) ? SIG_HOLD : oact.sa_handler;
+}
+
+/* glibc's siginterrupt reads and writes back the disposition with SA_RESTART changed: the
+ * agent's handler stays, the program's flags change in the shadow. */
+__attribute__((visibility("default"))) int siginterrupt(int sig, int flag)
+{
+	siginterrupt_fn real = (siginterrupt_fn)next_symbol(&g_real_siginterrupt, "siginterrupt");
+	if (!real) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (!dump_signal(sig) || !g_dump_armed)
+		return real(sig, flag);
+	uint64_t m;
+	sig_lock(&m);
+	int ours = agent_holds(sig);
+	int r = real(sig, flag);
+	int e = errno;
+	if (r == 0 && ours) {
+		if (flag)
+			g_shadow[sig].flags &= ~(unsigned long)SA_RESTART;
+		else
+			g_shadow[sig].flags |= SA_RESTART;
+	}
+	sig_unlock(&m);
+	errno = e;
+	return r;
+}
+
+/* syscall(SYS_rt_sigaction, ...) of the program's: the same, in the kernel's format. */
+static long program_rt_sigaction(int sig, const void *act, void *oact, long size)
+{
+	if (!dump_signal(sig) || !g_dump_armed)
+		return agent_syscall6(SYS_rt_sigaction, sig, (long)act, (long)oact, size, 0, 0);
+	uint64_t m;
+	sig_lock(&m);
+	int ours = agent_holds(sig);
+	long r = agent_syscall6(SYS_rt_sigaction, sig, (long)act, (long)oact, size, 0, 0);
+	int e = errno;
+	if (r == 0) {
+		if (ours && oact)
+			memcpy(oact, &g_shadow[sig], sizeof g_shadow[sig]);
+		if (act)
+			take_signal(sig);
+	}
+	sig_unlock(&m);
+	errno = e;
+	return r;
+}
+
 /* A seccomp filter is being installed: from now on the agent does nothing in program threads
- * (see atfork_child). */
+ * (see atfork_child), and handles no core-dumping signal (its calls could be ones the filter
+ * kills the process for, which would change how it dies). */
 static void note_seccomp(void)
 {
 	if (g_agent)
 		g_agent->filtered = 1;
+	give_dump_signals_back();
 }
 
 static int ask_daemon(uint16_t kind, const uint8_t *payload, uint32_t len);
@@ -2037,6 +2452,8 @@ __attribute__((visibility("default"))) long syscall(long n, ...)
 		return cred_change_call(n, a, b, c, d, e);
 	if (n == SYS_unshare || n == SYS_setns)
 		return alone_call(n, a, b);
+	if (n == SYS_rt_sigaction)
+		return program_rt_sigaction((int)a, (const void *)b, (void *)c, d);
 	return agent_syscall6(n, a, b, c, d, e, f);
 }
 #define syscall agent_syscall
@@ -2055,6 +2472,8 @@ __attribute__((visibility("default"))) int prctl(int option, ...)
 	return (int)agent_syscall6(SYS_prctl, option, (long)a, (long)b, (long)c, (long)d, 0);
 }
 
+static int ask_daemon_timed(int sock, uint16_t kind, const uint8_t *payload, uint32_t len, int timeout_s);
+
 /* Sends one request of `kind` to the daemon on a connection of this thread's own (closed at
  * once) and waits for its answer: 0 if it answered status 0. */
 static int ask_daemon(uint16_t kind, const uint8_t *payload, uint32_t len)
@@ -2065,6 +2484,18 @@ static int ask_daemon(uint16_t kind, const uint8_t *payload, uint32_t len)
 /* ask_daemon on `sock`, a connection made earlier and not used yet (closed here), or on a new
  * one if it is -1. */
 static int ask_daemon_on(int sock, uint16_t kind, const uint8_t *payload, uint32_t len)
+{
+	return ask_daemon_timed(sock, kind, payload, len, GREETING_TIMEOUT_S);
+}
+
+/* ask_daemon, waiting `timeout_s` seconds at most for the answer (0: as long as it takes). */
+static int ask_daemon_for(uint16_t kind, const uint8_t *payload, uint32_t len, int timeout_s)
+{
+	return ask_daemon_timed(-1, kind, payload, len, timeout_s);
+}
+
+/* The request itself. Raw system calls and the caller's stack only: a signal handler asks. */
+static int ask_daemon_timed(int sock, uint16_t kind, const uint8_t *payload, uint32_t len, int timeout_s)
 {
 	if (sock < 0)
 		sock = connect_daemon();
@@ -2079,8 +2510,9 @@ static int ask_daemon_on(int sock, uint16_t kind, const uint8_t *payload, uint32
 	if (len)
 		memcpy(pkt + HEADER_LEN, payload, len);
 	int rc = -1;
-	struct timeval tv = { .tv_sec = GREETING_TIMEOUT_S, .tv_usec = 0 };
-	syscall(SYS_setsockopt, sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	struct timeval tv = { .tv_sec = timeout_s, .tv_usec = 0 };
+	if (timeout_s > 0)
+		syscall(SYS_setsockopt, sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	if (send_packet(sock, pkt, HEADER_LEN + len, -1) == 0) {
 		uint8_t ans[HEADER_LEN + 64];
 		ssize_t n = recv_packet(sock, ans, sizeof ans, NULL);
@@ -2091,6 +2523,41 @@ static int ask_daemon_on(int sock, uint16_t kind, const uint8_t *payload, uint32
 	}
 	syscall(SYS_close, sock);
 	return rc;
+}
+
+/*
+ * ptrace: a debugger reads and writes its tracee's memory through /proc/PID/mem and
+ * PEEKDATA/POKEDATA, which get EIO on a page the daemon evicted or never saw touched. A
+ * tracer of the tree (gdb -p, strace -p run under the daemon) asks the daemon first to bring
+ * the tracee's pages back and hand its memory to the kernel while it is traced (HOLD,
+ * HOLD_TRACE), and attaches once that is done: nothing it reads is missing. The daemon ends the
+ * hold when no thread of the tracee is traced any more. (PTRACE_TRACEME is not asked about: an
+ * exec follows, and the daemon sees the new image traced when it greets.)
+ */
+#define PTRACE_ATTACH_ 16
+#define PTRACE_SEIZE_ 0x4206
+__attribute__((visibility("default"))) long ptrace(int req, ...)
+{
+	va_list ap;
+	va_start(ap, req);
+	pid_t pid = va_arg(ap, pid_t);
+	void *addr = va_arg(ap, void *);
+	void *data = va_arg(ap, void *);
+	va_end(ap);
+	long (*real)(int, ...) = (long (*)(int, ...))next_symbol(&g_real_ptrace, "ptrace");
+	if (!real) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if ((req == PTRACE_ATTACH_ || req == PTRACE_SEIZE_) && pid > 0 && g_agent && !g_agent->filtered) {
+		int e = errno;
+		uint8_t p[8];
+		put32(p, (uint32_t)pid);
+		put32(p + 4, HOLD_TRACE);
+		(void)ask_daemon(KIND_HOLD, p, sizeof p);
+		errno = e;
+	}
+	return real(req, pid, addr, data);
 }
 
 /* Asks the daemon to hand [start, start+len) over to the program's own userfaultfd: it brings
@@ -2234,8 +2701,24 @@ static void unmanaged(struct agent *ag, const char *why, int err)
 		close(ag->sock);
 }
 
+/* glibc's definitions behind the interposed calls, looked up now rather than at a first call
+ * that may come from a signal handler (dlsym takes the loader's lock). */
+static void find_next_symbols(void)
+{
+	static const struct { void *volatile *cache; const char *name; } next[] = {
+		{ &g_real_sigaction, "sigaction" },	    { &g_real___sigaction, "__sigaction" },
+		{ &g_real_signal, "signal" },		    { &g_real_bsd_signal, "bsd_signal" },
+		{ &g_real_ssignal, "ssignal" },		    { &g_real_sysv_signal, "sysv_signal" },
+		{ &g_real___sysv_signal, "__sysv_signal" }, { &g_real_siginterrupt, "siginterrupt" },
+		{ &g_real_ptrace, "ptrace" },
+	};
+	for (size_t i = 0; i < sizeof next / sizeof next[0]; i++)
+		(void)next_symbol(next[i].cache, next[i].name);
+}
+
 __attribute__((constructor)) static void uffd_agent_init(void)
 {
+	find_next_symbols();
 	const char *path = getenv("UFFD_DAEMON_SOCK");
 	const char *dpid = getenv("UFFD_DAEMON_PID");
 	const char *dns = getenv("UFFD_DAEMON_PIDNS");
@@ -2344,4 +2827,5 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 	g_brk_seen = (uintptr_t)sbrk(0); /* (also sets __curbrk if nothing has yet) */
 	g_agent = ag;
 	pthread_atfork(NULL, NULL, atfork_child);
+	arm_dump_signals();
 }

@@ -264,29 +264,27 @@ fn forked_table_fixup(shared: &Shared, mm: &Mm, pid: i32) {
     apply_fork_flags(shared, mm, &vmas);
 }
 
-/// Forgets what the child's mappings `vmas` (start, end, flags) say the fork did not give it.
+/// Forgets what the child's mappings `vmas` (start, end, flags, in address order) say the fork
+/// did not give it: from the child's mappings, not from the registered ranges the table knows
+/// (the agent's mmap wrapper registers memory before any scan sees it, and its pages are in
+/// the table all the same). Every page outside a mapping of the child (dont-fork) or in a
+/// wipe-on-fork one goes.
 fn apply_fork_flags(shared: &Shared, mm: &Mm, vmas: &[(u64, u64, maps::VmFlags)]) {
     let mut st = mm.state.lock();
-    let ranges = st.ranges.clone();
     let mut forgotten = 0;
-    for (s, e) in ranges {
-        // Parts of a registered range that no mapping of the child covers: DONTFORK.
-        let mut at = s;
-        for &(vs, ve, f) in vmas.iter().filter(|v| v.0 < e && v.1 > s) {
-            if vs > at {
-                forgotten += st.forget_range(shared, at, vs);
-                st.remove_range(at, vs);
-            }
-            if f.wipe_on_fork {
-                forgotten += st.forget_range(shared, vs.max(s), ve.min(e));
-            }
-            at = at.max(ve);
+    let mut at = 0u64;
+    for &(vs, ve, f) in vmas {
+        if vs > at {
+            forgotten += st.forget_range(shared, at, vs);
+            st.remove_range(at, vs);
         }
-        if at < e {
-            forgotten += st.forget_range(shared, at, e);
-            st.remove_range(at, e);
+        if f.wipe_on_fork {
+            forgotten += st.forget_range(shared, vs, ve);
         }
+        at = at.max(ve);
     }
+    forgotten += st.forget_range(shared, at, u64::MAX);
+    st.remove_range(at, u64::MAX);
     if forgotten > 0 {
         Stats::add(&shared.stats.fork_pages_wiped, forgotten as u64);
     }

@@ -454,6 +454,11 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) -> bool {
             }
         }
     }
+    // A held process (`hold.rs`): what this scan registered (new mappings, and those the
+    // agent's mmap wrapper registered) is the kernel's again at once.
+    if crate::hold::is_held(mm) {
+        let _ = crate::hold::bring_back(shared, mm, Duration::ZERO);
+    }
     shared.maybe_kick_reclaim();
     true
 }
@@ -565,8 +570,10 @@ fn release_to_program(shared: &Shared, pid: i32, start: u64, len: u64) -> std::i
         return Ok(()); // not managed: nothing of ours is registered there
     };
     let _agent = agent_without_drop(&mm)?;
-    let managed = restore_and_step_aside(shared, &mm, start, start + len, Unregister::Whole)?;
+    let (managed, restored) =
+        restore_and_step_aside(shared, &mm, start, start + len, Unregister::Whole)?;
     Stats::add(&shared.stats.own_uffd_bytes, managed);
+    Stats::add(&shared.stats.own_uffd_pages_restored, restored);
     Ok(())
 }
 
@@ -583,7 +590,9 @@ fn leave_management(shared: &Shared, pid: i32) -> std::io::Result<()> {
     };
     let conn = agent_without_drop(&mm)?.take();
     drop(conn);
-    let managed = restore_and_step_aside(shared, &mm, 0, crate::wire::USER_END, Unregister::Parts)?;
+    let (managed, restored) =
+        restore_and_step_aside(shared, &mm, 0, crate::wire::USER_END, Unregister::Parts)?;
+    Stats::add(&shared.stats.own_uffd_pages_restored, restored);
     // The same request comes from an agent whose threads stepped out and could not start or
     // greet again (`step_out`): the process goes on without them.
     if mm.stepped_out.swap(false, Ordering::AcqRel) {
@@ -667,7 +676,7 @@ fn lock_request(
 }
 
 /// The live (not retired) address space of `pid`, if the daemon manages one.
-fn live_mm(shared: &Shared, pid: i32) -> Option<Arc<Mm>> {
+pub(crate) fn live_mm(shared: &Shared, pid: i32) -> Option<Arc<Mm>> {
     shared
         .mms
         .lock()
@@ -694,7 +703,7 @@ fn agent_without_drop(mm: &Mm) -> std::io::Result<parking_lot::MutexGuard<'_, Op
 }
 
 /// How [`restore_and_step_aside`] unregisters.
-enum Unregister {
+pub(crate) enum Unregister {
     /// The whole range at once (a program's own registration: one anonymous range).
     Whole,
     /// Each part the daemon registered (a range that may hold mappings no userfaultfd takes,
@@ -703,16 +712,22 @@ enum Unregister {
 }
 
 /// Brings back every page of `[start, end)` the daemon evicted (the program's memory reads as
-/// before), unregisters it, forgets its pages and refuses to register it again. Returns the
-/// bytes of it the daemon had registered.
-fn restore_and_step_aside(
+/// before), unregisters it, forgets its pages and refuses to register it again (a hold takes
+/// the refusal back when it ends, `hold.rs`). Returns the bytes of it the daemon had
+/// registered and the pages it brought back.
+pub(crate) fn restore_and_step_aside(
     shared: &Shared,
     mm: &Mm,
     start: u64,
     end: u64,
     how: Unregister,
-) -> std::io::Result<u64> {
-    let mut page = vec![0u8; PAGE_SIZE];
+) -> std::io::Result<(u64, u64)> {
+    // Runs of consecutive pages in consecutive slots come back with one read of what the
+    // backend holds of them and one UFFDIO_COPY: a page at a time, a hold of pages the swap
+    // file holds took 80 us a page, one disk read each.
+    const RUN: usize = 64;
+    let mut buf = vec![0u8; RUN * PAGE_SIZE];
+    let mut restored = 0u64;
     loop {
         let mut st = mm.state.lock();
         let stored: Vec<(u64, u32)> = st
@@ -721,17 +736,43 @@ fn restore_and_step_aside(
             .filter_map(|(a, p)| p.slot().map(|s| (a, s)))
             .collect();
         let mut again = false;
-        for (a, slot) in stored {
-            if slot == ZERO_SLOT {
-                page.fill(0);
-            } else {
-                shared.tiers.read(slot, &mut page)?;
+        let mut i = 0;
+        while i < stored.len() {
+            let (a0, s0) = stored[i];
+            let mut n = 1;
+            while s0 != ZERO_SLOT
+                && n < RUN
+                && stored.get(i + n) == Some(&(a0 + n as u64 * PAGE_SIZE_U64, s0 + n as u32))
+            {
+                n += 1;
             }
-            match mm.uffd.copy(a, &page) {
+            let got = if s0 == ZERO_SLOT {
+                buf[..PAGE_SIZE].fill(0);
+                1
+            } else {
+                shared.tiers.read_run(s0, n, &mut buf[..n * PAGE_SIZE])?.0
+            };
+            let (_, filled) = mm.uffd.copy_run(a0, &buf[..got * PAGE_SIZE]);
+            for k in 0..filled {
+                let a = a0 + k as u64 * PAGE_SIZE_U64;
+                if let Some(p) = st.pages.remove(a) {
+                    st.release(shared, a, p);
+                }
+            }
+            restored += filled as u64;
+            i += filled;
+            if filled == got {
+                continue;
+            }
+            // The run stopped at this page (present already, the end of a mapping, an event
+            // pending): it alone.
+            let a = stored[i].0;
+            match mm
+                .uffd
+                .copy(a, &buf[filled * PAGE_SIZE..(filled + 1) * PAGE_SIZE])
+            {
                 Ok(f @ (Fill::Filled | Fill::Exists)) => {
-                    if f == Fill::Filled {
-                        Stats::add(&shared.stats.own_uffd_pages_restored, 1);
-                    }
+                    restored += u64::from(f == Fill::Filled);
                     if let Some(p) = st.pages.remove(a) {
                         st.release(shared, a, p);
                     }
@@ -744,6 +785,7 @@ fn restore_and_step_aside(
                 Ok(Fill::Gone) => {}
                 Err(e) => return Err(e),
             }
+            i += 1;
         }
         if again {
             drop(st);
@@ -763,7 +805,7 @@ fn restore_and_step_aside(
         st.forget_range(shared, start, end);
         st.remove_range(start, end);
         st.refuse(start, end);
-        return Ok(managed);
+        return Ok((managed, restored));
     }
 }
 
@@ -799,9 +841,21 @@ fn read_hello(
     let (n, fd) = match sys::recv_with_fd(sock.as_raw_fd(), &mut buf) {
         Ok(x) => x,
         Err(e) => {
-            if e.kind() == std::io::ErrorKind::InvalidData {
-                Stats::add(&stats.protocol_errors, 1);
-                refuse(sock, &e.to_string());
+            match e.kind() {
+                std::io::ErrorKind::InvalidData => {
+                    Stats::add(&stats.protocol_errors, 1);
+                    refuse(sock, &e.to_string());
+                }
+                // No greeting in time (SO_RCVTIMEO): dropped, with the reason, so that a
+                // client merely slow (a loaded machine) is told why rather than reset.
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    Stats::add(&stats.greeting_timeouts, 1);
+                    refuse(
+                        sock,
+                        &format!("no greeting within {GREETING_TIMEOUT_MS} ms of connecting"),
+                    );
+                }
+                _ => {}
             }
             return None;
         }
@@ -837,6 +891,17 @@ fn read_hello(
         Ok((Message::StepOut, _)) => {
             let r = step_out(shared, pid);
             answer_request(sock, pid, r, "let its agent's threads step out");
+            return None;
+        }
+        Ok((
+            Message::Hold {
+                pid: target,
+                reason,
+            },
+            _,
+        )) => {
+            let r = crate::hold::request(shared, pid, target, reason);
+            answer_request(sock, pid, r, "bring its evicted pages back for inspection");
             return None;
         }
         Ok((other, _)) => {
@@ -1035,6 +1100,8 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         }
         *slot = Some(conn);
         drop(slot);
+        // Traced from its birth (a tracer that follows forks): held (`hold.rs`).
+        crate::hold::at_greeting(&shared, &mm, pid);
         // Registrations were inherited; pick up anything new.
         let _ = scan_and_register(&shared, &mm);
         return;
@@ -1123,6 +1190,9 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
     if start_mm(&shared, &mm).is_err() {
         return;
     }
+    // Traced from its start (`gdb PROGRAM`, `strace PROGRAM`: PTRACE_TRACEME before the exec):
+    // held, its memory the kernel's while traced (`hold.rs`).
+    crate::hold::at_greeting(&shared, &mm, pid);
     let _ = scan_and_register(&shared, &mm);
     let mut conn = match AgentConn::new(sock, max_drop) {
         Ok(c) => c,
@@ -1499,7 +1569,13 @@ fn census_round(shared: &Shared, census: &mut Census) {
         .iter()
         .map(|(&p, (_, why))| (p, why.clone()))
         .collect();
-    let found = census.take(me, &managed, &shared.stats, shared.policy.unmanaged);
+    let held: std::collections::HashMap<i32, crate::unmanaged::Kind> = shared
+        .mms
+        .lock()
+        .iter()
+        .filter_map(|m| Some((m.pid()?, crate::hold::census_kind(m)?)))
+        .collect();
+    let found = census.take(me, &managed, &held, &shared.stats, shared.policy.unmanaged);
     if let Some((pid, kind)) = found {
         census.stopped = true;
         eprintln!(
@@ -1549,8 +1625,10 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             if no_agent || m.retired.load(Ordering::Relaxed) {
                 continue;
             }
-            let rss = maps::rss_anon_bytes(pid).unwrap_or(0);
+            let (rss, tracer) = maps::rss_and_tracer(pid).unwrap_or((0, 0));
             rss_total += rss;
+            // A tracer came or went (`hold.rs`): from the same read, every 2 ms.
+            crate::hold::note_tracer(&shared, &m, pid, tracer);
             let tracked = |m: &Mm| m.state.lock().resident as u64 * PAGE_SIZE_U64;
             let untracked = m.untracked_rss.load(Ordering::Relaxed);
             let last = m.last_scan_tick.load(Ordering::Relaxed);

@@ -4,7 +4,8 @@
 //! ```text
 //! missing fault ─▶ page table ─▶ Evicted/Dropping(slot) ─▶ read slot (zswap, else the
 //!                  backend) and, on a sequential pattern, the evicted pages after it (up to
-//!                  2^page_cluster, a whole 64 KiB folio at most) ─▶ UFFDIO_COPY (wakes)
+//!                  2^page_cluster, a whole 64 KiB folio at most; readahead.rs sizes the
+//!                  window per stream, capped by a hit ratio) ─▶ UFFDIO_COPY (wakes)
 //!                              └▶ unknown ───────────────▶ UFFDIO_ZEROPAGE (read fault)
 //!                                                          UFFDIO_COPY of zeros (write fault)
 //! write-protect fault ─▶ page mid-eviction? leave the writer asleep; reclaim wakes it when the
@@ -31,30 +32,10 @@ use mglru::Arrival;
 
 use crate::daemon::{self, Shared};
 use crate::mm::{Mm, Page, ZERO_SLOT};
+use crate::readahead::{self, Readahead};
 use crate::stats::Stats;
 use crate::sys::{self, Fill, RawUffdMsg, Uffd, UffdEvent, PAGE_SIZE, PAGE_SIZE_U64};
 use crate::tiers::{Tier, FOLIO_PAGES};
-
-/// Readahead state of one address space (the kernel's VMA-based swap readahead, simplified):
-/// the window doubles while faults follow the previous restored run and halves otherwise.
-#[derive(Debug)]
-struct Readahead {
-    prev: u64,
-    prev_end: u64,
-    window: usize,
-}
-
-impl Readahead {
-    fn next_window(&mut self, addr: u64, max: usize) -> usize {
-        let sequential = addr >= self.prev && addr <= self.prev_end + 2 * PAGE_SIZE_U64;
-        self.window = if sequential {
-            (self.window * 2).min(max)
-        } else {
-            (self.window / 2).max(1)
-        };
-        self.window
-    }
-}
 
 /// Adaptive polling of the uffd after a fault, with the rule of the guest haltpoll cpuidle
 /// governor (`drivers/cpuidle/governors/haltpoll.c`, `adjust_poll_limit`): the window is
@@ -230,18 +211,9 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
     let mut page = vec![0u8; FOLIO_PAGES * PAGE_SIZE];
     let zeros = vec![0u8; FOLIO_PAGES * PAGE_SIZE];
     let mut served: u64 = 0;
-    let mut ra = [
-        Readahead {
-            prev: 0,
-            prev_end: 0,
-            window: 1,
-        },
-        Readahead {
-            prev: 0,
-            prev_end: 0,
-            window: 1,
-        },
-    ];
+    // Readahead of evicted pages, and fault-around of never-written ones (which judges no
+    // outcomes: its window follows position alone).
+    let mut ra = [Readahead::default(), Readahead::default()];
     let mut spin = Spin::new(shared.policy.fault_spin);
     // When the handling of the last batch ended, if it held a fault.
     let mut after_fault: Option<Instant> = None;
@@ -372,6 +344,47 @@ impl Handling {
     }
 }
 
+/// Adds the mapping around `addr`, a missing fault outside the ranges the table knows, to
+/// them: the agent's `mmap` wrapper registers new mappings itself, before the scan sees them,
+/// and what relies on the ranges (a fork child's wipe-on-fork and dont-fork pages, a hold's
+/// restore, waking writers) must cover every page the table holds. A fault came through this
+/// uffd, so the whole mapping is registered with it (registration is per mapping).
+fn learn_range(shared: &Shared, mm: &Mm, addr: u64) {
+    let Some(pid) = mm.pid() else { return };
+    let vma = {
+        let mut maps = mm.maps.lock();
+        if maps.as_ref().is_none_or(|(p, _)| *p != pid) {
+            *maps = std::fs::File::open(format!("/proc/{pid}/maps"))
+                .ok()
+                .map(|f| (pid, f));
+        }
+        match maps.as_ref().map(|(_, f)| sys::vma_covering(f, addr)) {
+            Some(Ok(v)) => v,
+            // (Before Linux 6.11: the whole maps text.)
+            Some(Err(e)) if e.raw_os_error() == Some(libc::ENOTTY) => {
+                crate::maps::read_maps(pid).ok().and_then(|v| {
+                    v.iter()
+                        .find(|v| v.start <= addr && addr < v.end)
+                        .map(|v| (v.start, v.end))
+                })
+            }
+            _ => None,
+        }
+    };
+    let Some((s, e)) = vma else { return };
+    let mut st = mm.state.lock();
+    // Never the agent's own region.
+    for (ps, pe) in [(s, e.min(mm.region.0)), (s.max(mm.region.1), e)] {
+        if ps >= pe {
+            continue;
+        }
+        for (gs, ge) in st.uncovered(ps, pe) {
+            st.add_range(gs, ge);
+            Stats::add(&shared.stats.ranges_learned, 1);
+        }
+    }
+}
+
 /// Serves one fault. Returns false when it must be retried (`EAGAIN`).
 fn serve_fault(
     shared: &Shared,
@@ -427,10 +440,19 @@ fn serve_fault(
                 // unprotected.
                 return true;
             }
-            Some(Page::Resident { .. }) => {
-                // Protection armed by the access source: this write is an access.
-                st.pages.insert(addr, Page::Resident { referenced: true });
+            Some(Page::Resident { readahead, .. }) => {
+                // Protection armed by the access source: this write is an access (and a use
+                // of a page read ahead).
+                let page = Page::Resident {
+                    referenced: true,
+                    readahead: false,
+                };
+                st.pages.insert(addr, page);
                 Stats::add(&stats.wp_access_faults, 1);
+                if readahead {
+                    Stats::add(&stats.readahead_hit_pages, 1);
+                    ra.record(1, 0);
+                }
             }
             // A page that was `Dropping` and moved here (mremap): while a DROP is in flight the
             // agent may move whatever is at the old address, and mremap can bring this page
@@ -459,6 +481,11 @@ fn serve_fault(
         Stats::add(&stats.agent_faults, 1);
     }
     let mut st = mm.state.lock();
+    if !st.in_ranges(addr) {
+        drop(st);
+        learn_range(shared, mm, addr);
+        st = mm.state.lock();
+    }
     let prior = st.pages.get(addr);
     // Throttle like the kernel's direct reclaim: at the limit, a fault that would add a
     // resident page waits (its thread is blocked in the kernel anyway) while reclaim makes
@@ -484,6 +511,43 @@ fn serve_fault(
         shared.kick_reclaim();
         return false;
     }
+    // What this fault shows of pages read ahead (`readahead.rs`): it went past the pages of a
+    // run of the stream it continues (a sequential reader read them on its way here: hits),
+    // or, starting a stream, dropped one that left its last run behind (those still unused:
+    // misses); and a message for a page already filled is a use of it (its thread touched it
+    // while it was being read ahead). Hits clear the pages' readahead marks; both feed the
+    // hit ratio that caps the window.
+    let max = 1usize << shared.policy.page_cluster;
+    let restore = matches!(
+        prior,
+        Some(Page::Evicted { slot } | Page::Dropping { slot } | Page::Inherited { slot })
+            if slot != ZERO_SLOT
+    );
+    let o = ra.observe(addr, max, restore);
+    let mut hits = readahead::pages(&o.passed)
+        .filter(|&a| st.readahead_used(a))
+        .count() as u64;
+    let misses = readahead::pages(&o.left)
+        .filter(|&a| {
+            matches!(
+                st.pages.get(a),
+                Some(Page::Resident {
+                    readahead: true,
+                    ..
+                })
+            )
+        })
+        .count() as u64;
+    if let Some(Page::Resident {
+        readahead: true, ..
+    }) = prior
+    {
+        hits += u64::from(st.readahead_used(addr));
+    }
+    if hits > 0 {
+        Stats::add(&stats.readahead_hit_pages, hits);
+    }
+    ra.record(hits, misses);
     let write = p.flags & sys::UFFD_PAGEFAULT_FLAG_WRITE != 0;
     // Pages filled from the fault address on (more than one with readahead) and their old
     // states.
@@ -498,9 +562,8 @@ fn serve_fault(
             if slot != ZERO_SLOT =>
         {
             // Readahead only of pages known missing, and only with room under the limit.
-            let max = 1usize << shared.policy.page_cluster;
             let mut window = if matches!(prior, Some(Page::Evicted { .. })) {
-                ra.next_window(addr, max)
+                ra.window(addr, max)
             } else {
                 1
             };
@@ -592,8 +655,7 @@ fn serve_fault(
             // window grows like readahead's, and a run stops at the first page the table
             // knows. UFFDIO_COPY never overwrites a present page, and a run that leaves the
             // VMA fails as a whole and falls back to the faulting page.
-            let max = 1usize << shared.policy.page_cluster;
-            let mut window = zra.next_window(addr, max);
+            let mut window = zra.window(addr, max);
             if shared.resident() + window > shared.limit_pages {
                 window = 1;
             }
@@ -695,7 +757,7 @@ fn serve_fault(
             debug_assert_eq!(now, old, "{a:#x} changed while it was restored");
             st.release(shared, a, now);
         }
-        st.make_resident(shared, a, Arrival::Cold, false);
+        st.add_readahead(shared, a);
     }
     for i in 1..zero_run as u64 {
         st.make_resident(shared, addr + i * PAGE_SIZE_U64, Arrival::Cold, false);
@@ -711,8 +773,7 @@ fn serve_fault(
         if run.len() == FOLIO_PAGES && addr % (FOLIO_PAGES as u64 * PAGE_SIZE_U64) == 0 {
             Stats::add(&stats.swpin_folios, 1);
         }
-        ra.prev = addr;
-        ra.prev_end = addr + run.len() as u64 * PAGE_SIZE_U64;
+        ra.restored(addr, run.len());
         match tier {
             Some(Tier::Zswap) => {
                 Stats::add(&stats.fault_zswap, 1);
@@ -728,8 +789,7 @@ fn serve_fault(
     } else {
         Stats::add(&stats.zero_fills, 1);
         Stats::add(&stats.fault_around_pages, zero_run as u64 - 1);
-        zra.prev = addr;
-        zra.prev_end = addr + zero_run as u64 * PAGE_SIZE_U64;
+        zra.restored(addr, zero_run);
         shared.lat_zero.record(ns);
     }
     Stats::add(&stats.fault_service_ns, ns);

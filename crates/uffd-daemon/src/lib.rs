@@ -49,6 +49,11 @@
 //!   binds the address space to the tree process whose probe page holds them (the fault's
 //!   thread id, a number of the child's own pid namespace, only narrows the search: `bind.rs`).
 //!   The child then greets the daemon and gets its uffd back.
+//! * **Held for inspection** (`hold.rs`): the kernel reads a process's memory for a core file or
+//!   for a debugger (`/proc/PID/mem`, `PEEKDATA`) without a userfault, so before a core dump
+//!   (the agent's handler of core-dumping signals asks) and while a tracer is attached (seen in
+//!   `TracerPid`, or asked by a tracer's agent before it attaches) the daemon brings every
+//!   evicted page back, gives the memory to the kernel and evicts nothing from the process.
 //!
 //! # Invariants
 //!
@@ -94,12 +99,14 @@ pub mod config;
 mod daemon;
 pub mod demo;
 mod fault;
+mod hold;
 mod idlepoll;
 pub mod inject;
 pub mod maps;
 mod mm;
 pub mod pagetable;
 pub mod protocol;
+mod readahead;
 mod reclaim;
 mod rundir;
 pub mod stats;

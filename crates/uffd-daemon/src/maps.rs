@@ -114,6 +114,59 @@ pub fn rss_anon_bytes(pid: i32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// `RssAnon` (bytes) and `TracerPid` of `pid`, from one read of `/proc/PID/status`: the
+/// scanner's poll. A process whose main thread has exited shows neither.
+pub fn rss_and_tracer(pid: i32) -> Option<(u64, i32)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let mut rss = None;
+    let mut tracer = 0;
+    for line in s.lines() {
+        if let Some(v) = line.strip_prefix("TracerPid:") {
+            tracer = v.trim().parse().unwrap_or(0);
+        } else if let Some(v) = line.strip_prefix("RssAnon:") {
+            rss = v.split_ascii_whitespace().next()?.parse::<u64>().ok();
+        }
+    }
+    Some((rss? * 1024, tracer))
+}
+
+/// The tracers of the threads of `pid` (`TracerPid` of each `/proc/PID/task/TID/status`),
+/// without 0s: a tracer may hold one thread and not the others.
+pub fn thread_tracers(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let Ok(s) = std::fs::read_to_string(t.path().join("status")) else {
+            continue;
+        };
+        let tracer = s
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))
+            .and_then(|v| v.trim().parse::<i32>().ok())
+            .unwrap_or(0);
+        if tracer != 0 && !out.contains(&tracer) {
+            out.push(tracer);
+        }
+    }
+    out
+}
+
+/// `MemAvailable` of `/proc/meminfo` and `MemTotal`, in bytes.
+pub fn mem_available() -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = |key: &str| -> Option<u64> {
+        s.lines()
+            .find_map(|l| l.strip_prefix(key))?
+            .split_ascii_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((kb("MemAvailable:")? * 1024, kb("MemTotal:")? * 1024))
+}
+
 /// `VmLck` of `pid` in bytes: memory locked with mlock/mlockall (0 if unreadable).
 pub fn locked_bytes(pid: i32) -> u64 {
     status_kb(pid, "VmLck:").unwrap_or(0) * 1024
@@ -283,6 +336,16 @@ garbage line
         assert_eq!(managed, vec![true, true, false, false, false, false, true]);
         assert_eq!(v[0].start, 0x55d0c0a00000);
         assert_eq!(v[0].path, "[heap]");
+    }
+
+    #[test]
+    fn reads_own_status() {
+        let me = std::process::id() as i32;
+        let (rss, tracer) = rss_and_tracer(me).expect("own status");
+        assert!(rss > 0);
+        assert_eq!(thread_tracers(me).contains(&tracer), tracer != 0);
+        let (avail, total) = mem_available().expect("meminfo");
+        assert!(avail > 0 && avail <= total);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use crate::agent_conn::AgentConn;
 use crate::config::{PolicyConfig, PolicyKind};
 use crate::daemon::Shared;
+use crate::stats::Stats;
 use crate::sys::{EventFd, PidFd, Uffd, PAGE_SIZE_U64};
 
 pub use crate::pagetable::{Page, PageTable, ZERO_SLOT};
@@ -78,6 +79,9 @@ pub struct MmState {
     /// and is not unshared again (a DROP of pages that never move would keep reclaim from
     /// seeing that it cannot make progress).
     pub unshared: std::collections::BTreeSet<u64>,
+    /// Ranges a hold let go (`hold.rs`): refused while the process is held, registered again
+    /// when a trace hold ends; a fork child's own to register.
+    pub hold_let_go: Vec<(u64, u64)>,
 }
 
 impl std::fmt::Debug for MmState {
@@ -166,6 +170,16 @@ pub struct Mm {
     /// `/proc/PID/mem` of the process, opened at its first eviction (for `pid`): reclaim reads
     /// its victims through it (`sys::read_mem`).
     pub mem: Mutex<Option<(i32, std::fs::File)>>,
+    /// `/proc/PID/maps` of the process (for `pid`), for `PROCMAP_QUERY` (`fault.rs`,
+    /// learning a range the agent registered before the scan saw it).
+    pub maps: Mutex<Option<(i32, std::fs::File)>>,
+    /// Why the process is held (`hold.rs`: `HOLD_DUMP`, `HOLD_TRACE` bits; 0: it is not):
+    /// its evicted pages are brought back, its memory is the kernel's, nothing is evicted.
+    pub held: AtomicU32,
+    /// What a hold has done, under its own lock (holds and releases take it in turn).
+    pub hold: Mutex<crate::hold::HoldState>,
+    /// A thread of the scanner's is bringing the pages of a traced process back.
+    pub holding: AtomicBool,
 }
 
 /// What binds a forked child to its pid: 16 random bytes the daemon puts into the child's
@@ -298,6 +312,10 @@ impl Mm {
             handling: AtomicU64::new(0),
             rseq_pages: Mutex::new(Vec::new()),
             mem: Mutex::new(None),
+            maps: Mutex::new(None),
+            held: AtomicU32::new(0),
+            hold: Mutex::new(crate::hold::HoldState::default()),
+            holding: AtomicBool::new(false),
         })
     }
 
@@ -346,10 +364,11 @@ impl MmState {
             lock_requests: Vec::new(),
             unshare: std::collections::BTreeSet::new(),
             unshared: std::collections::BTreeSet::new(),
+            hold_let_go: Vec::new(),
         }
     }
 
-    /// Inserts a page as resident (fault fill, readahead, a page discovered present, an
+    /// Inserts a page as resident (fault fill, fault-around, a page discovered present, an
     /// eviction given up) and hands it to the policy. `referenced`: its accessed bit.
     pub fn make_resident(
         &mut self,
@@ -358,8 +377,27 @@ impl MmState {
         arrival: Arrival,
         referenced: bool,
     ) {
+        let page = Page::Resident {
+            referenced,
+            readahead: false,
+        };
+        self.insert_resident(shared, addr, arrival, page);
+    }
+
+    /// Inserts a page restored by readahead (not asked for by the fault): resident, cold, not
+    /// referenced, and marked until a use of it is seen ([`MmState::readahead_used`]) or it
+    /// leaves ([`MmState::release`], [`MmState::pick_victims`]).
+    pub fn add_readahead(&mut self, shared: &Shared, addr: u64) {
+        let page = Page::Resident {
+            referenced: false,
+            readahead: true,
+        };
+        self.insert_resident(shared, addr, Arrival::Cold, page);
+    }
+
+    fn insert_resident(&mut self, shared: &Shared, addr: u64, arrival: Arrival, page: Page) {
         let shadow = self.pages.shadow(addr);
-        match self.pages.insert(addr, Page::Resident { referenced }) {
+        match self.pages.insert(addr, page) {
             Some(old) if old.is_resident() => {}
             _ => {
                 self.resident += 1;
@@ -379,7 +417,13 @@ impl MmState {
     /// A page that was `Resident` (and so in the policy) goes back to being resident after
     /// a state that took it out of the policy (`Evicting`, `Dropping`).
     pub fn back_to_resident(&mut self, addr: u64) {
-        self.pages.insert(addr, Page::Resident { referenced: true });
+        self.pages.insert(
+            addr,
+            Page::Resident {
+                referenced: true,
+                readahead: false,
+            },
+        );
         let id = page_id(addr);
         if !self.policy.contains(id) {
             let _ = self
@@ -406,10 +450,14 @@ impl MmState {
     }
 
     /// Accounting for a page state that is being dropped from the table (the caller removed
-    /// it from `pages`; `addr` is where it was).
+    /// it from `pages`; `addr` is where it was). A page read ahead and never seen used leaves
+    /// unused (removed, unmapped, its process gone).
     pub fn release(&mut self, shared: &Shared, addr: u64, p: Page) {
-        if matches!(p, Page::Resident { .. }) {
+        if let Page::Resident { readahead, .. } = p {
             self.policy.remove(page_id(addr));
+            if readahead {
+                Stats::add(&shared.stats.readahead_unused_pages, 1);
+            }
         }
         if p.is_resident() {
             self.resident -= 1;
@@ -451,6 +499,18 @@ impl MmState {
         if !self.refused.iter().any(|&(s, e)| s <= start && end <= e) {
             self.refused.push((start, end));
         }
+    }
+
+    /// Takes `[start, end)` out of the ranges the daemon leaves alone (a hold that let it go
+    /// is over: `hold.rs`).
+    pub fn unrefuse(&mut self, start: u64, end: u64) {
+        subtract(&mut self.refused, start, end);
+    }
+
+    /// Whether `addr` is in a registered range the table knows.
+    pub fn in_ranges(&self, addr: u64) -> bool {
+        let i = self.ranges.partition_point(|&(_, e)| e <= addr);
+        self.ranges.get(i).is_some_and(|&(s, _)| s <= addr)
     }
 
     /// Parts of `[start, end)` not covered by `ranges` or `refused`.
@@ -504,7 +564,10 @@ impl MmState {
             let np = match p {
                 Page::Evicting { .. } => {
                     unprotect.push(nk);
-                    Page::Resident { referenced: true }
+                    Page::Resident {
+                        referenced: true,
+                        readahead: false,
+                    }
                 }
                 Page::Dropping { slot } | Page::Inherited { slot } => Page::Inherited { slot },
                 other => other,
@@ -527,12 +590,17 @@ impl MmState {
         let mut child = MmState::new(&shared.policy);
         child.ranges = self.ranges.clone();
         child.refused = self.refused.clone();
+        // What a hold of the parent let go is not the child's to leave alone: it registers it.
+        for &(s, e) in &self.hold_let_go {
+            child.unrefuse(s, e);
+        }
         for (addr, p) in self.pages.iter() {
             let cp = match p {
                 // Present in the parent at fork: the child has a copy-on-write copy.
-                Page::Resident { .. } | Page::Evicting { .. } => {
-                    Page::Resident { referenced: false }
-                }
+                Page::Resident { .. } | Page::Evicting { .. } => Page::Resident {
+                    referenced: false,
+                    readahead: false,
+                },
                 // The agent may or may not have moved it before the fork: the child serves a
                 // fault from the slot, and keeps it resident otherwise.
                 Page::Dropping { slot } | Page::Inherited { slot } => Page::Inherited { slot },
@@ -586,8 +654,14 @@ impl MmState {
 
     /// Chooses up to `max` victims with the policy and marks them `Evicting { batch }`;
     /// returns them sorted, and the ranges the access source cleared bits in (to re-arm
-    /// write protection when the access source uses it).
-    pub fn pick_victims(&mut self, batch: u32, max: usize) -> (Vec<u64>, Vec<(u64, u64)>) {
+    /// write protection when the access source uses it). A victim still marked as read ahead
+    /// is counted in `stats.readahead_unused_pages`: the policy chose it with no use seen.
+    pub fn pick_victims(
+        &mut self,
+        batch: u32,
+        max: usize,
+        stats: &Stats,
+    ) -> (Vec<u64>, Vec<(u64, u64)>) {
         let MmState { pages, policy, .. } = self;
         let mut src = PageBits {
             pages,
@@ -613,7 +687,10 @@ impl MmState {
                         .policy
                         .add(id, Hint::new(PageType::Anon, Arrival::Fault));
                 }
-                Some(Page::Resident { .. }) => {
+                Some(Page::Resident { readahead, .. }) => {
+                    if readahead {
+                        Stats::add(&stats.readahead_unused_pages, 1);
+                    }
                     self.pages.insert(addr, Page::Evicting { batch });
                     // The policy's shadow entry lives in the page's word until it returns.
                     if let Some(token) = self.policy.take_shadow(id) {
@@ -626,6 +703,28 @@ impl MmState {
         }
         victims.sort_unstable();
         (victims, cleared)
+    }
+
+    /// A use of the page at `addr` was seen (see `Stats::readahead_hit_pages`): clears its
+    /// readahead mark; true if it had one (the caller counts the hit). The `referenced` bit is
+    /// left alone: the policy's access source is not changed by this accounting.
+    pub fn readahead_used(&mut self, addr: u64) -> bool {
+        match self.pages.get(addr) {
+            Some(Page::Resident {
+                referenced,
+                readahead: true,
+            }) => {
+                self.pages.insert(
+                    addr,
+                    Page::Resident {
+                        referenced,
+                        readahead: false,
+                    },
+                );
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Up to `max` pages waiting to be unshared that are still resident and not in
@@ -674,10 +773,20 @@ impl AccessSource for PageBits<'_> {
     /// The eviction-time check of one page: a direct lookup, not a range walk.
     fn test_and_clear_page(&mut self, page: PageId) -> bool {
         let a = page << 12;
-        let hit = self.pages.get(a) == Some(Page::Resident { referenced: true });
-        if hit {
-            self.pages.insert(a, Page::Resident { referenced: false });
-        }
+        let hit = match self.pages.get(a) {
+            Some(Page::Resident {
+                referenced: true,
+                readahead,
+            }) => {
+                let page = Page::Resident {
+                    referenced: false,
+                    readahead,
+                };
+                self.pages.insert(a, page);
+                true
+            }
+            _ => false,
+        };
         self.note_cleared(a, a + PAGE_SIZE_U64);
         hit
     }

@@ -21,6 +21,12 @@ pub enum Page {
         /// that brought the page in, and by a write-protect fault when the access source
         /// arms write protection.
         referenced: bool,
+        /// Brought in by readahead, and no use of it seen since (the kernel's `PG_readahead`
+        /// on a swap-cache folio): cleared when the daemon sees the program use the page
+        /// (counted `readahead_hit_pages`); a page that leaves with it still set (evicted,
+        /// removed, unmapped) is counted `readahead_unused_pages`. The fault path keeps it
+        /// and `referenced` from being set together.
+        readahead: bool,
     },
     /// Chosen for eviction by batch `batch`: write-protected, contents being read and stored.
     Evicting {
@@ -66,20 +72,29 @@ impl Page {
     }
 
     // The word: 0 is "no page"; the low 3 bits are the state; `Resident`'s bit 3 is the
-    // referenced bit; the other states keep their batch or slot in the high 32 bits and the
-    // policy's shadow entry (token + 1, 0 for none) in bits 3..32.
+    // referenced bit and bit 4 the readahead mark; the other states keep their batch or slot
+    // in the high 32 bits and the policy's shadow entry (token + 1, 0 for none) in bits 3..32.
     const RESIDENT: u64 = 1;
     const EVICTING: u64 = 2;
     const DROPPING: u64 = 3;
     const INHERITED: u64 = 4;
     const EVICTED: u64 = 5;
     const TAG: u64 = 7;
+    const REFERENCED: u64 = 1 << 3;
+    const READAHEAD: u64 = 1 << 4;
     const SHADOW_SHIFT: u32 = 3;
     const SHADOW_MASK: u64 = ((1 << 29) - 1) << Self::SHADOW_SHIFT;
 
     fn encode(self) -> u64 {
         match self {
-            Page::Resident { referenced } => Self::RESIDENT | (u64::from(referenced) << 3),
+            Page::Resident {
+                referenced,
+                readahead,
+            } => {
+                Self::RESIDENT
+                    | if referenced { Self::REFERENCED } else { 0 }
+                    | if readahead { Self::READAHEAD } else { 0 }
+            }
             Page::Evicting { batch } => Self::EVICTING | (u64::from(batch) << 32),
             Page::Dropping { slot } => Self::DROPPING | (u64::from(slot) << 32),
             Page::Inherited { slot } => Self::INHERITED | (u64::from(slot) << 32),
@@ -92,7 +107,8 @@ impl Page {
         Some(match word & Self::TAG {
             0 => return None,
             Self::RESIDENT => Page::Resident {
-                referenced: word & 8 != 0,
+                referenced: word & Self::REFERENCED != 0,
+                readahead: word & Self::READAHEAD != 0,
             },
             Self::EVICTING => Page::Evicting { batch: slot },
             Self::DROPPING => Page::Dropping { slot },
@@ -252,13 +268,15 @@ impl PageTable {
     }
 
     /// Clears the `referenced` bit of the `Resident` pages in `range` that have it, calling
-    /// `young` with each one's address, in address order (the access source's walk).
+    /// `young` with each one's address, in address order (the access source's walk). The
+    /// readahead mark is left as it is.
     pub fn take_referenced(&mut self, range: Range<u64>, mut young: impl FnMut(u64)) {
         let Range { start, end } = range;
         if start >= end {
             return;
         }
-        let want = Page::RESIDENT | 8;
+        let mask = Page::TAG | Page::REFERENCED;
+        let want = Page::RESIDENT | Page::REFERENCED;
         let first = start >> TABLE_ADDR_SHIFT;
         let last = (end - 1) >> TABLE_ADDR_SHIFT;
         for (&t, table) in self.tables.range_mut(first..=last) {
@@ -269,8 +287,8 @@ impl PageTable {
                 TABLE_PAGES
             };
             for (i, w) in table.words[lo..hi].iter_mut().enumerate() {
-                if *w == want {
-                    *w = Page::RESIDENT;
+                if *w & mask == want {
+                    *w &= !Page::REFERENCED;
                     young(join(t, lo + i));
                 }
             }
@@ -316,7 +334,10 @@ mod tests {
 
     fn page_strategy() -> impl Strategy<Value = Page> {
         prop_oneof![
-            any::<bool>().prop_map(|referenced| Page::Resident { referenced }),
+            (any::<bool>(), any::<bool>()).prop_map(|(referenced, readahead)| Page::Resident {
+                referenced,
+                readahead
+            }),
             any::<u32>().prop_map(|batch| Page::Evicting { batch }),
             any::<u32>().prop_map(|slot| Page::Dropping { slot }),
             any::<u32>().prop_map(|slot| Page::Inherited { slot }),
@@ -393,8 +414,8 @@ mod tests {
                         table.take_referenced(a..b, |x| got.push(x));
                         let mut want = Vec::new();
                         for (&k, v) in model.range_mut(a..b.max(a)) {
-                            if *v == (Page::Resident { referenced: true }) {
-                                *v = Page::Resident { referenced: false };
+                            if let Page::Resident { referenced: true, readahead } = *v {
+                                *v = Page::Resident { referenced: false, readahead };
                                 want.push(k);
                             }
                         }

@@ -20,6 +20,12 @@
 //! DROP       daemon -> agent   nruns u32, pad u32, nruns x (addr u64, npages u32, pad u32)
 //! DROP_DONE  agent  -> daemon  npages u32, pad u32, npages x status u8 (0 = dropped, else errno)
 //! ERROR      daemon -> agent   code i32, message bytes (UTF-8)
+//! RELEASE    agent  -> daemon  start u64, len u64                    (program thread, own
+//!                                                                     connection; so are the
+//!                                                                     three below)
+//! LEAVE      agent  -> daemon  (nothing)
+//! LOCK       agent  -> daemon  start u64, len u64, flags u32, pad u32
+//! HOLD       agent  -> daemon  pid u32 (0: the sender), reason u32 (HOLD_DUMP, HOLD_TRACE)
 //! ```
 //!
 //! The agent side is C (`agent/agent.c`) and mirrors these constants. Everything the daemon
@@ -31,9 +37,9 @@ use thiserror::Error;
 
 pub use crate::wire::{
     DROP_RUN_UNSHARE, HEADER_LEN, HELLO_AGENT_RESTART, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD,
-    HELLO_NEED_UFFD, KIND_DROP, KIND_DROP_DONE, KIND_ERROR, KIND_HELLO, KIND_HELLO_ACK, KIND_LEAVE,
-    KIND_LOCK, KIND_RELEASE, KIND_STEP_OUT, LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS,
-    VERSION,
+    HELLO_NEED_UFFD, HOLD_DUMP, HOLD_TRACE, KIND_DROP, KIND_DROP_DONE, KIND_ERROR, KIND_HELLO,
+    KIND_HELLO_ACK, KIND_HOLD, KIND_LEAVE, KIND_LOCK, KIND_RELEASE, KIND_STEP_OUT, LOCK_ON, MAGIC,
+    MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
 };
 
 /// The agent's greeting.
@@ -121,6 +127,20 @@ pub enum Message {
         len: u64,
         /// `LOCK_*` flags.
         flags: u32,
+    },
+    /// From a program thread of a managed process, on a connection of its own: the process
+    /// `pid` (0: the sender) is about to be inspected from outside, by a core dump
+    /// ([`HOLD_DUMP`]: the sender got a core-dumping signal it leaves at its default action)
+    /// or by a tracer ([`HOLD_TRACE`]: the sender is about to attach to it). The kernel reads
+    /// the memory of such a process without a userfault (a dump takes a missing page for a
+    /// hole, `/proc/PID/mem` and `PEEKDATA` fail with `EIO`), so the daemon brings every page
+    /// it evicted back, hands the memory to the kernel and evicts nothing more from it
+    /// (`hold.rs`). Answered with `HelloAck` once that is done.
+    Hold {
+        /// The process (or one of its threads); 0 for the sender's own.
+        pid: u32,
+        /// `HOLD_DUMP` or `HOLD_TRACE`.
+        reason: u32,
     },
     /// A fatal error for the agent.
     Error {
@@ -237,6 +257,11 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
             p.extend_from_slice(&flags.to_le_bytes());
             p.extend_from_slice(&0u32.to_le_bytes());
             KIND_LOCK
+        }
+        Message::Hold { pid, reason } => {
+            p.extend_from_slice(&pid.to_le_bytes());
+            p.extend_from_slice(&reason.to_le_bytes());
+            KIND_HOLD
         }
         Message::Error { code, message } => {
             p.extend_from_slice(&code.to_le_bytes());
@@ -489,6 +514,27 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
             }
             Message::Lock { start, len, flags }
         }
+        KIND_HOLD => {
+            if p.len() != 8 {
+                return Err(payload_err("HOLD", p.len(), "expected 8 bytes"));
+            }
+            let (pid, reason) = (u32_at(p, 0), u32_at(p, 4));
+            if reason != HOLD_DUMP && reason != HOLD_TRACE {
+                return Err(payload_err(
+                    "HOLD",
+                    p.len(),
+                    format!("unknown reason {reason} (HOLD_DUMP {HOLD_DUMP} or HOLD_TRACE {HOLD_TRACE})"),
+                ));
+            }
+            if pid > i32::MAX as u32 {
+                return Err(payload_err(
+                    "HOLD",
+                    p.len(),
+                    format!("pid {pid} is not a pid"),
+                ));
+            }
+            Message::Hold { pid, reason }
+        }
         other => return Err(ProtocolError::Kind(other)),
     };
     Ok((msg, seq))
@@ -550,6 +596,11 @@ mod tests {
                 len: pages * 4096,
                 flags
             }),
+            (
+                0u32..1 << 22,
+                prop_oneof![Just(HOLD_DUMP), Just(HOLD_TRACE)]
+            )
+                .prop_map(|(pid, reason)| Message::Hold { pid, reason }),
         ]
     }
 
@@ -598,6 +649,21 @@ mod tests {
         assert_eq!(decode(&[0; 3]), Err(ProtocolError::Short(3)));
         let big = vec![0u8; MAX_PACKET + 1];
         assert_eq!(decode(&big), Err(ProtocolError::TooLong(MAX_PACKET + 1)));
+    }
+
+    #[test]
+    fn hold_reasons_are_checked() {
+        let pkt = encode(&Message::Hold { pid: 0, reason: 7 }, 0);
+        let err = decode(&pkt).unwrap_err();
+        assert!(err.to_string().contains("unknown reason 7"), "{err}");
+        let pkt = encode(
+            &Message::Hold {
+                pid: u32::MAX,
+                reason: HOLD_DUMP,
+            },
+            0,
+        );
+        assert!(decode(&pkt).is_err());
     }
 
     #[test]

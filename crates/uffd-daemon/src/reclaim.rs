@@ -32,7 +32,7 @@ pub const BATCH_PAGES: usize = 256;
 /// the write-protect access source, re-arms protection where the aging cleared bits.
 fn pick_victims(shared: &Shared, mm: &Mm, batch: u32, max: usize) -> Vec<u64> {
     let mut st = mm.state.lock();
-    let (victims, cleared) = st.pick_victims(batch, max);
+    let (victims, cleared) = st.pick_victims(batch, max, &shared.stats);
     if shared.wp_access() && !cleared.is_empty() {
         // Under the state lock, like every protection change (see the WP fault path). Best
         // effort: an event pending (EAGAIN) only means fewer accesses are seen this round.
@@ -182,6 +182,11 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let Some(agent) = agent_guard.as_mut() else {
         return 0;
     };
+    // Held for a core dump or a debugger (`hold.rs`): nothing is evicted. (Checked under the
+    // agent slot, which a hold takes after marking the process.)
+    if crate::hold::is_held(mm) {
+        return 0;
+    }
     if shared
         .store_backoff
         .lock()

@@ -73,6 +73,10 @@ counters! {
     /// ... locked memory of managed processes (`VmLck`: mlock, mlockall), which the daemon
     /// leaves alone: never registered, or unregistered once resident.
     unmanaged_locked_bytes,
+    /// ... anonymous memory of processes held while traced (`hold.rs`).
+    unmanaged_traced_bytes,
+    /// ... anonymous memory of processes held for their core dump (`hold.rs`).
+    unmanaged_dumping_bytes,
     /// Pages a fork child did not inherit: its parent's `MADV_WIPEONFORK` (zeros in the child)
     /// and `MADV_DONTFORK` (no mapping in the child) memory.
     fork_pages_wiped,
@@ -87,10 +91,16 @@ counters! {
     processes,
     /// Processes managed now.
     processes_live,
+    /// Connections dropped because no greeting (or no second greeting, after the device was
+    /// lent) came within the greeting timeout; each was told so with an ERROR.
+    greeting_timeouts,
     /// Ranges registered with UFFDIO_REGISTER.
     ranges_registered,
     /// Reads of a process's /proc/PID/maps to find memory to register (the scanner's).
     maps_scans,
+    /// Ranges the program registered before the daemon's scan saw them (the agent's `mmap`
+    /// wrapper), learned from their first fault (`PROCMAP_QUERY`).
+    ranges_learned,
     /// DROP requests sent to agents.
     drop_requests,
     /// DROP requests an agent did not answer within 10 s (its pages stayed protected until
@@ -174,6 +184,19 @@ counters! {
     /// Processes whose agent could not start again after such a call: the daemon brought their
     /// pages back and stopped managing them (as `tsync_left`; counted by the census since).
     agent_restart_left_processes,
+    /// Processes held for their core dump (`hold.rs`): a core-dumping signal at its default
+    /// action, with a core to be written; their evicted pages brought back first.
+    held_for_dump,
+    /// Processes held while traced (a debugger, strace): their evicted pages brought back,
+    /// their memory the kernel's, nothing evicted, until no thread is traced.
+    held_for_trace,
+    /// Trace holds that ended (the tracer detached): the memory is paged again.
+    trace_releases,
+    /// Evicted pages brought back for holds.
+    hold_pages_restored,
+    /// Evicted pages a hold left evicted, more than the machine had available: a core file
+    /// holds zeros there, a debugger cannot read them.
+    hold_pages_kept_evicted,
     /// Times eviction stalled because no tier took any page of a batch (the swap space full, a
     /// failing device): the limit does not hold until it ends.
     store_stalls,
@@ -196,6 +219,17 @@ counters! {
     wp_arm_ranges,
     /// Pages restored ahead of a fault (readahead of neighbours on sequential faults).
     readahead_pages,
+    /// Of `readahead_pages`: pages the daemon then saw the program use (the kernel's swap
+    /// readahead hits). A read of a present page makes no fault, so a use is seen as: a later
+    /// fault of the same stream past the page (a sequential reader went through it), a
+    /// write-protect fault on it (`access = "faults+wp"`), or a fault message for it.
+    readahead_hit_pages,
+    /// Of `readahead_pages`: pages that left with no use seen since they were read ahead:
+    /// chosen as victims, removed or unmapped by the program, or still unused when their
+    /// process ended. An upper bound on the pages read ahead for nothing (a read of such a
+    /// page outside a sequential stream is not seen); `readahead_pages` minus hits and unused
+    /// are still resident and unjudged.
+    readahead_unused_pages,
     /// Faults that restored a whole aligned 64 KiB folio at once.
     swpin_folios,
     /// Never-written pages filled with zeros ahead of a sequential zero-fill fault.

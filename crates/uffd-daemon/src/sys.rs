@@ -1303,3 +1303,82 @@ pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// `struct procmap_query` (`linux/fs.h`, Linux 6.11).
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: libc::c_ulong = 0xC000_0000
+    | ((std::mem::size_of::<ProcmapQuery>() as libc::c_ulong) << 16)
+    | ((b'f' as libc::c_ulong) << 8)
+    | 17;
+
+/// The mapping of the process whose `/proc/PID/maps` is `maps` that covers `addr`, as
+/// `[start, end)`: `Ok(None)` when none does. One `PROCMAP_QUERY` ioctl (Linux 6.11), not a
+/// read of the whole maps text; `ENOTTY` on older kernels.
+pub fn vma_covering(maps: &std::fs::File, addr: u64) -> io::Result<Option<(u64, u64)>> {
+    let mut q = ProcmapQuery {
+        size: std::mem::size_of::<ProcmapQuery>() as u64,
+        query_addr: addr,
+        ..Default::default()
+    };
+    // SAFETY: a valid descriptor and a properly sized, initialised struct the kernel fills;
+    // no name or build-id buffer is asked for (their sizes are 0).
+    let r = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY as _, &mut q) };
+    if r == 0 {
+        return Ok(Some((q.vma_start, q.vma_end)));
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => Ok(None),
+        _ => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod procmap_tests {
+    /// The query finds the mapping of a buffer of this process, and nothing at address 0.
+    #[test]
+    fn vma_covering_finds_a_mapping_of_this_process() {
+        let len = 16 * super::PAGE_SIZE;
+        // SAFETY: an anonymous mapping of our own, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let maps = std::fs::File::open("/proc/self/maps").unwrap();
+        let a = p as u64;
+        let (s, e) = super::vma_covering(&maps, a + 5 * super::PAGE_SIZE_U64)
+            .unwrap()
+            .unwrap();
+        assert!(s <= a && e >= a + len as u64, "{s:#x}..{e:#x} for {a:#x}");
+        assert_eq!(super::vma_covering(&maps, 0).unwrap(), None);
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(p, len) };
+    }
+}

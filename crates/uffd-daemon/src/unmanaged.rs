@@ -8,12 +8,16 @@
 //! | `no_agent` | any other process of the tree without an agent | its environment dropped `LD_PRELOAD`, or its agent could not start (it said why) |
 //! | `shared` | `MAP_SHARED` anonymous memory, System V and POSIX shared memory of managed processes (`RssShmem`) | shared memory pages are not the process's own: userfaultfd's missing faults on shmem would need the other sharers' cooperation |
 //! | `locked` | `mlock`ed memory of managed processes (`VmLck`) | the program asked that it never leave RAM |
+//! | `traced` | anonymous memory of a managed process while a tracer is attached (`hold.rs`) | a debugger reads and writes memory without a userfault: the daemon gives it back to the kernel while traced |
+//! | `dumping` | anonymous memory of a managed process writing its core file (`hold.rs`) | the core dump reads memory without a userfault |
 //!
 //! The scanner walks the tree every 100 ms ([`Census::take`]); the counters are the peak of the
 //! current amount of each kind (`unmanaged_<kind>_bytes`) and of their sum
 //! (`unmanaged_bytes`), so a user sees how far the limit could not reach. With
 //! `unmanaged = "error"` the daemon refuses such a program at start where it can tell
-//! (a set-ID program when it is not root), and stops the tree when it finds one later.
+//! (a set-ID program when it is not root), and stops the tree when it finds one later (but
+//! not for `traced` or `dumping` memory: a debugger or a crash is not a reason to kill the
+//! tree).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -34,6 +38,10 @@ pub enum Kind {
     Shared,
     /// Locked memory of managed processes.
     Locked,
+    /// Anonymous memory of a managed process held while traced.
+    Traced,
+    /// Anonymous memory of a managed process held for its core dump.
+    Dumping,
 }
 
 impl Kind {
@@ -45,6 +53,8 @@ impl Kind {
             Kind::NoAgent => "no_agent",
             Kind::Shared => "shared",
             Kind::Locked => "locked",
+            Kind::Traced => "traced",
+            Kind::Dumping => "dumping",
         }
     }
 
@@ -55,6 +65,8 @@ impl Kind {
             Kind::NoAgent => "it runs without the agent (LD_PRELOAD dropped from its environment, a seccomp filter in force at its fork, or the agent could not start)",
             Kind::Shared => "shared memory (MAP_SHARED anonymous, shm) is not paged",
             Kind::Locked => "locked memory (mlock) stays in RAM",
+            Kind::Traced => "a tracer is attached: its evicted pages were brought back so that the tracer can read them, and it is not paged while traced",
+            Kind::Dumping => "it is writing a core file: its evicted pages were brought back for it",
         }
     }
 }
@@ -196,13 +208,15 @@ pub(crate) fn descendants(root: i32) -> Vec<i32> {
 }
 
 impl Census {
-    /// Walks the tree under `root` (the daemon): `managed` are the pids with an agent. Updates
-    /// the counters, says what is new, and returns the first kind found if `policy` is
-    /// `Error` (the caller stops the tree).
+    /// Walks the tree under `root` (the daemon): `managed` are the pids with an agent, `held`
+    /// those of them held for a tracer or a core dump (`hold.rs`). Updates the counters, says
+    /// what is new, and returns the first kind found if `policy` is `Error` (the caller stops
+    /// the tree).
     pub fn take(
         &mut self,
         root: i32,
         managed: &HashSet<i32>,
+        held: &HashMap<i32, Kind>,
         stats: &Stats,
         policy: Policy,
     ) -> Option<(i32, Kind)> {
@@ -218,6 +232,10 @@ impl Census {
                         found = found.or(Some((pid, kind)));
                         self.say(pid, kind, bytes);
                     }
+                }
+                // (Said when the hold began; never a reason to stop the tree.)
+                if let Some(&kind) = held.get(&pid) {
+                    *now.entry(kind).or_default() += st.rss_anon;
                 }
                 continue;
             }
@@ -255,6 +273,8 @@ impl Census {
             Kind::NoAgent,
             Kind::Shared,
             Kind::Locked,
+            Kind::Traced,
+            Kind::Dumping,
         ] {
             let v = now.get(&kind).copied().unwrap_or(0);
             total += v;
@@ -286,6 +306,8 @@ fn counter(stats: &Stats, kind: Kind) -> &std::sync::atomic::AtomicU64 {
         Kind::NoAgent => &stats.unmanaged_no_agent_bytes,
         Kind::Shared => &stats.unmanaged_shared_bytes,
         Kind::Locked => &stats.unmanaged_locked_bytes,
+        Kind::Traced => &stats.unmanaged_traced_bytes,
+        Kind::Dumping => &stats.unmanaged_dumping_bytes,
     }
 }
 

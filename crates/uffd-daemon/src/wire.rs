@@ -20,7 +20,8 @@ pub const MAX_DROP_PAGES: usize = 4096;
 
 /// Message kind: the agent's greeting.
 pub const KIND_HELLO: u16 = 1;
-/// Message kind: the daemon's answer to a greeting (and to RELEASE, LEAVE, LOCK, STEP_OUT).
+/// Message kind: the daemon's answer to a greeting (and to RELEASE, LEAVE, LOCK, STEP_OUT,
+/// HOLD).
 pub const KIND_HELLO_ACK: u16 = 2;
 /// Message kind: drop these pages.
 pub const KIND_DROP: u16 = 3;
@@ -38,6 +39,9 @@ pub const KIND_LOCK: u16 = 8;
 /// the process to have one thread: a new user namespace); they greet again with
 /// [`HELLO_AGENT_RESTART`] after it.
 pub const KIND_STEP_OUT: u16 = 9;
+/// Message kind: bring every evicted page of a process back and evict none while it is
+/// inspected (a core dump, a debugger).
+pub const KIND_HOLD: u16 = 10;
 
 /// HELLO flag: the sender is a forked child whose uffd the daemon already holds.
 pub const HELLO_FORK_CHILD: u32 = 1;
@@ -63,6 +67,13 @@ pub const DROP_RUN_UNSHARE: u32 = 1;
 
 /// LOCK flag: the range is about to be locked (clear: a lock asked for did not happen).
 pub const LOCK_ON: u32 = 1;
+
+/// HOLD reason: the sender is about to dump core (a core-dumping signal it left at its
+/// default action); the hold lasts until it exits.
+pub const HOLD_DUMP: u32 = 1;
+/// HOLD reason: the sender is about to trace the process it names (`PTRACE_ATTACH`,
+/// `PTRACE_SEIZE`); the hold lasts while the process is traced.
+pub const HOLD_TRACE: u32 = 2;
 
 /// Feature bits (`UFFD_FEATURE_*`).
 pub const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;

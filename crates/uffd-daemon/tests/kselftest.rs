@@ -182,8 +182,9 @@ const OPEN_BUGS: [Known; 2] = [
     // cannot read or write a page the daemon manages unless it is mapped: EIO for an evicted
     // page and for one never touched. __access_remote_vm() faults through
     // get_user_pages_remote() without FAULT_FLAG_ALLOW_RETRY, and handle_userfault() answers
-    // such a fault with SIGBUS instead of waiting for the daemon. test_prot_none() writes
-    // to its pages through /proc/self/mem, as a debugger does.
+    // such a fault with SIGBUS instead of waiting for the daemon. A traced process is held
+    // (hold.rs: its pages back, its memory the kernel's), but test_prot_none() writes to its
+    // own pages through /proc/self/mem, untraced, which nothing tells the daemon of.
     Known {
         selftest: "ksm_functional_tests",
         check: "test_prot_none: *",

@@ -1,0 +1,305 @@
+//! Holding a process's memory in RAM while the kernel reads it for someone else: a core dump
+//! or a debugger.
+//!
+//! The kernel reads a process's memory without a userfault in two places (6.18):
+//!
+//! * a core dump (`dump_user_range` → `get_dump_page`) walks the pages with `FOLL_DUMP`, which
+//!   takes an empty page table entry in anonymous memory for a hole (`no_page_table`): an
+//!   evicted page, which is simply not mapped, is written as zeros (and `handle_userfault`
+//!   serves nothing to a task with `PF_DUMPCORE` anyway);
+//! * `/proc/PID/mem` and ptrace's `PEEKDATA`/`POKEDATA` (`__access_remote_vm` →
+//!   `get_user_pages_remote` without `locked`, so without `FAULT_FLAG_ALLOW_RETRY`), which
+//!   `handle_userfault` answers with `VM_FAULT_SIGBUS` instead of waiting for the daemon: `EIO`
+//!   for an evicted page, and for one never touched in a registered range. (`process_vm_readv`
+//!   pins with `locked` and waits for the daemon: it works.)
+//!
+//! So the daemon *holds* such a process: no eviction of it in flight or starting (its agent
+//! slot), every page it evicted brought back (`UFFDIO_COPY` from the store), its memory
+//! unregistered (a page never touched is then the kernel's to fill, for a debugger's read or
+//! write as for the program's) and its pages forgotten. Its memory is outside the limit while
+//! held, counted by the census (`unmanaged_traced_bytes`, `unmanaged_dumping_bytes`).
+//!
+//! * **Before a core dump** the agent's handler of the core-dumping signals the program leaves
+//!   at their default action asks ([`HOLD_DUMP`]) when a core would be written, then restores
+//!   the default action and raises the signal again (agent.c). The hold lasts until the
+//!   process is gone.
+//! * **While traced**: a tracer that has the agent asks before `PTRACE_ATTACH` or
+//!   `PTRACE_SEIZE` ([`HOLD_TRACE`]; the attach waits for the answer, so nothing is read
+//!   before the pages are back); a tracer from outside the tree is seen in the `TracerPid` the
+//!   scanner reads with `RssAnon` every 2 ms ([`note_tracer`]), and a process traced from its
+//!   start (`gdb PROGRAM`) at its greeting ([`at_greeting`]). A tracer from outside therefore
+//!   reads `EIO` for evicted pages during the few milliseconds between its attach and the
+//!   hold. The hold ends when no thread of the process is traced any more (and no sooner than
+//!   a second after a tracer's agent asked, in case its attach failed): the ranges let go are
+//!   registered again at the next scan and paged as before (`trace_releases`).
+//!
+//! A hold brings back what fits in `MemAvailable` less a sixteenth of RAM, registered range by
+//! registered range; a range that does not fit stays registered with its pages stored, said
+//! and counted (`hold_pages_kept_evicted`): a core file holds zeros there and a debugger reads
+//! `EIO`, as before. (The kernel's own swap brings a dumped page in one at a time; the daemon
+//! cannot, the dump never faults.) A range with a page of a DROP still outstanding (its agent
+//! stopped mid-DROP by the very tracer) is kept until the DROP settles, since the agent may
+//! still move any page of it: then the next try lets it go.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::daemon::{Shared, Unregister};
+use crate::maps;
+use crate::mm::{Mm, Page};
+use crate::stats::Stats;
+use crate::sys::PAGE_SIZE_U64;
+use crate::unmanaged::Kind;
+pub use crate::wire::{HOLD_DUMP, HOLD_TRACE};
+
+/// How long a request waits for an eviction of the process in flight (a batch holds the agent
+/// slot until its DROP is answered or times out).
+const REQUEST_WAIT: Duration = Duration::from_secs(10);
+
+/// How long after a tracer's agent asked a hold stays, traced or not: its attach comes after
+/// the answer (or failed).
+const ASK_GRACE: Duration = Duration::from_secs(1);
+
+/// How often the scanner tries again to complete a hold (a range kept for want of memory or
+/// behind a DROP in flight) or to end one (every thread's status read).
+const RETRY: Duration = Duration::from_millis(100);
+
+/// What a hold has done (`Mm::hold`).
+#[derive(Debug, Default)]
+pub struct HoldState {
+    /// Every registered range is let go (none kept for want of memory, none behind a DROP).
+    pub done: bool,
+    /// When a tracer's agent asked last.
+    pub asked: Option<Instant>,
+    /// When the scanner last tried to complete or end the hold.
+    pub tried: Option<Instant>,
+    /// Whether the pages kept evicted were said.
+    pub said_kept: bool,
+    /// Pages brought back by this hold so far.
+    pub restored: u64,
+}
+
+/// Whether `mm` is held.
+pub fn is_held(mm: &Mm) -> bool {
+    mm.held.load(Ordering::Acquire) != 0
+}
+
+/// The census's kind for the memory of a held process.
+pub fn census_kind(mm: &Mm) -> Option<Kind> {
+    let held = mm.held.load(Ordering::Relaxed);
+    if held & HOLD_DUMP != 0 {
+        Some(Kind::Dumping)
+    } else if held & HOLD_TRACE != 0 {
+        Some(Kind::Traced)
+    } else {
+        None
+    }
+}
+
+fn own_pid() -> i32 {
+    // SAFETY: getpid cannot fail.
+    unsafe { libc::getpid() }
+}
+
+/// A `HOLD` from `sender`'s agent, for the process `pid` names (0: the sender). A process asks
+/// a dump hold only for itself; a trace hold for any process of the tree (it is about to
+/// attach to it: the kernel checks that it may).
+pub fn request(shared: &Shared, sender: i32, pid: u32, reason: u32) -> io::Result<()> {
+    let target = match pid {
+        0 => sender,
+        p => maps::tgid_of(p as i32).unwrap_or(p as i32),
+    };
+    if reason == HOLD_DUMP && target != sender {
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    let Some(mm) = crate::daemon::live_mm(shared, target) else {
+        return Ok(()); // not managed: nothing of it is evicted or registered
+    };
+    if reason == HOLD_TRACE {
+        mm.hold.lock().asked = Some(Instant::now());
+    }
+    hold(shared, &mm, reason, REQUEST_WAIT)
+}
+
+/// Holds `mm` for `reason`: marks it (no batch starts from then on), then lets its memory go,
+/// waiting up to `wait` for a batch in flight.
+pub fn hold(shared: &Shared, mm: &Mm, reason: u32, wait: Duration) -> io::Result<()> {
+    mark(shared, mm, reason);
+    // The scan registers what it finds unregistered (new mappings, and those the agent's mmap
+    // wrapper registered, which the daemon may not have in its table yet: registering them
+    // again tells them from a program's own userfaultfd's) and lets go of what it registered.
+    if !crate::daemon::scan_and_register(shared, mm) {
+        return Ok(()); // it exec'd an image without the agent: this address space is gone
+    }
+    bring_back(shared, mm, wait)?;
+    if reason == HOLD_DUMP {
+        eprintln!(
+            "uffd-daemon: pid {} dumps core: {} KiB of its evicted memory brought back for the \
+             core file",
+            mm.pid().unwrap_or(0),
+            (mm.hold.lock().restored * PAGE_SIZE_U64) >> 10
+        );
+    }
+    Ok(())
+}
+
+/// Marks `mm` held for `reason`, counted and said the first time.
+fn mark(shared: &Shared, mm: &Mm, reason: u32) {
+    let before = mm.held.fetch_or(reason, Ordering::AcqRel);
+    if before & reason != 0 {
+        return;
+    }
+    let pid = mm.pid().unwrap_or(0);
+    if reason == HOLD_DUMP {
+        Stats::add(&shared.stats.held_for_dump, 1);
+    } else {
+        Stats::add(&shared.stats.held_for_trace, 1);
+        eprintln!(
+            "uffd-daemon: pid {pid} is traced: its evicted pages are brought back and it is not \
+             paged while traced (its memory is counted in unmanaged_traced_bytes)"
+        );
+    }
+}
+
+/// Lets go of every registered range of a held `mm` that it can: brings back its evicted
+/// pages, unregisters it, forgets its pages, refuses it until the hold ends. Waits up to
+/// `wait` for an eviction in flight (`EAGAIN` after). Returns the pages brought back.
+pub fn bring_back(shared: &Shared, mm: &Mm, wait: Duration) -> io::Result<u64> {
+    let mut h = mm.hold.lock();
+    if !is_held(mm) {
+        return Ok(0);
+    }
+    // No batch in flight, none starting: a batch holds the agent slot to its end, and one that
+    // starts sees the mark.
+    let Some(_agent) = mm.agent.try_lock_for(wait) else {
+        return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+    };
+    let ranges = mm.state.lock().ranges.clone();
+    let (avail, total) = maps::mem_available().unwrap_or((u64::MAX, 0));
+    let mut budget = avail.saturating_sub(total / 16) / PAGE_SIZE_U64;
+    let (mut restored, mut kept, mut behind_drop) = (0u64, 0u64, 0usize);
+    for (s, e) in ranges {
+        let (stored, dropping) = {
+            let st = mm.state.lock();
+            let mut stored = 0u64;
+            let mut dropping = false;
+            for (_, p) in st.pages.range(s..e) {
+                dropping |= matches!(p, Page::Dropping { .. });
+                stored += u64::from(p.slot().is_some());
+            }
+            (stored, dropping)
+        };
+        if dropping {
+            // A DROP is outstanding (its agent stopped mid-DROP): any of these pages may still
+            // move out, and a page that moves out of memory the daemon let go is lost.
+            behind_drop += 1;
+            continue;
+        }
+        if stored > budget {
+            kept += stored;
+            continue;
+        }
+        budget -= stored;
+        let (_, r) = crate::daemon::restore_and_step_aside(shared, mm, s, e, Unregister::Parts)?;
+        restored += r;
+        mm.state.lock().hold_let_go.push((s, e));
+    }
+    h.done = kept == 0 && behind_drop == 0;
+    h.restored += restored;
+    Stats::add(&shared.stats.hold_pages_restored, restored);
+    if kept > 0 {
+        Stats::add(&shared.stats.hold_pages_kept_evicted, kept);
+        if !h.said_kept {
+            h.said_kept = true;
+            eprintln!(
+                "uffd-daemon: pid {}: {} KiB of its evicted memory stay evicted, more than the \
+                 machine has available (MemAvailable less a sixteenth of RAM): a core file holds \
+                 zeros there and a debugger cannot read it (hold_pages_kept_evicted)",
+                mm.pid().unwrap_or(0),
+                (kept * PAGE_SIZE_U64) >> 10
+            );
+        }
+    }
+    Ok(restored)
+}
+
+/// A process greets traced (a tracer that started it, or followed its parent's fork): held
+/// from the start, before the caller's scan registers anything.
+pub fn at_greeting(shared: &Shared, mm: &Mm, pid: i32) {
+    if let Some((_, tracer)) = maps::rss_and_tracer(pid) {
+        if tracer != 0 && tracer != own_pid() {
+            mark(shared, mm, HOLD_TRACE);
+        }
+    }
+}
+
+/// The scanner read `tracer` in the `TracerPid` of `pid` (its main thread): a tracer that came
+/// holds the process (on a thread of its own: bringing pages back takes a while), one that
+/// left ends the hold once no thread is traced.
+pub fn note_tracer(shared: &Arc<Shared>, mm: &Arc<Mm>, pid: i32, tracer: i32) {
+    let traced = tracer != 0 && tracer != own_pid();
+    let held = mm.held.load(Ordering::Acquire);
+    if !traced && held & HOLD_TRACE == 0 {
+        return;
+    }
+    if mm.holding.load(Ordering::Acquire) {
+        return; // a hold is under way
+    }
+    let Some(mut h) = mm.hold.try_lock() else {
+        return;
+    };
+    let due = h.tried.is_none_or(|t| t.elapsed() >= RETRY);
+    if traced {
+        if held & HOLD_TRACE != 0 && (h.done || !due) {
+            return;
+        }
+        h.tried = Some(Instant::now());
+        drop(h);
+        if mm.holding.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (s, m) = (Arc::clone(shared), Arc::clone(mm));
+        let spawned = std::thread::Builder::new()
+            .name("uffd-hold".into())
+            .spawn(move || {
+                if let Err(e) = hold(&s, &m, HOLD_TRACE, REQUEST_WAIT) {
+                    if s.verbose {
+                        eprintln!("uffd-daemon: pid {pid}: holding it for its tracer: {e}");
+                    }
+                }
+                m.holding.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            mm.holding.store(false, Ordering::Release);
+        }
+        return;
+    }
+    // Not traced (its main thread): the hold ends when no thread is, unless a dump holds it.
+    if held & HOLD_DUMP != 0 || !due || h.asked.is_some_and(|t| t.elapsed() < ASK_GRACE) {
+        return;
+    }
+    h.tried = Some(Instant::now());
+    let me = own_pid();
+    if maps::thread_tracers(pid).iter().any(|&t| t != me) {
+        return;
+    }
+    mm.held.fetch_and(!HOLD_TRACE, Ordering::AcqRel);
+    {
+        let mut st = mm.state.lock();
+        for (s, e) in std::mem::take(&mut st.hold_let_go) {
+            st.unrefuse(s, e);
+        }
+    }
+    h.done = false;
+    h.asked = None;
+    h.restored = 0;
+    drop(h);
+    Stats::add(&shared.stats.trace_releases, 1);
+    if shared.verbose {
+        eprintln!("uffd-daemon: pid {pid} is no longer traced: its memory is paged again");
+    }
+    // Registered again at the scanner's next tick.
+    mm.last_scan_tick.store(0, Ordering::Relaxed);
+}

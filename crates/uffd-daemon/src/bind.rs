@@ -137,6 +137,36 @@ pub fn thread_of_fault(mm: &Mm, ptid: u32) -> Option<i32> {
     Some(tid)
 }
 
+/// The process, by the daemon's number, whose thread `sender`'s own pid namespace numbers
+/// `tid`: a number a program passed (the target of its `PTRACE_ATTACH`: `hold.rs`), looked for
+/// among the processes of the daemon's live address spaces. For a sender of the daemon's own
+/// namespace the number is the daemon's. Below it, only a process of the sender's very
+/// namespace (the same `/proc/PID/ns/pid`) with a thread whose own number (the last field of
+/// its `NSpid`) is `tid`; none in a namespace nested further down, whose namespace at the
+/// sender's level `/proc` does not show. `None` when no process can be shown to be the one.
+pub fn pid_named_by(shared: &Shared, sender: i32, tid: i32) -> Option<i32> {
+    if tid <= 0 {
+        return None;
+    }
+    let levels = maps::ns_tgids(sender).len();
+    if levels <= 1 {
+        return (levels == 1).then(|| maps::tgid_of(tid).unwrap_or(tid));
+    }
+    let ns = std::fs::read_link(format!("/proc/{sender}/ns/pid")).ok()?;
+    let pids: Vec<i32> = shared
+        .mms
+        .lock()
+        .iter()
+        .filter(|m| !m.retired.load(Ordering::Acquire))
+        .filter_map(|m| m.pid())
+        .collect();
+    pids.into_iter().find(|&p| {
+        maps::ns_tgids(p).len() == levels
+            && std::fs::read_link(format!("/proc/{p}/ns/pid")).is_ok_and(|n| n == ns)
+            && maps::thread_by_own_ns_tid(p, tid).is_some()
+    })
+}
+
 /// Reads the token of `mm` in `pid`'s probe page: `Some(pidfd)` if `pid` holds `mm`'s address
 /// space. The pidfd is opened first and checked alive last, so the number named that process
 /// throughout; the page is read only where `pagemap` says it is present (a read of memory

@@ -1367,7 +1367,8 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     }
     raise_fd_limit();
     let started = Instant::now();
-    let dir = crate::rundir::create()?;
+    // (The lock shows the directory live to other daemons until the daemon exits.)
+    let (dir, _run_dir_lock) = crate::rundir::create()?;
     let cleanup = RunDirGuard(dir.clone());
     let so = dir.join("libuffd_agent.so");
     {

@@ -116,7 +116,7 @@ pub mod unmanaged;
 pub mod wire;
 
 pub use daemon::{run, Config, EXIT_DAEMON_LOST};
-pub use rundir::{base as run_base, default_base as default_run_base};
+pub use rundir::{base as run_base, default_base as default_run_base, pid_of_name as run_dir_pid};
 pub use stats::Stats;
 
 /// Parses a size such as `256M`, `1G`, `4096`, `64k` (binary units).

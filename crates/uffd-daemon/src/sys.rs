@@ -530,6 +530,25 @@ impl Lifeline {
     }
 }
 
+/// `flock(fd, LOCK_EX | LOCK_NB)` (`exclusive`) or `LOCK_SH | LOCK_NB`: `Ok(true)` when taken,
+/// `Ok(false)` when another open file description holds a conflicting lock.
+pub fn try_flock(fd: RawFd, exclusive: bool) -> io::Result<bool> {
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    // SAFETY: flock(2) with integer arguments.
+    if unsafe { libc::flock(fd, op | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(false);
+    }
+    Err(e)
+}
+
 /// A pidfd: readable when the process has exited.
 #[derive(Debug)]
 pub struct PidFd {

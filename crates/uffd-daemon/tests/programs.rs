@@ -895,6 +895,12 @@ fn numbers_from_a_pid_namespace_below_never_name_a_process_outside_the_tree() {
     let exe = c_client("lifecycle").to_string_lossy().into_owned();
     let stats = stats_path("pidns-canaries");
     let _ = std::fs::remove_file(&stats);
+    // A run directory of its own: a daemon outside (another test run on this machine) of a
+    // version older than the run directories' locks takes this daemon's number in its own
+    // namespace, 20-odd, for a dead daemon's, and removes its directory and its agent socket
+    // (rundir.rs).
+    let run_dir = std::env::temp_dir().join(format!("uffd-test-pidns-run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&run_dir);
     let script = format!(
         r#"
 canaries=""
@@ -903,7 +909,7 @@ for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
     canaries="$canaries $!"
 done
 echo "canaries:$canaries"
-"{DAEMON}" run -v --limit 8M --stats-json "{stats}" -- unshare -pf "{exe}" wipe-on-fork 16
+UFFD_DAEMON_RUN_DIR="{run_dir}" "{DAEMON}" run -v --limit 8M --stats-json "{stats}" -- unshare -pf "{exe}" wipe-on-fork 16
 st=$?
 for c in $canaries; do
     grep -q '^State:	S' /proc/$c/status && grep -q '^TracerPid:	0$' /proc/$c/status ||
@@ -913,12 +919,14 @@ echo "daemon status $st"
 kill $canaries
 exit $st
 "#,
-        stats = stats.display()
+        stats = stats.display(),
+        run_dir = run_dir.display()
     );
     let mut cmd = Command::new("unshare");
     cmd.args(["-pf", "--mount-proc", "sh", "-c", &script]);
     let done = Bounded::spawn(cmd, "pidns-canaries").wait(Duration::from_secs(120));
     let run = finish_run("pidns-canaries", done, &stats);
+    let _ = std::fs::remove_dir_all(&run_dir);
     assert_wipe_on_fork_in_a_pid_namespace(&run);
     assert!(run.stdout.contains("daemon status 0"), "{}", run.stdout);
     assert!(!run.stdout.contains("was touched"), "{}", run.stdout);

@@ -276,9 +276,13 @@ static void die_daemon_lost(void)
 		err = syscall(SYS_pidfd_getfd, pfd, 2, 0);
 	if (err < 0)
 		err = 2;
-	syscall(SYS_write, err, head, sizeof head - 1);
-	syscall(SYS_write, err, num, n);
-	syscall(SYS_write, err, tail, sizeof tail - 1);
+	/* One write (under PIPE_BUF): the processes of a tree die at once when their daemon does,
+	 * and three writes each interleaved their messages on a shared stderr. */
+	char line[sizeof head + sizeof num + sizeof tail];
+	memcpy(line, head, sizeof head - 1);
+	memcpy(line + sizeof head - 1, num, (size_t)n);
+	memcpy(line + sizeof head - 1 + n, tail, sizeof tail - 1);
+	syscall(SYS_write, err, line, sizeof head - 1 + n + sizeof tail - 1);
 	syscall(SYS_exit_group, EXIT_DAEMON_LOST);
 }
 

@@ -330,9 +330,9 @@ impl RedisClusterBackend {
         }
         if topo.min_replicas < cfg.replicas as usize {
             eprintln!(
-                "uffd-daemon: a master of the Redis Cluster has {} replica(s) and writes wait for \
-                 {} ([redis_cluster] replicas): evictions to its slots will fail and the pages \
-                 stay in memory",
+                "uffd-daemon: CLUSTER SLOTS lists {} replica(s) for a master and writes WAIT for \
+                 {} ([redis_cluster] replicas): if it has no more, evictions to its slots fail \
+                 and their pages stay in memory",
                 topo.min_replicas, cfg.replicas
             );
         }

@@ -142,6 +142,38 @@ fn backend_writes_reads_and_discards() {
     assert!(b.read(off(39), &mut a).is_err(), "a closed backend reads");
 }
 
+/// A cluster that requires a password: refused without it and with a wrong one (the error
+/// says why), served with it (`[redis_cluster] password`).
+#[test]
+fn backend_authenticates() {
+    if !can_test() {
+        return;
+    }
+    let c = TestCluster::start_with("auth", Some("s3cret-pw"));
+    let mut cfg = config(&c, 1);
+    let e = RedisClusterBackend::connect(&cfg).unwrap_err().to_string();
+    eprintln!("without the password: {e}");
+    assert!(
+        e.contains("connecting to the Redis Cluster") && e.contains("[redis_cluster] password"),
+        "{e}"
+    );
+    cfg.password = Some("wrong".into());
+    let e = RedisClusterBackend::connect(&cfg).unwrap_err().to_string();
+    eprintln!("with a wrong password: {e}");
+    assert!(e.contains("[redis_cluster] password"), "{e}");
+    assert!(!e.contains("wrong"), "the password is in the error: {e}");
+    cfg.password = Some("s3cret-pw".into());
+    let b = RedisClusterBackend::connect(&cfg).unwrap();
+    assert!(!format!("{b:?} {}", b.describe()).contains("s3cret"));
+    let d = page(7, 7);
+    b.write(off(3), &d).unwrap();
+    let mut a = vec![0u8; PAGE];
+    b.read(off(3), &mut a).unwrap();
+    assert_eq!(a, d);
+    b.close();
+    assert_eq!(c.keys(), 0);
+}
+
 /// A master whose replica is down cannot acknowledge a write with WAIT 1: those writes fail
 /// (naming WAIT) and the others succeed; with replicas = 0 they all do.
 #[test]

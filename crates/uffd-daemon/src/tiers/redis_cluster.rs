@@ -311,10 +311,17 @@ impl RedisClusterBackend {
             said_unlink: AtomicBool::new(false),
         });
         let conn = shared.connection().map_err(|e| {
+            let text = e.to_string();
+            let hint = if text.contains("NOAUTH") || text.contains("Authentication") {
+                "; the cluster wants a password: [redis_cluster] password (and username for an \
+                 ACL user)"
+            } else {
+                ""
+            };
             io::Error::new(
                 e.kind(),
                 format!(
-                    "connecting to the Redis Cluster at {}: {e}",
+                    "connecting to the Redis Cluster at {}: {e}{hint}",
                     cfg.nodes.join(",")
                 ),
             )

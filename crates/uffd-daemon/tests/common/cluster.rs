@@ -14,6 +14,8 @@ pub struct TestCluster {
     dir: PathBuf,
     pub ports: Vec<u16>,
     servers: Vec<Option<Child>>,
+    /// `requirepass` (and `masterauth`) of every node, if any.
+    password: Option<String>,
 }
 
 /// Whether the cluster's programs are installed (CI installs them); says so if not.
@@ -43,9 +45,16 @@ fn free_ports(n: usize) -> Vec<u16> {
 
 /// `redis-cli -p PORT ARGS...`'s output (empty if it failed to run).
 pub fn cli(port: u16, args: &[&str]) -> String {
-    Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
+    cli_auth(port, None, args)
+}
+
+fn cli_auth(port: u16, password: Option<&str>, args: &[&str]) -> String {
+    let mut c = Command::new("redis-cli");
+    c.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(p) = password {
+        c.env("REDISCLI_AUTH", p);
+    }
+    c.args(args)
         .stderr(Stdio::null())
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
@@ -64,6 +73,12 @@ impl TestCluster {
     /// Starts six nodes and makes them a cluster; waits until every node says
     /// `cluster_state:ok` and every master has its replica connected.
     pub fn start(name: &str) -> TestCluster {
+        Self::start_with(name, None)
+    }
+
+    /// `start`, every node requiring `password` (`requirepass`, and `masterauth` for its
+    /// replication).
+    pub fn start_with(name: &str, password: Option<&str>) -> TestCluster {
         let dir = std::env::temp_dir().join(format!("uffd-cluster-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -72,6 +87,7 @@ impl TestCluster {
             dir,
             ports: ports.clone(),
             servers: Vec::new(),
+            password: password.map(str::to_string),
         };
         for &p in &ports {
             let s = c.spawn(p);
@@ -79,11 +95,15 @@ impl TestCluster {
         }
         for &p in &ports {
             wait_for(&format!("node {p} to answer"), FORM_DEADLINE, || {
-                cli(p, &["ping"]).trim() == "PONG"
+                c.cli(p, &["ping"]).trim() == "PONG"
             });
         }
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let out = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli");
+        if let Some(p) = password {
+            create.env("REDISCLI_AUTH", p);
+        }
+        let out = create
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
@@ -100,11 +120,19 @@ impl TestCluster {
         c
     }
 
+    /// `redis-cli` against one node, with the cluster's password.
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        cli_auth(port, self.password.as_deref(), args)
+    }
+
     fn spawn(&self, port: u16) -> Child {
         let d = self.dir.join(port.to_string());
         std::fs::create_dir_all(&d).unwrap();
-        Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        let mut cmd = Command::new("redis-server");
+        if let Some(p) = &self.password {
+            cmd.args(["--requirepass", p, "--masterauth", p]);
+        }
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args([
                 "--cluster-enabled",
                 "yes",
@@ -145,7 +173,7 @@ impl TestCluster {
     /// `(port, is master, port of its master)` of each node, as a live node sees them.
     pub fn roles(&self) -> Vec<(u16, bool, Option<u16>)> {
         let alive = self.alive();
-        let text = cli(alive[0], &["cluster", "nodes"]);
+        let text = self.cli(alive[0], &["cluster", "nodes"]);
         let mut ids = std::collections::HashMap::new();
         let mut rows = Vec::new();
         for line in text.lines() {
@@ -188,9 +216,10 @@ impl TestCluster {
             .filter(|p| !except.contains(p))
             .collect();
         wait_for("cluster_state:ok on every node", FORM_DEADLINE, || {
-            alive
-                .iter()
-                .all(|&p| cli(p, &["cluster", "info"]).contains("cluster_state:ok"))
+            alive.iter().all(|&p| {
+                self.cli(p, &["cluster", "info"])
+                    .contains("cluster_state:ok")
+            })
         });
         let want_replicas = if alive.len() >= 6 { 1 } else { 0 };
         wait_for("three masters with their replicas", FORM_DEADLINE, || {
@@ -198,7 +227,7 @@ impl TestCluster {
             masters.len() == 3
                 && masters.iter().all(|&m| {
                     // Replicas done with their first sync (WAIT counts only those).
-                    let info = cli(m, &["info", "replication"]);
+                    let info = self.cli(m, &["info", "replication"]);
                     let n = info
                         .lines()
                         .filter(|l| l.starts_with("slave") && l.contains("state=online"))
@@ -208,7 +237,7 @@ impl TestCluster {
         });
         // CLUSTER SLOTS lists a replica once the others have heard of its replication offset.
         wait_for("CLUSTER SLOTS to list the replicas", FORM_DEADLINE, || {
-            let slots = cli(alive[0], &["cluster", "slots"]);
+            let slots = self.cli(alive[0], &["cluster", "slots"]);
             // Per range: start, end, then 3 lines (host, port, id) per node, and possibly
             // a hostname map; counting node ids (40 hex digits) is enough.
             let ids = slots
@@ -235,7 +264,7 @@ impl TestCluster {
         assert!(self.servers[i].is_none(), "node {port} is running");
         self.servers[i] = Some(self.spawn(port));
         wait_for(&format!("node {port} to answer"), FORM_DEADLINE, || {
-            cli(port, &["ping"]).trim() == "PONG"
+            self.cli(port, &["ping"]).trim() == "PONG"
         });
     }
 
@@ -247,9 +276,10 @@ impl TestCluster {
             m.len() == 3 && !m.contains(&dead)
         });
         wait_for("cluster_state:ok", FORM_DEADLINE, || {
-            self.alive()
-                .iter()
-                .all(|&p| cli(p, &["cluster", "info"]).contains("cluster_state:ok"))
+            self.alive().iter().all(|&p| {
+                self.cli(p, &["cluster", "info"])
+                    .contains("cluster_state:ok")
+            })
         });
     }
 
@@ -257,7 +287,7 @@ impl TestCluster {
     pub fn keys(&self) -> u64 {
         self.masters()
             .iter()
-            .map(|&m| cli(m, &["dbsize"]).trim().parse::<u64>().unwrap_or(0))
+            .map(|&m| self.cli(m, &["dbsize"]).trim().parse::<u64>().unwrap_or(0))
             .sum()
     }
 
@@ -265,7 +295,7 @@ impl TestCluster {
     pub fn key_names(&self) -> Vec<String> {
         let mut v = Vec::new();
         for m in self.masters() {
-            let out = cli(m, &["--scan", "--pattern", "*"]);
+            let out = self.cli(m, &["--scan", "--pattern", "*"]);
             v.extend(out.lines().map(str::to_string));
         }
         v

@@ -14,7 +14,7 @@ mod wire;
 /// needs and this list lacks fails the agent's.
 fn write_protocol_header(path: &Path) {
     use wire::*;
-    let defs: [(&str, u64); 27] = [
+    let defs: [(&str, u64); 28] = [
         ("MAGIC", MAGIC.into()),
         ("VERSION", VERSION.into()),
         ("HEADER_LEN", HEADER_LEN as u64),
@@ -39,6 +39,7 @@ fn write_protocol_header(path: &Path) {
         ("DROP_RUN_UNSHARE", DROP_RUN_UNSHARE.into()),
         ("HOLD_DUMP", HOLD_DUMP.into()),
         ("HOLD_TRACE", HOLD_TRACE.into()),
+        ("HOLD_SELF_MEM", HOLD_SELF_MEM.into()),
         ("FEATURES", REQUIRED_FEATURES),
         ("EXIT_DAEMON_LOST", EXIT_DAEMON_LOST as u64),
         ("USER_END", USER_END),

@@ -280,6 +280,7 @@ fn under_daemon_with(
     )?;
     let config = uffd_daemon::Config {
         limit_bytes: r.limit,
+        auto_limit: r.auto,
         tiers: r.tiers,
         policy: r.policy,
         stats_json: Some(stats_path.clone()),

@@ -19,13 +19,15 @@
 //!   of distinct pages. Policies: `mglru` (the default `Config`: v6.1 with faulted pages in the
 //!   oldest generation and the look-twice rule for their first accessed bit), `mglru-v6.1`
 //!   (`Config::v6_1()`: faulted pages youngest, their fault's bit counted as a reuse),
-//!   `mglru-nofeedback` (the default without `demotion_feedback`, the default before
-//!   2026-11-27), `mglru-noclock` (the default without `eviction_aging`, the default before
-//!   issue #20),
+//!   `mglru-noloop` (the default without `loop_eviction`, the default before the loop mode
+//!   of 2026-11-27's third round), `mglru-nofeedback` (without `loop_eviction` and
+//!   `demotion_feedback`, the default before 2026-11-27), `mglru-noclock` (without
+//!   `loop_eviction` and `eviction_aging`, the default before issue #20),
 //!   `active-inactive`,
 //!   `lru`, `clock`, and `ARC`, `LIRS`, `S3-FIFO` when libCacheSim is installed.
 //! - `libcachesim`: the version used, or the reason it could not run.
-//! - `goals[policy]`: for `mglru`, `mglru-nofeedback`, `mglru-noclock` and `mglru-v6.1`: the worst excess over LRU in points
+//! - `goals[policy]`: for `mglru`, `mglru-noloop`, `mglru-nofeedback`, `mglru-noclock` and
+//!   `mglru-v6.1`: the worst excess over LRU in points
 //!   (`max_excess_over_lru_points`, goal <= 0.5) and where; whether it beats active-inactive on
 //!   every scan-mixed trace and capacity (`beats_active_inactive_on_scans`); and
 //!   `gap_to_best_points[trace][capacity]`, its miss ratio minus the best of ARC, LIRS and
@@ -64,8 +66,9 @@ const TRACE_DIR: &str = "../shared/data/traces";
 const FRACTIONS: [f64; 4] = [0.01, 0.05, 0.10, 0.25];
 /// Capacities of the moved-hot-set and periodic-scan traces, as shares of the hot set.
 const SET_FRACTIONS: [f64; 4] = [0.2, 0.4, 0.6, 0.8];
-const RUST_POLICIES: [&str; 7] = [
+const RUST_POLICIES: [&str; 8] = [
     "mglru",
+    "mglru-noloop",
     "mglru-nofeedback",
     "mglru-noclock",
     "mglru-v6.1",
@@ -85,7 +88,12 @@ struct Workload {
 fn make(name: &str) -> anyhow::Result<Box<dyn Policy>> {
     Ok(match name {
         "mglru" => Box::new(Mglru::new(Config::default())?),
+        "mglru-noloop" => Box::new(Mglru::new(Config {
+            loop_eviction: 0,
+            ..Config::default()
+        })?),
         "mglru-nofeedback" => Box::new(Mglru::new(Config {
+            loop_eviction: 0,
             demotion_feedback: false,
             ..Config::default()
         })?),
@@ -102,6 +110,7 @@ fn make(name: &str) -> anyhow::Result<Box<dyn Policy>> {
 fn no_clock() -> Config {
     Config {
         eviction_aging: 0,
+        loop_eviction: 0,
         ..Config::default()
     }
 }
@@ -498,7 +507,13 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     // Goals.
     let get = |cell: &Map<String, Value>, k: &str| cell.get(k).and_then(Value::as_f64);
     let mut goals = Map::new();
-    for pol in ["mglru", "mglru-nofeedback", "mglru-noclock", "mglru-v6.1"] {
+    for pol in [
+        "mglru",
+        "mglru-noloop",
+        "mglru-nofeedback",
+        "mglru-noclock",
+        "mglru-v6.1",
+    ] {
         let mut worst = (f64::NEG_INFINITY, String::new());
         let mut beats_ai = true;
         let mut beats_ai_detail = Map::new();
@@ -667,7 +682,13 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             table += "\n";
         }
     }
-    for pol in ["mglru", "mglru-nofeedback", "mglru-noclock", "mglru-v6.1"] {
+    for pol in [
+        "mglru",
+        "mglru-noloop",
+        "mglru-nofeedback",
+        "mglru-noclock",
+        "mglru-v6.1",
+    ] {
         let g = &goals[pol];
         table += &format!(
             "{pol}: worst excess over LRU {:.2} points at {} (goal <= 0.5); beats active-inactive on all scan mixes: {}\n",

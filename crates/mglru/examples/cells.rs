@@ -43,6 +43,7 @@ fn config(spec: &str) -> Result<Config, String> {
         match k {
             "eviction_aging" => c.eviction_aging = n as u32,
             "demotion_feedback" => c.demotion_feedback = n != 0,
+            "loop_eviction" => c.loop_eviction = n as u32,
             "refault_window" => c.refault_window = n,
             "look_twice" => c.look_twice = n != 0,
             "young_bound_aging" => c.young_bound_aging = n != 0,

@@ -140,6 +140,7 @@ fn cells_config(spec: &str) -> Config {
         match k {
             "eviction_aging" => c.eviction_aging = n as u32,
             "demotion_feedback" => c.demotion_feedback = n != 0,
+            "loop_eviction" => c.loop_eviction = n as u32,
             "young_bound_aging" => c.young_bound_aging = n != 0,
             "look_twice" => c.look_twice = n != 0,
             "refault_window" => c.refault_window = n,

@@ -61,7 +61,7 @@
 //! - `NR_HIST_GENS = 1`, as in v6.1.
 //! - With swappiness 0, anon pages are still drained into the next generation when the oldest
 //!   retires (the kernel leaves them and accepts a cold/hot inversion).
-//! - **The default configuration deviates from v6.1 in four rules** ([`Config::v6_1`] keeps
+//! - **The default configuration deviates from v6.1 in five rules** ([`Config::v6_1`] keeps
 //!   v6.1's; the README gives the measurements behind each):
 //!   1. faulted pages start at the young end of the oldest generation
 //!      ([`FaultPlacement::Oldest`]), not in the youngest (v6.1's `folio_add_lru` marks pages
@@ -85,7 +85,13 @@
 //!      [`Config::demotion_feedback`] the clock holds back while the victims it demoted come
 //!      back more often than the victims never promoted since they were added: the walk's
 //!      bits cannot tell a moved set from pages reused over longer periods than the walks'
-//!      (or see any reuse when only faults set bits), the refaults of the demoted pages can.
+//!      (or see any reuse when only faults set bits), the refaults of the demoted pages can;
+//!   5. [`Config::loop_eviction`] (loop mode): while at least 5/8 of the victims never
+//!      promoted since they were added come back within a memory's worth of evictions (the
+//!      working set is larger than memory and reused in order, a loop), such a refault gets
+//!      no protection and is the next victim, the most recent first, so the resident pages
+//!      stay and each round misses only what does not fit (LIRS's behaviour on loops; the
+//!      kernel has no counterpart: its refault-distance rule activates every loop refault).
 //!
 //!   Why: with v6.1's rules every faulted page is promoted twice for one access (placed
 //!   youngest, then promoted again for the fault's accessed bit, and look-arounds promote the

@@ -17,6 +17,14 @@ const SCAN_BATCH: usize = MIN_LRU_BATCH;
 /// The default [`Config::eviction_aging`].
 const DEFAULT_EVICTION_AGING: u32 = 8;
 
+/// The default [`Config::loop_eviction`]: loop mode while probation's victims come back at
+/// least 5/8 of the time.
+const DEFAULT_LOOP_EVICTION: u32 = 5;
+
+/// Loop mode's refaults waiting to be evicted are at most this share of the resident pages
+/// (plus [`MIN_LRU_BATCH`]); the oldest are forgotten first.
+const LOOP_VICTIMS_FRACTION: usize = 8;
+
 /// A walk finds the protected pages (all generations but the oldest) idle when it finds fewer
 /// young pages than this share of them; the eviction clock then runs until a walk finds more.
 const IDLE_FRACTION: (u64, u64) = (1, 4);
@@ -106,6 +114,19 @@ pub struct Config {
     /// faults. After a move the demoted pages do not come back, and the clock runs. On by
     /// default (part of the fourth deviation from v6.1; v6.1 has no clock).
     pub demotion_feedback: bool,
+    /// Loop mode, in eighths (0: off, as in v6.1): while probation's victims (pages never
+    /// promoted since they were added) come back within a memory's worth of evictions at
+    /// least `loop_eviction / 8` of the time, the working set is larger than memory and its
+    /// pages are reused in about the order they were used (a loop): every page evicted is
+    /// needed again, so what matters is which pages stay. A refault of a probation victim
+    /// within that window then gets no protection (no `workingset`, not counted as a recent
+    /// refault) and is the next victim, the most recent first, instead of pushing out the
+    /// pages already resident. The resident set stays put and each round of the loop misses
+    /// only the pages beyond memory, as LIRS keeps its LIR set on a loop (Jiang and Zhang,
+    /// SIGMETRICS 2002: a new block whose reuse distance exceeds the LIR set's recency stays
+    /// HIR, and LIRS evicts resident HIR blocks first). The victims come from the eviction's
+    /// scan otherwise. 5 by default (a deviation from v6.1, see the crate documentation).
+    pub loop_eviction: u32,
 }
 
 impl Default for Config {
@@ -128,6 +149,7 @@ impl Default for Config {
             young_bound_aging: true,
             eviction_aging: DEFAULT_EVICTION_AGING,
             demotion_feedback: true,
+            loop_eviction: DEFAULT_LOOP_EVICTION,
             ..Self::v6_1()
         }
     }
@@ -150,6 +172,7 @@ impl Config {
             young_bound_aging: false,
             eviction_aging: 0,
             demotion_feedback: false,
+            loop_eviction: 0,
         }
     }
 
@@ -166,6 +189,9 @@ impl Config {
         }
         if self.swappiness > 200 {
             return bad("swappiness", u64::from(self.swappiness), "0..=200");
+        }
+        if self.loop_eviction > 8 {
+            return bad("loop_eviction", u64::from(self.loop_eviction), "0..=8");
         }
         if self.refault_window > MAX_NR_GENS as u64 {
             return bad("refault_window", self.refault_window, "0..=4");
@@ -373,9 +399,21 @@ impl AgingCtrl {
     }
 
     fn on_refault(&mut self, reused: bool, epoch: u64) {
-        if self.epoch.saturating_sub(epoch) <= CTRL_REFAULT_EPOCHS {
+        if self.is_near(epoch) {
             self.refaulted[usize::from(reused)] += 1;
         }
+    }
+
+    /// Whether probation's victims come back within the window at least `eighths / 8` of the
+    /// time (with at least `MIN_LRU_BATCH` of their refaults in the window): loop mode.
+    fn loop_mode(&self, eighths: u32) -> bool {
+        eighths > 0
+            && self.refaulted[0] >= MIN_LRU_BATCH as u64
+            && self.refaulted[0] * 8 >= self.evicted[0] * u64::from(eighths)
+    }
+
+    fn is_near(&self, epoch: u64) -> bool {
+        self.epoch.saturating_sub(epoch) <= CTRL_REFAULT_EPOCHS
     }
 
     /// Whether demoted victims come back more often than probation's (with at least
@@ -526,6 +564,8 @@ pub struct Mglru {
     /// Whether the last walk found most protected pages idle (the eviction clock runs fast).
     aging_fast: bool,
     aging_ctrl: AgingCtrl,
+    /// Loop mode's refaults, the next victims, most recent last ([`Config::loop_eviction`]).
+    loop_victims: VecDeque<PageId>,
 
     refaults: u64,
 }
@@ -562,6 +602,7 @@ impl Mglru {
             evicted_at_aging: 0,
             aging_fast: false,
             aging_ctrl: AgingCtrl::default(),
+            loop_victims: VecDeque::new(),
             refaults: 0,
         })
     }
@@ -734,11 +775,16 @@ impl Mglru {
     ) -> Result<Option<Refault>, Error> {
         let ty = hint.page_type.idx();
         let mut workingset = false;
+        let mut loop_victim = false;
         let refault = shadow.map(|shadow| {
             let rf = self.refault_of(&shadow);
             self.refaults += 1;
             self.aging_ctrl.on_refault(shadow.reused, shadow.epoch);
-            if rf.recent {
+            // Loop mode: a probation victim back within the window is the next victim.
+            loop_victim = !shadow.reused
+                && self.aging_ctrl.is_near(shadow.epoch)
+                && self.aging_ctrl.loop_mode(self.cfg.loop_eviction);
+            if rf.recent && !loop_victim {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
                 self.tiers[sty][rf.tier].refaulted += 1;
@@ -778,6 +824,13 @@ impl Mglru {
         self.lists[gen][ty].push_head(&mut self.slab.nodes, i);
         self.nr_pages[gen][ty] += 1;
         *self.regions.entry(self.region_of(page)).or_insert(0) += 1;
+        if loop_victim {
+            self.loop_victims.push_back(page);
+            let most = self.len() / LOOP_VICTIMS_FRACTION + MIN_LRU_BATCH;
+            while self.loop_victims.len() > most {
+                self.loop_victims.pop_front();
+            }
+        }
         Ok(refault)
     }
 
@@ -1123,6 +1176,9 @@ impl Mglru {
         let mut budget = (self.len() as u64 + 1) * (MAX_NR_GENS + MAX_NR_TIERS + 4) as u64 * 4;
         let mut idle = 0;
         while victims.len() < n && self.nr_evictable() > 0 {
+            if self.evict_loop_victim(&mut victims) {
+                continue;
+            }
             self.try_to_inc_min_seq();
             if self.should_run_aging() {
                 self.walk(source);
@@ -1151,6 +1207,30 @@ impl Mglru {
         self.prune_shadows();
         self.maybe_compact();
         victims
+    }
+
+    /// Loop mode ([`Config::loop_eviction`]): evicts the most recent loop refault that is
+    /// still in the oldest generation and was not promoted since, without the per-page check
+    /// (its accessed bit is its own fault's). True if one was evicted.
+    fn evict_loop_victim(&mut self, victims: &mut Vec<PageId>) -> bool {
+        while let Some(page) = self.loop_victims.pop_back() {
+            let Some(i) = self.slab.get(page) else {
+                continue;
+            };
+            let n = &self.slab.nodes[i as usize];
+            let ty = n.page_type().idx();
+            let gen = self.gen(self.min_seq[ty]);
+            if n.list_gen() != gen || n.word.gen() != Some(gen) {
+                continue;
+            }
+            if ty == PageType::Anon.idx() && !self.can_swap() {
+                continue;
+            }
+            self.evict_node(i, ty, gen);
+            victims.push(page);
+            return true;
+        }
+        false
     }
 
     /// `isolate_folios` + `evict_folios`: one batch from the oldest generation of the chosen
@@ -1393,6 +1473,7 @@ impl Mglru {
             + self.regions.capacity() * (std::mem::size_of::<(PageId, u32)>() + 1)
             + self.shadows.capacity() * (std::mem::size_of::<(PageId, Shadow)>() + 1)
             + self.shadow_fifo.capacity() * std::mem::size_of::<(PageId, u32)>()
+            + self.loop_victims.capacity() * std::mem::size_of::<PageId>()
             + self
                 .filters
                 .iter()

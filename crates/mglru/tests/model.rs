@@ -67,7 +67,10 @@ fn config() -> impl Strategy<Value = Config> {
         0u64..=2,
         any::<bool>(),
         0u32..=4,
-        any::<bool>(),
+        (
+            any::<bool>(),
+            prop_oneof![Just(0u32), Just(1), Just(5), Just(8)],
+        ),
     )
         .prop_map(
             |(
@@ -80,7 +83,7 @@ fn config() -> impl Strategy<Value = Config> {
                 window,
                 young_bound,
                 eviction_aging,
-                demotion_feedback,
+                (demotion_feedback, loop_eviction),
             )| {
                 Config {
                     max_nr_gens: gens,
@@ -95,6 +98,7 @@ fn config() -> impl Strategy<Value = Config> {
                     young_bound_aging: young_bound,
                     eviction_aging,
                     demotion_feedback,
+                    loop_eviction,
                 }
             },
         )

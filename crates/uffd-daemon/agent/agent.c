@@ -2330,6 +2330,100 @@ __attribute__((visibility("default"))) long ptrace(int req, ...)
 	return real(req, pid, addr, data);
 }
 
+/*
+ * open of the process's own memory file: /proc/PID/mem gets EIO on a page the daemon evicted or
+ * never saw touched (the kernel's remote access cannot wait for a userfault), and a program that
+ * reads or writes its own memory through it (a JIT patching code, ksm's selftests writing to
+ * PROT_NONE pages) is no tracer the daemon would see. So opening it asks the daemon first to
+ * bring this process's pages back and hand its memory to the kernel (HOLD, HOLD_SELF_MEM), and
+ * opens once that is done; the daemon ends the hold when no descriptor of the process names a
+ * memory file any more. Only the paths that name this process: /proc/self/mem,
+ * /proc/thread-self/mem, /proc/PID/mem and /proc/{self,PID}/task/TID/mem.
+ */
+static int names_own_mem(const char *path)
+{
+	if (!path || strncmp(path, "/proc/", 6) != 0)
+		return 0;
+	size_t n = strlen(path);
+	if (n < 10 || strcmp(path + n - 4, "/mem") != 0)
+		return 0;
+	const char *who = path + 6;
+	if (!strncmp(who, "self/", 5) || !strncmp(who, "thread-self/", 12))
+		return 1;
+	long pid = 0;
+	const char *c = who;
+	while (*c >= '0' && *c <= '9' && pid < 1L << 31)
+		pid = pid * 10 + (*c++ - '0');
+	return c > who && *c == '/' && pid == (long)syscall(SYS_getpid);
+}
+
+static void own_mem_hold(const char *path)
+{
+	if (!g_agent || g_agent->filtered || !names_own_mem(path))
+		return;
+	int e = errno;
+	uint8_t p[8];
+	put32(p, 0);
+	put32(p + 4, HOLD_SELF_MEM);
+	(void)ask_daemon(KIND_HOLD, p, sizeof p);
+	errno = e;
+}
+
+static void *volatile g_real_open, *volatile g_real_open64, *volatile g_real_openat,
+	*volatile g_real_openat64;
+typedef int (*open_fn)(const char *, int, ...);
+typedef int (*openat_fn)(int, const char *, int, ...);
+
+/* The mode argument, present only with O_CREAT or O_TMPFILE. */
+#define OPEN_MODE(flags, last)                               \
+	mode_t mode = 0;                                     \
+	if ((flags) & (O_CREAT | __O_TMPFILE)) {             \
+		va_list ap;                                  \
+		va_start(ap, last);                          \
+		mode = (mode_t)va_arg(ap, int);              \
+		va_end(ap);                                  \
+	}
+
+__attribute__((visibility("default"))) int open(const char *path, int flags, ...)
+{
+	OPEN_MODE(flags, flags);
+	own_mem_hold(path);
+	open_fn real = (open_fn)next_symbol(&g_real_open, "open");
+	if (!real)
+		return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
+	return real(path, flags, mode);
+}
+
+__attribute__((visibility("default"))) int open64(const char *path, int flags, ...)
+{
+	OPEN_MODE(flags, flags);
+	own_mem_hold(path);
+	open_fn real = (open_fn)next_symbol(&g_real_open64, "open64");
+	if (!real)
+		return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
+	return real(path, flags, mode);
+}
+
+__attribute__((visibility("default"))) int openat(int dirfd, const char *path, int flags, ...)
+{
+	OPEN_MODE(flags, flags);
+	own_mem_hold(path);
+	openat_fn real = (openat_fn)next_symbol(&g_real_openat, "openat");
+	if (!real)
+		return (int)syscall(SYS_openat, dirfd, path, flags, mode);
+	return real(dirfd, path, flags, mode);
+}
+
+__attribute__((visibility("default"))) int openat64(int dirfd, const char *path, int flags, ...)
+{
+	OPEN_MODE(flags, flags);
+	own_mem_hold(path);
+	openat_fn real = (openat_fn)next_symbol(&g_real_openat64, "openat64");
+	if (!real)
+		return (int)syscall(SYS_openat, dirfd, path, flags, mode);
+	return real(dirfd, path, flags, mode);
+}
+
 /* Asks the daemon to hand [start, start+len) over to the program's own userfaultfd: it brings
  * back what it evicted there and unregisters the range. 0 on success. */
 static int release_to_program(uint64_t start, uint64_t len)

@@ -1,7 +1,15 @@
 //! The configuration file (TOML) and how the command line overrides it.
 //!
 //! ```toml
-//! limit = "256M"                 # the resident limit (--limit overrides)
+//! limit = "256M"                 # the resident limit (--limit overrides); or "auto", or
+//!                                # the table below (--limit auto[:CEILING])
+//!
+//! # [limit]                      # a limit set from the tree's memory stall (limit.rs)
+//! # auto = true
+//! # ceiling = "1G"               # a hard ceiling (default: the machine's RAM)
+//! # floor = "16M"                # (--limit-floor)
+//! # target_stall_pct = 1.0       # (--stall-target)
+//! # interval_ms = 1000           # how often the stall is read and the limit set
 //!
 //! [tiers]
 //! backend = "file"               # none | file | file:PATH | pmem:PATH  (--backend)
@@ -143,7 +151,7 @@ impl Default for PolicyConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    limit: Option<String>,
+    limit: Option<FileLimit>,
     unmanaged: Option<String>,
     #[serde(default)]
     tiers: FileTiers,
@@ -292,11 +300,35 @@ struct FileTest {
     drop_timeout_ms: Option<u64>,
 }
 
+/// `limit`: a size, `"auto"`, or a `[limit]` table.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum FileLimit {
+    Size(String),
+    Table(FileLimitTable),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLimitTable {
+    auto: Option<bool>,
+    ceiling: Option<String>,
+    floor: Option<String>,
+    target_stall_pct: Option<f64>,
+    interval_ms: Option<u64>,
+}
+
 /// What the command line says (each `None` leaves the file's value or the default).
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
-    /// `--limit`.
+    /// `--limit SIZE` (under `auto`, the ceiling).
     pub limit: Option<u64>,
+    /// `--limit auto[:CEILING]`.
+    pub auto_limit: Option<bool>,
+    /// `--limit-floor`.
+    pub limit_floor: Option<u64>,
+    /// `--stall-target` (percent).
+    pub stall_target: Option<f64>,
     /// `--backend`.
     pub backend: Option<BackendSpec>,
     /// `--swap-size`.
@@ -374,8 +406,10 @@ fn physical_memory() -> u64 {
 /// The tiers, the policy and the limit from an optional file and the command line.
 #[derive(Debug, Clone)]
 pub struct Resolved {
-    /// The limit in bytes.
+    /// The limit in bytes (under `auto`, its ceiling, where it starts).
     pub limit: u64,
+    /// `--limit auto`: the controller's settings.
+    pub auto: Option<crate::limit::AutoConfig>,
     /// The tiers.
     pub tiers: TierConfig,
     /// The policy.
@@ -442,9 +476,78 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
         }
         None => FileConfig::default(),
     };
-    let limit = match (o.limit, size_field(&f.limit, "limit")?) {
-        (Some(l), _) | (None, Some(l)) => l,
-        (None, None) => bail!("no limit: give --limit or `limit` in the configuration file"),
+    let (file_size, table) = match &f.limit {
+        Some(FileLimit::Size(s)) if s == "auto" => (
+            None,
+            FileLimitTable {
+                auto: Some(true),
+                ..Default::default()
+            },
+        ),
+        Some(FileLimit::Size(s)) => (
+            Some(parse_size(s).map_err(|e| anyhow::anyhow!("limit: {e}"))?),
+            FileLimitTable::default(),
+        ),
+        Some(FileLimit::Table(t)) => (
+            size_field(&t.ceiling, "limit.ceiling")?,
+            FileLimitTable {
+                auto: t.auto,
+                ceiling: None,
+                floor: t.floor.clone(),
+                target_stall_pct: t.target_stall_pct,
+                interval_ms: t.interval_ms,
+            },
+        ),
+        None => (None, FileLimitTable::default()),
+    };
+    let auto = o.auto_limit.or(table.auto).unwrap_or(false);
+    let fixed = o.limit.or(file_size);
+    let (limit, auto) = if auto {
+        let ram = physical_memory();
+        let ceiling = fixed
+            .unwrap_or(ram)
+            .min(if ram > 0 { ram } else { u64::MAX });
+        let floor = match o.limit_floor {
+            Some(f) => f,
+            None => size_field(&table.floor, "limit.floor")?.unwrap_or(16 << 20),
+        };
+        if floor < 16 * 4096 {
+            bail!("limit floor {floor} bytes is too small: at least 64K");
+        }
+        if floor > ceiling {
+            bail!(
+                "limit floor ({} MiB) is above its ceiling ({} MiB)",
+                floor >> 20,
+                ceiling >> 20
+            );
+        }
+        let target = o.stall_target.or(table.target_stall_pct).unwrap_or(1.0);
+        if !(target > 0.0 && target <= 100.0) {
+            bail!("stall target {target}% is out of range: give a share of wall time in (0, 100]");
+        }
+        let interval = table.interval_ms.unwrap_or(1000);
+        if !(100..=60_000).contains(&interval) {
+            bail!("limit.interval_ms {interval} is out of range: 100..=60000");
+        }
+        let mut a =
+            crate::limit::AutoConfig::new((floor / 4096) as usize, (ceiling / 4096) as usize);
+        a.target_pct = target;
+        a.interval = std::time::Duration::from_millis(interval);
+        (ceiling, Some(a))
+    } else {
+        if table.floor.is_some() || table.target_stall_pct.is_some() || table.interval_ms.is_some()
+        {
+            bail!(
+                "limit.floor, limit.target_stall_pct and limit.interval_ms need limit.auto = true"
+            );
+        }
+        if o.limit_floor.is_some() || o.stall_target.is_some() {
+            bail!("--limit-floor and --stall-target need --limit auto");
+        }
+        match fixed {
+            Some(l) => (l, None),
+            None => bail!("no limit: give --limit or `limit` in the configuration file"),
+        }
     };
     let backend = match (&o.backend, &f.tiers.backend) {
         (Some(b), _) => b.clone(),
@@ -604,6 +707,7 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
     }
     Ok(Resolved {
         limit,
+        auto,
         tiers: TierConfig {
             zswap,
             backend,

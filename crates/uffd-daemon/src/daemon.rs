@@ -37,8 +37,11 @@ pub use crate::wire::EXIT_DAEMON_LOST;
 /// How the daemon runs.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Resident limit for the managed memory of the whole process tree, in bytes.
+    /// Resident limit for the managed memory of the whole process tree, in bytes (under
+    /// `auto_limit`, where the limit starts).
     pub limit_bytes: u64,
+    /// `--limit auto`: the controller that sets the limit from the tree's stall.
+    pub auto_limit: Option<crate::limit::AutoConfig>,
     /// The tiers below resident memory.
     pub tiers: TierConfig,
     /// The replacement policy and its access source.
@@ -64,12 +67,12 @@ pub struct Shared {
     pub tiers: Tiers,
     /// The policy settings (each address space has its own policy).
     pub policy: PolicyConfig,
-    /// The limit in pages.
-    pub limit_pages: usize,
-    /// Reclaim starts above this many resident pages ...
-    pub high_pages: usize,
-    /// ... and stops at this many.
-    pub low_pages: usize,
+    /// The resident limit and reclaim's watermarks (set by the controller under `auto`).
+    pub limit: crate::limit::Limit,
+    /// The time the tree's threads spend waiting on faults.
+    pub stall: crate::limit::StallMeter,
+    /// The limit's controller, under `--limit auto`.
+    pub auto_limit: Option<crate::limit::AutoLimit>,
     resident: AtomicUsize,
     /// Every live address space.
     pub mms: Mutex<Vec<Arc<Mm>>>,
@@ -111,12 +114,18 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Shared state for a limit of `limit_pages`.
-    pub fn new(tiers: Tiers, policy: PolicyConfig, limit_pages: usize, verbose: bool) -> Self {
-        // Reclaim in batches ahead of the limit so that the limit itself is rarely crossed.
-        let margin = (limit_pages / 16).clamp(64, 4096);
-        let high = limit_pages.saturating_sub(margin).max(1);
-        let low = limit_pages.saturating_sub(2 * margin).max(1);
+    /// Shared state for a limit of `limit_pages`, or one the controller `auto` sets.
+    pub fn new(
+        tiers: Tiers,
+        policy: PolicyConfig,
+        limit_pages: usize,
+        auto: Option<crate::limit::AutoConfig>,
+        verbose: bool,
+    ) -> Self {
+        let auto_limit = auto.map(crate::limit::AutoLimit::new);
+        let limit_pages = auto_limit
+            .as_ref()
+            .map_or(limit_pages, |a| a.initial_pages());
         Shared {
             stats: Stats::default(),
             lat_zswap: Histogram::default(),
@@ -124,9 +133,9 @@ impl Shared {
             lat_zero: Histogram::default(),
             tiers,
             policy,
-            limit_pages,
-            high_pages: high,
-            low_pages: low,
+            limit: crate::limit::Limit::new(limit_pages),
+            stall: crate::limit::StallMeter::default(),
+            auto_limit,
             resident: AtomicUsize::new(0),
             mms: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
@@ -188,7 +197,7 @@ impl Shared {
 
     /// Wakes the monitor when resident memory passed the high watermark.
     pub fn maybe_kick_reclaim(&self) {
-        if self.resident() > self.high_pages {
+        if self.resident() > self.limit.high() {
             let mut k = self.kick.lock();
             if !*k {
                 *k = true;
@@ -229,7 +238,14 @@ impl Shared {
             .as_ref()
             .map_or("off", |p| p.mode().name())
             .into();
-        v["limit_pages"] = (self.limit_pages as u64).into();
+        v["limit_pages"] = (self.limit.pages() as u64).into();
+        // The tree's memory stall (limit.rs): wall time with a fault outstanding, and the sum
+        // of all the waits, in seconds.
+        v["memory_stall_some_s"] = (self.stall.some_ns() as f64 / 1e9).into();
+        v["memory_stall_total_s"] = (self.stall.total_ns() as f64 / 1e9).into();
+        if let Some(a) = &self.auto_limit {
+            a.to_json(&mut v);
+        }
         self.inject_stop_times.report("inject_stop", &mut v);
         self.inject_hold_times.report("inject_hold", &mut v);
         self.drop_agent_times.report("drop_agent", &mut v);
@@ -887,9 +903,21 @@ fn read_hello(
     let (n, fd) = match sys::recv_with_fd(sock.as_raw_fd(), &mut buf) {
         Ok(x) => x,
         Err(e) => {
-            if e.kind() == std::io::ErrorKind::InvalidData {
-                Stats::add(&stats.protocol_errors, 1);
-                refuse(sock, &e.to_string());
+            match e.kind() {
+                std::io::ErrorKind::InvalidData => {
+                    Stats::add(&stats.protocol_errors, 1);
+                    refuse(sock, &e.to_string());
+                }
+                // No greeting in time (SO_RCVTIMEO): dropped, with the reason, so that a
+                // client merely slow (a loaded machine) is told why rather than reset.
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    Stats::add(&stats.greeting_timeouts, 1);
+                    refuse(
+                        sock,
+                        &format!("no greeting within {GREETING_TIMEOUT_MS} ms of connecting"),
+                    );
+                }
+                _ => {}
             }
             return None;
         }
@@ -1401,6 +1429,7 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
         tiers,
         config.policy,
         (config.limit_bytes / PAGE_SIZE_U64) as usize,
+        config.auto_limit,
         config.verbose,
     ));
 
@@ -1612,6 +1641,7 @@ fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             rss_total += rss;
             // A tracer came or went (`hold.rs`): from the same read, every 2 ms.
             crate::hold::note_tracer(&shared, &m, pid, tracer);
+            crate::hold::note_self_mem(&shared, &m, pid);
             let tracked = |m: &Mm| m.state.lock().resident as u64 * PAGE_SIZE_U64;
             let untracked = m.untracked_rss.load(Ordering::Relaxed);
             let last = m.last_scan_tick.load(Ordering::Relaxed);
@@ -1866,15 +1896,20 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                 }
             }
         }
+        // Under `--limit auto`: the controller reads the stall and sets the limit (limit.rs);
+        // a lowered limit is reclaimed to just below, at the rate the controller's step sets.
+        if let Some(a) = &shared.auto_limit {
+            a.tick(&shared.limit, &shared.stall, shared.resident());
+        }
         // Reclaim down to the low watermark, biggest address space first.
-        if shared.resident() > shared.high_pages {
+        if shared.resident() > shared.limit.high() {
             let deadline = Instant::now() + Duration::from_millis(50);
-            while shared.resident() > shared.low_pages && Instant::now() < deadline {
+            while shared.resident() > shared.limit.low() && Instant::now() < deadline {
                 let mut cands: Vec<Arc<Mm>> = shared.mms.lock().clone();
                 cands.sort_by_key(|m| std::cmp::Reverse(m.state.lock().resident));
                 let mut progress = 0;
                 for m in cands.iter().take(3) {
-                    let want = shared.resident().saturating_sub(shared.low_pages);
+                    let want = shared.resident().saturating_sub(shared.limit.low());
                     if want == 0 {
                         break;
                     }
@@ -1914,7 +1949,7 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                     progress == 0
                         && !answer_due
                         && !unshare_due
-                        && shared.resident() >= shared.limit_pages,
+                        && shared.resident() >= shared.limit.pages(),
                     Ordering::Relaxed,
                 );
                 if progress == 0 && !unshare_due {

@@ -168,6 +168,25 @@ struct Pending {
     flags: u64,
     ptid: u32,
     read_at: Instant,
+    /// Counted in the tree's stall (`limit.rs`): a restore, or held at the limit.
+    stalled: bool,
+}
+
+impl Pending {
+    /// This fault waits on the limit: its thread's wait is stall from when it was read.
+    fn stall(&mut self, shared: &Shared) {
+        if !self.stalled {
+            self.stalled = true;
+            shared.stall.begin_at(self.read_at);
+        }
+    }
+
+    /// Answered or given up: its stall, if any, ends.
+    fn done(&self, shared: &Shared) {
+        if self.stalled {
+            shared.stall.end(self.read_at);
+        }
+    }
 }
 
 /// Runs the handler of `mm` until it is told to stop.
@@ -201,8 +220,24 @@ pub fn handler_thread(shared: Arc<Shared>, mm: Arc<Mm>) {
 }
 
 fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
+    let mut deferred = Deferred(Vec::new(), shared);
+    serve_loop(shared, mm, &mut deferred.0);
+}
+
+/// Faults waiting to be served again; those left when the handler ends end their stall (their
+/// address space is gone).
+struct Deferred<'a>(Vec<Pending>, &'a Shared);
+
+impl Drop for Deferred<'_> {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            p.done(self.1);
+        }
+    }
+}
+
+fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
     let mut msgs = [RawUffdMsg::default(); 64];
-    let mut deferred: Vec<Pending> = Vec::new();
     let mut page = vec![0u8; FOLIO_PAGES * PAGE_SIZE];
     let zeros = vec![0u8; FOLIO_PAGES * PAGE_SIZE];
     let mut served: u64 = 0;
@@ -219,7 +254,7 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
         // or the resident pages are over the limit: reclaim (and the scanner registering
         // memory the program filled) then need the CPU more than the next fault does.
         if let Some(since) =
-            after_fault.filter(|_| deferred.is_empty() && shared.resident() < shared.limit_pages)
+            after_fault.filter(|_| deferred.is_empty() && shared.resident() < shared.limit.pages())
         {
             handling.set(mm, true);
             n = match spin.poll(mm, &mut msgs, since, &shared.stats) {
@@ -273,13 +308,16 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
                     ptid,
                 } => {
                     faulted = true;
-                    let p = Pending {
+                    let mut p = Pending {
                         address,
                         flags,
                         ptid,
                         read_at: now,
+                        stalled: false,
                     };
-                    if !serve_fault(shared, mm, p, &mut page, &zeros, &mut served, &mut ra) {
+                    if serve_fault(shared, mm, &mut p, &mut page, &zeros, &mut served, &mut ra) {
+                        p.done(shared);
+                    } else {
                         deferred.push(p);
                     }
                 }
@@ -297,6 +335,7 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
                                 let _ = mm
                                     .uffd
                                     .wake(p.address & !(PAGE_SIZE_U64 - 1), PAGE_SIZE_U64);
+                                p.done(shared);
                             }
                             !stale
                         });
@@ -308,9 +347,11 @@ fn serve(shared: &Arc<Shared>, mm: &Arc<Mm>) {
         handling.set(mm, false);
         // Retry what an event blocked, now that the event has been read.
         if !deferred.is_empty() {
-            let again = std::mem::take(&mut deferred);
-            for p in again {
-                if !serve_fault(shared, mm, p, &mut page, &zeros, &mut served, &mut ra) {
+            let again = std::mem::take(deferred);
+            for mut p in again {
+                if serve_fault(shared, mm, &mut p, &mut page, &zeros, &mut served, &mut ra) {
+                    p.done(shared);
+                } else {
                     deferred.push(p);
                 }
             }
@@ -384,7 +425,7 @@ fn learn_range(shared: &Shared, mm: &Mm, addr: u64) {
 fn serve_fault(
     shared: &Shared,
     mm: &Mm,
-    p: Pending,
+    p: &mut Pending,
     page: &mut [u8],
     zeros: &[u8],
     served: &mut u64,
@@ -478,7 +519,7 @@ fn serve_fault(
     // when reclaim cannot make progress (every resident page is pinned or
     // shared after fork) faults go through rather than hang the program.
     if !prior.is_some_and(|p| p.is_resident())
-        && shared.resident() >= shared.limit_pages
+        && shared.resident() >= shared.limit.pages()
         && !shared.reclaim_stalled()
         && p.read_at.elapsed() < THROTTLE_MAX
         && !agent
@@ -489,6 +530,7 @@ fn serve_fault(
         mm.throttled
             .store(true, std::sync::atomic::Ordering::Release);
         Stats::add(&stats.throttled_faults, 1);
+        p.stall(shared);
         shared.kick_reclaim();
         return false;
     }
@@ -504,6 +546,9 @@ fn serve_fault(
         Some(Page::Evicted { slot } | Page::Dropping { slot } | Page::Inherited { slot })
             if slot != ZERO_SLOT
     );
+    if restore {
+        p.stall(shared);
+    }
     let o = ra.observe(addr, max, restore);
     let mut hits = readahead::pages(&o.passed)
         .filter(|&a| st.readahead_used(a))
@@ -548,7 +593,7 @@ fn serve_fault(
             } else {
                 1
             };
-            if shared.resident() + window > shared.limit_pages {
+            if shared.resident() + window > shared.limit.pages() {
                 window = 1;
             }
             run.push((addr, Page::Evicted { slot }));
@@ -640,7 +685,7 @@ fn serve_fault(
             // knows. UFFDIO_COPY never overwrites a present page, and a run that leaves the
             // VMA fails as a whole and falls back to the faulting page.
             let mut window = zra.window(addr, max);
-            if shared.resident() + window > shared.limit_pages {
+            if shared.resident() + window > shared.limit.pages() {
                 window = 1;
             }
             let mut n = 1;

@@ -33,6 +33,10 @@
 //!   a second after a tracer's agent asked, in case its attach failed): the ranges let go are
 //!   registered again at the next scan and paged as before (`trace_releases`).
 //!
+//! * **While it has its own memory file open**: the agent's `open`/`openat` wrappers ask
+//!   ([`HOLD_SELF_MEM`]) before a path naming the process's own `/proc/PID/mem` opens; the
+//!   hold ends when no descriptor of the process names a memory file ([`note_self_mem`]).
+//!
 //! A hold brings back what fits in `MemAvailable` less a sixteenth of RAM, registered range by
 //! registered range; a range that does not fit stays registered with its pages stored, said
 //! and counted (`hold_pages_kept_evicted`): a core file holds zeros there and a debugger reads
@@ -52,7 +56,7 @@ use crate::mm::{Mm, Page};
 use crate::stats::Stats;
 use crate::sys::PAGE_SIZE_U64;
 use crate::unmanaged::Kind;
-pub use crate::wire::{HOLD_DUMP, HOLD_TRACE};
+pub use crate::wire::{HOLD_DUMP, HOLD_SELF_MEM, HOLD_TRACE};
 
 /// How long a request waits for an eviction of the process in flight (a batch holds the agent
 /// slot until its DROP is answered or times out).
@@ -91,7 +95,8 @@ pub fn census_kind(mm: &Mm) -> Option<Kind> {
     let held = mm.held.load(Ordering::Relaxed);
     if held & HOLD_DUMP != 0 {
         Some(Kind::Dumping)
-    } else if held & HOLD_TRACE != 0 {
+    } else if held & (HOLD_TRACE | HOLD_SELF_MEM) != 0 {
+        // (A process reading its own memory file is inspecting itself: counted as traced.)
         Some(Kind::Traced)
     } else {
         None
@@ -111,7 +116,7 @@ pub fn request(shared: &Shared, sender: i32, pid: u32, reason: u32) -> io::Resul
         0 => sender,
         p => maps::tgid_of(p as i32).unwrap_or(p as i32),
     };
-    if reason == HOLD_DUMP && target != sender {
+    if reason != HOLD_TRACE && target != sender {
         return Err(io::Error::from_raw_os_error(libc::EPERM));
     }
     let Some(mm) = crate::daemon::live_mm(shared, target) else {
@@ -154,6 +159,12 @@ fn mark(shared: &Shared, mm: &Mm, reason: u32) {
     let pid = mm.pid().unwrap_or(0);
     if reason == HOLD_DUMP {
         Stats::add(&shared.stats.held_for_dump, 1);
+    } else if reason == HOLD_SELF_MEM {
+        Stats::add(&shared.stats.held_for_self_mem, 1);
+        eprintln!(
+            "uffd-daemon: pid {pid} opens its own memory file: its evicted pages are brought back \
+             and it is not paged while it keeps one open (counted in unmanaged_traced_bytes)"
+        );
     } else {
         Stats::add(&shared.stats.held_for_trace, 1);
         eprintln!(
@@ -285,7 +296,19 @@ pub fn note_tracer(shared: &Arc<Shared>, mm: &Arc<Mm>, pid: i32, tracer: i32) {
     if maps::thread_tracers(pid).iter().any(|&t| t != me) {
         return;
     }
-    mm.held.fetch_and(!HOLD_TRACE, Ordering::AcqRel);
+    Stats::add(&shared.stats.trace_releases, 1);
+    if end_hold(mm, &mut h, HOLD_TRACE) && shared.verbose {
+        eprintln!("uffd-daemon: pid {pid} is no longer traced: its memory is paged again");
+    }
+}
+
+/// Ends the `reason` of a hold; if no other holds the process, its memory is paged again (the
+/// ranges let go are registered at the scanner's next tick). True if the hold is over.
+fn end_hold(mm: &Mm, h: &mut HoldState, reason: u32) -> bool {
+    let before = mm.held.fetch_and(!reason, Ordering::AcqRel);
+    if before & !reason != 0 {
+        return false;
+    }
     {
         let mut st = mm.state.lock();
         for (s, e) in std::mem::take(&mut st.hold_let_go) {
@@ -295,11 +318,28 @@ pub fn note_tracer(shared: &Arc<Shared>, mm: &Arc<Mm>, pid: i32, tracer: i32) {
     h.done = false;
     h.asked = None;
     h.restored = 0;
-    drop(h);
-    Stats::add(&shared.stats.trace_releases, 1);
-    if shared.verbose {
-        eprintln!("uffd-daemon: pid {pid} is no longer traced: its memory is paged again");
-    }
-    // Registered again at the scanner's next tick.
     mm.last_scan_tick.store(0, Ordering::Relaxed);
+    true
+}
+
+/// The scanner's check of a process held for its own memory file (`HOLD_SELF_MEM`): the hold
+/// ends when no descriptor of the process names a memory file, checked every [`RETRY`].
+pub fn note_self_mem(shared: &Shared, mm: &Mm, pid: i32) {
+    if mm.held.load(Ordering::Acquire) & HOLD_SELF_MEM == 0 || mm.holding.load(Ordering::Acquire) {
+        return;
+    }
+    let Some(mut h) = mm.hold.try_lock() else {
+        return;
+    };
+    if h.tried.is_some_and(|t| t.elapsed() < RETRY) {
+        return;
+    }
+    h.tried = Some(Instant::now());
+    if maps::has_mem_file_open(pid) {
+        return;
+    }
+    Stats::add(&shared.stats.self_mem_releases, 1);
+    if end_hold(mm, &mut h, HOLD_SELF_MEM) && shared.verbose {
+        eprintln!("uffd-daemon: pid {pid} closed its memory file: its memory is paged again");
+    }
 }

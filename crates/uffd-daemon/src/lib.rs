@@ -77,6 +77,7 @@
 //! }).unwrap();
 //! let config = Config {
 //!     limit_bytes: r.limit,
+//!     auto_limit: r.auto,
 //!     tiers: r.tiers,
 //!     policy: r.policy,
 //!     stats_json: None,
@@ -96,6 +97,7 @@ mod fault;
 mod hold;
 mod idlepoll;
 pub mod inject;
+pub mod limit;
 pub mod maps;
 mod mm;
 pub mod pagetable;

@@ -20,13 +20,22 @@ struct Cli {
     cmd: Cmd,
 }
 
+// (Parsed once at start: the size of its largest variant costs nothing.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run PROGRAM under the daemon, keeping its resident anonymous memory under --limit.
     Run {
-        /// Resident limit for the whole process tree (e.g. 256M, 1G); or `limit` in --config.
+        /// Resident limit for the whole process tree (e.g. 256M, 1G); or `auto`, a limit set
+        /// from the tree's memory stall (`auto:1G`: with a hard ceiling); or `limit` in --config.
+        #[arg(long, value_parser = parse_limit)]
+        limit: Option<LimitArg>,
+        /// Under --limit auto: the stall to keep under, in percent of wall time (default 1).
+        #[arg(long, value_parser = parse_pct)]
+        stall_target: Option<f64>,
+        /// Under --limit auto: the limit never goes below this (default 16M).
         #[arg(long, value_parser = parse_size)]
-        limit: Option<u64>,
+        limit_floor: Option<u64>,
         /// Configuration file (TOML; see the README). Options given here override it.
         #[arg(long)]
         config: Option<PathBuf>,
@@ -123,11 +132,45 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--limit`: a size, or `auto` with an optional ceiling.
+#[derive(Debug, Clone, Copy)]
+enum LimitArg {
+    Fixed(u64),
+    Auto(Option<u64>),
+}
+
+fn parse_limit(s: &str) -> Result<LimitArg, String> {
+    match s.strip_prefix("auto") {
+        Some("") => Ok(LimitArg::Auto(None)),
+        Some(rest) => match rest.strip_prefix(':') {
+            Some(c) => parse_size(c)
+                .map(|c| LimitArg::Auto(Some(c)))
+                .map_err(|e| format!("the ceiling of auto: {e}")),
+            None => Err(format!("{s:?}: expected a size, auto or auto:CEILING")),
+        },
+        None => parse_size(s).map(LimitArg::Fixed),
+    }
+}
+
+fn parse_pct(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a percentage such as 1 or 0.5%"))?;
+    if v > 0.0 && v <= 100.0 {
+        Ok(v)
+    } else {
+        Err(format!("{s:?}: a share of wall time in (0, 100]"))
+    }
+}
+
 fn real_main() -> anyhow::Result<i32> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Run {
             limit,
+            stall_target,
+            limit_floor,
             config: config_path,
             backend,
             swap_file,
@@ -142,8 +185,16 @@ fn real_main() -> anyhow::Result<i32> {
             verbose,
             command,
         } => {
+            let (limit, auto_limit) = match limit {
+                Some(LimitArg::Fixed(l)) => (Some(l), None),
+                Some(LimitArg::Auto(ceiling)) => (ceiling, Some(true)),
+                None => (None, None),
+            };
             let o = Overrides {
                 limit,
+                auto_limit,
+                limit_floor,
+                stall_target,
                 backend: backend.or(swap_file.map(|p| BackendSpec::File(Some(p)))),
                 swap_size,
                 zswap: zswap.map(|z| z.0),
@@ -156,6 +207,7 @@ fn real_main() -> anyhow::Result<i32> {
             let r = config::resolve(config_path.as_deref(), &o)?;
             let config = Config {
                 limit_bytes: r.limit,
+                auto_limit: r.auto,
                 tiers: r.tiers,
                 policy: r.policy,
                 stats_json,
@@ -198,6 +250,7 @@ fn demo(size: u64, limit: u64) -> anyhow::Result<i32> {
     );
     let config = Config {
         limit_bytes: r.limit,
+        auto_limit: r.auto,
         tiers: r.tiers,
         policy: r.policy,
         stats_json: Some(stats_path.clone()),

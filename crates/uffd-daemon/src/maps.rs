@@ -223,6 +223,20 @@ pub fn parse_smaps_flags(text: &str) -> Vec<(u64, u64, VmFlags)> {
     out
 }
 
+/// Whether a descriptor of process `pid` names a memory file of `/proc` (`/proc/N/mem`,
+/// `/proc/N/task/T/mem`): a process that opened its own keeps it held (`hold.rs`).
+pub fn has_mem_file_open(pid: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        std::fs::read_link(e.path()).is_ok_and(|t| {
+            let t = t.to_string_lossy();
+            t.starts_with("/proc/") && t.ends_with("/mem")
+        })
+    })
+}
+
 /// The parent pid of `pid`.
 pub fn parent_of(pid: i32) -> Option<i32> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -21,7 +21,8 @@
 //!                                                                     three below)
 //! LEAVE      agent  -> daemon  (nothing)
 //! LOCK       agent  -> daemon  start u64, len u64, flags u32, pad u32
-//! HOLD       agent  -> daemon  pid u32 (0: the sender), reason u32 (HOLD_DUMP, HOLD_TRACE)
+//! HOLD       agent  -> daemon  pid u32 (0: the sender), reason u32 (HOLD_DUMP, HOLD_TRACE,
+//!                              HOLD_SELF_MEM)
 //! ```
 //!
 //! The agent side is C (`agent/agent.c`) and mirrors these constants. Everything the daemon
@@ -33,9 +34,9 @@ use thiserror::Error;
 
 pub use crate::wire::{
     DROP_RUN_UNSHARE, HEADER_LEN, HELLO_AGENT_RESTART, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD,
-    HELLO_NEED_UFFD, HOLD_DUMP, HOLD_TRACE, KIND_DROP, KIND_DROP_DONE, KIND_ERROR, KIND_HELLO,
-    KIND_HELLO_ACK, KIND_HOLD, KIND_LEAVE, KIND_LOCK, KIND_RELEASE, KIND_STEP_OUT, LOCK_ON, MAGIC,
-    MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
+    HELLO_NEED_UFFD, HOLD_DUMP, HOLD_SELF_MEM, HOLD_TRACE, KIND_DROP, KIND_DROP_DONE, KIND_ERROR,
+    KIND_HELLO, KIND_HELLO_ACK, KIND_HOLD, KIND_LEAVE, KIND_LOCK, KIND_RELEASE, KIND_STEP_OUT,
+    LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
 };
 
 /// The agent's greeting.
@@ -127,7 +128,8 @@ pub enum Message {
     /// From a program thread of a managed process, on a connection of its own: the process
     /// `pid` (0: the sender) is about to be inspected from outside, by a core dump
     /// ([`HOLD_DUMP`]: the sender got a core-dumping signal it leaves at its default action)
-    /// or by a tracer ([`HOLD_TRACE`]: the sender is about to attach to it). The kernel reads
+    /// or by a tracer ([`HOLD_TRACE`]: the sender is about to attach to it), or by itself
+    /// ([`HOLD_SELF_MEM`]: the sender is about to open its own `/proc/PID/mem`). The kernel reads
     /// the memory of such a process without a userfault (a dump takes a missing page for a
     /// hole, `/proc/PID/mem` and `PEEKDATA` fail with `EIO`), so the daemon brings every page
     /// it evicted back, hands the memory to the kernel and evicts nothing more from it
@@ -135,7 +137,7 @@ pub enum Message {
     Hold {
         /// The process (or one of its threads); 0 for the sender's own.
         pid: u32,
-        /// `HOLD_DUMP` or `HOLD_TRACE`.
+        /// `HOLD_DUMP`, `HOLD_TRACE` or `HOLD_SELF_MEM`.
         reason: u32,
     },
     /// A fatal error for the agent.
@@ -515,11 +517,14 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
                 return Err(payload_err("HOLD", p.len(), "expected 8 bytes"));
             }
             let (pid, reason) = (u32_at(p, 0), u32_at(p, 4));
-            if reason != HOLD_DUMP && reason != HOLD_TRACE {
+            if reason != HOLD_DUMP && reason != HOLD_TRACE && reason != HOLD_SELF_MEM {
                 return Err(payload_err(
                     "HOLD",
                     p.len(),
-                    format!("unknown reason {reason} (HOLD_DUMP {HOLD_DUMP} or HOLD_TRACE {HOLD_TRACE})"),
+                    format!(
+                        "unknown reason {reason} (HOLD_DUMP {HOLD_DUMP}, HOLD_TRACE {HOLD_TRACE} \
+                         or HOLD_SELF_MEM {HOLD_SELF_MEM})"
+                    ),
                 ));
             }
             if pid > i32::MAX as u32 {
@@ -594,7 +599,7 @@ mod tests {
             }),
             (
                 0u32..1 << 22,
-                prop_oneof![Just(HOLD_DUMP), Just(HOLD_TRACE)]
+                prop_oneof![Just(HOLD_DUMP), Just(HOLD_TRACE), Just(HOLD_SELF_MEM)]
             )
                 .prop_map(|(pid, reason)| Message::Hold { pid, reason }),
         ]

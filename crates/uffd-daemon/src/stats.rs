@@ -84,6 +84,9 @@ counters! {
     processes,
     /// Processes managed now.
     processes_live,
+    /// Connections dropped because no greeting (or no second greeting, after the device was
+    /// lent) came within the greeting timeout; each was told so with an ERROR.
+    greeting_timeouts,
     /// Ranges registered with UFFDIO_REGISTER.
     ranges_registered,
     /// Reads of a process's /proc/PID/maps to find memory to register (the scanner's).
@@ -175,6 +178,10 @@ counters! {
     /// pages back and stopped managing them (as `tsync_left`; counted by the census since).
     agent_restart_left_processes,
     /// Processes held for their core dump (`hold.rs`): a core-dumping signal at its default
+    /// Processes held because they opened their own memory file (`/proc/self/mem`).
+    held_for_self_mem,
+    /// Holds for a process's own memory file that ended (no descriptor names one any more).
+    self_mem_releases,
     /// action, with a core to be written; their evicted pages brought back first.
     held_for_dump,
     /// Processes held while traced (a debugger, strace): their evicted pages brought back,
@@ -441,6 +448,7 @@ fn is_gauge(name: &str) -> bool {
         || name.starts_with("unmanaged_")
         || name.starts_with("daemon_metadata_")
         || name.ends_with("_us")
+        || name.ends_with("_pct")
 }
 
 /// The JSON snapshot of daemon `daemon_pid` in the Prometheus text format (version 0.0.4):

@@ -74,6 +74,9 @@ pub const HOLD_DUMP: u32 = 1;
 /// HOLD reason: the sender is about to trace the process it names (`PTRACE_ATTACH`,
 /// `PTRACE_SEIZE`); the hold lasts while the process is traced.
 pub const HOLD_TRACE: u32 = 2;
+/// HOLD reason: the sender is about to open its own memory file (`/proc/self/mem`); the hold
+/// lasts while a descriptor of the process names a memory file.
+pub const HOLD_SELF_MEM: u32 = 4;
 
 /// Feature bits (`UFFD_FEATURE_*`).
 pub const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;

@@ -76,6 +76,15 @@ bad = sum(1 for i in range(0, len(data), 512) if data[i] != (i // 512) % 251)
 print("bystander: %d bad bytes" % bad)
 for s in half:
     s.close()
+# A connection that never greets is told why it is dropped, not reset.
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(path)
+s.settimeout(20)
+t0 = time.time()
+reply = s.recv(65536)
+s.close()
+kind = struct.unpack("<IHHII", reply[:16])[2] if len(reply) >= 16 else -1
+print("silent: kind %d after %.1f s: %s" % (kind, time.time() - t0, reply[20:].decode()))
 "#;
     let run = run_under("12M", "hostile", &["python3", "-c", script]);
     assert_eq!(run.status, 0, "the hostile client's own checks failed");
@@ -110,6 +119,15 @@ for s in half:
     );
     assert!(run.get("protocol_errors") >= 3);
     assert!(run.get("evicted_pages") > 0 && run.get("swapins") > 0);
+    assert!(
+        run.stdout
+            .lines()
+            .any(|l| l.starts_with("silent: kind 5 after")
+                && l.ends_with("s: no greeting within 2000 ms of connecting")),
+        "{}",
+        run.stdout
+    );
+    assert!(run.get("greeting_timeouts") >= 1);
 }
 
 /// The daemon out of descriptors (its limit lowered, a tree of many processes): it keeps

@@ -563,3 +563,31 @@ fn a_tracer_from_outside_the_tree_reads_and_writes_evicted_memory() {
     );
     assert_eq!(run.get("agent_faults"), 0);
 }
+
+/// A process reading and writing its own memory through `/proc/self/mem`: every word of a
+/// mostly evicted buffer read back, a write to a page never touched lands, and after the close
+/// the process is paged again (the hold ends). Without the agent's hold the read failed with
+/// `EIO` at the first evicted page.
+#[test]
+fn own_memory_file_reads_every_evicted_page() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let client = c_client("selfmem");
+    let run = run_under("8M", "selfmem", &[client.to_str().unwrap()]);
+    assert_eq!(run.status, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains("read 33554432 of 33554432 bytes, 0 bad words; write to an untouched page: 8, reads back 42"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("after close: 0 bad"));
+    assert_eq!(run.get("held_for_self_mem"), 1);
+    assert_eq!(run.get("self_mem_releases"), 1);
+    assert!(
+        run.get("hold_pages_restored") > 1000,
+        "little was evicted before the open"
+    );
+}

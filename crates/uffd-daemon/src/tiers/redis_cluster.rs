@@ -19,7 +19,8 @@
 //!   replicas timeout`; `read_all` (a readahead run and its tags) one pipeline of `GET`s per
 //!   master. The pipelines are sent through the `redis` crate's cluster connection (which
 //!   routes a pipeline by its first key and follows `MOVED`/`ASK`), grouped by a map of slots
-//!   to masters read with `CLUSTER SLOTS`. Nodes are visited one after the other.
+//!   to masters read with `CLUSTER SLOTS`. The masters' pipelines of one call go out at once,
+//!   each from a thread of its own beyond the first (scoped threads, each with a connection).
 //! * **WAIT.** A write counts as stored only once the `WAIT` at the end of its node's pipeline
 //!   says that `replicas` replicas acknowledged it. `WAIT` counts the writes of its own
 //!   connection, and it is on the same connection and in the same pipeline as the writes, so
@@ -246,6 +247,10 @@ struct Op {
     len: usize,
 }
 
+/// How a node's answer to an op is checked (and, for a read, where its bytes go); shared by
+/// the threads that send the masters' pipelines at once.
+type Check<'a> = dyn Fn(&Op, Value) -> Result<(), Failure> + Sync + 'a;
+
 /// Why an attempt at a node's pipeline failed.
 enum Failure {
     /// The request failed (node down, failover, timeout, MOVED after retries): try again.
@@ -415,12 +420,7 @@ impl Shared {
 
     /// Sends one node's pipeline of `ops` (plus `WAIT` when `wait`) and checks each answer
     /// with `check`. The connection goes back to the pool only after a success.
-    fn node_pipeline(
-        &self,
-        ops: &[&Op],
-        wait: bool,
-        mut check: impl FnMut(&Op, Value) -> Result<(), Failure>,
-    ) -> Result<(), Failure> {
+    fn node_pipeline(&self, ops: &[&Op], wait: bool, check: &Check<'_>) -> Result<(), Failure> {
         let mut pipe = redis::pipe();
         for op in ops {
             pipe.add_command(op.cmd.clone());
@@ -485,8 +485,9 @@ impl Shared {
         result
     }
 
-    /// Runs `ops` as one pipeline per master until each has succeeded, failed for good, or the
-    /// deadline passed; `done[call]` gets each call's outcome (the first error of its ops).
+    /// Runs `ops` as one pipeline per master, the masters' pipelines at once (a thread for each
+    /// beyond the first), until each has succeeded, failed for good, or the deadline passed;
+    /// `outcomes[call]` gets each call's outcome (the first error of its ops).
     fn run_ops(
         &self,
         ops: Vec<Op>,
@@ -494,7 +495,7 @@ impl Shared {
         retry_for: Duration,
         pipelines: &AtomicU64,
         outcomes: &mut [Option<io::Error>],
-        mut check: impl FnMut(&Op, Value) -> Result<(), Failure>,
+        check: &Check<'_>,
     ) {
         let deadline = Instant::now() + retry_for;
         let mut backoff = FIRST_BACKOFF;
@@ -513,10 +514,29 @@ impl Shared {
             };
             let mut again: Vec<usize> = Vec::new(); // calls to try again
             let mut last = None;
-            for ops in groups {
+            pipelines.fetch_add(groups.len() as u64, Ordering::Relaxed);
+            let answers: Vec<Result<(), Failure>> = match &groups[..] {
+                [] => Vec::new(),
+                [one] => vec![self.node_pipeline(one, wait, check)],
+                [first, rest @ ..] => std::thread::scope(|scope| {
+                    let others: Vec<_> = rest
+                        .iter()
+                        .map(|ops| scope.spawn(move || self.node_pipeline(ops, wait, check)))
+                        .collect();
+                    let mut v = vec![self.node_pipeline(first, wait, check)];
+                    v.extend(others.into_iter().map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Failure::Transient(io::Error::other(
+                                "a Redis Cluster pipeline's thread panicked",
+                            )))
+                        })
+                    }));
+                    v
+                }),
+            };
+            for (ops, answer) in groups.iter().zip(answers) {
                 let ops = &ops[..];
-                pipelines.fetch_add(1, Ordering::Relaxed);
-                match self.node_pipeline(ops, wait, &mut check) {
+                match answer {
                     Ok(()) => {}
                     Err(Failure::Missing(e)) => {
                         for op in ops {
@@ -651,7 +671,7 @@ impl Shared {
             self.cfg.write_retry,
             &stats.unlink_pipelines,
             &mut outcome,
-            |_, v| {
+            &|_, v| {
                 if let Value::Int(n) = v {
                     stats.keys_unlinked.fetch_add(n as u64, Ordering::Relaxed);
                 }
@@ -745,7 +765,7 @@ impl Backend for RedisClusterBackend {
             s.cfg.write_retry,
             &s.stats.write_pipelines,
             &mut outcomes,
-            |op, v| match v {
+            &|op, v| match v {
                 Value::Okay | Value::Int(_) => Ok(()),
                 Value::SimpleString(ref t) if t == "OK" => Ok(()),
                 other => Err(Failure::Transient(io::Error::other(format!(
@@ -802,13 +822,14 @@ impl Backend for RedisClusterBackend {
             }
         }
         let mut outcomes: Vec<Option<io::Error>> = (0..reads.len()).map(|_| None).collect();
+        let reads = Mutex::new(reads);
         s.run_ops(
             ops,
             false,
             s.cfg.read_retry,
             &s.stats.read_pipelines,
             &mut outcomes,
-            |op, v| {
+            &|op, v| {
                 let bytes = match v {
                     Value::BulkString(b) if b.len() == op.len => b,
                     other => {
@@ -827,7 +848,7 @@ impl Backend for RedisClusterBackend {
                         )));
                     }
                 };
-                reads[op.call].1[op.at..op.at + op.len].copy_from_slice(&bytes);
+                reads.lock()[op.call].1[op.at..op.at + op.len].copy_from_slice(&bytes);
                 Ok(())
             },
         );

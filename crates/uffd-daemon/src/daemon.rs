@@ -1496,6 +1496,9 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     let status = monitor(&shared, root);
     scan_stop.store(true, Ordering::Relaxed);
     let _ = scan_thread.join();
+    // Every program has ended: a network backend drops the run's pages now (the tiers live on
+    // with the threads that hold them, and are never dropped).
+    shared.tiers.close();
     let status = status?;
     if let Some(p) = &config.stats_json {
         let mut v = shared.stats_json();

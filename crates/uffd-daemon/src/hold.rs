@@ -126,7 +126,11 @@ pub fn request(shared: &Shared, sender: i32, pid: u32, reason: u32) -> io::Resul
     let Some(mm) = target.and_then(|t| crate::daemon::live_mm(shared, t)) else {
         return Ok(());
     };
-    if reason == HOLD_TRACE {
+    // (Before the mark: the scanner ends neither hold within `ASK_GRACE` of the ask. A tracer
+    // attaches after the answer, and a process opens its memory file after it: until then
+    // the scanner would see it untraced, or with no such file open, and end the hold under
+    // the restore.)
+    if reason == HOLD_TRACE || reason == HOLD_SELF_MEM {
         mm.hold.lock().asked = Some(Instant::now());
     }
     hold(shared, &mm, reason, REQUEST_WAIT)
@@ -335,7 +339,9 @@ pub fn note_self_mem(shared: &Shared, mm: &Mm, pid: i32) {
     let Some(mut h) = mm.hold.try_lock() else {
         return;
     };
-    if h.tried.is_some_and(|t| t.elapsed() < RETRY) {
+    if h.tried.is_some_and(|t| t.elapsed() < RETRY)
+        || h.asked.is_some_and(|t| t.elapsed() < ASK_GRACE)
+    {
         return;
     }
     h.tried = Some(Instant::now());

@@ -27,10 +27,16 @@
 //! working set rather than packed at its start (where a sequential readahead or a per-region
 //! policy would find them for free).
 //!
+//! Moved hot set (`--mode moved`): a hot set of `--hot-fraction` of the pages (a tenth by
+//! default), scattered by the same seeded permutation, touched uniformly at random; every
+//! `--move-every` seconds it moves to a disjoint set of the same size and, at the next move,
+//! back (A, B, A, ...): a working set that changes without growing, for `--limit auto`.
+//!
 //! `--mode threads` is another workload in the same binary: [`super::threads`].
 //!
 //! ```text
-//! usemem --bytes 1G --mode random|sequential|zipf --seconds 10 [--final-check] [--seed 1]
+//! usemem --bytes 1G --mode random|sequential|zipf|moved --seconds 10 [--final-check] [--seed 1]
+//!        [--hot-fraction 0.1 --move-every S]   (moved: the hot set and how often it moves)
 //!        [--touchers N]   (N threads touching, each in its own stripe of the pages)
 //! usemem --bytes 1G --mode threads [--threads 32] [--rounds N]
 //! ```
@@ -180,6 +186,8 @@ enum Mode {
     Random,
     Sequential,
     Zipf,
+    /// A hot set that moves to a disjoint one and back (see the module docs).
+    Moved,
     /// Not a usemem mode: the threads workload ([`super::threads`]).
     Threads,
 }
@@ -190,6 +198,7 @@ impl Mode {
             Mode::Random => "random",
             Mode::Sequential => "sequential",
             Mode::Zipf => "zipf",
+            Mode::Moved => "moved",
             Mode::Threads => "threads",
         }
     }
@@ -199,6 +208,8 @@ struct Args {
     bytes: usize,
     mode: Mode,
     zipf_theta: f64,
+    hot_fraction: f64,
+    move_every: f64,
     threads: usize,
     touchers: usize,
     rounds: u64,
@@ -214,6 +225,8 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         bytes: 256 << 20,
         mode: Mode::Random,
         zipf_theta: 0.99,
+        hot_fraction: 0.1,
+        move_every: 0.0,
         threads: 32,
         touchers: 1,
         rounds: 32768,
@@ -235,10 +248,11 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                     "random" => Mode::Random,
                     "sequential" => Mode::Sequential,
                     "zipf" => Mode::Zipf,
+                    "moved" => Mode::Moved,
                     "threads" => Mode::Threads,
                     m => {
                         return Err(format!(
-                            "--mode {m}: allowed: random, sequential, zipf, threads"
+                            "--mode {m}: allowed: random, sequential, zipf, moved, threads"
                         ))
                     }
                 }
@@ -247,6 +261,16 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                 a.zipf_theta = val("--zipf-theta")?
                     .parse()
                     .map_err(|e| format!("--zipf-theta: {e}"))?
+            }
+            "--hot-fraction" => {
+                a.hot_fraction = val("--hot-fraction")?
+                    .parse()
+                    .map_err(|e| format!("--hot-fraction: {e}"))?
+            }
+            "--move-every" => {
+                a.move_every = val("--move-every")?
+                    .parse()
+                    .map_err(|e| format!("--move-every: {e}"))?
             }
             "--threads" => {
                 a.threads = val("--threads")?
@@ -283,9 +307,9 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             other => {
                 return Err(format!(
                     "unknown argument {other}; usage: usemem --bytes SIZE \
-                     --mode random|sequential|zipf|threads --seconds S [--touches N] \
+                     --mode random|sequential|zipf|moved|threads --seconds S [--touches N] \
                      [--final-check] [--seed N] [--fault-threshold-ns N] [--zipf-theta T] \
-                     [--threads N] [--rounds N]"
+                     [--hot-fraction F] [--move-every S] [--threads N] [--rounds N]"
                 ))
             }
         }
@@ -301,6 +325,16 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--touchers {} must be 1-64 and at most one a page",
             a.touchers
         ));
+    }
+    if !(a.hot_fraction > 0.0 && a.hot_fraction <= 0.5) {
+        return Err(format!(
+            "--hot-fraction {} must be in (0, 0.5]: the set it moves to is disjoint",
+            a.hot_fraction
+        ));
+    }
+    if a.move_every <= 0.0 {
+        // By default the set moves twice in the run: A, B, A.
+        a.move_every = a.seconds / 3.0;
     }
     if a.mode == Mode::Threads && a.threads == 0 {
         return Err("--threads must be at least 1".into());
@@ -432,12 +466,22 @@ fn touch_stripe(
     } else {
         None
     };
+    // Moved: two disjoint scattered sets of `hot` pages, A and B.
+    let hot = ((pages as f64 * a.hot_fraction) as usize).max(1);
+    let moved = (a.mode == Mode::Moved)
+        .then(|| permutation(pages, a.seed.wrapping_add(stripe.first as u64)));
     let t1 = Instant::now();
     let mut touches = 0u64;
     let mut elapsed = Duration::ZERO;
     while touches < max_touches && elapsed < deadline {
         let p = match (a.mode, &zipf) {
             (Mode::Zipf, Some((z, perm))) => perm[z.sample(&mut rng) as usize - 1] as usize,
+            (Mode::Moved, _) => {
+                let perm = moved.as_deref().unwrap_or_default();
+                let set = (elapsed.as_secs_f64() / a.move_every) as usize % 2;
+                let k = (splitmix(&mut rng) % hot as u64) as usize;
+                perm.get(set * hot + k).map_or(k, |&q| q as usize)
+            }
             (Mode::Sequential, _) => {
                 let p = next_seq;
                 next_seq = (next_seq + 1) % pages;
@@ -566,6 +610,8 @@ fn run(a: &Args) -> Result<serde_json::Value, String> {
         "mode": a.mode.name(),
         "touchers": n,
         "zipf_theta": (a.mode == Mode::Zipf).then_some(a.zipf_theta),
+        "hot_fraction": (a.mode == Mode::Moved).then_some(a.hot_fraction),
+        "move_every_s": (a.mode == Mode::Moved).then_some(a.move_every),
         "bytes": pages * PAGE,
         "pages": pages,
         "fill_s": fill_s,
@@ -677,7 +723,13 @@ mod tests {
 
     #[test]
     fn touchers_share_the_work_and_every_page_checks() {
-        for (mode, touchers) in [("random", 1), ("random", 3), ("zipf", 4), ("sequential", 2)] {
+        for (mode, touchers) in [
+            ("random", 1),
+            ("random", 3),
+            ("zipf", 4),
+            ("sequential", 2),
+            ("moved", 2),
+        ] {
             let args: Vec<String> = [
                 "--bytes",
                 "1M",

@@ -24,13 +24,23 @@
  * evicted: a fault of its own would wait for the very reclaim that waits for its answer. The
  * daemon learns the thread's id from one fault on the first scratch page (see agent_thread)
  * and counts any other fault of it as `agent_faults` (tested to stay 0). If the daemon dies
- * (its socket closes and its pid is gone) the thread stops the whole process at once with a
- * clear message instead of letting it read evicted pages as zeros.
+ * (its socket closes and its lifeline hangs up) the thread stops the whole process at once
+ * with a clear message instead of letting it read evicted pages as zeros.
+ *
+ * The daemon's end is seen on its lifeline: the read end of a pipe whose write end only the
+ * daemon holds, handed over with the answer to each greeting; it hangs up (POLLHUP) when the
+ * daemon exits. Never by the daemon's pid number: in a pid namespace below the daemon's
+ * (unshare -pf, bwrap --unshare-pid, a rootless container) that number names nothing, or
+ * another process. (Not by a pidfd of the daemon either: that would give a sandboxed process a
+ * handle to signal the daemon across its pid namespace; the pipe tells only that it ended.)
  *
  * Fork: the kernel hands the child's new uffd to the daemon (UFFD_EVENT_FORK). In the child an
- * atfork handler touches the probe page, so that the daemon learns the child's pid from the
- * fault's thread id, then greets the daemon, receives its own uffd back and starts a new agent
- * thread. Every other thread of the parent is gone in the child, as POSIX says.
+ * atfork handler touches the probe page (wipe-on-fork: empty in every child, so it always
+ * faults); while it waits in that fault, the daemon writes random bytes there through the
+ * child's uffd and finds the process whose probe page holds them (the fault's thread id, a
+ * number of the child's own pid namespace, only narrows the search). The new agent thread then
+ * greets the daemon and receives the child's uffd and the daemon's lifeline; the probe page is
+ * emptied after that. Every other thread of the parent is gone in the child, as POSIX says.
  *
  * Inspection: the kernel reads a process's memory without a userfault for a core dump and for a
  * debugger (/proc/PID/mem, PTRACE_PEEKDATA), so evicted pages would read as zeros or EIO. The
@@ -171,7 +181,19 @@ struct cred_follow {
 struct agent {
 	int sock;            /* connection to the daemon (in the agent thread's own fd table) */
 	int uffd;            /* this process's userfaultfd (ditto; kept open: see header comment) */
-	pid_t daemon_pid;
+	pid_t daemon_pid;    /* the daemon's pid in its own pid namespace: see daemon_pid_ok */
+	/* The daemon's lifeline (see the header comment) from the answer to the greeting: in the
+	 * agent thread's own table once it has it (-1 before), where the watchdog takes a copy of it
+	 * for its own (pidfd_getfd through a thread pidfd). */
+	volatile int lifeline;
+	/* The constructor's copy of it, in the program's table while the agent's threads start
+	 * (each keeps it in its own table; then the constructor closes it): -1 otherwise. */
+	int boot_lifeline;
+	/* Whether `daemon_pid` means the daemon here: this process is in the daemon's pid namespace
+	 * (then the number is a fallback where no lifeline came). Set by the thread starting the
+	 * agent's threads, for the process it is in. */
+	int daemon_pid_ok;
+	char daemon_pidns[48]; /* the daemon's pid namespace (UFFD_DAEMON_PIDNS: "pid:[INODE]") */
 	volatile int tid;    /* the agent thread's id, once it has its own fd table (0 before) */
 	volatile int ready;  /* futex: 1 once the agent thread has its own fd table, -1 if it failed */
 	volatile int greeted; /* futex: a fork child's agent greeted the daemon (1) or could not (-1) */
@@ -256,9 +278,13 @@ static void die_daemon_lost(void)
 		err = syscall(SYS_pidfd_getfd, pfd, 2, 0);
 	if (err < 0)
 		err = 2;
-	syscall(SYS_write, err, head, sizeof head - 1);
-	syscall(SYS_write, err, num, n);
-	syscall(SYS_write, err, tail, sizeof tail - 1);
+	/* One write (under PIPE_BUF): the processes of a tree die at once when their daemon does,
+	 * and three writes each interleaved their messages on a shared stderr. */
+	char line[sizeof head + sizeof num + sizeof tail];
+	memcpy(line, head, sizeof head - 1);
+	memcpy(line + sizeof head - 1, num, (size_t)n);
+	memcpy(line + sizeof head - 1 + n, tail, sizeof tail - 1);
+	syscall(SYS_write, err, line, sizeof head - 1 + n + sizeof tail - 1);
 	syscall(SYS_exit_group, EXIT_DAEMON_LOST);
 }
 
@@ -320,7 +346,9 @@ static int send_packet(int sock, const uint8_t *data, size_t len, int fd)
 	}
 }
 
-static ssize_t recv_packet(int sock, uint8_t *buf, size_t cap, int *fd_out)
+/* Receives one packet and the descriptors it carries, in order: up to `max` of them into
+ * `fds` (their count in `*nfds`), any more closed. */
+static ssize_t recv_packet_fds(int sock, uint8_t *buf, size_t cap, int *fds, int max, int *nfds)
 {
 	struct iovec iov = { buf, cap };
 	union { struct cmsghdr h; char b[CMSG_SPACE(sizeof(int) * 4)]; } c;
@@ -333,20 +361,35 @@ static ssize_t recv_packet(int sock, uint8_t *buf, size_t cap, int *fd_out)
 	do {
 		n = syscall(SYS_recvmsg, sock, &m, MSG_CMSG_CLOEXEC);
 	} while (n < 0 && errno == EINTR);
-	if (fd_out)
-		*fd_out = -1;
+	int got = 0;
 	if (n > 0) {
 		for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
-			if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
+			if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+				continue;
+			size_t count = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (size_t i = 0; i < count; i++) {
 				int fd;
-				memcpy(&fd, CMSG_DATA(h), sizeof(int));
-				if (fd_out && *fd_out < 0)
-					*fd_out = fd;
+				memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+				if (got < max)
+					fds[got++] = fd;
 				else
 					syscall(SYS_close, fd);
 			}
 		}
 	}
+	if (nfds)
+		*nfds = got;
+	return n;
+}
+
+/* Receives one packet; its first descriptor into `*fd_out` (-1 if none; NULL: closed), any
+ * other closed. */
+static ssize_t recv_packet(int sock, uint8_t *buf, size_t cap, int *fd_out)
+{
+	int fd = -1, nfd = 0;
+	ssize_t n = recv_packet_fds(sock, buf, cap, &fd, fd_out ? 1 : 0, &nfd);
+	if (fd_out)
+		*fd_out = nfd > 0 ? fd : -1;
 	return n;
 }
 
@@ -395,8 +438,16 @@ static int connect_daemon(void)
 	return s;
 }
 
-static int hello(struct agent *ag, uint32_t flags, int send_fd, int *recv_fd)
+/* Greets the daemon with `flags` (and `send_fd`, if not -1) and waits for its answer. The
+ * answer carries the descriptor it hands this process, if `recv_fd` asks for one (its uffd, or
+ * the device), and then, if `recv_lifeline` asks for it, the daemon's lifeline: each -1 if it did not
+ * come. 0 if the daemon accepted the greeting. */
+static int hello(struct agent *ag, uint32_t flags, int send_fd, int *recv_fd, int *recv_lifeline)
 {
+	if (recv_fd)
+		*recv_fd = -1;
+	if (recv_lifeline)
+		*recv_lifeline = -1;
 	uint8_t pkt[HEADER_LEN + 64];
 	memset(pkt, 0, sizeof pkt);
 	header(pkt, KIND_HELLO, 64);
@@ -416,23 +467,37 @@ static int hello(struct agent *ag, uint32_t flags, int send_fd, int *recv_fd)
 	 * descriptors, stopped) must not hang the program's start or its fork. */
 	struct timeval tv = { .tv_sec = GREETING_TIMEOUT_S, .tv_usec = 0 };
 	syscall(SYS_setsockopt, ag->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	ssize_t n = recv_packet(ag->sock, ag->buf, sizeof ag->buf, recv_fd);
+	int fds[2], nfd = 0;
+	ssize_t n = recv_packet_fds(ag->sock, ag->buf, sizeof ag->buf, fds, 2, &nfd);
 	int recv_errno = errno;
 	struct timeval none = { 0, 0 };
 	syscall(SYS_setsockopt, ag->sock, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
-	if (n < 0 && (recv_errno == EAGAIN || recv_errno == EWOULDBLOCK)) {
-		errno = ETIMEDOUT;
-		return -1;
-	}
+	int k = 0;
+	if (recv_fd && k < nfd)
+		*recv_fd = fds[k++];
+	if (recv_lifeline && k < nfd)
+		*recv_lifeline = fds[k++];
+	while (k < nfd)
+		syscall(SYS_close, fds[k++]);
+	int err = 0;
 	uint32_t len;
-	const uint8_t *ack = check_packet(ag->buf, n, KIND_HELLO_ACK, &len);
-	if (!ack || len != 8) {
-		errno = EPROTO;
-		return -1;
-	}
-	int32_t status = (int32_t)get32(ack);
-	if (status != 0) {
-		errno = status > 0 ? status : EPROTO;
+	const uint8_t *ack = NULL;
+	if (n < 0 && (recv_errno == EAGAIN || recv_errno == EWOULDBLOCK))
+		err = ETIMEDOUT;
+	else if (!(ack = check_packet(ag->buf, n, KIND_HELLO_ACK, &len)) || len != 8)
+		err = EPROTO;
+	else if ((int32_t)get32(ack) != 0)
+		err = (int32_t)get32(ack) > 0 ? (int)get32(ack) : EPROTO;
+	if (err) {
+		if (recv_fd && *recv_fd >= 0)
+			syscall(SYS_close, *recv_fd);
+		if (recv_lifeline && *recv_lifeline >= 0)
+			syscall(SYS_close, *recv_lifeline);
+		if (recv_fd)
+			*recv_fd = -1;
+		if (recv_lifeline)
+			*recv_lifeline = -1;
+		errno = err;
 		return -1;
 	}
 	return 0;
@@ -566,10 +631,13 @@ static void block_signals(void)
 	syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, NULL, sizeof all);
 }
 
-/* Whether the daemon has exited (also while it is a zombie nobody has reaped yet). */
-static int daemon_exited(pid_t pid)
+/* Whether the daemon has exited (also while it is a zombie nobody has reaped yet), looked up by
+ * its pid: only where that number means the daemon (ag->daemon_pid_ok), else 0. */
+static int daemon_exited(struct agent *ag)
 {
-	long pfd = syscall(SYS_pidfd_open, pid, 0);
+	if (!ag->daemon_pid_ok)
+		return 0;
+	long pfd = syscall(SYS_pidfd_open, ag->daemon_pid, 0);
 	if (pfd < 0)
 		return errno == ESRCH;
 	struct pollfd p = { .fd = (int)pfd, .events = POLLIN };
@@ -578,16 +646,88 @@ static int daemon_exited(pid_t pid)
 	return r > 0 && (p.revents & POLLIN);
 }
 
-/* Closes every descriptor of the calling thread's (own) table but `keep_a` and `keep_b`
- * (either may be -1). */
-static void close_all_but(int keep_a, int keep_b)
+/* What a poll of the lifeline says: the daemon ended (its write end closed: POLLHUP, or
+ * POLLERR), the descriptor is not open (POLLNVAL), or neither. Data (POLLIN alone) means
+ * nothing: the daemon never writes. */
+enum lifeline_state { LIFELINE_UP, LIFELINE_DOWN, LIFELINE_CLOSED };
+
+static enum lifeline_state lifeline_revents(short revents)
 {
-	int lo = keep_a < keep_b ? keep_a : keep_b, hi = keep_a < keep_b ? keep_b : keep_a;
+	if (revents & POLLNVAL)
+		return LIFELINE_CLOSED;
+	if (revents & (POLLHUP | POLLERR))
+		return LIFELINE_DOWN;
+	return LIFELINE_UP;
+}
+
+/* Whether the daemon has exited, by its lifeline `fd` in the calling thread's table if there
+ * is one (-1 if not; waiting up to `wait_ms` for it to hang up), else by its number where that
+ * means it. */
+static int daemon_gone(struct agent *ag, int fd, int wait_ms)
+{
+	if (fd >= 0) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		long r;
+		do {
+			r = syscall(SYS_poll, &p, 1, wait_ms);
+		} while (r < 0 && errno == EINTR);
+		enum lifeline_state st = r > 0 ? lifeline_revents(p.revents) : LIFELINE_UP;
+		if (st != LIFELINE_CLOSED)
+			return st == LIFELINE_DOWN;
+	}
+	return daemon_exited(ag);
+}
+
+/* Whether this process is in the daemon's pid namespace (its /proc/self/ns/pid names the one
+ * the daemon said it is in): then the daemon's pid means the daemon here. */
+static int in_daemon_pid_namespace(struct agent *ag)
+{
+	char ns[sizeof ag->daemon_pidns];
+	int saved = errno;
+	long n = syscall(SYS_readlinkat, AT_FDCWD, "/proc/self/ns/pid", ns, sizeof ns - 1);
+	errno = saved;
+	if (n <= 0 || !ag->daemon_pidns[0])
+		return 0;
+	ns[n] = 0;
+	return strcmp(ns, ag->daemon_pidns) == 0;
+}
+
+/* A pidfd of thread `tid` of this process (PIDFD_THREAD, Linux 6.9), or -1: -1 also when no
+ * thread of this process has that id (a raw clone child, whose copy of the agent's state names
+ * its parent's threads), so that a stale id never reaches into another process. errno is kept. */
+static int own_thread_pidfd(int tid)
+{
+	int saved = errno;
+	long me = syscall(SYS_getpid);
+	int pfd = -1;
+	if (tid > 0 && syscall(SYS_tgkill, me, tid, 0) == 0) {
+		pfd = (int)syscall(SYS_pidfd_open, tid, PIDFD_THREAD_);
+		/* (Still ours once the pidfd holds it: a tid freed and reused in between is not.) */
+		if (pfd >= 0 && syscall(SYS_tgkill, me, tid, 0) != 0) {
+			syscall(SYS_close, pfd);
+			pfd = -1;
+		}
+	}
+	errno = saved;
+	return pfd;
+}
+
+/* Closes every descriptor of the calling thread's (own) table but `keep_a`, `keep_b` and
+ * `keep_c` (any may be -1). */
+static void close_all_but(int keep_a, int keep_b, int keep_c)
+{
+	int keep[3] = { keep_a, keep_b, keep_c };
+	for (int i = 0; i < 3; i++) /* sorted */
+		for (int j = i + 1; j < 3; j++)
+			if (keep[j] < keep[i]) {
+				int t = keep[i];
+				keep[i] = keep[j];
+				keep[j] = t;
+			}
 	unsigned int from = 0;
-	int keep[2] = { lo, hi };
-	for (int i = 0; i < 2; i++) {
-		if (keep[i] < 0 || (i == 1 && keep[1] == keep[0]))
-			continue;
+	for (int i = 0; i < 3; i++) {
+		if (keep[i] < 0 || (unsigned int)keep[i] < from)
+			continue; /* none, or the same as the one before */
 		if ((unsigned int)keep[i] > from)
 			syscall(SYS_close_range, from, (unsigned int)keep[i] - 1, 0);
 		from = (unsigned int)keep[i] + 1;
@@ -602,17 +742,17 @@ static void futex_wake(volatile int *w)
 
 /*
  * Gives the calling agent thread a descriptor table of its own (unshare(CLONE_FILES)), holding
- * only `keep_a` and `keep_b`. The program's table then holds nothing of the agent's: a program
+ * only `keep_a`, `keep_b` and `keep_c`. The program's table then holds nothing of the agent's: a program
  * that closes its descriptors (closefrom, close_range, daemons and shells before exec) cannot
  * cut the agent off, a fork child inherits none of them, a program started with 0-2 closed
  * gets its own files there, and a program counting its descriptors sees only its own. Nothing
  * the program opens later reaches this table either.
  */
-static int own_fd_table(int keep_a, int keep_b)
+static int own_fd_table(int keep_a, int keep_b, int keep_c)
 {
 	if (syscall(SYS_unshare, CLONE_FILES) != 0)
 		return -1;
-	close_all_but(keep_a, keep_b);
+	close_all_but(keep_a, keep_b, keep_c);
 	return 0;
 }
 
@@ -644,21 +784,25 @@ static void say_from_agent(const char *msg)
  * the uffd the kernel gave it at the fork, but cannot evict its pages. After a step-out the
  * thread greets on the connection the program thread made before the call (`ag->sock`, kept in
  * this thread's table), so that a call that changed the mount namespace cannot keep it from
- * the daemon's socket. Either way the daemon answers with this process's uffd. */
+ * the daemon's socket. Either way the daemon answers with this process's uffd and its lifeline. */
 static int greet_again(struct agent *ag)
 {
 	if (ag->sock < 0)
 		ag->sock = connect_daemon();
 	if (ag->sock < 0)
 		return -1;
-	int fd = -1;
-	if (hello(ag, ag->greet_flags, -1, &fd) < 0 || fd < 0) {
+	int fd = -1, line = -1;
+	if (hello(ag, ag->greet_flags, -1, &fd, &line) < 0 || fd < 0) {
 		int e = errno;
+		if (line >= 0)
+			syscall(SYS_close, line);
 		syscall(SYS_close, ag->sock);
 		errno = e;
 		return -1;
 	}
 	ag->uffd = fd;
+	/* For the watchdog to take (it polls every 100 ms). */
+	__atomic_store_n(&ag->lifeline, line, __ATOMIC_RELEASE);
 	return 0;
 }
 
@@ -758,10 +902,13 @@ static void *agent_loop(struct agent *ag)
 {
 	block_signals();
 	syscall(SYS_prctl, PR_SET_NAME, "uffd-agent", 0, 0, 0);
-	/* The constructor's socket and uffd, or the socket made for a restart (fork children have
-	 * neither: -1). */
-	int ok = own_fd_table(ag->sock, ag->fork_child ? -1 : ag->uffd) == 0;
+	/* The constructor's socket, uffd and copy of the daemon's lifeline, or the socket made for
+	 * a restart (fork children have none of them: -1; they get the uffd and the lifeline with
+	 * the answer to their greeting). */
+	int ok = own_fd_table(ag->sock, ag->fork_child ? -1 : ag->uffd, ag->fork_child ? -1 : ag->boot_lifeline) == 0;
 	ag->tid = (int)syscall(SYS_gettid);
+	if (ok && !ag->fork_child)
+		__atomic_store_n(&ag->lifeline, ag->boot_lifeline, __ATOMIC_RELEASE);
 	if (ok) {
 		cred_wake_fd(ag, CRED_AGENT);
 		/* Woken through a thread pidfd (Linux 6.9); without them, a look every 100 ms. */
@@ -821,13 +968,21 @@ static void *agent_loop(struct agent *ag)
 	}
 	/* The connection is gone, and with no DROP in progress. If the daemon is gone too, evicted
 	 * pages can never come back: stop now rather than run on with pages that would read as
-	 * zeros or never arrive. */
+	 * zeros or never arrive. (A dying daemon closes its descriptors one by one: its lifeline
+	 * is given a second to hang up, since this thread's end closes the uffd, after which a
+	 * fault on an evicted page reads zeros instead of waiting for the watchdog.) */
 	syscall(SYS_close, ag->sock);
-	if (ag->leaving || ag->closing)
+	int line = __atomic_exchange_n(&ag->lifeline, -1, __ATOMIC_ACQ_REL);
+	if (ag->leaving || ag->closing) {
+		if (line >= 0)
+			syscall(SYS_close, line);
 		return NULL; /* the daemon closed it on our LEAVE (it brings every page back) or on a
 			      * STEP_OUT (a new agent thread greets again after the call) */
-	if (daemon_exited(ag->daemon_pid))
+	}
+	if (daemon_gone(ag, line, 1000))
 		die_daemon_lost();
+	if (line >= 0)
+		syscall(SYS_close, line);
 	say_from_agent("uffd-agent: lost the connection to uffd-daemon; pages are still served but no "
 		       "longer evicted\n");
 	return NULL;
@@ -867,6 +1022,51 @@ static int only_agent_threads_left(int stat_fd, int ours)
 	return threads >= 0 && threads == ours + (state == 'Z');
 }
 
+/* The identity of a lifeline `fd`, the same in every copy of it (the pipe's device and inode),
+ * into `id`: 0, or -1 if `fd` is not a pipe. errno is kept. */
+static int lifeline_id(int fd, uint64_t id[2])
+{
+	struct stat st;
+	int saved = errno;
+	long r = syscall(SYS_newfstatat, fd, "", &st, AT_EMPTY_PATH);
+	errno = saved;
+	if (r != 0 || !S_ISFIFO(st.st_mode))
+		return -1;
+	id[0] = (uint64_t)st.st_dev;
+	id[1] = (uint64_t)st.st_ino;
+	return 0;
+}
+
+/* Whether `fd` is still the lifeline whose identity is `id`. */
+static int is_lifeline(int fd, const uint64_t id[2])
+{
+	uint64_t now[2];
+	return fd >= 0 && lifeline_id(fd, now) == 0 && now[0] == id[0] && now[1] == id[1];
+}
+
+/* In the watchdog: a copy of the daemon's lifeline for its own table, taken from the agent
+ * thread's once that has one (the answer to its greeting), or -1. */
+static int take_lifeline(struct agent *ag)
+{
+	int src = __atomic_load_n(&ag->lifeline, __ATOMIC_ACQUIRE);
+	if (src < 0)
+		return -1;
+	int t = own_thread_pidfd(ag->tid);
+	if (t < 0)
+		return -1;
+	int saved = errno;
+	int fd = (int)syscall(SYS_pidfd_getfd, t, src, 0);
+	syscall(SYS_close, t);
+	/* The agent thread may have let it go meanwhile (its connection ended), and the number may
+	 * name another of its descriptors by now: kept only if the lifeline is still there. */
+	if (fd >= 0 && __atomic_load_n(&ag->lifeline, __ATOMIC_ACQUIRE) != src) {
+		syscall(SYS_close, fd);
+		fd = -1;
+	}
+	errno = saved;
+	return fd;
+}
+
 /*
  * The watchdog waits for the daemon to exit, and for the program's last thread to exit. It is
  * separate from the agent thread because that one can be blocked for good when the daemon
@@ -880,35 +1080,58 @@ static void *watchdog_thread(void *arg)
 	block_signals();
 	syscall(SYS_prctl, PR_SET_NAME, "uffd-watchdog", 0, 0, 0);
 	ag->watchdog_tid = (int)syscall(SYS_gettid);
-	/* Best effort: without a table of its own it still guards the process, with its two
+	/* The daemon's lifeline: the constructor's copy, kept in this thread's table; in a fork
+	 * child or after a step-out, the one the agent thread receives with the answer to its
+	 * greeting, taken below once it has it. Until then the daemon's number serves, where it
+	 * means the daemon (this process is in the daemon's pid namespace: daemon_exited). */
+	int line = ag->boot_lifeline;
+	/* Best effort: without a table of its own it still guards the process, with its
 	 * descriptors in the program's table (and the liveness check below if they are closed). */
-	int own = own_fd_table(-1, -1) == 0;
+	int own = own_fd_table(line, -1, -1) == 0;
+	/* Without one, the constructor's copy is in the program's table, where the constructor
+	 * closes it: a copy of this thread's (which the program may close too, and its number be
+	 * reused: so whatever the poll says of it is believed only while it is still the lifeline). */
+	if (!own && line >= 0)
+		line = (int)syscall(SYS_fcntl, line, F_DUPFD_CLOEXEC, 0);
+	uint64_t id[2] = { 0, 0 };
+	if (line >= 0 && lifeline_id(line, id) < 0) {
+		syscall(SYS_close, line);
+		line = -1;
+	}
 	/* Without a table of its own, no eventfd (the program would see it): the poll below looks
 	 * for credential changes every 100 ms. */
 	if (own)
 		cred_wake_fd(ag, CRED_WATCHDOG);
 	ag->cred.up = 1;
 	futex_wake(&ag->cred.up);
-	long pfd = syscall(SYS_pidfd_open, ag->daemon_pid, 0);
-	if (pfd < 0 && errno == ESRCH)
-		die_daemon_lost();
 	long stat_fd = syscall(SYS_openat, AT_FDCWD, "/proc/self/stat", O_RDONLY | O_CLOEXEC);
 	for (;;) {
+		if (line < 0) {
+			line = take_lifeline(ag);
+			if (line >= 0 && lifeline_id(line, id) < 0) {
+				syscall(SYS_close, line);
+				line = -1;
+			}
+		}
 		/* (poll skips an entry whose fd is -1.) */
-		struct pollfd p[2] = { { .fd = (int)pfd, .events = POLLIN },
+		struct pollfd p[2] = { { .fd = line, .events = POLLIN },
 				       { .fd = ag->cred.wake_fd[CRED_WATCHDOG], .events = POLLIN } };
 		long r = syscall(SYS_poll, p, 2, 100);
 		follow_creds(ag, CRED_WATCHDOG, r > 0 && (p[1].revents & POLLIN));
-		if (r > 0 && (p[0].revents & POLLIN))
+		enum lifeline_state st = r > 0 && line >= 0 ? lifeline_revents(p[0].revents) : LIFELINE_UP;
+		if (st != LIFELINE_UP && !is_lifeline(line, id))
+			st = LIFELINE_CLOSED; /* (not ours to close: the program's now) */
+		if (st == LIFELINE_DOWN)
 			die_daemon_lost();
-		if (r > 0 && (p[0].revents & POLLNVAL))
-			pfd = -1;
-		if (pfd < 0 && daemon_exited(ag->daemon_pid))
+		if (st == LIFELINE_CLOSED)
+			line = -1;
+		if (line < 0 && daemon_exited(ag))
 			die_daemon_lost();
 		if (ag->stepping_out) {
 			/* A call that needs the process alone: a new watchdog starts after it. */
 			syscall(SYS_close, stat_fd);
-			syscall(SYS_close, pfd);
+			if (is_lifeline(line, id))
+				syscall(SYS_close, line);
 			syscall(SYS_close, ag->cred.wake_fd[CRED_WATCHDOG]);
 			return NULL;
 		}
@@ -917,7 +1140,8 @@ static void *watchdog_thread(void *arg)
 		if (ag->leaving) {
 			/* Every evicted page is coming back: the daemon's end no longer matters. */
 			syscall(SYS_close, stat_fd);
-			syscall(SYS_close, pfd);
+			if (is_lifeline(line, id))
+				syscall(SYS_close, line);
 			syscall(SYS_close, ag->cred.wake_fd[CRED_WATCHDOG]);
 			return NULL;
 		}
@@ -950,6 +1174,7 @@ static int start_threads(struct agent *ag)
 	pthread_t th;
 	ag->ready = 0;
 	ag->tid = 0;
+	ag->daemon_pid_ok = in_daemon_pid_namespace(ag);
 	cred_follow_start(ag);
 	/* The watchdog first: without it no agent thread may run (the daemon's death would go
 	 * unseen), and a failure here leaves nothing to undo. */
@@ -990,7 +1215,9 @@ static void atfork_child(void)
 		return;
 	/* Another thread of the parent may have held it at the fork: it is not in the child. */
 	g_sig_lock = 0;
-	/* Name ourselves to the daemon: this fault arrives on our new uffd with our tid. */
+	/* Show the daemon which process this is: the fault arrives on our new uffd (wipe-on-fork:
+	 * the page is empty here) and waits while the daemon writes its token into the page and
+	 * finds the process that holds it (bind.rs). */
 	volatile char c = *(volatile char *)ag->probe;
 	(void)c;
 	/* Under the program's seccomp filter, which this thread and any thread it starts obey, any
@@ -999,11 +1226,12 @@ static void atfork_child(void)
 	 * pages not evicted, and the daemon's census says so. */
 	if (ag->filtered)
 		return;
-	syscall(SYS_madvise, ag->probe, PAGE, MADV_DONTNEED);
 	/* The parent's descriptors were in its agent thread's table, not copied here. The new agent
-	 * thread greets the daemon and receives this process's uffd. */
+	 * thread greets the daemon and receives this process's uffd and the daemon's lifeline. */
 	ag->sock = -1;
 	ag->uffd = -1;
+	ag->boot_lifeline = -1;
+	ag->lifeline = -1;
 	ag->fork_child = 1;
 	ag->greet_flags = HELLO_FORK_CHILD;
 	ag->greeted = 0;
@@ -1012,12 +1240,16 @@ static void atfork_child(void)
 	if (start_threads(ag) < 0) {
 		say("uffd-agent: a forked child cannot start its agent; its pages are served but not "
 		    "evicted\n");
-		return;
+	} else {
+		/* The child starts managed, as its parent did: fork returns once its agent is greeted
+		 * (a futex wait here, nothing a seccomp filter or a privilege drop is likely to
+		 * forbid). */
+		while (ag->greeted == 0)
+			syscall(SYS_futex, &ag->greeted, FUTEX_WAIT, 0, NULL, NULL, 0);
 	}
-	/* The child starts managed, as its parent did: fork returns once its agent is greeted (a
-	 * futex wait here, nothing a seccomp filter or a privilege drop is likely to forbid). */
-	while (ag->greeted == 0)
-		syscall(SYS_futex, &ag->greeted, FUTEX_WAIT, 0, NULL, NULL, 0);
+	/* Emptied only now: what the daemon wrote there shows which process this is until the
+	 * greeting (bind.rs, bind_at_greeting). */
+	syscall(SYS_madvise, ag->probe, PAGE, MADV_DONTNEED);
 }
 
 /*
@@ -1040,7 +1272,7 @@ static int register_new_mapping(void *addr, size_t len, int prot, int flags)
 	/* The uffd lives in the agent thread's own table: borrow it for the call (Linux 6.9's
 	 * thread pidfds; without them the daemon's scan registers the range a little later). */
 	int rc = -1;
-	int pfd = (int)syscall(SYS_pidfd_open, ag->tid, PIDFD_THREAD_);
+	int pfd = own_thread_pidfd(ag->tid);
 	if (pfd >= 0) {
 		int uffd = (int)syscall(SYS_pidfd_getfd, pfd, ag->uffd, 0);
 		syscall(SYS_close, pfd);
@@ -1835,7 +2067,7 @@ static void cred_wake(int tid, int fd)
 {
 	if (fd < 0)
 		return;
-	int pfd = (int)syscall(SYS_pidfd_open, tid, PIDFD_THREAD_);
+	int pfd = own_thread_pidfd(tid);
 	if (pfd < 0)
 		return;
 	int efd = (int)syscall(SYS_pidfd_getfd, pfd, fd, 0);
@@ -2113,6 +2345,8 @@ static int agent_step_in(struct agent *ag, int *sock)
 	ag->stepping_out = 0;
 	ag->sock = *sock;
 	ag->uffd = -1;
+	ag->boot_lifeline = -1;
+	ag->lifeline = -1;
 	ag->fork_child = 1;
 	ag->greet_flags = HELLO_AGENT_RESTART;
 	ag->greeted = 0;
@@ -2606,6 +2840,7 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 	find_next_symbols();
 	const char *path = getenv("UFFD_DAEMON_SOCK");
 	const char *dpid = getenv("UFFD_DAEMON_PID");
+	const char *dns = getenv("UFFD_DAEMON_PIDNS");
 	if (!path || !*path || !dpid)
 		return; /* not started by uffd-daemon */
 	if (strlen(path) >= sizeof g_sock_path)
@@ -2622,7 +2857,16 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 	ag->scratch = region + PAGE;
 	ag->stack = region + PAGE + SCRATCH_PAGES * PAGE + STATE_BYTES;
 	ag->watchdog_stack = ag->stack + STACK_BYTES;
+	/* Empty in every fork child, so that a child's probe read always faults, whatever its
+	 * parent's probe page held (the daemon's token while the parent was being bound: bind.rs;
+	 * a parent under a seccomp filter never empties it). Best effort: atfork_child empties the
+	 * page after its greeting anyway. */
+	madvise(ag->probe, PAGE, MADV_WIPEONFORK);
 	ag->daemon_pid = (pid_t)atoi(dpid);
+	if (dns && strlen(dns) < sizeof ag->daemon_pidns)
+		strcpy(ag->daemon_pidns, dns);
+	ag->boot_lifeline = -1;
+	ag->lifeline = -1;
 
 	ag->sock = -1;
 	if (!threads_allowed()) {
@@ -2657,7 +2901,7 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 	if (uffd < 0) {
 		/* No access to userfaultfd(2) or /dev/userfaultfd for this user: borrow the device. */
 		int dev = -1;
-		if (hello(ag, HELLO_NEED_UFFD, -1, &dev) < 0 || dev < 0) {
+		if (hello(ag, HELLO_NEED_UFFD, -1, &dev, NULL) < 0 || dev < 0) {
 			unmanaged(ag, "cannot make a userfaultfd, and the daemon lent none", errno);
 			return;
 		}
@@ -2678,7 +2922,7 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 		if (ioctl(uffd, UFFDIO_REGISTER_, &reg) < 0)
 			fatal("registering the agent's scratch area", errno);
 	}
-	if (hello(ag, flags, uffd, NULL) < 0) {
+	if (hello(ag, flags, uffd, NULL, &ag->boot_lifeline) < 0) {
 		/* Not answered in time, refused, or the daemon out of descriptors: the process runs
 		 * unmanaged. The daemon may still take the uffd and serve its faults; with no agent
 		 * nothing is evicted, so nothing can be lost either way. */
@@ -2690,10 +2934,13 @@ __attribute__((constructor)) static void uffd_agent_init(void)
 	}
 	if (start_threads(ag) < 0)
 		fatal("cannot start the agent's threads (the agent thread with a descriptor table of its own)", errno);
-	/* The agent thread holds the socket and the uffd in its own table now: nothing of the
-	 * agent's stays in the program's. */
+	/* The agent thread holds the socket, the uffd and the daemon's lifeline in its own table now,
+	 * the watchdog the lifeline in its own: nothing of the agent's stays in the program's. */
 	close(ag->sock);
 	close(uffd);
+	if (ag->boot_lifeline >= 0)
+		close(ag->boot_lifeline);
+	ag->boot_lifeline = -1;
 	/* The heap as it is now was registered with the greeting; its growth from here on is
 	 * registered by the allocation wrappers. */
 	g_brk_seen = (uintptr_t)sbrk(0); /* (also sets __curbrk if nothing has yet) */

@@ -104,10 +104,11 @@ impl AgentConn {
         })
     }
 
-    /// Sends one message, with an optional descriptor; returns its sequence number.
-    pub fn send(&mut self, msg: &Message, fd: Option<i32>) -> io::Result<u32> {
+    /// Sends one message, with descriptors (at most [`sys::MAX_SENT_FDS`]); returns its
+    /// sequence number.
+    pub fn send(&mut self, msg: &Message, fds: &[i32]) -> io::Result<u32> {
         self.seq = self.seq.wrapping_add(1);
-        sys::send_with_fd(self.sock()?, &protocol::encode(msg, self.seq), fd)?;
+        sys::send_with_fds(self.sock()?, &protocol::encode(msg, self.seq), fds)?;
         Ok(self.seq)
     }
 
@@ -118,14 +119,14 @@ impl AgentConn {
                 runs: runs.to_vec(),
                 unshare: unshare.to_vec(),
             },
-            None,
+            &[],
         )
     }
 
     /// Tells the agent to free what the last DROP moved into its scratch (the daemon has read
     /// it back). Not answered.
     pub fn send_free(&mut self) -> io::Result<u32> {
-        self.send(&Message::Free, None)
+        self.send(&Message::Free, &[])
     }
 
     /// Waits up to `timeout` for the answer to DROP `seq` of `pages` pages: the per-page

@@ -242,6 +242,7 @@ impl<'a> BatchStop<'a> {
     /// Stops `pid`.
     pub fn take(shared: &'a Shared, pid: i32) -> Result<Self, InjectError> {
         shared.injecting.store(true, Ordering::Release);
+        shared.injecting_pid.store(pid, Ordering::Release);
         match Stop::seize_noting(pid, &shared.injecting_tid) {
             Ok(stop) => Ok(BatchStop { shared, stop }),
             Err(e) => {
@@ -335,6 +336,7 @@ fn adopt_stopped(shared: &Arc<Shared>, pid: i32, stop: &mut Stop) -> Result<(), 
     if let Ok(p) = PidFd::open(pid) {
         *mm.pidfd.lock() = Some(p);
     }
+    crate::bind::note_pid_namespace(&mm, pid);
     daemon::start_mm(shared, &mm)?;
     let _ = daemon::scan_and_register(shared, &mm);
     if shared.verbose {
@@ -768,16 +770,11 @@ pub fn wait_handled(mm: &Mm) {
 /// Called by the handler of an agentless process's FORK event: the child is to be bound by a
 /// token in its probe page.
 pub fn forked(mm: &Mm) {
-    let mut bytes = [0u8; 16];
-    if sys::random_bytes(&mut bytes).is_err() {
+    let Ok(token) = BindToken::new() else {
         return; // then it stays unbound: faults served, nothing evicted
-    }
+    };
     mm.agentless.store(true, Ordering::Release);
-    *mm.bind_token.lock() = Some(BindToken {
-        bytes,
-        written: false,
-        since: Instant::now(),
-    });
+    *mm.bind_token.lock() = Some(token);
     write_token(mm);
 }
 
@@ -797,13 +794,17 @@ fn write_token(mm: &Mm) {
 }
 
 /// The scanner's part: binds forked children of agentless processes to their pids. Each
-/// unbound child's token is looked for in the probe page of every process of the tree that no
-/// address space names yet (only where the page is present, so that no read faults).
+/// unbound child's token is looked for in the probe page of the tree's processes that no
+/// address space names yet (`bind.rs`; only where the page is present, so that no read
+/// faults).
 pub fn bind_children(shared: &Arc<Shared>) {
     let mms: Vec<Arc<Mm>> = shared.mms.lock().clone();
     let mut unbound = Vec::new();
     for m in &mms {
-        if m.pid().is_some() || m.retired.load(Ordering::Relaxed) {
+        if m.pid().is_some()
+            || m.retired.load(Ordering::Relaxed)
+            || !m.agentless.load(Ordering::Acquire)
+        {
             continue;
         }
         write_token(m);
@@ -814,41 +815,14 @@ pub fn bind_children(shared: &Arc<Shared>) {
             _ => {}
         }
     }
-    if unbound.is_empty() {
-        return;
-    }
-    let known: std::collections::HashSet<i32> = mms.iter().filter_map(|m| m.pid()).collect();
-    // SAFETY: getpid cannot fail.
-    let me = unsafe { libc::getpid() };
-    for pid in crate::unmanaged::descendants(me) {
-        if known.contains(&pid) {
-            continue;
-        }
-        for (m, bytes) in &unbound {
-            if m.pid().is_some() {
-                continue;
-            }
-            let present = crate::maps::present_pages(pid, m.probe, m.probe + PAGE_SIZE_U64)
-                .is_ok_and(|p| p.contains(&m.probe));
-            if !present {
-                continue;
-            }
-            let mut got = [0u8; 16];
-            if !matches!(sys::read_remote(pid, &[(m.probe, 16)], &mut got), Ok(16)) || got != *bytes
-            {
-                continue;
-            }
-            *m.bind_token.lock() = None;
-            daemon::bind_forked_child(shared, m, pid);
-            make_agentless(shared, m);
-            Stats::add(&shared.stats.agentless_children_bound, 1);
-            if shared.verbose {
-                eprintln!(
-                    "uffd-daemon: forked child {pid} of an agentless process bound (mm {})",
-                    m.id
-                );
-            }
-            break;
+    for (m, pid) in crate::bind::bind_agentless_children(shared, &unbound) {
+        make_agentless(shared, &m);
+        Stats::add(&shared.stats.agentless_children_bound, 1);
+        if shared.verbose {
+            eprintln!(
+                "uffd-daemon: forked child {pid} of an agentless process bound (mm {})",
+                m.id
+            );
         }
     }
 }

@@ -19,6 +19,16 @@
 //! encrypt = true                 # seal every page on the backend with AES-256-GCM under a key
 //!                                # held only in the daemon's locked memory (--encrypt on|off)
 //!
+//! [redis_cluster]                # with backend = "redis-cluster:HOST:PORT[,HOST:PORT...]"
+//! password = "..."               # AUTH (requirepass or an ACL user's); none by default
+//! username = "uffd"              # ACL user (default: the default user)
+//! connect_timeout_ms = 1000      # a TCP connection to a node
+//! response_timeout_ms = 2000     # a node's answer; above wait_timeout_ms
+//! replicas = 1                   # a write is stored once WAIT counts this many replicas (0: no WAIT)
+//! wait_timeout_ms = 1000         # WAIT's timeout
+//! read_retry_ms = 15000          # a read retries this long (a failover) before it fails
+//! write_retry_ms = 1000          # a write retries this long before its pages stay in memory
+//!
 //! [zswap]
 //! enabled = true                 # (--zswap off)
 //! compressor = "lz4"             # lz4 | zstd | zstd:LEVEL | deflate | deflate-iaa (--compressor)
@@ -147,6 +157,7 @@ struct FileConfig {
     tiers: FileTiers,
     #[serde(default)]
     zswap: FileZswap,
+    redis_cluster: Option<FileRedisCluster>,
     #[serde(default)]
     policy: FilePolicy,
     #[serde(default)]
@@ -163,6 +174,91 @@ struct FileTiers {
     large_folios: Option<bool>,
     discard: Option<bool>,
     encrypt: Option<bool>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRedisCluster {
+    username: Option<String>,
+    password: Option<String>,
+    connect_timeout_ms: Option<u64>,
+    response_timeout_ms: Option<u64>,
+    replicas: Option<u32>,
+    wait_timeout_ms: Option<u64>,
+    read_retry_ms: Option<u64>,
+    write_retry_ms: Option<u64>,
+}
+
+impl std::fmt::Debug for FileRedisCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileRedisCluster")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "(set)"))
+            .finish_non_exhaustive()
+    }
+}
+
+impl FileRedisCluster {
+    /// Applies the section to `c`, checking each value's range.
+    fn apply(&self, c: &mut crate::tiers::RedisClusterConfig) -> anyhow::Result<()> {
+        use std::time::Duration;
+        let ms = |v: Option<u64>, name: &str, lo: u64, hi: u64, d: Duration| match v {
+            None => Ok(d),
+            Some(x) if (lo..=hi).contains(&x) => Ok(Duration::from_millis(x)),
+            Some(x) => Err(anyhow::anyhow!("redis_cluster.{name} = {x}: {lo} to {hi}")),
+        };
+        if let Some(u) = &self.username {
+            if u.is_empty() {
+                bail!("redis_cluster.username is empty: leave it out for the default user");
+            }
+            c.username = Some(u.clone());
+        }
+        if let Some(p) = &self.password {
+            c.password = Some(p.clone());
+        }
+        c.connect_timeout = ms(
+            self.connect_timeout_ms,
+            "connect_timeout_ms",
+            1,
+            60_000,
+            c.connect_timeout,
+        )?;
+        c.response_timeout = ms(
+            self.response_timeout_ms,
+            "response_timeout_ms",
+            1,
+            60_000,
+            c.response_timeout,
+        )?;
+        c.wait_timeout = ms(
+            self.wait_timeout_ms,
+            "wait_timeout_ms",
+            1,
+            60_000,
+            c.wait_timeout,
+        )?;
+        c.read_retry = ms(
+            self.read_retry_ms,
+            "read_retry_ms",
+            0,
+            600_000,
+            c.read_retry,
+        )?;
+        c.write_retry = ms(
+            self.write_retry_ms,
+            "write_retry_ms",
+            0,
+            600_000,
+            c.write_retry,
+        )?;
+        if let Some(r) = self.replicas {
+            if r > 16 {
+                bail!("redis_cluster.replicas = {r}: 0 to 16");
+            }
+            c.replicas = r;
+        }
+        c.validate().map_err(anyhow::Error::msg)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -459,6 +555,17 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
             BackendSpec::parse(s).map_err(|e| anyhow::anyhow!("tiers.backend: {e}"))?
         }
         (None, None) => BackendSpec::File(None),
+    };
+    let backend = match (backend, &f.redis_cluster) {
+        (BackendSpec::RedisCluster(mut c), section) => {
+            match section {
+                Some(s) => s.apply(&mut c),
+                None => c.validate().map_err(anyhow::Error::msg),
+            }
+            .context("the redis-cluster backend")?;
+            BackendSpec::RedisCluster(c)
+        }
+        (b, _) => b,
     };
     let swap_bytes = o
         .swap_size
@@ -771,5 +878,89 @@ mod tests {
             parse_compressor("zstd:-3").unwrap(),
             Compressor::Zstd { level: -3 }
         );
+    }
+
+    /// `--backend redis-cluster:...` and the `[redis_cluster]` section: values land, the
+    /// password is never printed, and each mistake is named.
+    #[test]
+    fn redis_cluster_backend_and_section() {
+        use crate::tiers::RedisClusterConfig;
+        use std::time::Duration;
+        let spec =
+            BackendSpec::parse("redis-cluster:127.0.0.1:7000,[::1]:7001,node-a:7002").unwrap();
+        let BackendSpec::RedisCluster(c) = &spec else {
+            panic!("{spec:?}")
+        };
+        assert_eq!(c.nodes, ["127.0.0.1:7000", "[::1]:7001", "node-a:7002"]);
+        assert_eq!(c.replicas, 1, "WAIT for one replica by default");
+        for (bad, names) in [
+            ("redis-cluster:", &["\"\"", "HOST:PORT"][..]),
+            ("redis-cluster:host", &["host", "HOST:PORT"]),
+            ("redis-cluster:host:0", &["port", "1 to 65535"]),
+            ("redis-cluster:h:7000,h:x", &["h:x", "port"]),
+            ("redis-cluster:::1:7000", &["IPv6", "brackets"]),
+        ] {
+            let e = BackendSpec::parse(bad).unwrap_err();
+            assert!(names.iter().all(|n| e.contains(n)), "{bad}: {e}");
+        }
+        let p = write(
+            "limit = \"64M\"\n[tiers]\nbackend = \"redis-cluster:127.0.0.1:7000\"\n\
+             [redis_cluster]\npassword = \"hunter2\"\nusername = \"uffd\"\nreplicas = 2\n\
+             connect_timeout_ms = 300\nresponse_timeout_ms = 900\nwait_timeout_ms = 400\n\
+             read_retry_ms = 5000\nwrite_retry_ms = 0\n",
+        );
+        let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
+        let BackendSpec::RedisCluster(c) = &r.tiers.backend else {
+            panic!("{:?}", r.tiers.backend)
+        };
+        assert_eq!(
+            **c,
+            RedisClusterConfig {
+                nodes: vec!["127.0.0.1:7000".into()],
+                username: Some("uffd".into()),
+                password: Some("hunter2".into()),
+                connect_timeout: Duration::from_millis(300),
+                response_timeout: Duration::from_millis(900),
+                replicas: 2,
+                wait_timeout: Duration::from_millis(400),
+                read_retry: Duration::from_millis(5000),
+                write_retry: Duration::ZERO,
+            }
+        );
+        assert!(
+            !format!("{r:?}").contains("hunter2"),
+            "the password is printed"
+        );
+        // The command line's nodes take the file's settings.
+        let o = Overrides {
+            backend: Some(BackendSpec::parse("redis-cluster:10.0.0.1:6379").unwrap()),
+            ..Overrides::default()
+        };
+        let r = resolve(Some(&p.0), &o).unwrap();
+        let BackendSpec::RedisCluster(c) = &r.tiers.backend else {
+            panic!()
+        };
+        assert_eq!((c.nodes[0].as_str(), c.replicas), ("10.0.0.1:6379", 2));
+        for (section, names) in [
+            (
+                "replicas = 99\n",
+                &["redis_cluster.replicas", "0 to 16"][..],
+            ),
+            ("wait_timeout_ms = 0\n", &["wait_timeout_ms", "1 to"]),
+            (
+                "wait_timeout_ms = 3000\n",
+                &["wait_timeout_ms", "below response_timeout_ms"],
+            ),
+            ("pasword = \"x\"\n", &["pasword", "password"]),
+        ] {
+            let p = write(&format!(
+                "limit = \"64M\"\n[tiers]\nbackend = \"redis-cluster:h:1\"\n[redis_cluster]\n{section}"
+            ));
+            let e = format!(
+                "{:#}",
+                resolve(Some(&p.0), &Overrides::default()).unwrap_err()
+            );
+            assert!(names.iter().all(|n| e.contains(n)), "{section:?}: {e}");
+        }
     }
 }

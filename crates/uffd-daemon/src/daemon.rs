@@ -15,6 +15,7 @@ use anyhow::{bail, Context};
 use parking_lot::{Condvar, Mutex};
 
 use crate::agent_conn::AgentConn;
+use crate::bind;
 use crate::config::{AccessMode, PolicyConfig};
 use crate::fault;
 use crate::maps;
@@ -79,8 +80,11 @@ pub struct Shared {
     next_id: AtomicU64,
     kick: Mutex<bool>,
     kick_cv: Condvar,
-    bind_lock: Mutex<()>,
-    bind_cv: Condvar,
+    /// Held while a forked child is looked for and bound (`bind.rs`): one at a time, so that
+    /// no two address spaces are bound to one process.
+    pub(crate) bind_lock: Mutex<()>,
+    /// Notified when a forked child is bound (its greeting may be waiting for that).
+    pub(crate) bind_cv: Condvar,
     stalled: AtomicBool,
     /// After stores failed for a whole batch (swap space full, a failing device): how many
     /// batches in a row, and when reclaim may try again (a pause that doubles up to a second,
@@ -93,7 +97,15 @@ pub struct Shared {
     /// An injected DROP is stopping a program now.
     pub injecting: AtomicBool,
     /// The thread it stops: its faults are not held at the limit (it stops only once served).
+    /// Its number in its own pid namespace, as the faults name it (`inject.rs`).
     pub injecting_tid: AtomicI32,
+    /// The process it stops (the daemon's number).
+    pub injecting_pid: AtomicI32,
+    /// The daemon's lifeline (`sys::Lifeline`): its read end handed to each agent with the
+    /// answer to its greeting, so that the agent sees the daemon's end without looking the
+    /// daemon up by a number, which means nothing in a pid namespace below the daemon's.
+    /// (`run` makes it, and does not start without it.)
+    pub lifeline: Option<sys::Lifeline>,
     /// Durations of the stops of injections, beyond the calls made in them (`inject.rs`).
     pub inject_stop_times: Samples,
     /// Durations of whole stops, from the seize to the detach (the program's thread stands
@@ -152,6 +164,8 @@ impl Shared {
             verbose,
             injecting: AtomicBool::new(false),
             injecting_tid: AtomicI32::new(0),
+            injecting_pid: AtomicI32::new(0),
+            lifeline: None,
             inject_stop_times: Samples::default(),
             inject_hold_times: Samples::default(),
             drop_agent_times: Samples::default(),
@@ -266,6 +280,15 @@ impl Shared {
     pub(crate) fn new_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
+
+    /// The descriptors the answer to a completed greeting carries: the one it hands the
+    /// process, if any (its uffd), then the daemon's lifeline, which the agent's threads poll
+    /// (`agent.c`, watchdog_thread).
+    pub(crate) fn greeting_fds(&self, fd: Option<RawFd>) -> Vec<RawFd> {
+        fd.into_iter()
+            .chain(self.lifeline.as_ref().map(sys::Lifeline::raw))
+            .collect()
+    }
 }
 
 /// Starts the handler thread of `mm` and adds it to the live list.
@@ -310,6 +333,8 @@ pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
     *mm.state.lock() = state;
     // The child has a copy of whatever the parent's last DROP left in the scratch.
     *mm.scratch_filled.lock() = Some(Instant::now());
+    mm.forked_from
+        .store(parent.pid().unwrap_or(0), Ordering::Release);
     if parent.agentless.load(Ordering::Acquire) {
         // No agent in the child to name it: the daemon binds it by a token (agentless.rs).
         crate::agentless::forked(&mm);
@@ -323,61 +348,6 @@ pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
     }
     if let Err(e) = start_mm(shared, &mm) {
         eprintln!("uffd-daemon: cannot start the handler of a forked child: {e}");
-    }
-}
-
-/// Called by the handler when a forked child touches its probe page: now we know its pid.
-pub fn bind_forked_child(shared: &Shared, mm: &Mm, tid: i32) {
-    let pid = maps::tgid_of(tid).unwrap_or(tid);
-    match PidFd::open(pid) {
-        Ok(fd) => *mm.pidfd.lock() = Some(fd),
-        Err(e) => eprintln!("uffd-daemon: pidfd of forked child {pid}: {e}"),
-    }
-    forked_table_fixup(shared, mm, pid);
-    mm.pid.store(pid, Ordering::Release);
-    let _g = shared.bind_lock.lock();
-    shared.bind_cv.notify_all();
-}
-
-/// What a fork gives a child beyond a copy of its parent's pages, applied to the child's table
-/// once its pid is known (the child waits in its probe fault meanwhile, so its mappings are as
-/// the fork left them): no pages where the parent had `MADV_WIPEONFORK` (the child reads zeros
-/// there) and none where it had `MADV_DONTFORK` (the child has no mapping there).
-fn forked_table_fixup(shared: &Shared, mm: &Mm, pid: i32) {
-    let vmas = match maps::read_vm_flags(pid) {
-        Ok(v) => v,
-        Err(e) => {
-            // Then nothing can be known of wipe-on-fork: the child's pages cannot be trusted.
-            eprintln!(
-                "uffd-daemon: cannot read the mappings of forked child {pid} ({e}); stopping it \
-                 rather than risk serving its parent's data where it must read zeros"
-            );
-            // SAFETY: kill(2) with integer arguments.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            return;
-        }
-    };
-    // From the child's mappings, not from the registered ranges the table knows: the agent's
-    // mmap wrapper registers memory before any scan sees it, and its pages are in the table
-    // all the same. Every page outside a mapping of the child (dont-fork) or in a
-    // wipe-on-fork one goes.
-    let mut st = mm.state.lock();
-    let mut forgotten = 0;
-    let mut at = 0u64;
-    for &(vs, ve, f) in &vmas {
-        if vs > at {
-            forgotten += st.forget_range(shared, at, vs);
-            st.remove_range(at, vs);
-        }
-        if f.wipe_on_fork {
-            forgotten += st.forget_range(shared, vs, ve);
-        }
-        at = at.max(ve);
-    }
-    forgotten += st.forget_range(shared, at, u64::MAX);
-    st.remove_range(at, u64::MAX);
-    if forgotten > 0 {
-        Stats::add(&shared.stats.fork_pages_wiped, forgotten as u64);
     }
 }
 
@@ -534,22 +504,6 @@ fn refuse(sock: &OwnedFd, why: &str) {
             _ => break,
         }
     }
-}
-
-/// Whether `pid` descends from `root` (the daemon is a child subreaper, so orphans of the tree
-/// are re-parented to it and stay in it).
-fn in_tree(pid: i32, root: i32) -> bool {
-    let mut p = pid;
-    for _ in 0..128 {
-        if p == root {
-            return true;
-        }
-        match maps::parent_of(p) {
-            Some(pp) if pp > 0 => p = pp,
-            _ => return false,
-        }
-    }
-    false
 }
 
 /// Handshakes in progress at most (each on a thread of its own, for at most
@@ -981,11 +935,21 @@ fn read_hello(
             return None;
         }
     };
-    if hello.pid as i32 != pid {
+    // The agent names its process as it sees it (`getpid()`: its own pid namespace's number);
+    // the peer's credentials name it in the daemon's (the kernel translates them for the
+    // reader: `net/core/sock.c`, `cred_to_ucred`, `pid_vnr`). The same process has both as the
+    // first and last of its `NStgid` numbers: one number in the daemon's namespace, several
+    // below it (`unshare -pf`: 1 there).
+    let own = maps::ns_tgids(pid);
+    if own.last() != Some(&(hello.pid as i32)) {
         Stats::add(&stats.protocol_errors, 1);
         refuse(
             sock,
-            &format!("HELLO names pid {} but the peer is pid {pid}", hello.pid),
+            &format!(
+                "HELLO names pid {} but the peer is pid {pid} (its numbers from the daemon's pid \
+                 namespace down: {own:?})",
+                hello.pid
+            ),
         );
         return None;
     }
@@ -1002,7 +966,7 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
     // Any uid: a process of the tree may have dropped its privileges (a server's workers).
     // SAFETY: getpid cannot fail.
     let me = unsafe { libc::getpid() };
-    if !in_tree(cred.pid, me) {
+    if !bind::in_tree(cred.pid, me) {
         // Out of descriptors, the daemon cannot read /proc to tell who it is: say that.
         if let Err(e) = std::fs::File::open("/proc/self/stat") {
             if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
@@ -1090,7 +1054,10 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
             status: 0,
             max_drop_pages: max_drop as u32,
         };
-        if conn.send(&ack, Some(mm.uffd.raw())).is_err() {
+        if conn
+            .send(&ack, &shared.greeting_fds(Some(mm.uffd.raw())))
+            .is_err()
+        {
             return;
         }
         *slot = Some(conn);
@@ -1102,7 +1069,9 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         return;
     }
     if hello.flags & HELLO_FORK_CHILD != 0 {
-        // The child named itself through its probe fault before connecting; find its mm.
+        // The child was bound to its process in its probe fault before it connected (or, if
+        // it was not found then, it is bound now by the token in its probe page: `bind.rs`);
+        // find its mm.
         let deadline = Instant::now() + Duration::from_secs(10);
         let mm = loop {
             let found = shared
@@ -1113,6 +1082,10 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
                 .cloned();
             if let Some(m) = found {
                 break m;
+            }
+            // (Each time: the probe fault that writes the token may not have been read yet.)
+            if bind::bind_at_greeting(&shared, pid) {
+                continue;
             }
             if Instant::now() > deadline {
                 refuse(&sock, "no forked address space is known for this pid");
@@ -1138,7 +1111,10 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
             status: 0,
             max_drop_pages: max_drop as u32,
         };
-        if conn.send(&ack, Some(mm.uffd.raw())).is_err() {
+        if conn
+            .send(&ack, &shared.greeting_fds(Some(mm.uffd.raw())))
+            .is_err()
+        {
             return;
         }
         *slot = Some(conn);
@@ -1225,9 +1201,12 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         Ok(m) => Arc::new(m),
         Err(_) => return,
     };
-    if let Ok(p) = PidFd::open(pid) {
+    // The peer itself (whatever became of its number since it connected); then its number,
+    // checked to be the peer's still.
+    if let Ok(p) = PidFd::of_peer(sock.as_raw_fd()).or_else(|_| PidFd::open(pid)) {
         *mm.pidfd.lock() = Some(p);
     }
+    bind::note_pid_namespace(&mm, pid);
     if start_mm(&shared, &mm).is_err() {
         return;
     }
@@ -1245,7 +1224,7 @@ fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
                 status: 0,
                 max_drop_pages: max_drop as u32,
             },
-            None,
+            &shared.greeting_fds(None),
         )
         .is_err()
     {
@@ -1331,6 +1310,27 @@ fn check_program(
     Ok(None)
 }
 
+/// Checks that the daemon's `/proc` is of its own pid namespace, and returns that namespace's
+/// name (`pid:[INODE]`). The daemon reads the tree's processes there by the numbers the kernel
+/// gives it (a socket's peer credentials, `pidfd_open`, `kill`: its own namespace's); a `/proc`
+/// of another namespace (a daemon started by `unshare -p` without `--mount-proc`) would name
+/// other processes by the same numbers.
+fn check_proc() -> anyhow::Result<String> {
+    // SAFETY: getpid cannot fail.
+    let me = unsafe { libc::getpid() };
+    let seen = std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str().and_then(|s| s.parse::<i32>().ok()));
+    if seen != Some(me) {
+        bail!(
+            "/proc is not of the daemon's pid namespace (it names this process {seen:?}, the \
+             kernel {me}): mount one for it (unshare --pid --fork --mount-proc, or mount -t proc)"
+        );
+    }
+    let ns = std::fs::read_link("/proc/self/ns/pid").context("reading /proc/self/ns/pid")?;
+    Ok(ns.to_string_lossy().into_owned())
+}
+
 /// Checks, before starting anything, that this kernel and these privileges give the agent the
 /// userfaultfd it needs, and says what is missing otherwise.
 fn check_kernel_support() -> anyhow::Result<()> {
@@ -1371,6 +1371,7 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
         );
     }
     check_kernel_support()?;
+    let pid_ns = check_proc()?;
     let agentless = check_program(program, config.policy.unmanaged)?;
     for w in crate::config::capacity_warnings(config.limit_bytes, &config.tiers) {
         eprintln!("uffd-daemon: warning: {w}");
@@ -1386,7 +1387,8 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     }
     raise_fd_limit();
     let started = Instant::now();
-    let dir = crate::rundir::create()?;
+    // (The lock shows the directory live to other daemons until the daemon exits.)
+    let (dir, _run_dir_lock) = crate::rundir::create()?;
     let cleanup = RunDirGuard(dir.clone());
     let so = dir.join("libuffd_agent.so");
     {
@@ -1429,13 +1431,18 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     if config.verbose {
         eprintln!("uffd-daemon: tiers: {}", tiers.describe());
     }
-    let shared = Arc::new(Shared::new(
+    let mut shared = Shared::new(
         tiers,
         config.policy,
         (config.limit_bytes / PAGE_SIZE_U64) as usize,
         config.auto_limit,
         config.verbose,
-    ));
+    );
+    shared.lifeline = Some(
+        sys::Lifeline::new()
+            .context("making the pipe that tells the agents of the daemon's end (its lifeline)")?,
+    );
+    let shared = Arc::new(shared);
 
     // SAFETY: prctl and signal with constant arguments; the handler only stores an atomic.
     unsafe {
@@ -1468,7 +1475,8 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     cmd.args(args)
         .env("LD_PRELOAD", preload)
         .env("UFFD_DAEMON_SOCK", &agent_sock)
-        .env("UFFD_DAEMON_PID", std::process::id().to_string());
+        .env("UFFD_DAEMON_PID", std::process::id().to_string())
+        .env("UFFD_DAEMON_PIDNS", &pid_ns);
     // A program the agent cannot load into stops at its exec, before its first instruction,
     // for the daemon to make its uffd (agentless.rs). (Its environment keeps LD_PRELOAD for
     // the dynamic programs it may run.) This thread, the monitor's, is its tracer.
@@ -1492,6 +1500,9 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     let status = monitor(&shared, root);
     scan_stop.store(true, Ordering::Relaxed);
     let _ = scan_thread.join();
+    // Every program has ended: a network backend drops the run's pages now (the tiers live on
+    // with the threads that hold them, and are never dropped).
+    shared.tiers.close();
     let status = status?;
     if let Some(p) = &config.stats_json {
         let mut v = shared.stats_json();
@@ -1610,8 +1621,9 @@ fn census_round(shared: &Shared, census: &mut Census) {
             }
         }
         for p in tree {
-            // SAFETY: kill(2) with integer arguments, to processes of our own tree.
-            unsafe { libc::kill(p, libc::SIGKILL) };
+            // (Through a pidfd, checked in the tree once it is open: a number reused since
+            // the walk names no process outside it.)
+            bind::kill_in_tree(p);
         }
     }
 }

@@ -156,9 +156,14 @@ const THROTTLE_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long a fill that fails with an unexpected error is retried.
 const FILL_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Whether a thread id belongs to the daemon itself.
-fn is_daemon_thread(tid: u32) -> bool {
+/// Whether a fault's thread id names a thread of the daemon itself. A daemon thread's fault
+/// carries the daemon's number for it; a thread of a process in a pid namespace below the
+/// daemon's is named by that namespace's number, which a daemon thread may have too: such a
+/// number is the process's if the process has a thread so numbered.
+fn is_daemon_thread(mm: &Mm, tid: u32) -> bool {
     std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
+        && !(mm.foreign_pidns.load(Ordering::Acquire)
+            && crate::bind::thread_of_fault(mm, tid).is_some())
 }
 
 /// A fault that could not be served yet (`EAGAIN`: an event is pending).
@@ -435,9 +440,14 @@ fn serve_fault(
     let stats = &shared.stats;
     let addr = p.address;
     if mm.in_agent_region(addr) {
-        // The probe page: a forked child naming itself. Its fault carries the child's tid.
-        if addr == mm.probe && mm.pid().is_none() {
-            daemon::bind_forked_child(shared, mm, p.ptid as i32);
+        // The probe page: a forked child naming itself (`bind.rs`); it waits in the fault
+        // until it is bound (or let go unbound).
+        if addr == mm.probe && !mm.agentless.load(Ordering::Acquire) {
+            match crate::bind::probe_fault(shared, mm, p.ptid) {
+                crate::bind::ProbeFault::NotYet => return false,
+                crate::bind::ProbeFault::Served => return true,
+                crate::bind::ProbeFault::Zero => {}
+            }
         }
         // The first scratch page: the agent thread naming itself (agent.c, agent_thread).
         if addr == mm.agent_name_page()
@@ -448,7 +458,15 @@ fn serve_fault(
         {
             Stats::add(&stats.agent_threads, 1);
         }
-        return !matches!(mm.uffd.zeropage(addr), Ok(Fill::Again));
+        return match mm.uffd.zeropage(addr) {
+            Ok(Fill::Again) => false,
+            // (Present already, and UFFDIO_ZEROPAGE wakes nobody then.)
+            Ok(Fill::Exists) => {
+                let _ = mm.uffd.wake(addr, PAGE_SIZE_U64);
+                true
+            }
+            _ => true,
+        };
     }
     if p.flags & sys::UFFD_PAGEFAULT_FLAG_WP != 0 {
         Stats::add(&stats.wp_faults, 1);
@@ -516,7 +534,7 @@ fn serve_fault(
     // the DROP's settlement, which reads the moved page back, knows. The fault waits for it,
     // as a write to such a page does (`settle_drop` wakes the batch's runs): the page is then
     // evicted (served from its slot, stored anew if it changed) or back in place (refused).
-    if matches!(prior, Some(Page::Dropping { .. })) && !agent && !is_daemon_thread(p.ptid) {
+    if matches!(prior, Some(Page::Dropping { .. })) && !agent && !is_daemon_thread(mm, p.ptid) {
         Stats::add(&stats.dropping_faults_held, 1);
         return true;
     }
@@ -533,8 +551,9 @@ fn serve_fault(
         && !shared.reclaim_stalled()
         && p.read_at.elapsed() < THROTTLE_MAX
         && !agent
-        && !is_daemon_thread(p.ptid)
-        && shared.injecting_tid.load(Ordering::Acquire) != p.ptid as i32
+        && !is_daemon_thread(mm, p.ptid)
+        && !(shared.injecting_tid.load(Ordering::Acquire) == p.ptid as i32
+            && mm.pid() == Some(shared.injecting_pid.load(Ordering::Acquire)))
     {
         drop(st);
         mm.throttled
@@ -680,10 +699,7 @@ fn serve_fault(
                          stopping the process",
                         mm.pid()
                     );
-                    if let Some(pid) = mm.pid() {
-                        // SAFETY: kill(2) with integer arguments.
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                    }
+                    mm.kill();
                     return true;
                 }
             }
@@ -776,10 +792,7 @@ fn serve_fault(
                 mm.pid(),
                 FILL_RETRY_MAX
             );
-            if let Some(pid) = mm.pid() {
-                // SAFETY: kill(2) with integer arguments.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
+            mm.kill();
             return true;
         }
     }
@@ -839,8 +852,8 @@ fn serve_fault(
     // Sample where the faulting thread ran, against where we run: a read of /proc (tens of
     // microseconds), so 1 fault in 256.
     if *served % 256 == 0 {
-        if let Some(pid) = mm.pid() {
-            if let Some(cpu) = sys::thread_last_cpu(pid, p.ptid) {
+        if let (Some(pid), Some(tid)) = (mm.pid(), crate::bind::thread_of_fault(mm, p.ptid)) {
+            if let Some(cpu) = sys::thread_last_cpu(pid, tid as u32) {
                 Stats::add(&stats.faults_cpu_known, 1);
                 let here = sys::current_cpu();
                 if cpu == here {

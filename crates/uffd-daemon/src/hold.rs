@@ -110,19 +110,27 @@ fn own_pid() -> i32 {
 
 /// A `HOLD` from `sender`'s agent, for the process `pid` names (0: the sender). A process asks
 /// a dump hold only for itself; a trace hold for any process of the tree (it is about to
-/// attach to it: the kernel checks that it may).
+/// attach to it: the kernel checks that it may). `pid` is a number of the sender's own pid
+/// namespace, looked up there (`bind::pid_named_by`): in a namespace below the daemon's it
+/// names another process in the daemon's.
 pub fn request(shared: &Shared, sender: i32, pid: u32, reason: u32) -> io::Result<()> {
     let target = match pid {
-        0 => sender,
-        p => maps::tgid_of(p as i32).unwrap_or(p as i32),
+        0 => Some(sender),
+        p => crate::bind::pid_named_by(shared, sender, i32::try_from(p).unwrap_or(-1)),
     };
-    if reason != HOLD_TRACE && target != sender {
+    if reason != HOLD_TRACE && target != Some(sender) {
         return Err(io::Error::from_raw_os_error(libc::EPERM));
     }
-    let Some(mm) = crate::daemon::live_mm(shared, target) else {
-        return Ok(()); // not managed: nothing of it is evicted or registered
+    // Not managed (or not one the number can be shown to name: a tracer from outside is seen
+    // in `TracerPid` anyway): nothing of it is evicted or registered.
+    let Some(mm) = target.and_then(|t| crate::daemon::live_mm(shared, t)) else {
+        return Ok(());
     };
-    if reason == HOLD_TRACE {
+    // (Before the mark: the scanner ends neither hold within `ASK_GRACE` of the ask. A tracer
+    // attaches after the answer, and a process opens its memory file after it: until then
+    // the scanner would see it untraced, or with no such file open, and end the hold under
+    // the restore.)
+    if reason == HOLD_TRACE || reason == HOLD_SELF_MEM {
         mm.hold.lock().asked = Some(Instant::now());
     }
     hold(shared, &mm, reason, REQUEST_WAIT)
@@ -331,7 +339,9 @@ pub fn note_self_mem(shared: &Shared, mm: &Mm, pid: i32) {
     let Some(mut h) = mm.hold.try_lock() else {
         return;
     };
-    if h.tried.is_some_and(|t| t.elapsed() < RETRY) {
+    if h.tried.is_some_and(|t| t.elapsed() < RETRY)
+        || h.asked.is_some_and(|t| t.elapsed() < ASK_GRACE)
+    {
         return;
     }
     h.tried = Some(Instant::now());

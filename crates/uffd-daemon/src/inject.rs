@@ -258,7 +258,8 @@ impl Stop {
     }
 
     /// [`Stop::seize`], storing in `stopping` the thread it waits for (so that its faults are
-    /// served at once: a thread in a kernel-mode fault stops only once it is served).
+    /// served at once: a thread in a kernel-mode fault stops only once it is served), by its
+    /// number in its own pid namespace, as its faults name it.
     pub fn seize_noting(
         pid: i32,
         stopping: &std::sync::atomic::AtomicI32,
@@ -297,7 +298,8 @@ impl Stop {
                 }
                 Err(e) => return Err(InjectError::Refused(e)),
             }
-            stopping.store(tid, std::sync::atomic::Ordering::Release);
+            let own = crate::maps::own_ns_tid(pid, tid).unwrap_or(tid);
+            stopping.store(own, std::sync::atomic::Ordering::Release);
             if let Err(e) =
                 sys::ptrace_interrupt(tid).or_else(|e| if ours { Ok(()) } else { Err(e) })
             {

@@ -45,8 +45,11 @@
 //! * **One handler thread per address space** reads its uffd, so faults and events are applied
 //!   in the kernel's order (`fault.rs`). It never waits on the client or on reclaim.
 //! * **Fork** (`UFFD_EVENT_FORK`): the child gets a copy of the page table; stored pages are
-//!   shared with a slot reference count of two. The child names itself by touching the agent's
-//!   probe page (the fault carries its tid), then greets the daemon and gets its uffd back.
+//!   shared with a slot reference count of two. The child touches the agent's probe page; while
+//!   it waits in that fault the daemon writes random bytes there through the child's uffd and
+//!   binds the address space to the tree process whose probe page holds them (the fault's
+//!   thread id, a number of the child's own pid namespace, only narrows the search: `bind.rs`).
+//!   The child then greets the daemon and gets its uffd back.
 //! * **Held for inspection** (`hold.rs`): the kernel reads a process's memory for a core file or
 //!   for a debugger (`/proc/PID/mem`, `PEEKDATA`) without a userfault, so before a core dump
 //!   (the agent's handler of core-dumping signals asks) and while a tracer is attached (seen in
@@ -62,7 +65,9 @@
 //!    read and its move is stored anew with what it holds (read back after the move). Nothing
 //!    is lost, outside the narrow cases `docs/ARCHITECTURE.md` lists under "Pinned memory" (a
 //!    fork or `mremap` during the DROP, pins taken with `FOLL_GET`).
-//! 2. The daemon serves only processes it started (peer credentials, process-tree check) and
+//! 2. The daemon serves only processes it started (peer credentials, process-tree check),
+//!    binds, reads and signals only processes of its tree shown to be what it takes them for
+//!    (never on a bare number from a client or a uffd message; signals go through pidfds), and
 //!    its swap file is mode 0600 (or unnamed), holds only sealed pages (unless `--encrypt
 //!    off`), and is removed at exit.
 //! 3. A malformed agent message is refused with an error that names the problem
@@ -95,6 +100,7 @@
 
 mod agent_conn;
 mod agentless;
+mod bind;
 pub mod config;
 mod daemon;
 pub mod demo;
@@ -117,7 +123,7 @@ pub mod unmanaged;
 pub mod wire;
 
 pub use daemon::{run, Config, EXIT_DAEMON_LOST};
-pub use rundir::{base as run_base, default_base as default_run_base};
+pub use rundir::{base as run_base, default_base as default_run_base, pid_of_name as run_dir_pid};
 pub use stats::Stats;
 
 /// Parses a size such as `256M`, `1G`, `4096`, `64k` (binary units).

@@ -327,12 +327,19 @@ fn stat(pid: Option<u32>, prometheus: bool) -> anyhow::Result<i32> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
+        // `<pid>`, or `<pid>-<n>` beside a daemon of another pid namespace with the same number.
+        let Some(daemon_pid) = uffd_daemon::run_dir_pid(&name) else {
+            continue;
+        };
         if prometheus {
             let v: serde_json::Value = serde_json::from_str(out.trim())
                 .with_context(|| format!("{} answered something that is not JSON", d.display()))?;
             print!("{}", uffd_daemon::stats::prometheus_text(&name, &v));
         } else {
-            println!("{{\"daemon_pid\": {name}, \"stats\": {}}}", out.trim());
+            println!(
+                "{{\"daemon_pid\": {daemon_pid}, \"stats\": {}}}",
+                out.trim()
+            );
         }
         found += 1;
     }

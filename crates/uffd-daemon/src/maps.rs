@@ -251,9 +251,71 @@ pub fn tgid_of(tid: i32) -> Option<i32> {
     line.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
+/// The numbers of one task in each pid namespace from the daemon's down to its own, from a
+/// `/proc/PID/status` line (`key` is `NStgid:` or `NSpid:`): `fs/proc/array.c` prints them
+/// from the level of the proc mount's namespace (the daemon's: `run` checks that its `/proc` is
+/// of its own namespace) to the task's, so the first is the number the daemon uses and the
+/// last the one the task itself sees (`getpid()`, `gettid()`, and a userfaultfd's thread id,
+/// which the kernel gives with `task_pid_vnr` in the faulting task's namespace). One field for
+/// a task of the daemon's own namespace.
+pub fn parse_ns_ids(status: &str, key: &str) -> Vec<i32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|v| {
+            v.split_ascii_whitespace()
+                .map_while(|f| f.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `pid`'s thread-group ids, the daemon's namespace's first ([`parse_ns_ids`]); empty if it
+/// is gone.
+pub fn ns_tgids(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map(|s| parse_ns_ids(&s, "NStgid:"))
+        .unwrap_or_default()
+}
+
+/// The id of thread `tid` of `pid` (daemon's numbers) in its own pid namespace: what its
+/// userfaultfd messages name it by.
+pub fn own_ns_tid(pid: i32, tid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    parse_ns_ids(&s, "NSpid:").last().copied()
+}
+
+/// The thread of `pid` that its own pid namespace numbers `ns_tid` (the thread id of a
+/// userfaultfd message), by the daemon's number; `None` if no thread of `pid` is numbered so.
+/// Only threads of `pid` are looked at (`/proc/PID/task`), so the answer never names another
+/// process.
+pub fn thread_by_own_ns_tid(pid: i32, ns_tid: i32) -> Option<i32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    tasks
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|t| t.parse().ok()))
+        .find(|&tid| own_ns_tid(pid, tid) == Some(ns_tid))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn namespace_ids_run_from_the_readers_namespace_to_the_tasks_own() {
+        let status = "Name:\tpython3\nTgid:\t4242\nNgid:\t0\nPid:\t4243\nPPid:\t4200\n\
+                      NStgid:\t4242\t7\t1\nNSpid:\t4243\t8\t2\nNSpgid:\t4242\t7\t1\n";
+        assert_eq!(parse_ns_ids(status, "NStgid:"), vec![4242, 7, 1]);
+        assert_eq!(parse_ns_ids(status, "NSpid:"), vec![4243, 8, 2]);
+        assert_eq!(parse_ns_ids("Tgid:\t5\n", "NStgid:"), Vec::<i32>::new());
+        // This process: the last number is its own namespace's.
+        // SAFETY: getpid and gettid cannot fail.
+        let (me, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+        assert_eq!(ns_tgids(me).last(), Some(&me));
+        assert_eq!(own_ns_tid(me, tid), Some(tid));
+        assert!(thread_by_own_ns_tid(me, tid).is_some());
+        assert_eq!(thread_by_own_ns_tid(me, -5), None);
+    }
 
     #[test]
     fn smaps_flags() {

@@ -127,8 +127,19 @@ pub struct Mm {
     pub id: u64,
     /// Its userfaultfd.
     pub uffd: Uffd,
-    /// The process id; 0 until a forked child names itself through its probe fault.
+    /// The process id, in the daemon's pid namespace; 0 until a forked child is bound to its
+    /// process (`bind.rs`).
     pub pid: AtomicI32,
+    /// The process is in a pid namespace below the daemon's: the thread ids of its
+    /// userfaultfd messages are that namespace's numbers, not the daemon's (`bind.rs`,
+    /// [`crate::bind::thread_of_fault`]).
+    pub foreign_pidns: AtomicBool,
+    /// A forked child: its parent's pid when the fork was seen (0 if unknown), where the
+    /// child is looked for first.
+    pub forked_from: AtomicI32,
+    /// Thread ids of its own namespace and the daemon's numbers of those threads, for a
+    /// process in a pid namespace below the daemon's (looked up once per thread).
+    pub ns_tids: Mutex<Vec<(u32, i32)>>,
     /// Page states.
     pub state: Mutex<MmState>,
     /// The agent's connection, once greeted.
@@ -141,7 +152,8 @@ pub struct Mm {
     /// to `scratch + i * 4096`, where the daemon reads it back before it is freed.
     pub scratch: u64,
     /// The thread id of the agent's thread, once it named itself (0 before): its faults are
-    /// never throttled, since reclaim may be waiting for its answer.
+    /// never throttled, since reclaim may be waiting for its answer. A userfaultfd message's
+    /// number, like the thread ids it is compared with (the process's own pid namespace's).
     pub agent_tid: AtomicU32,
     /// Wakes the handler thread to stop.
     pub stop: EventFd,
@@ -172,8 +184,8 @@ pub struct Mm {
     /// The agent's threads stepped out (`STEP_OUT`: the program makes a call that needs the
     /// process alone) and have not greeted again yet.
     pub stepped_out: AtomicBool,
-    /// A forked child of an agentless process, not bound to its pid yet: the token the daemon
-    /// writes into its probe page (through its uffd) and looks for in candidate processes.
+    /// A forked child not bound to its pid yet: the token the daemon writes into its probe
+    /// page (through its uffd) and looks for in candidate processes (`bind.rs`).
     pub bind_token: Mutex<Option<BindToken>>,
     /// Odd while the handler reads and applies a batch of messages, even otherwise: an
     /// injected DROP waits for the batch that held its `REMOVE` to be applied.
@@ -200,17 +212,38 @@ pub struct Mm {
     pub holding: AtomicBool,
 }
 
-/// What binds a forked child of an agentless process to its pid: 16 random bytes the daemon
-/// puts into the child's probe page with `UFFDIO_COPY` through the child's uffd (only that
-/// address space can hold them), then reads back from candidate processes.
+/// What binds a forked child to its pid: 16 random bytes the daemon puts into the child's
+/// probe page with `UFFDIO_COPY` through the child's uffd (only that address space can hold
+/// them), then reads back from candidate processes (`bind.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct BindToken {
     /// The bytes.
     pub bytes: [u8; 16],
     /// Whether they are in the child's probe page yet.
     pub written: bool,
-    /// When the child was forked (binding is given up after a while).
+    /// When the child was forked, or (a child with an agent) first faulted on its probe
+    /// page: binding is given up after a while.
     pub since: std::time::Instant,
+    /// When the tree was last searched for the child.
+    pub searched: Option<std::time::Instant>,
+    /// A child with an agent whose probe fault was let go unbound (its process not found in
+    /// time): bound at its agent's greeting, if it comes.
+    pub released: bool,
+}
+
+impl BindToken {
+    /// A fresh token (`getrandom`), not written yet.
+    pub fn new() -> std::io::Result<Self> {
+        let mut bytes = [0u8; 16];
+        crate::sys::random_bytes(&mut bytes)?;
+        Ok(BindToken {
+            bytes,
+            written: false,
+            since: std::time::Instant::now(),
+            searched: None,
+            released: false,
+        })
+    }
 }
 
 impl Mm {
@@ -228,6 +261,9 @@ impl Mm {
             id,
             uffd,
             pid: AtomicI32::new(pid),
+            foreign_pidns: AtomicBool::new(false),
+            forked_from: AtomicI32::new(0),
+            ns_tids: Mutex::new(Vec::new()),
             state: Mutex::new(MmState::new(policy)),
             agent: Mutex::new(None),
             region,
@@ -263,6 +299,18 @@ impl Mm {
         match self.pid.load(Ordering::Acquire) {
             0 => None,
             p => Some(p),
+        }
+    }
+
+    /// Sends SIGKILL to the process (through its pidfd: never to a process that got its
+    /// number after it exited; without one, only to a process of the daemon's tree).
+    pub fn kill(&self) {
+        if let Some(p) = self.pidfd.lock().as_ref() {
+            let _ = p.send_signal(libc::SIGKILL);
+            return;
+        }
+        if let Some(pid) = self.pid() {
+            crate::bind::kill_in_tree(pid);
         }
     }
 

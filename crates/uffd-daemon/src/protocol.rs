@@ -10,9 +10,13 @@
 //!                                                                     unless FORK_CHILD or
 //!                                                                     AGENT_RESTART;
 //!                                                                     scratch = probe + 4096)
-//! HELLO_ACK  daemon -> agent   status i32, max_drop_pages u32        (+ the child's uffd by
-//!                                                                     SCM_RIGHTS to a fork child
-//!                                                                     or an AGENT_RESTART)
+//! HELLO_ACK  daemon -> agent   status i32, max_drop_pages u32        (+ by SCM_RIGHTS, to a
+//!                                                                     greeting accepted: the
+//!                                                                     child's uffd to a fork
+//!                                                                     child or an AGENT_RESTART,
+//!                                                                     then the daemon's lifeline,
+//!                                                                     a pipe that hangs up when
+//!                                                                     the daemon exits)
 //! DROP       daemon -> agent   nruns u32, pad u32, nruns x (addr u64, npages u32, pad u32)
 //! DROP_DONE  agent  -> daemon  npages u32, pad u32, npages x status u8 (0 = moved, else errno)
 //! FREE       daemon -> agent   (no payload): free what the last DROP moved into the scratch

@@ -1,4 +1,5 @@
-//! The daemon's run directory: `<base>/<pid>`, holding the agent library and the sockets.
+//! The daemon's run directory: `<base>/<pid>` (or `<pid>-<n>`: below), holding the agent
+//! library and the sockets.
 //!
 //! Layout and modes. Every process of the tree must reach the agent's socket and load the
 //! agent library, including processes that dropped their privileges (a server's workers, `su`
@@ -13,14 +14,27 @@
 //! `0700` base searchable (`0711`), the mode earlier versions created it with. Run directories
 //! left by daemons that died (kill -9) are removed at the next start, with the named backing
 //! file each noted there (a regular file of this user only).
+//!
+//! A live daemon holds an exclusive `flock` on its directory's `lock` file for its whole life:
+//! a directory whose lock nobody holds is a dead daemon's. Not the pid in the directory's name:
+//! daemons in different pid namespaces share the base, and there the number names another
+//! process or none. (Judged by the number, a daemon starting outside removed the live directory
+//! of a daemon in a pid namespace of its own, whose number there, 22, was a kernel thread's
+//! outside: its agent socket went with it, and its fork children could not greet; a daemon in
+//! a namespace of its own, seeing none of the others' numbers, would remove every other
+//! daemon's.) Two daemons can have the same number in two namespaces: the second takes
+//! `<pid>-<n>`. A directory without a lock (a daemon older than the locks) is never removed.
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
 /// Mode of the base and the run directory.
 const DIR_MODE: u32 = 0o711;
+
+/// The file in a run directory whose exclusive `flock` its live daemon holds.
+const LOCK: &str = "lock";
 
 /// Where daemons put their run directories: `UFFD_DAEMON_RUN_DIR`, else a default per user.
 pub fn base() -> PathBuf {
@@ -42,32 +56,87 @@ pub fn default_base() -> PathBuf {
     }
 }
 
-/// Creates this daemon's run directory under [`base`], after removing those of dead daemons.
-pub fn create() -> anyhow::Result<PathBuf> {
-    let base = base();
-    ensure_base(&base)?;
-    remove_stale(&base);
-    let dir = base.join(std::process::id().to_string());
-    // A directory of a dead daemon that had our pid.
-    if let Ok(m) = std::fs::symlink_metadata(&dir) {
-        if m.is_dir() && m.uid() == my_uid() {
-            let _ = std::fs::remove_dir_all(&dir);
-        } else {
-            bail!(
-                "{} exists and is not a run directory of this user: remove it",
-                dir.display()
-            );
-        }
-    }
+/// Creates this daemon's run directory under [`base`], after removing those of dead daemons,
+/// and takes its lock: the lock is held as long as the returned file is open.
+pub fn create() -> anyhow::Result<(PathBuf, std::fs::File)> {
+    create_in(&base())
+}
+
+/// [`create`] under `base`. The directory is made under a temporary name (`.new-...`, which
+/// no daemon looks at), locked there, and renamed into place: a run directory under its own
+/// name always holds its live daemon's lock.
+fn create_in(base: &Path) -> anyhow::Result<(PathBuf, std::fs::File)> {
+    ensure_base(base)?;
+    remove_stale(base);
+    let pid = std::process::id();
+    let mut nonce = [0u8; 8];
+    crate::sys::random_bytes(&mut nonce).context("random bytes for a temporary name")?;
+    let tmp = base.join(format!(".new-{pid}-{:016x}", u64::from_ne_bytes(nonce)));
     std::fs::DirBuilder::new()
         .mode(DIR_MODE)
-        .create(&dir)
-        .with_context(|| format!("creating the run directory {}", dir.display()))?;
+        .create(&tmp)
+        .with_context(|| format!("creating the run directory {}", tmp.display()))?;
+    let made = lock_and_place(base, &tmp, pid);
+    if made.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    made
+}
+
+/// Locks the new directory `tmp` and renames it to `<pid>`, or to `<pid>-<n>` where a live
+/// daemon of another pid namespace has that name (a dead daemon's directory under the name is
+/// removed first).
+fn lock_and_place(base: &Path, tmp: &Path, pid: u32) -> anyhow::Result<(PathBuf, std::fs::File)> {
     // The umask may have narrowed it; it is ours, just made.
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(DIR_MODE))
-        .with_context(|| format!("setting the mode of {}", dir.display()))?;
-    check_owned(&dir)?;
-    Ok(dir)
+    std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(DIR_MODE))
+        .with_context(|| format!("setting the mode of {}", tmp.display()))?;
+    check_owned(tmp)?;
+    let lock_path = tmp.join(LOCK);
+    let lock = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&lock_path)
+        .with_context(|| format!("creating {}", lock_path.display()))?;
+    if !crate::sys::try_flock(std::os::fd::AsRawFd::as_raw_fd(&lock), true)
+        .with_context(|| format!("locking {}", lock_path.display()))?
+    {
+        bail!("{} is locked by another process", lock_path.display());
+    }
+    for n in 0..64u32 {
+        let dir = match n {
+            0 => base.join(pid.to_string()),
+            n => base.join(format!("{pid}-{n}")),
+        };
+        if let Ok(m) = std::fs::symlink_metadata(&dir) {
+            if !(m.is_dir() && m.uid() == my_uid()) {
+                bail!(
+                    "{} exists and is not a run directory of this user: remove it",
+                    dir.display()
+                );
+            }
+            if !is_stale(&dir) {
+                continue;
+            }
+            // A directory of a dead daemon that had this name.
+            remove_noted_backing_file(&dir);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        match std::fs::rename(tmp, &dir) {
+            Ok(()) => return Ok((dir, lock)),
+            // Another daemon took the name meanwhile (not empty: its lock is in it).
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY | libc::EEXIST)) => {}
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))
+            }
+        }
+    }
+    bail!(
+        "no free run directory for pid {pid} under {}: 64 live daemons of other pid namespaces \
+         have this number",
+        base.display()
+    )
 }
 
 fn my_uid() -> u32 {
@@ -141,26 +210,43 @@ fn check_owned(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes run directories under `base` whose daemon is gone (a pid that no longer runs
-/// `uffd-daemon`): a daemon killed with SIGKILL cannot clean up after itself.
+/// Removes run directories under `base` whose daemon is shown gone ([`is_stale`]): a daemon
+/// killed with SIGKILL cannot clean up after itself.
 fn remove_stale(base: &Path) {
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
     for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        if pid == std::process::id() as i32 || daemon_alive(pid) {
+        if pid_of_name(&e.file_name().to_string_lossy()).is_none() {
             continue;
         }
         let Ok(m) = std::fs::symlink_metadata(e.path()) else {
             continue;
         };
-        if m.is_dir() && m.uid() == my_uid() {
+        if m.is_dir() && m.uid() == my_uid() && is_stale(&e.path()) {
             remove_noted_backing_file(&e.path());
             let _ = std::fs::remove_dir_all(e.path());
         }
+    }
+}
+
+/// The pid a run directory's name begins with (`<pid>` or `<pid>-<n>`): the daemon's number in
+/// its own pid namespace, which may not be the reader's.
+pub fn pid_of_name(name: &str) -> Option<u32> {
+    let digits = name.split_once('-').map_or(name, |(p, _)| p);
+    digits.parse().ok()
+}
+
+/// Whether the run directory `dir` is a dead daemon's: nobody holds its lock. One without a
+/// lock, made by a daemon older than the locks, is left alone: the pid in its name says nothing
+/// certain (the reader cannot tell whether that daemon was in its pid namespace), and a live
+/// daemon's directory removed cuts its processes off, while a dead one's left costs a few
+/// bytes.
+fn is_stale(dir: &Path) -> bool {
+    match std::fs::File::open(dir.join(LOCK)) {
+        // (A shared lock: two daemons looking at once do not take each other for the owner.)
+        Ok(f) => crate::sys::try_flock(std::os::fd::AsRawFd::as_raw_fd(&f), false).unwrap_or(false),
+        Err(_) => false,
     }
 }
 
@@ -190,12 +276,6 @@ fn remove_noted_backing_file(dir: &Path) {
             );
         }
     }
-}
-
-/// Whether `pid` is a live uffd-daemon.
-fn daemon_alive(pid: i32) -> bool {
-    std::fs::read(format!("/proc/{pid}/comm"))
-        .is_ok_and(|c| String::from_utf8_lossy(&c).trim_end() == "uffd-daemon")
 }
 
 #[cfg(test)]
@@ -266,17 +346,48 @@ mod tests {
         std::fs::set_permissions(&b, std::fs::Permissions::from_mode(0o700)).unwrap();
         ensure_base(&b).unwrap();
         assert_eq!(std::fs::metadata(&b).unwrap().mode() & 0o7777, 0o711);
-        // A stale run directory of a dead daemon goes; a live one's stays.
-        std::fs::create_dir(b.join("999999999")).unwrap();
-        std::fs::create_dir(b.join(std::process::id().to_string())).unwrap();
+        // A stale run directory of a dead daemon goes (its lock held by nobody); a live one's
+        // stays, whatever its name says, and so does one made before the locks.
+        let dead = b.join("999999999");
+        let old = b.join("999999998");
+        let live = b.join("999999997-1");
+        for d in [&dead, &old, &live] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::write(dead.join(LOCK), b"").unwrap();
+        let held = std::fs::File::create(live.join(LOCK)).unwrap();
+        assert!(crate::sys::try_flock(std::os::fd::AsRawFd::as_raw_fd(&held), true).unwrap());
         // ... with its named backing file, which goes too.
         let backing = tmp("backing");
         std::fs::write(&backing, b"ciphertext").unwrap();
-        note_backing_file(&b.join("999999999"), &backing);
+        note_backing_file(&dead, &backing);
         remove_stale(&b);
-        assert!(!b.join("999999999").exists());
+        assert!(!dead.exists());
         assert!(!backing.exists(), "the dead daemon's backing file stayed");
-        assert!(b.join(std::process::id().to_string()).exists());
+        assert!(
+            old.exists(),
+            "a directory without a lock went on the strength of a number"
+        );
+        assert!(
+            live.exists(),
+            "a live daemon's directory went (its number is not ours)"
+        );
+        // Our own number's directory held by a live daemon of another pid namespace: another
+        // name is taken, locked from the moment it has it.
+        let mine = b.join(std::process::id().to_string());
+        std::fs::create_dir(&mine).unwrap();
+        let other = std::fs::File::create(mine.join(LOCK)).unwrap();
+        assert!(crate::sys::try_flock(std::os::fd::AsRawFd::as_raw_fd(&other), true).unwrap());
+        let (dir, lock) = create_in(&b).unwrap();
+        assert_eq!(dir, b.join(format!("{}-1", std::process::id())));
+        assert!(mine.join(LOCK).exists());
+        assert!(!is_stale(&dir));
+        drop(lock);
+        assert!(is_stale(&dir));
+        assert_eq!(pid_of_name("4242-3"), Some(4242));
+        assert_eq!(pid_of_name("lock"), None);
+        assert_eq!(pid_of_name(".new-4242-00ff"), None);
+        drop((held, other));
         std::fs::remove_dir_all(&b).unwrap();
     }
 }

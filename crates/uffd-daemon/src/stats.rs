@@ -80,6 +80,13 @@ counters! {
     /// Pages a fork child did not inherit: its parent's `MADV_WIPEONFORK` (zeros in the child)
     /// and `MADV_DONTFORK` (no mapping in the child) memory.
     fork_pages_wiped,
+    /// Forked children bound to their processes (by the token in their probe page).
+    fork_children_bound,
+    /// Forked children with an agent whose process was not found while their probe fault
+    /// was held (they went on unbound: faults served, nothing evicted, said).
+    fork_children_unbound,
+    /// Of those, children bound later, at their agent's greeting.
+    fork_children_bound_at_greeting,
     /// Processes that connected (start, exec, fork).
     processes,
     /// Processes managed now.

@@ -103,6 +103,8 @@ const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, std::mem::size_of::<UffdioWriteprote
 pub const UFFDIO_MOVE: u64 = iowr(0x05, 40);
 /// `UFFDIO_MOVE` mode: a hole in the source counts as moved.
 pub const UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES: u64 = 1 << 1;
+/// `UFFDIO_COPY` mode: fill the page, leave the faulting threads asleep.
+const UFFDIO_COPY_MODE_DONTWAKE: u64 = 1 << 0;
 
 /// One message read from a userfaultfd (`struct uffd_msg`, 32 bytes).
 #[repr(C)]
@@ -355,16 +357,26 @@ impl Uffd {
         self.copy_run(dst, src).0
     }
 
+    /// `UFFDIO_COPY` of one page that leaves the faulting threads asleep
+    /// (`UFFDIO_COPY_MODE_DONTWAKE`): they go on at a later [`Uffd::wake`].
+    pub fn copy_dontwake(&self, dst: u64, src: &[u8]) -> io::Result<Fill> {
+        self.copy_mode(dst, src, UFFDIO_COPY_MODE_DONTWAKE).0
+    }
+
     /// `UFFDIO_COPY` of a run of pages, waking the faulting threads. Returns the outcome and
     /// how many whole pages were filled from the start of the run (a run can stop part way:
     /// at a page that is present, or when an event becomes pending).
     pub fn copy_run(&self, dst: u64, src: &[u8]) -> (io::Result<Fill>, usize) {
+        self.copy_mode(dst, src, 0)
+    }
+
+    fn copy_mode(&self, dst: u64, src: &[u8], mode: u64) -> (io::Result<Fill>, usize) {
         debug_assert_eq!(src.len() % PAGE_SIZE, 0);
         let mut c = UffdioCopy {
             dst,
             src: src.as_ptr() as u64,
             len: src.len() as u64,
-            mode: 0,
+            mode,
             copy: 0,
         };
         // SAFETY: as in `copy`.
@@ -492,6 +504,57 @@ impl EventFd {
     }
 }
 
+/// The daemon's lifeline: a pipe whose write end only the daemon holds (close-on-exec, never
+/// written), so that its read end, handed to every agent with the answer to its greeting,
+/// hangs up (`POLLHUP`) when the daemon exits, and tells nothing else. An agent in a pid
+/// namespace below the daemon's cannot look the daemon up by number; a pidfd of the daemon
+/// would tell it the same, but would also let a sandboxed process signal the daemon across its
+/// namespace.
+#[derive(Debug)]
+pub struct Lifeline {
+    read: OwnedFd,
+    _write: OwnedFd,
+}
+
+impl Lifeline {
+    /// A new lifeline (both ends close-on-exec: no child of the daemon keeps the write end).
+    pub fn new() -> io::Result<Self> {
+        let mut fds = [-1 as libc::c_int; 2];
+        // SAFETY: `fds` is a live array of two ints, as pipe2 writes.
+        cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+        // SAFETY: both descriptors are fresh and ours.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        Ok(Lifeline {
+            read,
+            _write: write,
+        })
+    }
+
+    /// The read end (to hand a copy to an agent: `SCM_RIGHTS`).
+    pub fn raw(&self) -> RawFd {
+        self.read.as_raw_fd()
+    }
+}
+
+/// `flock(fd, LOCK_EX | LOCK_NB)` (`exclusive`) or `LOCK_SH | LOCK_NB`: `Ok(true)` when taken,
+/// `Ok(false)` when another open file description holds a conflicting lock.
+pub fn try_flock(fd: RawFd, exclusive: bool) -> io::Result<bool> {
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    // SAFETY: flock(2) with integer arguments.
+    if unsafe { libc::flock(fd, op | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(false);
+    }
+    Err(e)
+}
+
 /// A pidfd: readable when the process has exited.
 #[derive(Debug)]
 pub struct PidFd {
@@ -515,6 +578,62 @@ impl PidFd {
     pub fn exited(&self) -> bool {
         matches!(poll_read(&[self.fd.as_raw_fd()], 0).as_deref(), Ok([true]))
     }
+
+    /// The pidfd of the process at the other end of a connected Unix socket (`SO_PEERPIDFD`,
+    /// Linux 6.5): the process that connected, whatever became of its number since.
+    pub fn of_peer(sock: RawFd) -> io::Result<Self> {
+        let mut fd: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `fd` and `len` are live and sized for SO_PEERPIDFD.
+        cvt(unsafe {
+            libc::getsockopt(
+                sock,
+                libc::SOL_SOCKET,
+                libc::SO_PEERPIDFD,
+                (&mut fd as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        })?;
+        Ok(PidFd {
+            // SAFETY: the kernel installed `fd` for us; nothing else owns it.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// The descriptor (to hand a copy to a client: `SCM_RIGHTS`).
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Sends `sig` to the process (`pidfd_send_signal`): never to another process that got
+    /// its number after it exited.
+    pub fn send_signal(&self, sig: i32) -> io::Result<()> {
+        // SAFETY: plain syscall with integer arguments and a null siginfo.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.fd.as_raw_fd(),
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// Reads `out.len()` bytes at `addr` of process `pid` through its `/proc/PID/mem`, which never
+/// waits for a userfaultfd (a page that is not present in a registered range fails with `EIO`)
+/// and never makes the reading thread's fault one a handler must serve. Only call it for a page
+/// known present if the address may be ordinary anonymous memory: the read would map the zero
+/// page there.
+pub fn read_mem_at(pid: i32, addr: u64, out: &mut [u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(format!("/proc/{pid}/mem"))?;
+    f.read_exact_at(out, addr)
 }
 
 /// Reads runs of pages of another process through its `/proc/PID/mem` (one `pread` per run),
@@ -668,28 +787,43 @@ pub fn thread_last_cpu(pid: i32, tid: u32) -> Option<usize> {
 
 /// Sends `data` with an optional descriptor over a `SOCK_SEQPACKET` socket.
 pub fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+    send_with_fds(sock, data, fd.as_slice())
+}
+
+/// Sends `data` with up to [`MAX_SENT_FDS`] descriptors, in this order, over a
+/// `SOCK_SEQPACKET` socket.
+pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    if fds.len() > MAX_SENT_FDS {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
-    // u64-aligned control buffer large enough for one descriptor.
+    // u64-aligned control buffer large enough for MAX_SENT_FDS descriptors.
     let mut cbuf = [0u64; 4];
     // SAFETY: msghdr is plain old data; zeroed is a valid (empty) value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    if let Some(fd) = fd {
+    if !fds.is_empty() {
+        let bytes = std::mem::size_of_val(fds) as u32;
         // SAFETY: CMSG_SPACE is a pure computation.
-        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        let space = unsafe { libc::CMSG_SPACE(bytes) } as usize;
+        debug_assert!(space <= std::mem::size_of_val(&cbuf));
         msg.msg_control = cbuf.as_mut_ptr().cast();
         msg.msg_controllen = space;
-        // SAFETY: the control buffer is `space` bytes long (<= 32), so the first header fits.
+        // SAFETY: the control buffer is `space` bytes long (<= 32: a header and at most two
+        // descriptors), so the first header and its data fit.
         unsafe {
             let cmsg = libc::CMSG_FIRSTHDR(&msg);
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
             (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+            (*cmsg).cmsg_len = libc::CMSG_LEN(bytes) as usize;
+            let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+            for (i, &fd) in fds.iter().enumerate() {
+                std::ptr::write_unaligned(data.add(i), fd);
+            }
         }
     }
     loop {
@@ -701,6 +835,9 @@ pub fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<(
         }
     }
 }
+
+/// Most descriptors [`send_with_fds`] sends with one packet.
+pub const MAX_SENT_FDS: usize = 2;
 
 /// Receives one packet and at most one descriptor. Returns the length (0 at end of stream).
 pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {

@@ -42,13 +42,15 @@ use crate::sys::{PAGE_SIZE, PAGE_SIZE_U64};
 
 mod backend;
 mod config;
+mod redis_cluster;
 mod seal;
 mod shrinkers;
 mod stats;
 
 use backend::{ArcBackend, Discarder, Failing};
 pub use backend::{Backend, FileBackend, PmemBackend};
-pub use config::{BackendSpec, FailWrites, TierConfig, ZswapTier};
+pub use config::{BackendSpec, FailWrites, RedisClusterConfig, TierConfig, ZswapTier};
+pub use redis_cluster::{key_slot, ClusterStats, RedisClusterBackend, STRIPE_PAGES};
 pub use seal::SealedBackend;
 use shrinkers::{CompactShrinker, ZswapShrinker};
 pub use stats::TierStats;
@@ -193,6 +195,12 @@ impl Tiers {
             BackendSpec::Pmem(path) => Some(Arc::new(
                 PmemBackend::open(path, device_bytes).context("setting up the pmem device")?,
             )),
+            BackendSpec::RedisCluster(c) => {
+                c.validate().map_err(anyhow::Error::msg)?;
+                Some(Arc::new(
+                    RedisClusterBackend::connect(c).context("setting up the Redis Cluster tier")?,
+                ))
+            }
         };
         // Encryption at rest: everything below this layer (and the device) sees only sealed
         // pages.
@@ -810,6 +818,9 @@ impl Tiers {
         .into();
         v["backend_auth_failures"] = self.backend_auth_failures().into();
         v["backend_seal_metadata_bytes"] = self.seal_metadata_bytes().into();
+        if let Some(b) = &self.backend {
+            b.counters(v);
+        }
         v["store_refused"] = ld(&s.store_refused).into();
         v["shrink_calls"] = ld(&s.shrink_calls).into();
         v["zswap_pool_max_bytes"] = ld(&s.pool_max_bytes).into();
@@ -834,6 +845,14 @@ impl Tiers {
                 0.0
             };
             v["zswap_compression_ratio"] = ratio.into();
+        }
+    }
+
+    /// The run is over: the backend drops what it holds for it (a Redis Cluster's keys).
+    /// Reads and writes fail after this.
+    pub fn close(&self) {
+        if let Some(b) = &self.backend {
+            b.close();
         }
     }
 

@@ -473,3 +473,54 @@ fn a_static_programs_o_direct_reads_in_flight_keep_every_write() {
     // that were evicted, and cannot be stopped for a DROP meanwhile: as for the fixed buffer.)
     assert_paged_agentless(&run, LIMIT_BYTES / 4096 / 6 + 64 + PINNED_BUF_PAGES);
 }
+
+/// The same static program in a pid namespace below the daemon's (`unshare -pf`: it is pid 1
+/// there, its children 2 to 4, numbers of other processes in the daemon's namespace). The
+/// daemon adopts it at its exec (the number the kernel's ptrace stop gives, the daemon's own),
+/// stops its threads by the daemon's numbers and holds none of their faults by a number of
+/// theirs, and binds each child by the token in its probe page: a number from the namespace is
+/// never taken for a process of the daemon's.
+#[test]
+fn a_static_programs_fork_children_in_a_pid_namespace_are_managed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("unshare") {
+        return;
+    }
+    if !std::process::Command::new("unshare")
+        .args(["-pf", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("SKIP: this machine refuses a new pid namespace bare (unshare -pf true)");
+        return;
+    }
+    let exe = static_client();
+    let run = run_under(
+        LIMIT,
+        "static-fork-pidns",
+        &["unshare", "-pf", &exe, "fork", "32", "3"],
+    );
+    assert_eq!(run.status, 0, "{}\n{}", run.stdout, run.stderr);
+    for k in 0..3 {
+        assert!(
+            run.stdout.contains(&format!("child {k}: 0 bad words")),
+            "{}",
+            run.stdout
+        );
+    }
+    assert!(run
+        .stdout
+        .contains("parent: 0 bad words, 0 children failed"));
+    assert_paged_agentless(&run, 3 * LIMIT_BYTES / 4096 + 1024);
+    // unshare's child (with the agent, bound by its probe fault) and the static program's
+    // three (bound by the scanner).
+    assert_eq!(run.get("fork_children_bound"), 4, "{}", run.stderr);
+    assert_eq!(
+        run.get("agentless_children_bound"),
+        3,
+        "a child was not bound to its pid"
+    );
+    assert_eq!(run.get("fork_children_unbound"), 0);
+    assert_eq!(run.get("protocol_errors"), 0);
+    assert_eq!(run.get("unmanaged_static_bytes"), 0);
+}

@@ -1014,3 +1014,183 @@ print("sha256", hashlib.sha256(data).hexdigest())
     assert_eq!(run.get("agent_step_outs"), 1);
     assert_eq!(run.get("agent_restarts"), 1);
 }
+
+// ---- 8. Sandboxes: new pid namespaces -------------------------------------------------------
+
+/// Whether this machine lets a process make a pid namespace at all (bare): where it does not,
+/// the cases below skip.
+fn pid_namespaces_work() -> bool {
+    let ok = Command::new("unshare")
+        .args(["-pf", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIP: this machine refuses a new pid namespace bare (unshare -pf true)");
+    }
+    ok
+}
+
+/// Python in a pid namespace: 48 MiB written, then a fork child that checks the inherited
+/// pages (every page's marker, and a hash of all of them) and writes 32 MiB of its own; the
+/// parent checks its pages again after the child. Standard output is the same on every run;
+/// each process's own `RssAnon` at its end goes to standard error (`pidns-rss`, KiB).
+const PIDNS_SCRIPT: &str = r#"
+import hashlib, os, sys
+def rss_anon():
+    with open("/proc/self/status") as f:
+        return int([l for l in f if l.startswith("RssAnon:")][0].split()[1])
+data = bytearray(hashlib.sha256(b"pidns").digest() * (48 * 1024 * 1024 // 32))
+for i in range(0, len(data), 4096):
+    data[i] = (i // 4096) % 251
+sys.stdout.flush()
+pid = os.fork()
+if pid == 0:
+    ok = all(data[i] == (i // 4096) % 251 for i in range(0, len(data), 4096))
+    mine = bytearray(hashlib.sha256(b"child").digest() * (32 * 1024 * 1024 // 32))
+    for i in range(0, len(mine), 4096):
+        mine[i] = (i // 4096) % 13
+    print("child: inherited", ok, hashlib.sha256(data).hexdigest()[:16],
+          "own", hashlib.sha256(mine).hexdigest()[:16])
+    sys.stdout.flush()
+    print("pidns-rss child", rss_anon(), file=sys.stderr)
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+ok = all(data[i] == (i // 4096) % 251 for i in range(0, len(data), 4096))
+print("parent:", ok, hashlib.sha256(data).hexdigest()[:16], "child status", status)
+print("pidns-rss parent", rss_anon(), file=sys.stderr)
+"#;
+
+/// What [`PIDNS_SCRIPT`] must show under the daemon: the same output as bare (checked by
+/// `same_under_a_third`), both processes managed (each one's own anonymous RSS within the
+/// limit and a little slack, where bare they hold 48 to 80 MiB), the child bound to its process
+/// and no greeting refused.
+fn assert_pidns_script_managed(run: &Run) {
+    assert!(
+        run.stdout.contains("child: inherited True") && run.stdout.contains("parent: True"),
+        "{}",
+        run.stdout
+    );
+    let limit_kib = run.get("limit_pages") * 4;
+    let rss: Vec<u64> = run
+        .stderr
+        .lines()
+        .filter_map(|l| {
+            l.split_once("pidns-rss ")?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(rss.len(), 2, "the script's RssAnon lines: {}", run.stderr);
+    for kib in rss {
+        assert!(
+            kib <= limit_kib + (8 << 10),
+            "a process held {kib} KiB of anonymous memory under a {limit_kib} KiB limit: not \
+             managed"
+        );
+    }
+    assert!(run.get("fork_children_bound") >= 1);
+    assert_eq!(run.get("fork_children_unbound"), 0);
+    assert_eq!(run.get("protocol_errors"), 0, "a greeting was refused");
+    assert_eq!(run.get("agents_lost"), 0);
+}
+
+/// util-linux `unshare -pf` makes a pid namespace whose first process (pid 1 there) runs the
+/// program, with and without a `/proc` of its own; `unshare -p` (no fork) execs a shell that
+/// stays in the daemon's namespace (and cannot start the agent's threads: said, unmanaged) and
+/// whose children are in the new one, so python there is an image exec'd in it, greeting the
+/// daemon with its own namespace's pid. Before the fix: the fork child was bound to the
+/// daemon's pid 1 ("cannot read the mappings of forked child 1", a SIGKILL to pid 1), its
+/// watchdog found no daemon by its number (exit 86), the daemon waited for pid 1 to exit (a
+/// hang), and the greeting was refused ("HELLO names pid 1 but the peer is pid N").
+#[test]
+fn unshare_makes_a_pid_namespace() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("unshare") || !have("python3") || !pid_namespaces_work() {
+        return;
+    }
+    let python = real_python();
+    let run = same_under_a_third(
+        "unshare-pf-python",
+        &["unshare", "-pf", &python, "-c", PIDNS_SCRIPT],
+    );
+    assert_pidns_script_managed(&run);
+    // The namespace's first process (unshare's child) and python's child.
+    assert_eq!(run.get("fork_children_bound"), 2);
+    let run = same_under_a_third(
+        "unshare-pf-mount-proc-python",
+        &[
+            "unshare",
+            "-pf",
+            "--mount-proc",
+            &python,
+            "-c",
+            PIDNS_SCRIPT,
+        ],
+    );
+    assert_pidns_script_managed(&run);
+    assert_eq!(run.get("fork_children_bound"), 2);
+    let run = same_under_a_third(
+        "unshare-p-sh-python",
+        &[
+            "unshare",
+            "-p",
+            "sh",
+            "-c",
+            "\"$0\" -c \"$1\"; exit $?",
+            &python,
+            PIDNS_SCRIPT,
+        ],
+    );
+    assert_pidns_script_managed(&run);
+    assert!(
+        run.stderr
+            .contains("its children are to be in a new pid namespace"),
+        "the shell in the old namespace ran unmanaged without a word: {}",
+        run.stderr
+    );
+}
+
+/// bubblewrap's pid namespace (`--unshare-pid`: its own init is pid 1 there, the program pid
+/// 2), all of its namespaces (`--unshare-all`), and a user namespace with the pid namespace
+/// (`--unshare-user --unshare-pid`, as an unprivileged sandbox makes them). Before the fix the
+/// program's process was bound to the daemon's pid 2 (`kthreadd` here), whose empty mappings
+/// made the daemon forget every range of the child as if dont-fork, and the daemon then
+/// waited for `kthreadd` to exit.
+#[test]
+fn bubblewrap_makes_a_pid_namespace() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("bwrap") || !have("python3") || !pid_namespaces_work() {
+        return;
+    }
+    let python = real_python();
+    let mut cases = vec![
+        ("bwrap-unshare-pid", vec!["--unshare-pid"]),
+        ("bwrap-unshare-all", vec!["--unshare-all"]),
+    ];
+    if user_namespaces_work() {
+        cases.push((
+            "bwrap-unshare-user-pid",
+            vec!["--unshare-user", "--unshare-pid"],
+        ));
+    }
+    for (name, flags) in cases {
+        let mut argv = vec!["bwrap"];
+        argv.extend(flags);
+        argv.extend([
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--",
+        ]);
+        argv.extend([python.as_str(), "-c", PIDNS_SCRIPT]);
+        let run = same_under_a_third(name, &argv);
+        assert_pidns_script_managed(&run);
+    }
+}

@@ -481,3 +481,56 @@ print("still served")
     assert!(run.get("protocol_errors") >= 5);
     assert!(run.get("evicted_pages") > 0);
 }
+
+/// A client in a pid namespace below the daemon's (`unshare -pf`): its agent knows the daemon
+/// by the pidfd the daemon handed it with its greeting's answer, not by the daemon's pid, which
+/// names nothing there (or another process). It pages, then stops by itself with the message
+/// when the daemon dies. Before the fix its watchdog looked the daemon up by number, found
+/// none (ESRCH) and ended the process at once with exit 86, before the program ran.
+#[test]
+fn a_client_in_a_pid_namespace_stops_when_the_daemon_dies() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("unshare") {
+        return;
+    }
+    let mut daemon = Command::new(DAEMON)
+        .args([
+            "run", "--limit", "8M", "--", "unshare", "-pf", CHECKER, "hold",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the daemon");
+    let mut out = BufReader::new(daemon.stdout.take().expect("stdout"));
+    let ready = wait_line(&mut out, "READY ");
+    // Its own number there: the namespace's first process.
+    assert_eq!(ready.trim(), "READY 1");
+    wait_line(&mut out, "round 1:"); // pages have been evicted and read back at least once
+                                     // SAFETY: kill(2) of the daemon we started.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGKILL) };
+    let _ = daemon.wait();
+    // The client must stop by itself (its output pipe closes), with a clear message.
+    let mut err_pipe = daemon.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let mut err = String::new();
+        let _ = out.read_to_string(&mut rest);
+        let _ = err_pipe.read_to_string(&mut err);
+        let _ = tx.send((rest, err));
+    });
+    let (rest, err) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the client in the pid namespace went on running after its daemon died");
+    eprintln!("client stdout after the kill:\n{rest}\nstderr:\n{err}");
+    assert!(
+        rest.lines()
+            .filter(|l| l.starts_with("round"))
+            .all(|l| l.ends_with(" 0 bad pages")),
+        "the client saw bad data"
+    );
+    assert!(
+        err.contains("uffd-agent[1]: the uffd-daemon serving this process died"),
+        "no clear message from the client"
+    );
+}

@@ -457,6 +457,77 @@ fn gdb_in_the_tree_reads_evicted_memory() {
     assert_eq!(run.get("agent_faults"), 0);
 }
 
+/// The same in a pid namespace below the daemon's (`unshare -pf --mount-proc`): the program is
+/// pid 1 there,
+/// and gdb's `PTRACE_ATTACH` names it so; the tracer's agent asks the daemon with that number,
+/// which the daemon looks up in the tracer's namespace (in its own, 1 is another process): the
+/// program is held before the attach, and every word is in gdb's dump.
+#[test]
+fn gdb_in_a_pid_namespace_reads_evicted_memory() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("gdb") || !have("unshare") {
+        return;
+    }
+    if !Command::new("unshare")
+        .args(["-pf", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("SKIP: this machine refuses a new pid namespace bare (unshare -pf true)");
+        return;
+    }
+    let exe = c_client("inspect");
+    let exe_s = exe.to_string_lossy().into_owned();
+    let mib = BUFFER_MIB.to_string();
+    let out = std::env::temp_dir().join(format!("uffd-test-gdb-pidns-{}", std::process::id()));
+    let o = out.to_string_lossy();
+    let run = run_with_deadline(
+        &["--limit", "16M"],
+        "gdb-pidns",
+        // (A /proc of its own: gdb reads /proc/1/mem, which in the daemon's is init's.)
+        &[
+            "unshare",
+            "-pf",
+            "--mount-proc",
+            &exe_s,
+            "gdb-child",
+            &mib,
+            &o,
+        ],
+        DEADLINE,
+    );
+    let dump = std::fs::read(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    assert!(
+        run.stdout.starts_with("buffer ")
+            && run.stdout.lines().next().is_some_and(|l| l.ends_with(" 1")),
+        "the program is not pid 1 in its namespace: {}",
+        run.stdout
+    );
+    assert_eq!(
+        dump.len() as u64,
+        BUFFER_MIB << 20,
+        "gdb dumped {} bytes of the buffer, not all of it (Cannot access memory?): {}",
+        dump.len(),
+        run.stderr
+    );
+    let bad = dump_bad_words(&dump);
+    assert_eq!(bad, 0, "{bad} words of the buffer are wrong in gdb's dump");
+    assert_eq!(run.status, 0, "gdb failed, or the program's own check did");
+    assert!(run.stdout.contains("gdb exited 0; 0 bad words after it"));
+    assert!(run.get("evicted_pages") >= PAGES / 2);
+    assert!(
+        run.get("held_for_trace") >= 1,
+        "the traced process was not held"
+    );
+    assert!(
+        run.get("hold_pages_restored") >= PAGES / 2,
+        "the buffer was not evicted when gdb attached, or not brought back"
+    );
+    assert_eq!(run.get("protocol_errors"), 0);
+    assert_eq!(run.get("agent_faults"), 0);
+}
+
 /// A tracer from outside the daemon's tree (no agent: the daemon sees it in TracerPid):
 /// PTRACE_ATTACH, then every word of the mostly evicted buffer read through /proc/PID/mem
 /// (EIO retried for a while: the daemon sees such a tracer only a few milliseconds after its

@@ -858,3 +858,155 @@ fn o_direct_reads_in_flight_keep_every_write() {
     let run = pinned_run(&c_client("pinned"), "pinned-direct", "direct", 300);
     assert_paged(&run, PINNED_LIMIT_BYTES);
 }
+
+/// Whether this machine lets a process make a pid namespace at all (bare).
+fn pid_namespaces_work() -> bool {
+    let ok = Command::new("unshare")
+        .args(["-pf", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIP: this machine refuses a new pid namespace bare (unshare -pf true)");
+    }
+    ok
+}
+
+/// What `lifecycle wipe-on-fork 16` must show under the daemon when it runs in a pid namespace
+/// below the daemon's: every word of the child's inherited and its parent's memory right, zeros
+/// where wipe-on-fork, nothing where dont-fork, paged within the limit, both fork children
+/// (unshare's, the namespace's first process, and the program's) bound to their processes.
+fn assert_wipe_on_fork_in_a_pid_namespace(run: &Run) {
+    assert!(
+        !run.timed_out,
+        "the daemon did not end (it waited for a process outside its tree?); its threads \
+         waited in: {}",
+        run.hung_in
+    );
+    assert_eq!(run.status, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains(
+            "child: 0 non-zero words where wipe-on-fork, dont-fork unmapped, 0 bad words"
+        ),
+        "the child saw its parent's wipe-on-fork data, a dont-fork mapping or bad words: {}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("parent: 0 bad words"), "{}", run.stdout);
+    assert!(run.get("fork_pages_wiped") > 0);
+    assert_eq!(run.get("fork_children_bound"), 2, "{}", run.stderr);
+    assert_eq!(run.get("fork_children_unbound"), 0);
+    assert_eq!(
+        run.get("protocol_errors"),
+        0,
+        "a greeting was refused: {}",
+        run.stderr
+    );
+    assert_paged(run, 16 << 20);
+}
+
+/// A program in a pid namespace below the daemon's (`unshare -pf`, with and without a `/proc`
+/// of its own): the C client maps memory wipe-on-fork, dont-fork and plain, fills all three,
+/// forks, and checks every word in both processes. Before the fix the namespace's first
+/// process (pid 1 there) was bound to the daemon's pid 1 and stopped by its watchdog (no
+/// daemon with the daemon's number there: exit 86), and the daemon waited for pid 1.
+#[test]
+fn a_program_in_a_pid_namespace_is_managed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !pid_namespaces_work() {
+        return;
+    }
+    let exe = c_client("lifecycle").to_string_lossy().into_owned();
+    for (name, proc_flag) in [("pidns", None), ("pidns-mount-proc", Some("--mount-proc"))] {
+        let mut argv = vec!["unshare", "-pf"];
+        argv.extend(proc_flag);
+        argv.extend([exe.as_str(), "wipe-on-fork", "16"]);
+        let run = run_with_deadline(&["--limit", "8M"], name, &argv, Duration::from_secs(120));
+        assert_wipe_on_fork_in_a_pid_namespace(&run);
+    }
+}
+
+/// The daemon itself in a pid namespace of its own, where the numbers are small and known:
+/// its shell is pid 1 there, and twenty canaries (processes outside the daemon's tree) come
+/// next. The program runs in a namespace below, whose processes name themselves 1, 2, ... in
+/// their probe faults and greetings: numbers of the shell and of canaries in the daemon's
+/// namespace. The daemon must bind, read and signal only its own tree: it ends when the
+/// program does, every canary is left as it was (sleeping, untraced), no forked child is bound
+/// to the shell or a canary, and the program's memory is right to the word. Before the fix the
+/// namespace's first process was bound to the shell (pid 1), and the daemon waited for the
+/// shell, which waited for the daemon.
+#[test]
+fn numbers_from_a_pid_namespace_below_never_name_a_process_outside_the_tree() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !pid_namespaces_work() {
+        return;
+    }
+    let exe = c_client("lifecycle").to_string_lossy().into_owned();
+    let stats = stats_path("pidns-canaries");
+    let _ = std::fs::remove_file(&stats);
+    // A run directory of its own: a daemon outside (another test run on this machine) of a
+    // version older than the run directories' locks takes this daemon's number in its own
+    // namespace, 20-odd, for a dead daemon's, and removes its directory and its agent socket
+    // (rundir.rs).
+    let run_dir = std::env::temp_dir().join(format!("uffd-test-pidns-run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&run_dir);
+    let script = format!(
+        r#"
+canaries=""
+for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    sleep 600 &
+    canaries="$canaries $!"
+done
+echo "canaries:$canaries"
+UFFD_DAEMON_RUN_DIR="{run_dir}" "{DAEMON}" run -v --limit 8M --stats-json "{stats}" -- unshare -pf "{exe}" wipe-on-fork 16
+st=$?
+for c in $canaries; do
+    grep -q '^State:	S' /proc/$c/status && grep -q '^TracerPid:	0$' /proc/$c/status ||
+        echo "canary $c was touched: $(grep -E '^(State|TracerPid):' /proc/$c/status | tr '\n' ' ')"
+done
+echo "daemon status $st"
+kill $canaries
+exit $st
+"#,
+        stats = stats.display(),
+        run_dir = run_dir.display()
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-pf", "--mount-proc", "sh", "-c", &script]);
+    let done = Bounded::spawn(cmd, "pidns-canaries").wait(Duration::from_secs(120));
+    let run = finish_run("pidns-canaries", done, &stats);
+    let _ = std::fs::remove_dir_all(&run_dir);
+    assert_wipe_on_fork_in_a_pid_namespace(&run);
+    assert!(run.stdout.contains("daemon status 0"), "{}", run.stdout);
+    assert!(!run.stdout.contains("was touched"), "{}", run.stdout);
+    let canaries: Vec<i32> = run
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("canaries:"))
+        .expect("the canaries' pids")
+        .split_whitespace()
+        .map(|p| p.parse().expect("a pid"))
+        .collect();
+    assert_eq!(canaries.len(), 20);
+    // "forked child bound to pid P (numbers from the daemon's pid namespace down: [P, .., N]"
+    let bound: Vec<(i32, i32)> = run
+        .stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split_once("forked child bound to pid ")?.1;
+            let (pid, rest) = rest.split_once(' ')?;
+            let own = rest.split_once('[')?.1.split_once(']')?.0;
+            let innermost = own.rsplit(", ").next()?.parse().ok()?;
+            Some((pid.parse().ok()?, innermost))
+        })
+        .collect();
+    assert_eq!(bound.len(), 2, "{}", run.stderr);
+    for &(pid, innermost) in &bound {
+        assert!(
+            pid != 1 && !canaries.contains(&pid),
+            "a forked child was bound to pid {pid}, outside the daemon's tree (its own number \
+             {innermost}; canaries {canaries:?})"
+        );
+    }
+    // The case is the one it is meant to be: the namespace's first process says 1, which is
+    // the shell's number in the daemon's namespace.
+    assert!(bound.iter().any(|&(_, n)| n == 1), "{bound:?}");
+}

@@ -63,7 +63,9 @@
 //!   shrunk to `accept_threshold_percent` of it (the kernel's `zswap_check_limits`).
 //! - **Writeback**: compressed entries sit on an LRU; [`Zswap::scan_objects`] (a shrinker's
 //!   `scan_objects`, with [`Zswap::count_objects`] its `count_objects`) hands the coldest ones,
-//!   decompressed, to the caller's [`Writeback`]; on success they are freed, on failure they stay.
+//!   decompressed, to the caller's [`Writeback`], up to [`WRITEBACK_BATCH`] at a time (the
+//!   kernel writes back one page at a time; a batch is one round trip to a network store); on
+//!   success they are freed, on failure they stay.
 //! - **Integrity**: with [`Config::crc`] each page's CRC32C (a multi-page object's, over all its
 //!   pages) is kept and checked on load and writeback. A mismatch, a decompression error or a bad handle is an error, never wrong bytes.
 //!   A handle is checked on use (its class and span exist, its slot is used, its length fits),
@@ -144,7 +146,7 @@ pub use pool::{CompactStep, Handle, Pool, PoolError, Relocate};
 pub use qpl_dyn::ExecutionPath as QplPath;
 pub use store::{
     Config, ConfigError, LoadError, ScanResult, Stats, StoreError, Writeback, Zswap,
-    ENTRIES_PER_SHARD, MAX_FOLIO_PAGES, MAX_ORDER,
+    ENTRIES_PER_SHARD, MAX_FOLIO_PAGES, MAX_ORDER, WRITEBACK_BATCH,
 };
 
 /// Compiles and runs the README's example as a doctest.

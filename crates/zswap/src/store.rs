@@ -205,7 +205,24 @@ pub trait Writeback {
     /// Writes the decompressed `page` of swap entry `entry` to the backing device. On error the
     /// entry stays in the store. Must not call into the same [`Zswap`] for `entry`.
     fn write_page(&mut self, entry: u64, page: &[u8]) -> std::io::Result<()>;
+
+    /// Writes several entries' pages, `(entry, page)` each, returning each one's outcome in
+    /// order (an entry whose outcome is missing or an error stays in the store). A device that
+    /// does better with writes together (a disk with several in flight, a network store: one
+    /// round trip) overrides it; the default writes them one by one with
+    /// [`Writeback::write_page`]. The entries are all under writeback meanwhile: a load of one
+    /// waits for the call to return. Same rule as `write_page` for calls into the [`Zswap`].
+    fn write_pages(&mut self, pages: &[(u64, &[u8])]) -> Vec<std::io::Result<()>> {
+        pages
+            .iter()
+            .map(|&(entry, page)| self.write_page(entry, page))
+            .collect()
+    }
 }
+
+/// Entries [`Zswap::scan_objects`] decompresses and hands to [`Writeback::write_pages`] at once,
+/// at most.
+pub const WRITEBACK_BATCH: usize = 32;
 
 impl<F: FnMut(u64, &[u8]) -> std::io::Result<()>> Writeback for F {
     fn write_page(&mut self, entry: u64, page: &[u8]) -> std::io::Result<()> {
@@ -1325,73 +1342,110 @@ impl Zswap {
     }
 
     /// Shrinker `scan_objects`: writes back up to `nr_to_scan` of the coldest entries through
-    /// `writer`, decompressed, and frees those written. An entry whose write fails stays stored
-    /// and goes back to the head of the LRU when the scan ends.
+    /// `writer`, decompressed, in batches of up to [`WRITEBACK_BATCH`] (one
+    /// [`Writeback::write_pages`] call each), and frees those written. An entry whose write fails
+    /// stays stored and goes back to the head of the LRU when the scan ends.
     pub fn scan_objects(&self, nr_to_scan: usize, writer: &mut dyn Writeback) -> ScanResult {
         let mut result = ScanResult::default();
-        let mut page = vec![0u8; PAGE_SIZE];
+        let cap = nr_to_scan.clamp(1, WRITEBACK_BATCH);
+        let mut pages = vec![0u8; cap * PAGE_SIZE];
         let mut worker = None;
         // Entries whose write failed: back on the LRU only after the scan, so one scan never
         // retries them.
         let mut failed = Vec::new();
-        for _ in 0..nr_to_scan {
-            // Peek at the coldest entry, then verify under its shard lock and the LRU lock
-            // (lock order) that it is still stored there, on the LRU, and still the coldest.
-            let Some((key, pos)) = self.lru.lock().tail() else {
-                break;
-            };
-            result.scanned += 1;
-            let shard = &self.shards[self.shard_of(key)];
-            let mut map = shard.map.lock();
-            let stored_there = map.pos(key) == Some(pos)
-                && map.get(key).is_some_and(|e| e.on_lru() && !e.writeback());
-            if !stored_there {
-                // Loaded, invalidated or taken by another scan since the peek.
-                continue;
-            }
-            {
-                let mut lru = self.lru.lock();
-                if lru.tail().map(|(_, p)| p) != Some(pos) {
-                    // Not the coldest any more (taken and stored again meanwhile).
+        let mut batch: Vec<u64> = Vec::with_capacity(cap);
+        let mut left = nr_to_scan;
+        let mut stop = false;
+        while left > 0 && !stop {
+            batch.clear();
+            while batch.len() < cap && left > 0 {
+                left -= 1;
+                // Peek at the coldest entry, then verify under its shard lock and the LRU lock
+                // (lock order) that it is still stored there, on the LRU, and still the
+                // coldest. (Entries already in the batch are off the LRU.)
+                let Some((key, pos)) = self.lru.lock().tail() else {
+                    stop = true;
+                    break;
+                };
+                result.scanned += 1;
+                let shard = &self.shards[self.shard_of(key)];
+                let mut map = shard.map.lock();
+                let stored_there = map.pos(key) == Some(pos)
+                    && map.get(key).is_some_and(|e| e.on_lru() && !e.writeback());
+                if !stored_there {
+                    // Loaded, invalidated or taken by another scan since the peek.
                     continue;
                 }
-                map.lru_unlink(key, &mut lru);
-            }
-            let Some(mut e) = map.get_mut(key) else {
-                continue;
-            };
-            e.set_writeback(true);
-            if worker.is_none() {
-                match self.take_worker() {
-                    Ok(w) => worker = Some(w),
-                    Err(_) => {
-                        self.end_writeback(map, &shard.done, key, false);
-                        failed.push(key);
-                        result.failed += 1;
-                        break;
+                {
+                    let mut lru = self.lru.lock();
+                    if lru.tail().map(|(_, p)| p) != Some(pos) {
+                        // Not the coldest any more (taken and stored again meanwhile).
+                        continue;
+                    }
+                    map.lru_unlink(key, &mut lru);
+                }
+                let Some(mut e) = map.get_mut(key) else {
+                    continue;
+                };
+                e.set_writeback(true);
+                if worker.is_none() {
+                    match self.take_worker() {
+                        Ok(w) => worker = Some(w),
+                        Err(_) => {
+                            self.end_writeback(map, &shard.done, key, false);
+                            failed.push(key);
+                            result.failed += 1;
+                            stop = true;
+                            break;
+                        }
                     }
                 }
+                let Some((_, w)) = worker.as_mut() else {
+                    stop = true;
+                    break;
+                };
+                let at = batch.len() * PAGE_SIZE;
+                let decoded = match map.get(key) {
+                    Some(e) => self.decode(w, key, e, &mut pages[at..at + PAGE_SIZE]),
+                    None => Err(LoadError::NotFound { entry: key }),
+                };
+                if decoded.is_err() {
+                    self.end_writeback(map, &shard.done, key, false);
+                    failed.push(key);
+                    result.failed += 1;
+                    continue;
+                }
+                drop(map);
+                batch.push(key);
             }
-            let Some((_, w)) = worker.as_mut() else {
-                break;
-            };
-            let decoded = match map.get(key) {
-                Some(e) => self.decode(w, key, e, &mut page),
-                None => Err(LoadError::NotFound { entry: key }),
-            };
-            drop(map);
-            // If the writer panics, the guard ends the writeback as failed so that nobody waits
-            // forever on the entry; the panic then goes on to the caller.
-            let guard = UnwindGuard { zswap: self, key };
-            let ok = decoded.is_ok() && writer.write_page(key, &page).is_ok();
-            std::mem::forget(guard);
-            let map = shard.map.lock();
-            self.end_writeback(map, &shard.done, key, ok);
-            if ok {
-                result.written_back += 1;
-            } else {
-                failed.push(key);
-                result.failed += 1;
+            if batch.is_empty() {
+                continue;
+            }
+            // If the writer panics, the guards end the writebacks as failed so that nobody waits
+            // forever on an entry; the panic then goes on to the caller.
+            let guards: Vec<UnwindGuard<'_>> = batch
+                .iter()
+                .map(|&key| UnwindGuard { zswap: self, key })
+                .collect();
+            let writes: Vec<(u64, &[u8])> = batch
+                .iter()
+                .enumerate()
+                .map(|(i, &key)| (key, &pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]))
+                .collect();
+            let outcomes = writer.write_pages(&writes);
+            for g in guards {
+                std::mem::forget(g);
+            }
+            for (i, &key) in batch.iter().enumerate() {
+                let ok = outcomes.get(i).is_some_and(|r| r.is_ok());
+                let shard = &self.shards[self.shard_of(key)];
+                self.end_writeback(shard.map.lock(), &shard.done, key, ok);
+                if ok {
+                    result.written_back += 1;
+                } else {
+                    failed.push(key);
+                    result.failed += 1;
+                }
             }
         }
         for key in failed {

@@ -243,6 +243,62 @@ fn failed_writeback_keeps_the_entry() {
     assert_eq!(zswap.stats().pool_total_size, 0);
 }
 
+/// Writeback in batches: `write_pages` gets up to `WRITEBACK_BATCH` entries, coldest first;
+/// entries whose write failed in a batch stay stored (back on the LRU), the others are freed.
+#[test]
+fn writeback_goes_in_batches() {
+    struct Batches {
+        sizes: Vec<usize>,
+        order: Vec<u64>,
+    }
+    impl zswap::Writeback for Batches {
+        fn write_page(&mut self, _: u64, _: &[u8]) -> std::io::Result<()> {
+            unreachable!("scan_objects writes in batches")
+        }
+        fn write_pages(&mut self, pages: &[(u64, &[u8])]) -> Vec<std::io::Result<()>> {
+            self.sizes.push(pages.len());
+            pages
+                .iter()
+                .map(|&(k, pg)| {
+                    assert_eq!(pg, &page(Kind::Compressible, k)[..], "entry {k}");
+                    self.order.push(k);
+                    if k % 10 == 3 {
+                        Err(std::io::Error::other("EIO"))
+                    } else {
+                        Ok(())
+                    }
+                })
+                .collect()
+        }
+    }
+    let zswap = Zswap::new(Config::new(Compressor::Lz4)).expect("store");
+    for k in 0..100u64 {
+        zswap.store(k, &page(Kind::Compressible, k)).expect("store");
+    }
+    let mut w = Batches {
+        sizes: Vec::new(),
+        order: Vec::new(),
+    };
+    let r = zswap.scan_objects(80, &mut w);
+    assert_eq!(w.sizes, [32, 32, 16]);
+    assert_eq!(w.order, (0..80).collect::<Vec<u64>>(), "coldest first");
+    assert_eq!((r.scanned, r.written_back, r.failed), (80, 72, 8));
+    for k in 0..100u64 {
+        assert_eq!(zswap.contains(k), k >= 80 || k % 10 == 3, "entry {k}");
+    }
+    let mut out = vec![0u8; PAGE_SIZE];
+    zswap
+        .load_shared(13, &mut out)
+        .expect("a failed write keeps its entry");
+    assert_eq!(out, page(Kind::Compressible, 13));
+    assert_eq!(
+        zswap.count_objects(),
+        28,
+        "the failed ones are back on the LRU"
+    );
+    assert_eq!(zswap::WRITEBACK_BATCH, 32);
+}
+
 #[test]
 #[cfg_attr(
     miri,

@@ -30,8 +30,22 @@ pub trait Backend: Send + Sync + fmt::Debug {
     }
     /// Reads `out.len()` bytes at `offset`.
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()>;
+    /// Reads each `(offset, out)`, all or nothing (a run of pages and their tags). A device
+    /// that does better with the reads together (a network store: one round trip) overrides
+    /// it.
+    fn read_all(&self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        for (offset, out) in reads.iter_mut() {
+            self.read(*offset, out)?;
+        }
+        Ok(())
+    }
     /// The slots `[offset, offset + len)` are free: the backend may drop their contents.
     fn discard(&self, _offset: u64, _len: u64) {}
+    /// The run is over: drop what the device holds for it (a network store's keys). Nothing is
+    /// read or written after.
+    fn close(&self) {}
+    /// The device's own counters, into the stats.
+    fn counters(&self, _v: &mut serde_json::Value) {}
 }
 
 fn create_private(path: &Path) -> io::Result<File> {
@@ -364,8 +378,17 @@ impl Backend for Failing {
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
         self.inner.read(offset, out)
     }
+    fn read_all(&self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        self.inner.read_all(reads)
+    }
     fn discard(&self, offset: u64, len: u64) {
         self.inner.discard(offset, len)
+    }
+    fn close(&self) {
+        self.inner.close()
+    }
+    fn counters(&self, v: &mut serde_json::Value) {
+        self.inner.counters(v)
     }
 }
 
@@ -392,7 +415,16 @@ impl Backend for ArcBackend {
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
         self.0.read(offset, out)
     }
+    fn read_all(&self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        self.0.read_all(reads)
+    }
     fn discard(&self, offset: u64, len: u64) {
         self.0.discard(offset, len)
+    }
+    fn close(&self) {
+        self.0.close()
+    }
+    fn counters(&self, v: &mut serde_json::Value) {
+        self.0.counters(v)
     }
 }

@@ -1,7 +1,9 @@
 //! What the tiers are made of: the backing device, the swap space, the compressed tier, as the
 //! configuration and the command line give them.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use zswap::Compressor;
 
@@ -17,18 +19,141 @@ pub enum BackendSpec {
     /// (mapped with `MAP_SYNC`), or else an ordinary file mapped shared ("simulated pmem").
     /// A file is created 0600 (must not exist) and removed at exit.
     Pmem(PathBuf),
+    /// A Redis Cluster (`redis_cluster.rs`): the nodes to reach it through (any one that
+    /// answers will do) and the `[redis_cluster]` settings.
+    RedisCluster(Box<RedisClusterConfig>),
+}
+
+/// How the daemon talks to a Redis Cluster (`--backend redis-cluster:...` and the
+/// configuration's `[redis_cluster]` section).
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisClusterConfig {
+    /// `HOST:PORT` of the nodes to start from (`[::1]:PORT` for IPv6).
+    pub nodes: Vec<String>,
+    /// ACL user (`AUTH user password`); `None` for the default user.
+    pub username: Option<String>,
+    /// `requirepass`/ACL password.
+    pub password: Option<String>,
+    /// Timeout of a TCP connection to a node.
+    pub connect_timeout: Duration,
+    /// Timeout of a node's answer (each socket read); above `wait_timeout`.
+    pub response_timeout: Duration,
+    /// Replicas a write must reach before it counts as stored (`WAIT`); 0: no `WAIT`.
+    pub replicas: u32,
+    /// How long `WAIT` waits for them.
+    pub wait_timeout: Duration,
+    /// How long a read keeps retrying (a failover in progress) before it fails: a fault
+    /// waits at most about this long for the cluster.
+    pub read_retry: Duration,
+    /// How long a write keeps retrying before it fails (the pages then stay in memory and
+    /// reclaim tries again later).
+    pub write_retry: Duration,
+}
+
+impl Default for RedisClusterConfig {
+    fn default() -> Self {
+        RedisClusterConfig {
+            nodes: Vec::new(),
+            username: None,
+            password: None,
+            connect_timeout: Duration::from_millis(1000),
+            response_timeout: Duration::from_millis(2000),
+            replicas: 1,
+            wait_timeout: Duration::from_millis(1000),
+            read_retry: Duration::from_millis(15_000),
+            write_retry: Duration::from_millis(1000),
+        }
+    }
+}
+
+impl fmt::Debug for RedisClusterConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisClusterConfig")
+            .field("nodes", &self.nodes)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "(set)"))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("replicas", &self.replicas)
+            .field("wait_timeout", &self.wait_timeout)
+            .field("read_retry", &self.read_retry)
+            .field("write_retry", &self.write_retry)
+            .finish()
+    }
+}
+
+impl RedisClusterConfig {
+    /// Parses the node list of `redis-cluster:HOST:PORT[,HOST:PORT...]`.
+    pub fn parse_nodes(list: &str) -> Result<Vec<String>, String> {
+        let mut nodes = Vec::new();
+        for n in list.split(',') {
+            let n = n.trim();
+            let (host, port) = n.rsplit_once(':').ok_or_else(|| {
+                format!("redis-cluster node {n:?}: expected HOST:PORT (e.g. 127.0.0.1:7000)")
+            })?;
+            let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+            if host.is_empty() || (bare.is_none() && host.contains(':')) || bare == Some("") {
+                return Err(format!(
+                    "redis-cluster node {n:?}: expected HOST:PORT, an IPv6 host in brackets \
+                     ([::1]:7000)"
+                ));
+            }
+            match port.parse::<u16>() {
+                Ok(p) if p > 0 => {}
+                _ => {
+                    return Err(format!(
+                        "redis-cluster node {n:?}: port {port:?} is not 1 to 65535"
+                    ))
+                }
+            }
+            nodes.push(n.to_string());
+        }
+        Ok(nodes)
+    }
+
+    /// Checks the settings against each other.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.nodes.is_empty() {
+            return Err("redis-cluster: no node given".into());
+        }
+        for (name, d) in [
+            ("connect_timeout_ms", self.connect_timeout),
+            ("response_timeout_ms", self.response_timeout),
+            ("wait_timeout_ms", self.wait_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(format!("redis_cluster.{name} = 0: at least 1"));
+            }
+        }
+        if self.replicas > 0 && self.wait_timeout >= self.response_timeout {
+            return Err(format!(
+                "redis_cluster.wait_timeout_ms = {} must be below response_timeout_ms = {} (a \
+                 WAIT that waits its whole timeout must still be answered in time)",
+                self.wait_timeout.as_millis(),
+                self.response_timeout.as_millis()
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl BackendSpec {
-    /// Parses `none`, `file`, `file:PATH`, `pmem:PATH`.
+    /// Parses `none`, `file`, `file:PATH`, `pmem:PATH`, `redis-cluster:HOST:PORT[,HOST:PORT...]`.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s.split_once(':') {
+            Some(("redis-cluster", nodes)) => {
+                Ok(BackendSpec::RedisCluster(Box::new(RedisClusterConfig {
+                    nodes: RedisClusterConfig::parse_nodes(nodes)?,
+                    ..RedisClusterConfig::default()
+                })))
+            }
             None if s == "none" => Ok(BackendSpec::None),
             None if s == "file" => Ok(BackendSpec::File(None)),
             Some(("file", p)) if !p.is_empty() => Ok(BackendSpec::File(Some(PathBuf::from(p)))),
             Some(("pmem", p)) if !p.is_empty() => Ok(BackendSpec::Pmem(PathBuf::from(p))),
             _ => Err(format!(
-                "unknown backend {s:?}: expected none, file, file:PATH or pmem:PATH"
+                "unknown backend {s:?}: expected none, file, file:PATH, pmem:PATH or \
+                 redis-cluster:HOST:PORT[,HOST:PORT...]"
             )),
         }
     }

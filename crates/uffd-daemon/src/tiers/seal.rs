@@ -672,17 +672,21 @@ impl<B: Backend> Backend for SealedBackend<B> {
         }
         let key = self.key.get();
         let failed = with_scratch(n * TAG_LEN, |tags| -> io::Result<Option<u64>> {
-            // The ciphertext lands in `out` itself and is opened in place.
-            for (at, len) in group_runs(first, n) {
-                let slot = first + at as u64;
-                self.inner.read(
-                    data_offset(slot),
-                    &mut out[at * PAGE_SIZE..(at + len) * PAGE_SIZE],
-                )?;
-                self.inner.read(
-                    tag_offset(slot),
-                    &mut tags[at * TAG_LEN..(at + len) * TAG_LEN],
-                )?;
+            // The ciphertext lands in `out` itself and is opened in place. Every group's pages
+            // and tags are asked for together (one round trip to a network store).
+            {
+                let mut parts: Vec<(u64, &mut [u8])> = Vec::with_capacity(4);
+                let (mut pages_rest, mut tags_rest) = (&mut out[..], &mut tags[..]);
+                for (at, len) in group_runs(first, n) {
+                    let slot = first + at as u64;
+                    let (p, rest) = pages_rest.split_at_mut(len * PAGE_SIZE);
+                    pages_rest = rest;
+                    let (t, rest) = tags_rest.split_at_mut(len * TAG_LEN);
+                    tags_rest = rest;
+                    parts.push((data_offset(slot), p));
+                    parts.push((tag_offset(slot), t));
+                }
+                self.inner.read_all(&mut parts)?;
             }
             let sealed = tags.chunks_exact(TAG_LEN).zip(&seals);
             for (i, ((tag, seal), page)) in sealed.zip(out.chunks_exact_mut(PAGE_SIZE)).enumerate()
@@ -716,6 +720,14 @@ impl<B: Backend> Backend for SealedBackend<B> {
             ));
         }
         Ok(())
+    }
+
+    fn close(&self) {
+        self.inner.close()
+    }
+
+    fn counters(&self, v: &mut serde_json::Value) {
+        self.inner.counters(v)
     }
 
     fn discard(&self, offset: u64, len: u64) {

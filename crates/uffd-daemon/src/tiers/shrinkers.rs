@@ -27,17 +27,12 @@ impl Shrinker for ZswapShrinker {
         }
     }
     fn scan_objects(&self, sc: &mut ShrinkControl) -> Scan {
-        let backend = &self.backend;
-        let mut first_error = None;
-        let r = self
-            .zswap
-            .scan_objects(sc.nr_to_scan as usize, &mut |entry: u64, page: &[u8]| {
-                backend.write(entry * PAGE_SIZE_U64, page).inspect_err(|e| {
-                    if first_error.is_none() {
-                        first_error = Some(e.to_string());
-                    }
-                })
-            });
+        let mut w = BatchWriter {
+            backend: &*self.backend,
+            first_error: None,
+        };
+        let r = self.zswap.scan_objects(sc.nr_to_scan as usize, &mut w);
+        let first_error = w.first_error;
         sc.nr_scanned = r.scanned as u64;
         self.stats
             .zswpwb
@@ -61,6 +56,33 @@ impl Shrinker for ZswapShrinker {
         } else {
             Scan::Freed(r.written_back as u64)
         }
+    }
+}
+
+/// zswap's writeback into the backend: a batch of entries as one `write_all` (one batch of
+/// disk writes in flight; one pipeline per master of a Redis Cluster, with one `WAIT`).
+struct BatchWriter<'a> {
+    backend: &'a dyn Backend,
+    first_error: Option<String>,
+}
+
+impl zswap::Writeback for BatchWriter<'_> {
+    fn write_page(&mut self, entry: u64, page: &[u8]) -> std::io::Result<()> {
+        self.write_pages(&[(entry, page)]).pop().unwrap_or(Ok(()))
+    }
+    fn write_pages(&mut self, pages: &[(u64, &[u8])]) -> Vec<std::io::Result<()>> {
+        let writes: Vec<(u64, &[u8])> = pages
+            .iter()
+            .map(|&(entry, page)| (entry * PAGE_SIZE_U64, page))
+            .collect();
+        let out = self.backend.write_all(&writes);
+        if self.first_error.is_none() {
+            self.first_error = out
+                .iter()
+                .find_map(|r| r.as_ref().err())
+                .map(|e| e.to_string());
+        }
+        out
     }
 }
 

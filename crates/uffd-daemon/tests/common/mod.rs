@@ -2,6 +2,8 @@
 //! reading its counters.
 #![allow(dead_code)] // each test binary uses part of it
 
+pub mod cluster;
+
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -99,13 +99,10 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod agent_conn;
-mod agentless;
 mod bind;
 pub mod config;
-mod daemon;
 pub mod demo;
 mod fault;
-mod hold;
 mod idlepoll;
 pub mod inject;
 pub mod limit;
@@ -116,15 +113,17 @@ pub mod protocol;
 mod readahead;
 mod reclaim;
 mod rundir;
+mod shared;
 pub mod stats;
+mod supervisor;
 pub mod sys;
 pub mod tiers;
 pub mod unmanaged;
 pub mod wire;
 
-pub use daemon::{run, Config, EXIT_DAEMON_LOST};
 pub use rundir::{base as run_base, default_base as default_run_base, pid_of_name as run_dir_pid};
 pub use stats::Stats;
+pub use supervisor::{run, Config, EXIT_DAEMON_LOST};
 
 /// Parses a size such as `256M`, `1G`, `4096`, `64k` (binary units).
 pub fn parse_size(s: &str) -> Result<u64, String> {

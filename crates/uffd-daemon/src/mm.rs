@@ -25,7 +25,6 @@ use parking_lot::Mutex;
 
 use crate::agent_conn::AgentConn;
 use crate::config::{PolicyConfig, PolicyKind};
-use crate::daemon::Shared;
 use crate::stats::Stats;
 use crate::sys::{EventFd, PidFd, Uffd, PAGE_SIZE_U64};
 
@@ -207,7 +206,7 @@ pub struct Mm {
     /// its evicted pages are brought back, its memory is the kernel's, nothing is evicted.
     pub held: AtomicU32,
     /// What a hold has done, under its own lock (holds and releases take it in turn).
-    pub hold: Mutex<crate::hold::HoldState>,
+    pub hold: Mutex<HoldState>,
     /// A thread of the scanner's is bringing the pages of a traced process back.
     pub holding: AtomicBool,
 }
@@ -243,6 +242,39 @@ impl BindToken {
             searched: None,
             released: false,
         })
+    }
+}
+
+/// What a page table needs of the rest of the daemon: the resident count of the whole tree and
+/// the references of the store's slots. The daemon's `Shared` is the implementation.
+pub trait Ledger {
+    /// Adds `n` resident pages.
+    fn resident_add(&self, n: usize);
+    /// Removes `n` resident pages.
+    fn resident_sub(&self, n: usize);
+    /// Drops a reference to a stored page's slot.
+    fn put_slot(&self, slot: u32);
+    /// Adds a reference to a stored page's slot (a fork shares it).
+    fn dup_slot(&self, slot: u32);
+    /// Counts a page brought by readahead that left before anything touched it.
+    fn readahead_unused(&self);
+}
+
+impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
+    fn resident_add(&self, n: usize) {
+        (**self).resident_add(n);
+    }
+    fn resident_sub(&self, n: usize) {
+        (**self).resident_sub(n);
+    }
+    fn put_slot(&self, slot: u32) {
+        (**self).put_slot(slot);
+    }
+    fn dup_slot(&self, slot: u32) {
+        (**self).dup_slot(slot);
+    }
+    fn readahead_unused(&self) {
+        (**self).readahead_unused();
     }
 }
 
@@ -289,7 +321,7 @@ impl Mm {
             scratch_filled: Mutex::new(None),
             maps: Mutex::new(None),
             held: AtomicU32::new(0),
-            hold: Mutex::new(crate::hold::HoldState::default()),
+            hold: Mutex::new(HoldState::default()),
             holding: AtomicBool::new(false),
         })
     }
@@ -310,7 +342,7 @@ impl Mm {
             return;
         }
         if let Some(pid) = self.pid() {
-            crate::bind::kill_in_tree(pid);
+            crate::maps::kill_in_tree(pid);
         }
     }
 
@@ -380,7 +412,7 @@ impl MmState {
     /// eviction given up) and hands it to the policy. `referenced`: its accessed bit.
     pub fn make_resident(
         &mut self,
-        shared: &Shared,
+        shared: &impl Ledger,
         addr: u64,
         arrival: Arrival,
         referenced: bool,
@@ -395,7 +427,7 @@ impl MmState {
     /// Inserts a page restored by readahead (not asked for by the fault): resident, cold, not
     /// referenced, and marked until a use of it is seen ([`MmState::readahead_used`]) or it
     /// leaves ([`MmState::release`], [`MmState::pick_victims`]).
-    pub fn add_readahead(&mut self, shared: &Shared, addr: u64) {
+    pub fn add_readahead(&mut self, shared: &impl Ledger, addr: u64) {
         let page = Page::Resident {
             referenced: false,
             readahead: true,
@@ -403,7 +435,7 @@ impl MmState {
         self.insert_resident(shared, addr, Arrival::Cold, page);
     }
 
-    fn insert_resident(&mut self, shared: &Shared, addr: u64, arrival: Arrival, page: Page) {
+    fn insert_resident(&mut self, shared: &impl Ledger, addr: u64, arrival: Arrival, page: Page) {
         let shadow = self.pages.shadow(addr);
         match self.pages.insert(addr, page) {
             Some(old) if old.is_resident() => {}
@@ -441,7 +473,7 @@ impl MmState {
     }
 
     /// Forgets pages in `[start, end)` (REMOVE, UNMAP): their memory is gone or zero now.
-    pub fn forget_range(&mut self, shared: &Shared, start: u64, end: u64) -> usize {
+    pub fn forget_range(&mut self, shared: &impl Ledger, start: u64, end: u64) -> usize {
         self.forget_refusals(start, end);
         let keys: Vec<u64> = self.pages.range(start..end).map(|(k, _)| k).collect();
         for &k in &keys {
@@ -455,11 +487,11 @@ impl MmState {
     /// Accounting for a page state that is being dropped from the table (the caller removed
     /// it from `pages`; `addr` is where it was). A page read ahead and never seen used leaves
     /// unused (removed, unmapped, its process gone).
-    pub fn release(&mut self, shared: &Shared, addr: u64, p: Page) {
+    pub fn release(&mut self, shared: &impl Ledger, addr: u64, p: Page) {
         if let Page::Resident { readahead, .. } = p {
             self.policy.remove(page_id(addr));
             if readahead {
-                Stats::add(&shared.stats.readahead_unused_pages, 1);
+                shared.readahead_unused();
             }
         }
         if p.is_resident() {
@@ -543,7 +575,7 @@ impl MmState {
     /// returns the new addresses of the pages that were `Evicting`, whose write protection the
     /// caller lifts under the state lock. Pages that were `Dropping` keep theirs: the agent may
     /// still move whatever comes to their old address (see the WP fault path).
-    pub fn remap(&mut self, shared: &Shared, from: u64, to: u64, len: u64) -> Vec<u64> {
+    pub fn remap(&mut self, shared: &impl Ledger, from: u64, to: u64, len: u64) -> Vec<u64> {
         let moved: Vec<(u64, Page)> = self.pages.range(from..from + len).collect();
         // (Pages waiting to be unshared, or known pinned, lose that at their new address: a
         // DROP refuses them once more and they wait again.)
@@ -584,8 +616,8 @@ impl MmState {
 
     /// The state a forked child starts with: one copy of everything, stored pages shared
     /// (their slot counts raised, the kernel's `swap_duplicate`).
-    pub fn fork_copy(&self, shared: &Shared) -> MmState {
-        let mut child = MmState::new(&shared.policy);
+    pub fn fork_copy(&self, shared: &impl Ledger, policy: &PolicyConfig) -> MmState {
+        let mut child = MmState::new(policy);
         child.ranges = self.ranges.clone();
         child.refused = self.refused.clone();
         // What a hold of the parent let go is not the child's to leave alone: it registers it.
@@ -832,6 +864,26 @@ pub fn runs_of(addrs: &[u64]) -> Vec<(u64, u32)> {
         }
     }
     runs
+}
+
+/// What a hold has done (`Mm::hold`).
+#[derive(Debug, Default)]
+pub struct HoldState {
+    /// Every registered range is let go (none kept for want of memory, none behind a DROP).
+    pub done: bool,
+    /// When a tracer's agent asked last.
+    pub asked: Option<std::time::Instant>,
+    /// When the scanner last tried to complete or end the hold.
+    pub tried: Option<std::time::Instant>,
+    /// Whether the pages kept evicted were said.
+    pub said_kept: bool,
+    /// Pages brought back by this hold so far.
+    pub restored: u64,
+}
+
+/// Whether `mm` is held.
+pub fn is_held(mm: &Mm) -> bool {
+    mm.held.load(Ordering::Acquire) != 0
 }
 
 #[cfg(test)]

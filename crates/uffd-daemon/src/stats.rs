@@ -422,26 +422,6 @@ impl Histogram {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn histogram_quantiles() {
-        let h = Histogram::default();
-        assert_eq!(h.quantile_us(0.5), None);
-        for ns in [1_000u64, 2_000, 3_000, 4_000, 100_000] {
-            h.record(ns);
-        }
-        assert_eq!(h.count(), 5);
-        assert_eq!(h.quantile_us(0.5), Some(3.5));
-        assert_eq!(h.quantile_us(0.2), Some(1.5));
-        assert_eq!(h.quantile_us(1.0), Some(131.072));
-        h.record(u64::MAX);
-        assert_eq!(h.count(), 6, "huge samples land in the last bucket");
-    }
-}
-
 /// Whether the counter named `name` in the JSON snapshot is a level (resident pages, pool
 /// bytes, a peak, a latency quantile, a ratio) rather than a running count.
 fn is_gauge(name: &str) -> bool {
@@ -552,5 +532,25 @@ mod prometheus_tests {
         assert!(t.contains(
             "uffd_daemon_info{daemon_pid=\"42\",backend_encrypted=\"true\",idle_poll=\"kernel\"} 1"
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles() {
+        let h = Histogram::default();
+        assert_eq!(h.quantile_us(0.5), None);
+        for ns in [1_000u64, 2_000, 3_000, 4_000, 100_000] {
+            h.record(ns);
+        }
+        assert_eq!(h.count(), 5);
+        assert_eq!(h.quantile_us(0.5), Some(3.5));
+        assert_eq!(h.quantile_us(0.2), Some(1.5));
+        assert_eq!(h.quantile_us(1.0), Some(131.072));
+        h.record(u64::MAX);
+        assert_eq!(h.count(), 6, "huge samples land in the last bucket");
     }
 }

@@ -1088,72 +1088,6 @@ pub fn write_through(file: &std::fs::File, offset: u64, len: u64) -> io::Result<
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Whether the calling thread runs `SCHED_FIFO`.
-    fn is_sched_fifo() -> bool {
-        // SAFETY: sched_getscheduler on the calling thread.
-        let p = unsafe { libc::sched_getscheduler(0) };
-        p & !libc::SCHED_RESET_ON_FORK == libc::SCHED_FIFO
-    }
-
-    /// A thread moved off its CPU runs elsewhere, and keeps its whole affinity.
-    #[test]
-    fn move_off_cpu_moves_and_keeps_the_affinity() {
-        std::thread::spawn(|| {
-            let size = std::mem::size_of::<libc::cpu_set_t>();
-            // SAFETY: cpu_set_t is plain data; a valid set for the calling thread.
-            let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
-            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut before) }, 0);
-            // SAFETY: CPU_COUNT on a valid set.
-            if unsafe { libc::CPU_COUNT(&before) } < 2 {
-                return; // one CPU: nowhere to go (the call must say so)
-            }
-            for _ in 0..20 {
-                let here = current_cpu();
-                assert!(move_off_cpu(here), "could not move off CPU {here}");
-                assert_ne!(current_cpu(), here, "still on CPU {here}");
-            }
-            // SAFETY: as above.
-            let mut after: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
-            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut after) }, 0);
-            // SAFETY: CPU_EQUAL on valid sets.
-            let same = unsafe { libc::CPU_EQUAL(&before, &after) };
-            assert!(same, "affinity changed");
-        })
-        .join()
-        .unwrap();
-    }
-
-    /// As root: a thread made `SCHED_FIFO` is, and a thread it starts is not (reset on fork).
-    #[test]
-    fn sched_fifo_is_set_and_not_inherited() {
-        // SAFETY: geteuid cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
-        std::thread::spawn(move || {
-            assert!(!is_sched_fifo());
-            match set_sched_fifo(1) {
-                Ok(()) => assert!(is_sched_fifo()),
-                Err(e) => {
-                    assert!(!root, "root cannot set SCHED_FIFO: {e}");
-                    return;
-                }
-            }
-            let child = std::thread::spawn(is_sched_fifo).join().unwrap();
-            assert!(
-                !child,
-                "a thread started by a SCHED_FIFO handler inherited it"
-            );
-        })
-        .join()
-        .unwrap();
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // ptrace, for agentless management (`inject.rs`): the calls that stop one thread of a program,
 // run a system call in it, and give it back exactly as it was.
@@ -1425,5 +1359,71 @@ mod procmap_tests {
         assert_eq!(super::vma_covering(&maps, 0).unwrap(), None);
         // SAFETY: the mapping made above.
         unsafe { libc::munmap(p, len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether the calling thread runs `SCHED_FIFO`.
+    fn is_sched_fifo() -> bool {
+        // SAFETY: sched_getscheduler on the calling thread.
+        let p = unsafe { libc::sched_getscheduler(0) };
+        p & !libc::SCHED_RESET_ON_FORK == libc::SCHED_FIFO
+    }
+
+    /// A thread moved off its CPU runs elsewhere, and keeps its whole affinity.
+    #[test]
+    fn move_off_cpu_moves_and_keeps_the_affinity() {
+        std::thread::spawn(|| {
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            // SAFETY: cpu_set_t is plain data; a valid set for the calling thread.
+            let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut before) }, 0);
+            // SAFETY: CPU_COUNT on a valid set.
+            if unsafe { libc::CPU_COUNT(&before) } < 2 {
+                return; // one CPU: nowhere to go (the call must say so)
+            }
+            for _ in 0..20 {
+                let here = current_cpu();
+                assert!(move_off_cpu(here), "could not move off CPU {here}");
+                assert_ne!(current_cpu(), here, "still on CPU {here}");
+            }
+            // SAFETY: as above.
+            let mut after: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut after) }, 0);
+            // SAFETY: CPU_EQUAL on valid sets.
+            let same = unsafe { libc::CPU_EQUAL(&before, &after) };
+            assert!(same, "affinity changed");
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// As root: a thread made `SCHED_FIFO` is, and a thread it starts is not (reset on fork).
+    #[test]
+    fn sched_fifo_is_set_and_not_inherited() {
+        // SAFETY: geteuid cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        std::thread::spawn(move || {
+            assert!(!is_sched_fifo());
+            match set_sched_fifo(1) {
+                Ok(()) => assert!(is_sched_fifo()),
+                Err(e) => {
+                    assert!(!root, "root cannot set SCHED_FIFO: {e}");
+                    return;
+                }
+            }
+            let child = std::thread::spawn(is_sched_fifo).join().unwrap();
+            assert!(
+                !child,
+                "a thread started by a SCHED_FIFO handler inherited it"
+            );
+        })
+        .join()
+        .unwrap();
     }
 }

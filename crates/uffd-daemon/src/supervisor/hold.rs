@@ -50,9 +50,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::daemon::{Shared, Unregister};
+use super::space::{self, Unregister};
 use crate::maps;
+use crate::mm::{is_held, HoldState};
 use crate::mm::{Mm, Page};
+use crate::shared::Shared;
 use crate::stats::Stats;
 use crate::sys::PAGE_SIZE_U64;
 use crate::unmanaged::Kind;
@@ -69,26 +71,6 @@ const ASK_GRACE: Duration = Duration::from_secs(1);
 /// How often the scanner tries again to complete a hold (a range kept for want of memory or
 /// behind a DROP in flight) or to end one (every thread's status read).
 const RETRY: Duration = Duration::from_millis(100);
-
-/// What a hold has done (`Mm::hold`).
-#[derive(Debug, Default)]
-pub struct HoldState {
-    /// Every registered range is let go (none kept for want of memory, none behind a DROP).
-    pub done: bool,
-    /// When a tracer's agent asked last.
-    pub asked: Option<Instant>,
-    /// When the scanner last tried to complete or end the hold.
-    pub tried: Option<Instant>,
-    /// Whether the pages kept evicted were said.
-    pub said_kept: bool,
-    /// Pages brought back by this hold so far.
-    pub restored: u64,
-}
-
-/// Whether `mm` is held.
-pub fn is_held(mm: &Mm) -> bool {
-    mm.held.load(Ordering::Acquire) != 0
-}
 
 /// The census's kind for the memory of a held process.
 pub fn census_kind(mm: &Mm) -> Option<Kind> {
@@ -123,7 +105,7 @@ pub fn request(shared: &Shared, sender: i32, pid: u32, reason: u32) -> io::Resul
     }
     // Not managed (or not one the number can be shown to name: a tracer from outside is seen
     // in `TracerPid` anyway): nothing of it is evicted or registered.
-    let Some(mm) = target.and_then(|t| crate::daemon::live_mm(shared, t)) else {
+    let Some(mm) = target.and_then(|t| space::live_mm(shared, t)) else {
         return Ok(());
     };
     // (Before the mark: the scanner ends neither hold within `ASK_GRACE` of the ask. A tracer
@@ -136,6 +118,19 @@ pub fn request(shared: &Shared, sender: i32, pid: u32, reason: u32) -> io::Resul
     hold(shared, &mm, reason, REQUEST_WAIT)
 }
 
+/// Registers the new memory of `mm` (`space::scan_and_register`); false if the address space
+/// is gone. A held process's new registrations (new mappings, and those the agent's mmap
+/// wrapper registered) are the kernel's again at once.
+pub fn scan_and_register(shared: &Shared, mm: &Mm) -> bool {
+    if !space::scan_and_register(shared, mm) {
+        return false;
+    }
+    if is_held(mm) {
+        let _ = bring_back(shared, mm, Duration::ZERO);
+    }
+    true
+}
+
 /// Holds `mm` for `reason`: marks it (no batch starts from then on), then lets its memory go,
 /// waiting up to `wait` for a batch in flight.
 pub fn hold(shared: &Shared, mm: &Mm, reason: u32, wait: Duration) -> io::Result<()> {
@@ -143,7 +138,7 @@ pub fn hold(shared: &Shared, mm: &Mm, reason: u32, wait: Duration) -> io::Result
     // The scan registers what it finds unregistered (new mappings, and those the agent's mmap
     // wrapper registered, which the daemon may not have in its table yet: registering them
     // again tells them from a program's own userfaultfd's) and lets go of what it registered.
-    if !crate::daemon::scan_and_register(shared, mm) {
+    if !space::scan_and_register(shared, mm) {
         return Ok(()); // it exec'd an image without the agent: this address space is gone
     }
     bring_back(shared, mm, wait)?;
@@ -221,7 +216,7 @@ pub fn bring_back(shared: &Shared, mm: &Mm, wait: Duration) -> io::Result<u64> {
             continue;
         }
         budget -= stored;
-        let (_, r) = crate::daemon::restore_and_step_aside(shared, mm, s, e, Unregister::Parts)?;
+        let (_, r) = space::restore_and_step_aside(shared, mm, s, e, Unregister::Parts)?;
         restored += r;
         mm.state.lock().hold_let_go.push((s, e));
     }

@@ -33,7 +33,9 @@
 use std::sync::Arc;
 
 use crate::agent_conn::{AgentConn, DropWait, PendingDrop};
-use crate::daemon::Shared;
+use crate::shared::Shared;
+
+pub(crate) mod injected;
 use crate::mm::{runs_of, Mm, Page, ZERO_SLOT};
 use crate::stats::Stats;
 use crate::sys::{self, Fill, PAGE_SIZE, PAGE_SIZE_U64};
@@ -198,7 +200,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     };
     // Held for a core dump or a debugger (`hold.rs`): nothing is evicted. (Checked under the
     // agent slot, which a hold takes after marking the process.)
-    if crate::hold::is_held(mm) {
+    if crate::mm::is_held(mm) {
         return 0;
     }
     if shared
@@ -229,7 +231,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
             return 0; // nothing to pick: no stop for nothing
         }
         if mm.rseq_pages.lock().is_empty() {
-            match crate::agentless::BatchStop::take(shared, pid) {
+            match injected::BatchStop::take(shared, pid) {
                 Ok(s) => {
                     s.learn_rseq(mm);
                 }
@@ -523,7 +525,7 @@ fn drop_injected(
         sent: t_drop,
         said_late: false,
     };
-    let stop = match crate::agentless::BatchStop::take(shared, pid) {
+    let stop = match injected::BatchStop::take(shared, pid) {
         Ok(s) => s,
         Err(e) => {
             // Nothing was moved: the batch goes back.
@@ -561,7 +563,7 @@ fn drop_injected(
     // Events the program raised before its stop (an unmap, and a new mapping at the same
     // addresses) are applied by now: only pages still `Dropping` are moved, so that a move
     // never reaches memory that is no longer the batch's.
-    crate::agentless::wait_handled(mm);
+    injected::wait_handled(mm);
     let live: Vec<bool> = {
         let st = mm.state.lock();
         p.pages
@@ -576,7 +578,7 @@ fn drop_injected(
         .zip(&live)
         .filter_map(|(&a, &l)| l.then_some(a))
         .collect();
-    let done = crate::agentless::drop_pages(shared, mm, pid, stop, &live_pages, &p.unshare);
+    let done = injected::drop_pages(shared, mm, pid, stop, &live_pages, &p.unshare);
     // The moved pages are in the scratch (page `k` of `live_pages` at scratch page `k`): read
     // back now that the program runs again. (Pages no longer `Dropping` were settled by their
     // events: settle_drop skips them.)
@@ -643,7 +645,7 @@ pub fn free_idle_scratch(shared: &Shared) {
         }
         if agent.is_injected() {
             // (A stop that failed is tried again after another idle spell.)
-            if let Err(e) = crate::agentless::free_scratch(shared, &mm, pid) {
+            if let Err(e) = injected::free_scratch(shared, &mm, pid) {
                 *mm.scratch_filled.lock() = Some(std::time::Instant::now());
                 lose_injection(shared, &mut g, pid, &e);
             }
@@ -831,7 +833,7 @@ fn lose_injection(
     e: &crate::inject::InjectError,
 ) {
     use crate::inject::InjectError;
-    crate::daemon::note_inject_error(shared, pid, e);
+    shared.note_inject_error(pid, e);
     match e {
         InjectError::Gone(_) | InjectError::NoStop(_) => {}
         _ => {
@@ -1008,7 +1010,7 @@ fn settle_drop(
                 }
                 // An injected DROP whose call failed part way (agentless.rs): moved or not,
                 // unknown; its copy is kept.
-                Some(crate::agentless::DROP_UNKNOWN) => {
+                Some(injected::DROP_UNKNOWN) => {
                     st.pages.insert(a, Page::Inherited { slot });
                     kept.push(a);
                 }

@@ -232,184 +232,202 @@ pub(crate) fn read_hello(
 
 /// Serves one new agent connection: checks who it is, reads its greeting, sets it up.
 pub(crate) fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
-    let stats = &shared.stats;
-    let cred = match sys::peer_cred(sock.as_raw_fd()) {
-        Ok(c) => c,
-        Err(_) => return,
-    };
-    // Any uid: a process of the tree may have dropped its privileges (a server's workers).
-    // SAFETY: getpid cannot fail.
-    let me = unsafe { libc::getpid() };
-    if !maps::in_tree(cred.pid, me) {
-        // Out of descriptors, the daemon cannot read /proc to tell who it is: say that.
-        if let Err(e) = std::fs::File::open("/proc/self/stat") {
-            if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
-                Stats::add(&stats.accept_errors, 1);
-                refuse(&sock, "the daemon is out of descriptors (RLIMIT_NOFILE)");
-                return;
-            }
-        }
-        Stats::add(&stats.protocol_errors, 1);
-        eprintln!("uffd-daemon: refusing a connection from pid {} uid {}: not a process this daemon started", cred.pid, cred.uid);
-        refuse(&sock, "this daemon serves only the processes it started");
+    let Some(pid) = peer_of_tree(&shared, &sock) else {
         return;
-    }
+    };
     let _ = sys::set_recv_timeout(sock.as_raw_fd(), GREETING_TIMEOUT_MS);
-    let Some((mut hello, mut fd)) = read_hello(&shared, &sock, cred.pid) else {
+    let Some((hello, fd)) = greeting(&shared, &sock, pid) else {
         return;
     };
-    if hello.flags & HELLO_NEED_UFFD != 0 {
-        // A process that cannot make its uffd (a user without access to /dev/userfaultfd):
-        // lend it the device, then read its second greeting, with the uffd made from it.
-        let dev = match std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/userfaultfd")
-        {
-            Ok(d) => d,
-            Err(e) => {
-                refuse(
-                    &sock,
-                    &format!("the daemon cannot open /dev/userfaultfd: {e}"),
-                );
-                return;
-            }
-        };
-        let ack = protocol::encode(
-            &Message::HelloAck {
-                status: 0,
-                max_drop_pages: 0,
-            },
-            0,
-        );
-        if sys::send_with_fd(sock.as_raw_fd(), &ack, Some(dev.as_raw_fd())).is_err() {
-            return;
-        }
-        drop(dev);
-        let Some(again) = read_hello(&shared, &sock, cred.pid) else {
-            return;
-        };
-        if again.0.flags & (HELLO_NEED_UFFD | HELLO_FORK_CHILD | HELLO_AGENT_RESTART) != 0 {
-            Stats::add(&stats.protocol_errors, 1);
-            refuse(
-                &sock,
-                "a second HELLO must carry the uffd made with the device",
-            );
-            return;
-        }
-        (hello, fd) = again;
-    }
-    let pid = cred.pid;
-    let region = (hello.region_start, hello.region_start + hello.region_len);
     let max_drop = (hello.scratch_pages as usize).min(protocol::MAX_DROP_PAGES);
-
     if hello.flags & HELLO_AGENT_RESTART != 0 {
-        // The agent's threads of a managed process, back after they stepped out: like a fork
-        // child, it gets back the uffd the daemon kept (the new agent thread named itself
-        // through its scratch fault before greeting).
-        let Some(mm) = live_mm(&shared, pid) else {
-            refuse(&sock, "no managed address space is known for this pid");
-            return;
-        };
-        // One agent per address space, as for a fork child. (Also an agent whose earlier
-        // connection was lost: only its watchdog had to step out.)
-        let mut slot = mm.agent.lock();
-        if slot.is_some() || mm.agentless.load(Ordering::Acquire) {
-            drop(slot);
-            Stats::add(&stats.protocol_errors, 1);
-            refuse(&sock, "this process already has an agent connection");
-            return;
-        }
-        let mut conn = match AgentConn::new(sock, max_drop) {
-            Ok(c) => c,
-            Err(_) => return,
-        };
-        let ack = Message::HelloAck {
-            status: 0,
-            max_drop_pages: max_drop as u32,
-        };
-        if conn
-            .send(&ack, &shared.greeting_fds(Some(mm.uffd.raw())))
-            .is_err()
-        {
-            return;
-        }
-        *slot = Some(conn);
-        mm.stepped_out.store(false, Ordering::Release);
-        drop(slot);
-        Stats::add(&stats.agent_restarts, 1);
-        // The call may have changed what the process maps; pick up anything new.
-        let _ = hold::scan_and_register(&shared, &mm);
-        return;
+        agent_back(&shared, sock, pid, max_drop);
+    } else if hello.flags & HELLO_FORK_CHILD != 0 {
+        fork_child_greets(&shared, sock, pid, max_drop);
+    } else {
+        new_address_space(&shared, sock, pid, hello, fd, max_drop);
     }
-    if hello.flags & HELLO_FORK_CHILD != 0 {
-        // The child was bound to its process in its probe fault before it connected (or, if
-        // it was not found then, it is bound now by the token in its probe page: `bind.rs`);
-        // find its mm.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mm = loop {
-            let found = shared
-                .mms
-                .lock()
-                .iter()
-                .find(|m| m.pid() == Some(pid) && !m.retired.load(Ordering::Acquire))
-                .cloned();
-            if let Some(m) = found {
-                break m;
-            }
-            // (Each time: the probe fault that writes the token may not have been read yet.)
-            if bind::bind_at_greeting(&shared, pid) {
-                continue;
-            }
-            if Instant::now() > deadline {
-                refuse(&sock, "no forked address space is known for this pid");
-                return;
-            }
-            let mut g = shared.bind_lock.lock();
-            shared.bind_cv.wait_for(&mut g, Duration::from_millis(20));
-        };
-        // One agent per address space: a second greeting would take the first one's place
-        // (and with it a DROP it may have outstanding).
-        let mut slot = mm.agent.lock();
-        if slot.is_some() {
-            drop(slot);
-            Stats::add(&stats.protocol_errors, 1);
-            refuse(&sock, "this process already has an agent connection");
-            return;
-        }
-        let mut conn = match AgentConn::new(sock, max_drop) {
-            Ok(c) => c,
-            Err(_) => return,
-        };
-        let ack = Message::HelloAck {
-            status: 0,
-            max_drop_pages: max_drop as u32,
-        };
-        if conn
-            .send(&ack, &shared.greeting_fds(Some(mm.uffd.raw())))
-            .is_err()
-        {
-            return;
-        }
-        *slot = Some(conn);
-        drop(slot);
-        // Traced from its birth (a tracer that follows forks): held (`hold.rs`).
-        hold::at_greeting(&shared, &mm, pid);
-        // Registrations were inherited; pick up anything new.
-        let _ = hold::scan_and_register(&shared, &mm);
-        return;
-    }
+}
 
-    // A process that started (or exec'd) with the agent: it brings its uffd.
+/// The pid of the connection's peer, if it is a process of the daemon's tree (of any uid: a
+/// process of the tree may have dropped its privileges, as a server's workers do); otherwise
+/// the connection is refused with the reason.
+fn peer_of_tree(shared: &Shared, sock: &OwnedFd) -> Option<i32> {
+    let stats = &shared.stats;
+    let cred = sys::peer_cred(sock.as_raw_fd()).ok()?;
+    if maps::in_tree(cred.pid, maps::me()) {
+        return Some(cred.pid);
+    }
+    // Out of descriptors, the daemon cannot read /proc to tell who it is: say that.
+    if let Err(e) = std::fs::File::open("/proc/self/stat") {
+        if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+            Stats::add(&stats.accept_errors, 1);
+            refuse(sock, "the daemon is out of descriptors (RLIMIT_NOFILE)");
+            return None;
+        }
+    }
+    Stats::add(&stats.protocol_errors, 1);
+    eprintln!(
+        "uffd-daemon: refusing a connection from pid {} uid {}: not a process this daemon started",
+        cred.pid, cred.uid
+    );
+    refuse(sock, "this daemon serves only the processes it started");
+    None
+}
+
+/// Reads the greeting. A process that cannot make its uffd (a user without access to
+/// /dev/userfaultfd) is lent the device, and its second greeting, with the uffd made from
+/// it, is the one returned.
+fn greeting(
+    shared: &Shared,
+    sock: &OwnedFd,
+    pid: i32,
+) -> Option<(protocol::Hello, Option<OwnedFd>)> {
+    let (hello, fd) = read_hello(shared, sock, pid)?;
+    if hello.flags & HELLO_NEED_UFFD == 0 {
+        return Some((hello, fd));
+    }
+    let dev = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+    {
+        Ok(d) => d,
+        Err(e) => {
+            refuse(
+                sock,
+                &format!("the daemon cannot open /dev/userfaultfd: {e}"),
+            );
+            return None;
+        }
+    };
+    let ack = protocol::encode(
+        &Message::HelloAck {
+            status: 0,
+            max_drop_pages: 0,
+        },
+        0,
+    );
+    sys::send_with_fd(sock.as_raw_fd(), &ack, Some(dev.as_raw_fd())).ok()?;
+    drop(dev);
+    let again = read_hello(shared, sock, pid)?;
+    if again.0.flags & (HELLO_NEED_UFFD | HELLO_FORK_CHILD | HELLO_AGENT_RESTART) != 0 {
+        Stats::add(&shared.stats.protocol_errors, 1);
+        refuse(
+            sock,
+            "a second HELLO must carry the uffd made with the device",
+        );
+        return None;
+    }
+    Some(again)
+}
+
+/// Makes the connection `mm`'s agent, answering the greeting with the uffd the daemon keeps
+/// for it. One agent per address space: a second greeting would take the first one's place
+/// (and with it a DROP it may have outstanding), so it is refused; so is an agent coming back
+/// to an address space the daemon manages without one (`only_agent`).
+fn attach_agent(
+    shared: &Shared,
+    mm: &Mm,
+    sock: OwnedFd,
+    max_drop: usize,
+    only_agent: bool,
+) -> bool {
+    let mut slot = mm.agent.lock();
+    if slot.is_some() || (only_agent && mm.agentless.load(Ordering::Acquire)) {
+        drop(slot);
+        Stats::add(&shared.stats.protocol_errors, 1);
+        refuse(&sock, "this process already has an agent connection");
+        return false;
+    }
+    let Ok(mut conn) = AgentConn::new(sock, max_drop) else {
+        return false;
+    };
+    let ack = Message::HelloAck {
+        status: 0,
+        max_drop_pages: max_drop as u32,
+    };
+    if conn
+        .send(&ack, &shared.greeting_fds(Some(mm.uffd.raw())))
+        .is_err()
+    {
+        return false;
+    }
+    *slot = Some(conn);
+    true
+}
+
+/// The agent's threads of a managed process, back after they stepped out (also an agent
+/// whose earlier connection was lost: only its watchdog had to step out): like a fork child,
+/// it gets back the uffd the daemon kept (the new agent thread named itself through its
+/// scratch fault before greeting).
+fn agent_back(shared: &Shared, sock: OwnedFd, pid: i32, max_drop: usize) {
+    let Some(mm) = live_mm(shared, pid) else {
+        refuse(&sock, "no managed address space is known for this pid");
+        return;
+    };
+    if !attach_agent(shared, &mm, sock, max_drop, true) {
+        return;
+    }
+    mm.stepped_out.store(false, Ordering::Release);
+    Stats::add(&shared.stats.agent_restarts, 1);
+    // The call may have changed what the process maps; pick up anything new.
+    let _ = hold::scan_and_register(shared, &mm);
+}
+
+/// A forked child's agent. The child was bound to its process in its probe fault before it
+/// connected (or, if it was not found then, it is bound now by the token in its probe page:
+/// `bind.rs`); its address space is found by that.
+fn fork_child_greets(shared: &Shared, sock: OwnedFd, pid: i32, max_drop: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mm = loop {
+        let found = shared
+            .mms
+            .lock()
+            .iter()
+            .find(|m| m.pid() == Some(pid) && !m.retired.load(Ordering::Acquire))
+            .cloned();
+        if let Some(m) = found {
+            break m;
+        }
+        // (Each time: the probe fault that writes the token may not have been read yet.)
+        if bind::bind_at_greeting(shared, pid) {
+            continue;
+        }
+        if Instant::now() > deadline {
+            refuse(&sock, "no forked address space is known for this pid");
+            return;
+        }
+        let mut g = shared.bind_lock.lock();
+        shared.bind_cv.wait_for(&mut g, Duration::from_millis(20));
+    };
+    if !attach_agent(shared, &mm, sock, max_drop, false) {
+        return;
+    }
+    // Traced from its birth (a tracer that follows forks): held (`hold.rs`).
+    hold::at_greeting(shared, &mm, pid);
+    // Registrations were inherited; pick up anything new.
+    let _ = hold::scan_and_register(shared, &mm);
+}
+
+/// A process that started (or exec'd) with the agent: it brings its uffd, and gets a new
+/// address space (an exec's replaces the old one of the same pid).
+fn new_address_space(
+    shared: &Arc<Shared>,
+    sock: OwnedFd,
+    pid: i32,
+    mut hello: protocol::Hello,
+    fd: Option<OwnedFd>,
+    max_drop: usize,
+) {
     let Some(fd) = fd else {
         refuse(&sock, "HELLO without a userfaultfd attached");
         return;
     };
     if !is_userfaultfd(&fd) {
-        Stats::add(&stats.protocol_errors, 1);
+        Stats::add(&shared.stats.protocol_errors, 1);
         eprintln!(
-            "uffd-daemon: pid {} greeted with a descriptor that is not a userfaultfd; refused",
-            cred.pid
+            "uffd-daemon: pid {pid} greeted with a descriptor that is not a userfaultfd; refused"
         );
         refuse(&sock, "the HELLO's descriptor is not a userfaultfd");
         return;
@@ -460,37 +478,36 @@ pub(crate) fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
         .cloned()
         .collect();
     for m in old {
-        retire(&shared, &m);
+        retire(shared, &m);
     }
-    let uffd = Uffd::from_owned(fd);
-    let mm = match Mm::new(
+    let region = (hello.region_start, hello.region_start + hello.region_len);
+    let Ok(mm) = Mm::new(
         shared.new_id(),
-        uffd,
+        Uffd::from_owned(fd),
         pid,
         region,
         hello.probe,
         hello.scratch,
         &shared.policy,
-    ) {
-        Ok(m) => Arc::new(m),
-        Err(_) => return,
+    ) else {
+        return;
     };
+    let mm = Arc::new(mm);
     // The peer itself (whatever became of its number since it connected); then its number,
     // checked to be the peer's still.
     if let Ok(p) = PidFd::of_peer(sock.as_raw_fd()).or_else(|_| PidFd::open(pid)) {
         *mm.pidfd.lock() = Some(p);
     }
     bind::note_pid_namespace(&mm, pid);
-    if start_mm(&shared, &mm).is_err() {
+    if start_mm(shared, &mm).is_err() {
         return;
     }
     // Traced from its start (`gdb PROGRAM`, `strace PROGRAM`: PTRACE_TRACEME before the exec):
     // held, its memory the kernel's while traced (`hold.rs`).
-    hold::at_greeting(&shared, &mm, pid);
-    let _ = hold::scan_and_register(&shared, &mm);
-    let mut conn = match AgentConn::new(sock, max_drop) {
-        Ok(c) => c,
-        Err(_) => return,
+    hold::at_greeting(shared, &mm, pid);
+    let _ = hold::scan_and_register(shared, &mm);
+    let Ok(mut conn) = AgentConn::new(sock, max_drop) else {
+        return;
     };
     if conn
         .send(

@@ -185,6 +185,9 @@ fn refusal_counter_name(cause: crate::tiers::Refusal) -> &'static str {
 }
 
 /// Evicts one batch from `mm`. Returns the pages evicted.
+///
+/// The steps, each a function below: pick the victims, (1) write-protect them, (2) read them,
+/// (3) store them, (4) keep those still ours, (5) have them moved out and settle.
 pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let Some(pid) = mm.pid() else { return 0 };
     // Only once the agent's thread runs (it named itself): a forked child greets the daemon
@@ -242,6 +245,60 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
             }
         }
     }
+    let mut victims = pick(shared, mm, batch, max, injected);
+    let send_drop = |guard: &mut AgentSlot<'_>, pages: Vec<u64>, slots: Vec<u32>, data: Vec<u8>| {
+        if injected {
+            drop_injected(shared, mm, guard, pid, pages, slots, data)
+        } else {
+            drop_by_agent(shared, mm, guard, pages, slots, data)
+        }
+    };
+    if victims.is_empty() {
+        // (Pages waiting to be unshared are not victims: a DROP of nothing else unshares them.)
+        return send_drop(&mut agent_guard, Vec::new(), Vec::new(), Vec::new());
+    }
+    let runs = runs_of(&victims);
+    let stats = &shared.stats;
+    let mut t = std::time::Instant::now();
+    let mut lap = |c: &std::sync::atomic::AtomicU64| {
+        Stats::add(c, t.elapsed().as_nanos() as u64);
+        t = std::time::Instant::now();
+    };
+    if !protect(mm, &runs) {
+        abort_pages(shared, mm, batch, &victims);
+        return 0;
+    }
+    lap(&stats.reclaim_wp_ns);
+    let Some(data) = read_victims(shared, mm, pid, batch, &mut victims, &runs) else {
+        return 0;
+    };
+    if victims.is_empty() {
+        return 0;
+    }
+    lap(&stats.reclaim_read_ns);
+    let (slots, refused) = store(shared, mm, batch, &victims, &data);
+    lap(&stats.reclaim_store_ns);
+    let (to_drop, drop_slots, drop_data) =
+        still_ours(shared, mm, batch, &victims, &slots, &refused, data);
+    if to_drop.is_empty() {
+        return send_drop(&mut agent_guard, Vec::new(), Vec::new(), Vec::new());
+    }
+    // 5. Have the agent move them out. Until it answers, any of them may move at any moment,
+    //    so they stay `Dropping` and protected: a writer waits (the kernel's page under
+    //    writeback), and so does a fault on one moved already. An answer that does not come in
+    //    time leaves the batch outstanding.
+    Stats::add(&shared.stats.drop_requests, 1);
+    let evicted = send_drop(&mut agent_guard, to_drop, drop_slots, drop_data);
+    lap(&stats.reclaim_drop_ns);
+    evicted
+}
+
+/// The agent slot of an address space, held through a batch.
+type AgentSlot<'a> = parking_lot::MutexGuard<'a, Option<AgentConn>>;
+
+/// Picks up to `max` victims for `batch` (marked `Evicting`); without an agent, never the
+/// rseq pages of the threads stopped so far.
+fn pick(shared: &Shared, mm: &Mm, batch: u32, max: usize, injected: bool) -> Vec<u64> {
     let t_pick = std::time::Instant::now();
     let mut victims = pick_victims(shared, mm, batch, max);
     if injected {
@@ -262,39 +319,13 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         .stats
         .reclaim_pick_max_ns
         .fetch_max(pick_ns, std::sync::atomic::Ordering::Relaxed);
-    if victims.is_empty() {
-        // (Pages waiting to be unshared are not victims: a DROP of nothing else unshares them.)
-        return if injected {
-            drop_injected(
-                shared,
-                mm,
-                &mut agent_guard,
-                pid,
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-            )
-        } else {
-            drop_by_agent(
-                shared,
-                mm,
-                &mut agent_guard,
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-            )
-        };
-    }
-    let runs = runs_of(&victims);
+    victims
+}
 
-    let stats = &shared.stats;
-    let mut t = std::time::Instant::now();
-    let mut lap = |c: &std::sync::atomic::AtomicU64| {
-        Stats::add(c, t.elapsed().as_nanos() as u64);
-        t = std::time::Instant::now();
-    };
-    // 1. Write-protect: from here on a write waits for us.
-    for &(start, n) in &runs {
+/// 1. Write-protect: from here on a write waits for us. False if the protection could not be
+///    set (the batch is then given up).
+fn protect(mm: &Mm, runs: &[(u64, u32)]) -> bool {
+    for &(start, n) in runs {
         let len = n as u64 * PAGE_SIZE_U64;
         let mut tries = 0;
         loop {
@@ -304,19 +335,27 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_micros(50));
                 }
-                _ => {
-                    abort_pages(shared, mm, batch, &victims);
-                    return 0;
-                }
+                _ => return false,
             }
         }
     }
+    true
+}
 
-    lap(&stats.reclaim_wp_ns);
-    // 2. Read the contents, without faulting anything in: a page the program removed or
-    //    unmapped since it was chosen (its event not applied yet), or one the kernel discarded
-    //    after MADV_FREE, is not mapped, so there is nothing to store, and a later access finds
-    //    it missing and gets zeros, as it would from the kernel. Such pages are forgotten.
+/// 2. Read the contents, without faulting anything in: a page the program removed or
+///    unmapped since it was chosen (its event not applied yet), or one the kernel discarded
+///    after MADV_FREE, is not mapped, so there is nothing to store, and a later access finds
+///    it missing and gets zeros, as it would from the kernel. Such pages are forgotten (and
+///    left out of `victims`). Returns the victims' bytes; `None` if the memory could not be
+///    read (the batch is given up).
+fn read_victims(
+    shared: &Shared,
+    mm: &Mm,
+    pid: i32,
+    batch: u32,
+    victims: &mut Vec<u64>,
+    runs: &[(u64, u32)],
+) -> Option<Vec<u8>> {
     let mut data = vec![0u8; victims.len() * PAGE_SIZE];
     let byte_runs: Vec<(u64, usize)> = runs
         .iter()
@@ -334,51 +373,54 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
             None => Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
         }
     };
-    let missing = match read {
-        Ok(missing) => missing,
-        Err(_) => {
-            abort_pages(shared, mm, batch, &victims);
-            return 0;
-        }
+    let Ok(missing) = read else {
+        abort_pages(shared, mm, batch, victims);
+        return None;
     };
-    if !missing.is_empty() {
-        {
-            let mut st = mm.state.lock();
-            for &a in &missing {
-                if st.pages.get(a) == Some(Page::Evicting { batch }) {
-                    st.forget_range(shared, a, a + PAGE_SIZE_U64);
-                }
+    if missing.is_empty() {
+        return Some(data);
+    }
+    {
+        let mut st = mm.state.lock();
+        for &a in &missing {
+            if st.pages.get(a) == Some(Page::Evicting { batch }) {
+                st.forget_range(shared, a, a + PAGE_SIZE_U64);
             }
         }
-        // (Protection was asked for on a page that is not there: lift it, so that a marker
-        // never makes the next access wait.)
-        for (start, n) in runs_of(&missing) {
-            unprotect(mm, start, n as u64 * PAGE_SIZE_U64);
-        }
-        Stats::add(&stats.reclaim_unmapped_pages, missing.len() as u64);
-        let keep: Vec<usize> = (0..victims.len())
-            .filter(|&i| missing.binary_search(&victims[i]).is_err())
-            .collect();
-        let mut kept_data = Vec::with_capacity(keep.len() * PAGE_SIZE);
-        for &i in &keep {
-            kept_data.extend_from_slice(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
-        }
-        victims = keep.iter().map(|&i| victims[i]).collect();
-        data = kept_data;
-        if victims.is_empty() {
-            return 0;
-        }
     }
+    // (Protection was asked for on a page that is not there: lift it, so that a marker
+    // never makes the next access wait.)
+    for (start, n) in runs_of(&missing) {
+        unprotect(mm, start, n as u64 * PAGE_SIZE_U64);
+    }
+    Stats::add(&shared.stats.reclaim_unmapped_pages, missing.len() as u64);
+    let keep: Vec<usize> = (0..victims.len())
+        .filter(|&i| missing.binary_search(&victims[i]).is_err())
+        .collect();
+    let mut kept_data = Vec::with_capacity(keep.len() * PAGE_SIZE);
+    for &i in &keep {
+        kept_data.extend_from_slice(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+    }
+    *victims = keep.iter().map(|&i| victims[i]).collect();
+    Some(kept_data)
+}
 
-    lap(&stats.reclaim_read_ns);
-    // 3. Store: zero pages need no slot; aligned runs of 16 go as one folio. A unit no tier
-    //    takes (full, refused, I/O error) stays resident: its pages are given back.
+/// 3. Store: zero pages need no slot; aligned runs of 16 go as one folio. A unit no tier
+///    takes (full, refused, I/O error) stays resident: its pages are given back. Returns the
+///    victims' slots and the pages given back (sorted).
+fn store(
+    shared: &Shared,
+    mm: &Mm,
+    batch: u32,
+    victims: &[u64],
+    data: &[u8],
+) -> (Vec<u32>, Vec<u64>) {
     let mut slots = vec![ZERO_SLOT; victims.len()];
     let zero: Vec<bool> = data
         .chunks_exact(PAGE_SIZE)
         .map(|p| p.iter().all(|&b| b == 0))
         .collect();
-    let units = units_of(&victims, &zero, shared.tiers.large_folios());
+    let units = units_of(victims, &zero, shared.tiers.large_folios());
     let mut refused = Vec::new();
     if !units.is_empty() {
         let spans: Vec<(u32, &[u8])> = units
@@ -405,12 +447,23 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     if !refused.is_empty() {
         abort_pages(shared, mm, batch, &refused);
     }
+    (slots, refused)
+}
 
-    lap(&stats.reclaim_store_ns);
-    // 4. Still ours? (A REMOVE, UNMAP or REMAP may have taken pages meanwhile.)
+/// 4. Still ours? (A REMOVE, UNMAP or REMAP may have taken pages meanwhile.) Those that are
+///    become `Dropping`; the others' slots are let go and their protection lifted. Returns
+///    the pages to drop, their slots, and what was read from them, for the read-back.
+fn still_ours(
+    shared: &Shared,
+    mm: &Mm,
+    batch: u32,
+    victims: &[u64],
+    slots: &[u32],
+    refused: &[u64],
+    data: Vec<u8>,
+) -> (Vec<u64>, Vec<u32>, Vec<u8>) {
     let mut to_drop = Vec::with_capacity(victims.len());
     let mut drop_slots = Vec::with_capacity(victims.len());
-    let mut drop_data = Vec::new();
     let mut gone = Vec::new();
     {
         let mut st = mm.state.lock();
@@ -430,67 +483,26 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
             }
         }
     }
-    // What was read from the pages being dropped, for the read-back: the batch's buffer as it
-    // is when every victim is still ours (the usual case), else the pages' bytes gathered.
-    if to_drop.len() == victims.len() {
-        drop_data = data;
-    } else if !to_drop.is_empty() {
-        drop_data.reserve(to_drop.len() * PAGE_SIZE);
+    // The batch's buffer as it is when every victim is still ours (the usual case), else the
+    // pages' bytes gathered.
+    let drop_data = if to_drop.len() == victims.len() {
+        data
+    } else {
+        let mut d = Vec::with_capacity(to_drop.len() * PAGE_SIZE);
         for (i, a) in victims.iter().enumerate() {
             if to_drop.binary_search(a).is_ok() {
-                drop_data.extend_from_slice(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+                d.extend_from_slice(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
             }
         }
-    }
+        d
+    };
     if !gone.is_empty() {
         Stats::add(&shared.stats.evict_aborts, gone.len() as u64);
         for (start, n) in runs_of(&gone) {
             unprotect(mm, start, n as u64 * PAGE_SIZE_U64);
         }
     }
-    if to_drop.is_empty() {
-        return if injected {
-            drop_injected(
-                shared,
-                mm,
-                &mut agent_guard,
-                pid,
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-            )
-        } else {
-            drop_by_agent(
-                shared,
-                mm,
-                &mut agent_guard,
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-            )
-        };
-    }
-
-    // 5. Have the agent move them out. Until it answers, any of them may move at any moment,
-    //    so they stay `Dropping` and protected: a writer waits (the kernel's page under
-    //    writeback), and so does a fault on one moved already. An answer that does not come in
-    //    time leaves the batch outstanding.
-    Stats::add(&shared.stats.drop_requests, 1);
-    let evicted = if injected {
-        drop_injected(
-            shared,
-            mm,
-            &mut agent_guard,
-            pid,
-            to_drop,
-            drop_slots,
-            drop_data,
-        )
-    } else {
-        drop_by_agent(shared, mm, &mut agent_guard, to_drop, drop_slots, drop_data)
-    };
-    lap(&stats.reclaim_drop_ns);
-    evicted
+    (to_drop, drop_slots, drop_data)
 }
 
 /// Step 5 without an agent: the daemon moves the pages itself, in a stop of the program

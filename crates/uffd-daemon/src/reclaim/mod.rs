@@ -30,7 +30,9 @@
 //! what moved is read back from the scratch and compared with what was stored, and faults on
 //! moved pages wait for that (`fault.rs`).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::agent_conn::{AgentConn, DropWait, PendingDrop};
 use crate::shared::Shared;
@@ -181,6 +183,86 @@ fn refusal_counter_name(cause: crate::tiers::Refusal) -> &'static str {
         Refusal::Pool => "store_refused_pool_pages",
         Refusal::Incompressible => "store_refused_incompressible_pages",
         Refusal::Io => "store_refused_io_pages",
+    }
+}
+
+/// DROPs that were not answered in time: settles those answered since, so that writers
+/// waiting on their pages go on; writers held on pages moved while their DROP was in flight
+/// go on once none is (the caller is the reclaim thread: no batch of its runs now).
+pub fn settle_outstanding(shared: &Shared) {
+    for m in shared.mms.lock().clone() {
+        let (_, outstanding) = poll_pending_drop(shared, &m);
+        // Writers held on pages moved while their DROP was in flight go on once none is
+        // (the monitor is the reclaim thread: no batch of its runs now).
+        if !outstanding && m.wp_waiters.swap(false, Ordering::AcqRel) {
+            let ranges = m.state.lock().ranges.clone();
+            for (s, e) in ranges {
+                let _ = m.uffd.wake(s, e - s);
+            }
+        }
+    }
+}
+
+/// Reclaims down to the low watermark, biggest address space first, for at most 50 ms;
+/// says whether reclaim is stalled (faults at the limit then go through).
+pub fn to_low_watermark(shared: &Shared) {
+    let deadline = Instant::now() + Duration::from_millis(50);
+    while shared.resident() > shared.limit.low() && Instant::now() < deadline {
+        let mut cands: Vec<Arc<Mm>> = shared.mms.lock().clone();
+        cands.sort_by_key(|m| std::cmp::Reverse(m.state.lock().resident));
+        let mut progress = 0;
+        let pinned_before = shared.stats.pinned_refusals.load(Ordering::Relaxed);
+        for m in cands.iter().take(3) {
+            let want = shared.resident().saturating_sub(shared.limit.low());
+            if want == 0 {
+                break;
+            }
+            progress += evict_batch(shared, m, want);
+            // zswap near its limit: its shrinker writes the coldest entries back to
+            // the backing device before stores start being refused.
+            shared.tiers.balance();
+        }
+        // Faults held at the limit can go now: wake their handlers at once rather than
+        // at their next poll timeout.
+        if progress > 0 {
+            for m in shared.mms.lock().iter() {
+                if m.throttled.swap(false, Ordering::AcqRel) {
+                    m.retry.signal();
+                }
+            }
+        }
+        // Stalled only if nothing is on its way either: a DROP sent and not yet
+        // answered (an agent thread descheduled on a loaded machine) frees its pages
+        // when the answer comes, and letting faults through meanwhile took the
+        // resident pages to twice the limit under load.
+        let answer_due = progress == 0
+            && shared.mms.lock().iter().any(|m| {
+                m.agent
+                    .try_lock()
+                    .is_some_and(|a| a.as_ref().is_some_and(|a| a.pending.is_some()))
+            });
+        // Nor while pages a DROP refused as shared wait to be unshared: the next DROP
+        // unshares them, and the one after moves them.
+        let unshare_due = progress == 0
+            && shared
+                .mms
+                .lock()
+                .iter()
+                .any(|m| m.state.try_lock().is_some_and(|st| !st.unshare.is_empty()));
+        // Nor when a DROP found pinned pages: they are left out of the next picks,
+        // which take other pages. (Faults let through while a pinned buffer was being
+        // found took the resident pages to 2.7 times the limit under load.)
+        let pinned_found = shared.stats.pinned_refusals.load(Ordering::Relaxed) > pinned_before;
+        shared.set_reclaim_stalled(
+            progress == 0
+                && !answer_due
+                && !unshare_due
+                && !pinned_found
+                && shared.resident() >= shared.limit.pages(),
+        );
+        if progress == 0 && !unshare_due && !pinned_found {
+            break;
+        }
     }
 }
 

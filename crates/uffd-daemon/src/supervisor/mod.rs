@@ -410,80 +410,22 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
             // SAFETY: kill(2) with integer arguments.
             unsafe { libc::kill(root, sig) };
         }
-        // Reap every child (we are a subreaper); remember the root's status. A stop is a
-        // tracee's: one left seized when it did not stop in time for an injection
-        // (`inject.rs`) stops when it can, and is let go here, its signal delivered.
-        loop {
-            let mut st: libc::c_int = 0;
-            // SAFETY: waitpid with a valid status pointer.
-            let pid = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG | libc::__WALL) };
-            if pid <= 0 {
-                break;
-            }
-            if let sys::TraceeState::Stopped { sig, event } = sys::decode_wait_status(st) {
-                // (It did not stop in time because its way to the stop met a page of the
-                // batch, most likely its rseq area: learnt now, left out of batches.)
-                learn_rseq_of(shared, pid);
-                let _ = sys::ptrace_detach(pid, if event == 0 { sig } else { 0 });
-                continue;
-            }
-            if pid == root {
-                root_status = Some(if libc::WIFEXITED(st) {
-                    libc::WEXITSTATUS(st)
-                } else if libc::WIFSIGNALED(st) {
-                    128 + libc::WTERMSIG(st)
-                } else {
-                    1
-                });
-            }
-        }
-        // Exits that the ptrace waits of an injection reaped.
-        for (pid, st) in std::mem::take(&mut *shared.reaped.lock()) {
-            if pid == root {
-                root_status = Some(st);
-            }
+        if let Some(st) = reap(shared, root) {
+            root_status = Some(st);
         }
         // Images exec'd without the agent: managed without one where the agent cannot load.
         let queued = std::mem::take(&mut *shared.adopt_queue.lock());
         for pid in queued {
             adopt_exec(shared, pid);
         }
-        // Retire address spaces whose process exited.
-        let mms: Vec<Arc<Mm>> = shared.mms.lock().clone();
-        for m in &mms {
-            // (Without a pidfd, which the daemon may have failed to open when it was out of
-            // descriptors, the pid itself: the monitor reaps the tree, so a gone pid is gone.)
-            let exited = match m.pidfd.lock().as_ref() {
-                Some(p) => p.exited(),
-                None => m.pid().is_some_and(|pid| {
-                    // SAFETY: kill(2) with signal 0 only checks that the process exists.
-                    let rc = unsafe { libc::kill(pid, 0) };
-                    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-                }),
-            };
-            if exited {
-                retire(shared, m);
-            }
-        }
+        retire_exited(shared);
         // Done when the program has exited and no process of its tree is left (a forked child
         // that never named itself, for example one created by a raw clone, cannot be waited
         // for and does not hold the daemon).
         if root_status.is_some() && shared.mms.lock().iter().all(|m| m.pid().is_none()) {
             return Ok(root_status.unwrap_or(1));
         }
-        // DROPs that were not answered in time: settle those answered since, so that writers
-        // waiting on their pages go on.
-        for m in shared.mms.lock().clone() {
-            let (_, outstanding) = reclaim::poll_pending_drop(shared, &m);
-            // Writers held on pages moved while their DROP was in flight go on once none is
-            // (the monitor is the reclaim thread: no batch of its runs now).
-            if !outstanding && m.wp_waiters.swap(false, Ordering::AcqRel) {
-                let ranges = m.state.lock().ranges.clone();
-                for (s, e) in ranges {
-                    let _ = m.uffd.wake(s, e - s);
-                }
-            }
-        }
+        reclaim::settle_outstanding(shared);
         // Under `--limit auto`: the controller reads the stall and sets the limit (limit.rs);
         // a lowered limit is reclaimed to just below, at the rate the controller's step sets.
         if let Some(a) = &shared.auto_limit {
@@ -493,69 +435,68 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
         if shared.resident() <= shared.limit.high() {
             reclaim::free_idle_scratch(shared);
         }
-        // Reclaim down to the low watermark, biggest address space first.
         if shared.resident() > shared.limit.high() {
-            let deadline = Instant::now() + Duration::from_millis(50);
-            while shared.resident() > shared.limit.low() && Instant::now() < deadline {
-                let mut cands: Vec<Arc<Mm>> = shared.mms.lock().clone();
-                cands.sort_by_key(|m| std::cmp::Reverse(m.state.lock().resident));
-                let mut progress = 0;
-                let pinned_before = shared.stats.pinned_refusals.load(Ordering::Relaxed);
-                for m in cands.iter().take(3) {
-                    let want = shared.resident().saturating_sub(shared.limit.low());
-                    if want == 0 {
-                        break;
-                    }
-                    progress += reclaim::evict_batch(shared, m, want);
-                    // zswap near its limit: its shrinker writes the coldest entries back to
-                    // the backing device before stores start being refused.
-                    shared.tiers.balance();
-                }
-                // Faults held at the limit can go now: wake their handlers at once rather than
-                // at their next poll timeout.
-                if progress > 0 {
-                    for m in shared.mms.lock().iter() {
-                        if m.throttled.swap(false, Ordering::AcqRel) {
-                            m.retry.signal();
-                        }
-                    }
-                }
-                // Stalled only if nothing is on its way either: a DROP sent and not yet
-                // answered (an agent thread descheduled on a loaded machine) frees its pages
-                // when the answer comes, and letting faults through meanwhile took the
-                // resident pages to twice the limit under load.
-                let answer_due = progress == 0
-                    && shared.mms.lock().iter().any(|m| {
-                        m.agent
-                            .try_lock()
-                            .is_some_and(|a| a.as_ref().is_some_and(|a| a.pending.is_some()))
-                    });
-                // Nor while pages a DROP refused as shared wait to be unshared: the next DROP
-                // unshares them, and the one after moves them.
-                let unshare_due = progress == 0
-                    && shared
-                        .mms
-                        .lock()
-                        .iter()
-                        .any(|m| m.state.try_lock().is_some_and(|st| !st.unshare.is_empty()));
-                // Nor when a DROP found pinned pages: they are left out of the next picks,
-                // which take other pages. (Faults let through while a pinned buffer was being
-                // found took the resident pages to 2.7 times the limit under load.)
-                let pinned_found =
-                    shared.stats.pinned_refusals.load(Ordering::Relaxed) > pinned_before;
-                shared.set_reclaim_stalled(
-                    progress == 0
-                        && !answer_due
-                        && !unshare_due
-                        && !pinned_found
-                        && shared.resident() >= shared.limit.pages(),
-                );
-                if progress == 0 && !unshare_due && !pinned_found {
-                    break;
-                }
-            }
+            reclaim::to_low_watermark(shared);
         }
         // Sleep until kicked or 5 ms pass.
         shared.wait_for_kick(Duration::from_millis(5));
+    }
+}
+
+/// Reaps every child (the daemon is a subreaper); returns the root's status if it ended. A
+/// stop is a tracee's: one left seized when it did not stop in time for an injection
+/// (`inject.rs`) stops when it can, and is let go here, its signal delivered. Exits that the
+/// ptrace waits of an injection reaped count too.
+fn reap(shared: &Shared, root: i32) -> Option<i32> {
+    let mut root_status = None;
+    loop {
+        let mut st: libc::c_int = 0;
+        // SAFETY: waitpid with a valid status pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG | libc::__WALL) };
+        if pid <= 0 {
+            break;
+        }
+        if let sys::TraceeState::Stopped { sig, event } = sys::decode_wait_status(st) {
+            // (It did not stop in time because its way to the stop met a page of the
+            // batch, most likely its rseq area: learnt now, left out of batches.)
+            learn_rseq_of(shared, pid);
+            let _ = sys::ptrace_detach(pid, if event == 0 { sig } else { 0 });
+            continue;
+        }
+        if pid == root {
+            root_status = Some(if libc::WIFEXITED(st) {
+                libc::WEXITSTATUS(st)
+            } else if libc::WIFSIGNALED(st) {
+                128 + libc::WTERMSIG(st)
+            } else {
+                1
+            });
+        }
+    }
+    for (pid, st) in std::mem::take(&mut *shared.reaped.lock()) {
+        if pid == root {
+            root_status = Some(st);
+        }
+    }
+    root_status
+}
+
+/// Retires the address spaces whose process exited.
+fn retire_exited(shared: &Shared) {
+    let mms: Vec<Arc<Mm>> = shared.mms.lock().clone();
+    for m in &mms {
+        // (Without a pidfd, which the daemon may have failed to open when it was out of
+        // descriptors, the pid itself: the monitor reaps the tree, so a gone pid is gone.)
+        let exited = match m.pidfd.lock().as_ref() {
+            Some(p) => p.exited(),
+            None => m.pid().is_some_and(|pid| {
+                // SAFETY: kill(2) with signal 0 only checks that the process exists.
+                let rc = unsafe { libc::kill(pid, 0) };
+                rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+            }),
+        };
+        if exited {
+            retire(shared, m);
+        }
     }
 }

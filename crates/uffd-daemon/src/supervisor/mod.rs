@@ -185,138 +185,29 @@ fn check_kernel_support() -> anyhow::Result<()> {
 
 /// `uffd-daemon run`: runs `program` under the daemon; returns the program's exit status.
 pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i32> {
-    if config.limit_bytes < 16 * PAGE_SIZE_U64 {
-        bail!(
-            "--limit {} is too small: at least 64 KiB",
-            config.limit_bytes
-        );
-    }
-    check_kernel_support()?;
-    let pid_ns = check_proc()?;
-    let agentless = check_program(program, config.policy.unmanaged)?;
-    for w in crate::config::capacity_warnings(config.limit_bytes, &config.tiers) {
-        eprintln!("uffd-daemon: warning: {w}");
-    }
-    // Every output path is checked before the program starts, not after it has run.
-    if let Some(p) = &config.stats_json {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(p)
-            .with_context(|| format!("--stats-json {}: cannot be written", p.display()))?;
-    }
+    let (pid_ns, agentless) = preflight(config, program)?;
     raise_fd_limit();
     let started = Instant::now();
-    // (The lock shows the directory live to other daemons until the daemon exits.)
-    let (dir, _run_dir_lock) = crate::rundir::create()?;
-    let cleanup = RunDirGuard(dir.clone());
-    let so = dir.join("libuffd_agent.so");
+    let rd = RunDir::set_up()?;
+    let (shared, _swap_guard) = make_shared(config, &rd.dir)?;
+    catch_signals();
     {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o444)
-            .open(&so)
-            .with_context(|| format!("writing the agent library {}", so.display()))?;
-        f.write_all(AGENT_SO)?;
-    }
-    let agent_sock = dir.join("agent.sock");
-    // SAFETY: socket(2) with constant arguments.
-    let lfd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if lfd < 0 {
-        bail!("socket: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: `lfd` is a fresh descriptor we own.
-    let listen_fd = unsafe { OwnedFd::from_raw_fd(lfd) };
-    bind_listen(&listen_fd, &agent_sock)?;
-    let ctl_path = dir.join("ctl.sock");
-    let ctl = UnixListener::bind(&ctl_path)
-        .with_context(|| format!("binding the control socket {}", ctl_path.display()))?;
-    std::fs::set_permissions(&ctl_path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("setting the mode of {}", ctl_path.display()))?;
-
-    let tiers = Tiers::new(config.tiers.clone())?;
-    // Backing files are removed at exit whatever happens (the tiers themselves live as long
-    // as the threads).
-    let _swap_guard = match &config.tiers.backend {
-        crate::tiers::BackendSpec::File(Some(p)) => Some(RunDirGuard::file(p.clone())),
-        crate::tiers::BackendSpec::Pmem(p) if p.is_file() => Some(RunDirGuard::file(p.clone())),
-        _ => None,
-    };
-    // A daemon killed with SIGKILL cannot remove its named backing file: the next one does,
-    // from this note (rundir.rs).
-    if let Some(g) = &_swap_guard {
-        crate::rundir::note_backing_file(&dir, &g.0);
-    }
-    if config.verbose {
-        eprintln!("uffd-daemon: tiers: {}", tiers.describe());
-    }
-    let mut shared = Shared::new(
-        tiers,
-        config.policy,
-        (config.limit_bytes / PAGE_SIZE_U64) as usize,
-        config.auto_limit,
-        config.verbose,
-    );
-    shared.lifeline = Some(
-        sys::Lifeline::new()
-            .context("making the pipe that tells the agents of the daemon's end (its lifeline)")?,
-    );
-    let shared = Arc::new(shared);
-
-    // A signal ignored where the daemon was started (`nohup`, a shell's background job, a
-    // service manager) stays ignored: by the daemon, which passes on only what it catches,
-    // and so by the program, which inherits the disposition across its exec as it would
-    // bare (a caught signal is reset to the default there).
-    // SAFETY: prctl and signal with constant arguments; the handler only stores an atomic.
-    unsafe {
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-            if libc::signal(sig, on_signal as *const () as libc::sighandler_t) == libc::SIG_IGN {
-                libc::signal(sig, libc::SIG_IGN);
-            }
-        }
-    }
-
-    {
-        let shared = Arc::clone(&shared);
+        let (shared, ctl) = (Arc::clone(&shared), rd.ctl);
         std::thread::Builder::new()
             .name("uffd-ctl".into())
             .spawn(move || serve_control(ctl, shared, started))?;
     }
     {
         let shared = Arc::clone(&shared);
-        let lfd = listen_fd.as_raw_fd();
+        let lfd = rd.listen_fd.as_raw_fd();
         std::thread::Builder::new()
             .name("uffd-accept".into())
             .spawn(move || accept_loop(&shared, lfd))?;
     }
-
-    let preload = match std::env::var("LD_PRELOAD") {
-        Ok(p) if !p.is_empty() => format!("{}:{p}", so.display()),
-        _ => so.display().to_string(),
-    };
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .env("LD_PRELOAD", preload)
-        .env("UFFD_DAEMON_SOCK", &agent_sock)
-        .env("UFFD_DAEMON_PID", std::process::id().to_string())
-        .env("UFFD_DAEMON_PIDNS", &pid_ns);
-    // A program the agent cannot load into stops at its exec, before its first instruction,
-    // for the daemon to make its uffd (agentless.rs). (Its environment keeps LD_PRELOAD for
-    // the dynamic programs it may run.) This thread, the monitor's, is its tracer.
-    if agentless.is_some() {
-        sys::trace_me_at_exec(&mut cmd);
-    }
-    let child = cmd.spawn().with_context(|| format!("starting {program}"))?;
-    let root = child.id() as i32;
-    std::mem::forget(child); // reaped by the monitor's waitpid(-1)
-    if agentless.is_some() {
+    let root = start_program(program, args, &rd.so, &rd.agent_sock, &pid_ns, agentless)?;
+    if agentless {
         start_agentless(&shared, root);
     }
-
     let scan_stop = Arc::new(AtomicBool::new(false));
     let scan_thread = {
         let (shared, stop) = (Arc::clone(&shared), Arc::clone(&scan_stop));
@@ -341,8 +232,171 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     if config.verbose {
         eprintln!("uffd-daemon: {}", shared.stats_json());
     }
-    drop(cleanup);
+    drop(rd.cleanup);
     Ok(status)
+}
+
+/// What is checked before anything starts: the limit, the kernel, /proc, the program (and
+/// whether it needs managing without an agent), the tiers' capacity, and every output path.
+/// Returns the daemon's pid namespace and whether the program runs without the agent.
+fn preflight(config: &Config, program: &str) -> anyhow::Result<(String, bool)> {
+    if config.limit_bytes < 16 * PAGE_SIZE_U64 {
+        bail!(
+            "--limit {} is too small: at least 64 KiB",
+            config.limit_bytes
+        );
+    }
+    check_kernel_support()?;
+    let pid_ns = check_proc()?;
+    let agentless = check_program(program, config.policy.unmanaged)?;
+    for w in crate::config::capacity_warnings(config.limit_bytes, &config.tiers) {
+        eprintln!("uffd-daemon: warning: {w}");
+    }
+    // Every output path is checked before the program starts, not after it has run.
+    if let Some(p) = &config.stats_json {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(p)
+            .with_context(|| format!("--stats-json {}: cannot be written", p.display()))?;
+    }
+    Ok((pid_ns, agentless.is_some()))
+}
+
+/// The run directory and what lives in it: the agent library, the agents' socket, the control
+/// socket. Removed when `cleanup` drops.
+struct RunDir {
+    dir: PathBuf,
+    /// Shows the directory live to other daemons until the daemon exits.
+    _lock: std::fs::File,
+    cleanup: RunDirGuard,
+    so: PathBuf,
+    agent_sock: PathBuf,
+    listen_fd: OwnedFd,
+    ctl: UnixListener,
+}
+
+impl RunDir {
+    fn set_up() -> anyhow::Result<RunDir> {
+        let (dir, lock) = crate::rundir::create()?;
+        let cleanup = RunDirGuard(dir.clone());
+        let so = dir.join("libuffd_agent.so");
+        {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o444)
+                .open(&so)
+                .with_context(|| format!("writing the agent library {}", so.display()))?;
+            f.write_all(AGENT_SO)?;
+        }
+        let agent_sock = dir.join("agent.sock");
+        // SAFETY: socket(2) with constant arguments.
+        let lfd =
+            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+        if lfd < 0 {
+            bail!("socket: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: `lfd` is a fresh descriptor we own.
+        let listen_fd = unsafe { OwnedFd::from_raw_fd(lfd) };
+        bind_listen(&listen_fd, &agent_sock)?;
+        let ctl_path = dir.join("ctl.sock");
+        let ctl = UnixListener::bind(&ctl_path)
+            .with_context(|| format!("binding the control socket {}", ctl_path.display()))?;
+        std::fs::set_permissions(&ctl_path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("setting the mode of {}", ctl_path.display()))?;
+        Ok(RunDir {
+            dir,
+            _lock: lock,
+            cleanup,
+            so,
+            agent_sock,
+            listen_fd,
+            ctl,
+        })
+    }
+}
+
+/// The tiers and the state shared by every thread; and the guard that removes a named backing
+/// file at exit whatever happens (the tiers themselves live as long as the threads).
+fn make_shared(config: &Config, dir: &Path) -> anyhow::Result<(Arc<Shared>, Option<RunDirGuard>)> {
+    let tiers = Tiers::new(config.tiers.clone())?;
+    let swap_guard = match &config.tiers.backend {
+        crate::tiers::BackendSpec::File(Some(p)) => Some(RunDirGuard::file(p.clone())),
+        crate::tiers::BackendSpec::Pmem(p) if p.is_file() => Some(RunDirGuard::file(p.clone())),
+        _ => None,
+    };
+    // A daemon killed with SIGKILL cannot remove its named backing file: the next one does,
+    // from this note (rundir.rs).
+    if let Some(g) = &swap_guard {
+        crate::rundir::note_backing_file(dir, &g.0);
+    }
+    if config.verbose {
+        eprintln!("uffd-daemon: tiers: {}", tiers.describe());
+    }
+    let mut shared = Shared::new(
+        tiers,
+        config.policy,
+        (config.limit_bytes / PAGE_SIZE_U64) as usize,
+        config.auto_limit,
+        config.verbose,
+    );
+    shared.lifeline = Some(
+        sys::Lifeline::new()
+            .context("making the pipe that tells the agents of the daemon's end (its lifeline)")?,
+    );
+    Ok((Arc::new(shared), swap_guard))
+}
+
+/// The daemon's signals: it is a subreaper (orphans of the tree stay in it), ignores SIGPIPE,
+/// and catches the termination signals to pass them on. A signal ignored where the daemon was
+/// started (`nohup`, a shell's background job, a service manager) stays ignored: by the
+/// daemon, which passes on only what it catches, and so by the program, which inherits the
+/// disposition across its exec as it would bare (a caught signal is reset to the default
+/// there).
+fn catch_signals() {
+    // SAFETY: prctl and signal with constant arguments; the handler only stores an atomic.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            if libc::signal(sig, on_signal as *const () as libc::sighandler_t) == libc::SIG_IGN {
+                libc::signal(sig, libc::SIG_IGN);
+            }
+        }
+    }
+}
+
+/// Starts the program with the agent preloaded. A program the agent cannot load into
+/// (`agentless`) stops at its exec, before its first instruction, for the daemon to make its
+/// uffd (agentless.rs); its environment keeps LD_PRELOAD for the dynamic programs it may run,
+/// and this thread, the monitor's, is its tracer. Returns its pid.
+fn start_program(
+    program: &str,
+    args: &[String],
+    so: &Path,
+    agent_sock: &Path,
+    pid_ns: &str,
+    agentless: bool,
+) -> anyhow::Result<i32> {
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(p) if !p.is_empty() => format!("{}:{p}", so.display()),
+        _ => so.display().to_string(),
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env("LD_PRELOAD", preload)
+        .env("UFFD_DAEMON_SOCK", agent_sock)
+        .env("UFFD_DAEMON_PID", std::process::id().to_string())
+        .env("UFFD_DAEMON_PIDNS", pid_ns);
+    if agentless {
+        sys::trace_me_at_exec(&mut cmd);
+    }
+    let child = cmd.spawn().with_context(|| format!("starting {program}"))?;
+    let root = child.id() as i32;
+    std::mem::forget(child); // reaped by the monitor's waitpid(-1)
+    Ok(root)
 }
 
 /// Removes a directory tree (or a single file) when dropped.

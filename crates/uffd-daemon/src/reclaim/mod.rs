@@ -38,7 +38,7 @@ use crate::agent_conn::{AgentConn, DropWait, PendingDrop};
 use crate::shared::Shared;
 
 pub(crate) mod injected;
-use crate::mm::{runs_of, Mm, Page, ZERO_SLOT};
+use crate::mm::{runs_of, Mm, MmState, Page, ZERO_SLOT};
 use crate::stats::Stats;
 use crate::sys::{self, Fill, PAGE_SIZE, PAGE_SIZE_U64};
 use crate::tiers::{FOLIO_ORDER, FOLIO_PAGES};
@@ -1030,11 +1030,7 @@ fn settle_drop(
     changed: &[(usize, Vec<u8>)],
 ) -> usize {
     let stats = &shared.stats;
-    let mut kept = Vec::new();
-    let mut evicted = 0usize;
-    let mut zero = 0u64;
-    let mut n_changed = 0u64;
-    let mut pinned = 0u64;
+    let mut t = Tally::default();
     // Moved pages that held other bytes than reclaim read from them (and stored): written
     // through a pin in between. Stored anew before the state lock is taken (a store may write
     // to the backend); the new slot, or `None` if no tier takes the page. Not put back in
@@ -1059,78 +1055,15 @@ fn settle_drop(
             }
             match status.map(|s| s[i]) {
                 Some(0) => {
-                    st.unshared.remove(&a);
-                    st.pinned.remove(&a);
-                    let mut slot = slot;
-                    if let Ok(k) = fresh.binary_search_by_key(&i, |f| f.0) {
-                        n_changed += 1;
-                        fresh[k].2 = true;
-                        if let Some(new) = fresh[k].1 {
-                            if slot != ZERO_SLOT {
-                                shared.put_slot(slot);
-                            }
-                            slot = new;
-                        } else {
-                            // No tier takes it (the device full, an I/O error): back in place
-                            // now, with the narrow window above, rather than lose the bytes.
-                            let held = changed
-                                .binary_search_by_key(&i, |c| c.0)
-                                .ok()
-                                .map(|k| changed[k].1.as_slice());
-                            if held.is_some_and(|h| matches!(mm.uffd.copy(a, h), Ok(Fill::Filled)))
-                            {
-                                st.back_to_resident(a);
-                                if slot != ZERO_SLOT {
-                                    shared.put_slot(slot);
-                                }
-                                kept.push(a);
-                                continue;
-                            }
-                            eprintln!(
-                                "uffd-daemon: page {a:#x} of pid {:?} changed through a pin \
-                                 while it was evicted, and neither a tier nor the page table \
-                                 takes its new contents: it keeps the older ones",
-                                mm.pid()
-                            );
-                        }
-                    }
-                    st.pages.insert(a, Page::Evicted { slot });
-                    st.resident -= 1;
-                    shared.resident_sub(1);
-                    evicted += 1;
-                    if slot == ZERO_SLOT {
-                        zero += 1;
-                    }
+                    settle_moved(shared, mm, &mut st, &mut t, i, a, slot, &mut fresh, changed)
                 }
                 // An injected DROP whose call failed part way (agentless.rs): moved or not,
                 // unknown; its copy is kept.
-                Some(injected::DROP_UNKNOWN) => {
+                Some(injected::DROP_UNKNOWN) | None => {
                     st.pages.insert(a, Page::Inherited { slot });
-                    kept.push(a);
+                    t.kept.push(a);
                 }
-                Some(e) => {
-                    st.back_to_resident(a);
-                    if slot != ZERO_SLOT {
-                        shared.put_slot(slot);
-                    }
-                    // Shared (with a forked child, or since one): the next DROP unshares it.
-                    // Refused again after that, it is pinned (for I/O): it stays, as the
-                    // kernel's reclaim leaves a pinned page, and is left out of the victims
-                    // for a while.
-                    if i32::from(e) == libc::EBUSY {
-                        if st.unshared.contains(&a) {
-                            st.note_pinned(a);
-                            pinned += 1;
-                        } else {
-                            st.unshare.insert(a);
-                        }
-                    }
-                    kept.push(a);
-                }
-                None => {
-                    st.pages.insert(a, Page::Inherited { slot });
-                    kept.push(a);
-                }
+                Some(e) => settle_refused(shared, &mut st, &mut t, a, slot, e),
             }
         }
     }
@@ -1153,17 +1086,17 @@ fn settle_drop(
         let mut st = mm.state.lock();
         st.unshared.extend(done);
     }
-    Stats::add(&stats.evicted_pages, evicted as u64);
-    Stats::add(&stats.zero_pages_evicted, zero);
+    Stats::add(&stats.evicted_pages, t.evicted as u64);
+    Stats::add(&stats.zero_pages_evicted, t.zero);
     Stats::add(
         &stats.bytes_written,
-        (evicted as u64 - zero) * PAGE_SIZE_U64,
+        (t.evicted as u64 - t.zero) * PAGE_SIZE_U64,
     );
-    Stats::add(&stats.evict_changed_pages, n_changed);
-    Stats::add(&stats.pinned_refusals, pinned);
-    if !kept.is_empty() {
-        Stats::add(&stats.evict_aborts, kept.len() as u64);
-        for (start, n) in runs_of(&kept) {
+    Stats::add(&stats.evict_changed_pages, t.changed);
+    Stats::add(&stats.pinned_refusals, t.pinned);
+    if !t.kept.is_empty() {
+        Stats::add(&stats.evict_aborts, t.kept.len() as u64);
+        for (start, n) in runs_of(&t.kept) {
             unprotect(mm, start, n as u64 * PAGE_SIZE_U64);
         }
     }
@@ -1172,5 +1105,95 @@ fn settle_drop(
     for &(start, n) in &p.runs {
         let _ = mm.uffd.wake(start, n as u64 * PAGE_SIZE_U64);
     }
-    evicted
+    t.evicted
+}
+
+/// What a DROP's settlement did.
+#[derive(Default)]
+struct Tally {
+    /// Pages kept in place (their protection is lifted).
+    kept: Vec<u64>,
+    evicted: usize,
+    zero: u64,
+    /// Moved pages that held other bytes than were stored.
+    changed: u64,
+    /// Pages found pinned.
+    pinned: u64,
+}
+
+/// Page `i` of a DROP (at `a`, stored in `slot`) moved out: evicted, with the bytes it held
+/// when it moved (`fresh`, stored anew) if they were not those stored.
+#[allow(clippy::too_many_arguments)]
+fn settle_moved(
+    shared: &Shared,
+    mm: &Mm,
+    st: &mut MmState,
+    t: &mut Tally,
+    i: usize,
+    a: u64,
+    slot: u32,
+    fresh: &mut [(usize, Option<u32>, bool)],
+    changed: &[(usize, Vec<u8>)],
+) {
+    st.unshared.remove(&a);
+    st.pinned.remove(&a);
+    let mut slot = slot;
+    if let Ok(k) = fresh.binary_search_by_key(&i, |f| f.0) {
+        t.changed += 1;
+        fresh[k].2 = true;
+        if let Some(new) = fresh[k].1 {
+            if slot != ZERO_SLOT {
+                shared.put_slot(slot);
+            }
+            slot = new;
+        } else {
+            // No tier takes it (the device full, an I/O error): back in place now, with the
+            // narrow window above, rather than lose the bytes.
+            let held = changed
+                .binary_search_by_key(&i, |c| c.0)
+                .ok()
+                .map(|k| changed[k].1.as_slice());
+            if held.is_some_and(|h| matches!(mm.uffd.copy(a, h), Ok(Fill::Filled))) {
+                st.back_to_resident(a);
+                if slot != ZERO_SLOT {
+                    shared.put_slot(slot);
+                }
+                t.kept.push(a);
+                return;
+            }
+            eprintln!(
+                "uffd-daemon: page {a:#x} of pid {:?} changed through a pin while it was \
+                 evicted, and neither a tier nor the page table takes its new contents: it \
+                 keeps the older ones",
+                mm.pid()
+            );
+        }
+    }
+    st.pages.insert(a, Page::Evicted { slot });
+    st.resident -= 1;
+    shared.resident_sub(1);
+    t.evicted += 1;
+    if slot == ZERO_SLOT {
+        t.zero += 1;
+    }
+}
+
+/// A page the DROP could not move (`e`): back in place. Shared (with a forked child, or since
+/// one): the next DROP unshares it. Refused again after that, it is pinned (for I/O): it
+/// stays, as the kernel's reclaim leaves a pinned page, and is left out of the victims for a
+/// while.
+fn settle_refused(shared: &Shared, st: &mut MmState, t: &mut Tally, a: u64, slot: u32, e: u8) {
+    st.back_to_resident(a);
+    if slot != ZERO_SLOT {
+        shared.put_slot(slot);
+    }
+    if i32::from(e) == libc::EBUSY {
+        if st.unshared.contains(&a) {
+            st.note_pinned(a);
+            t.pinned += 1;
+        } else {
+            st.unshare.insert(a);
+        }
+    }
+    t.kept.push(a);
 }

@@ -1444,12 +1444,18 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     );
     let shared = Arc::new(shared);
 
+    // A signal ignored where the daemon was started (`nohup`, a shell's background job, a
+    // service manager) stays ignored: by the daemon, which passes on only what it catches,
+    // and so by the program, which inherits the disposition across its exec as it would
+    // bare (a caught signal is reset to the default there).
     // SAFETY: prctl and signal with constant arguments; the handler only stores an atomic.
     unsafe {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+            if libc::signal(sig, on_signal as *const () as libc::sighandler_t) == libc::SIG_IGN {
+                libc::signal(sig, libc::SIG_IGN);
+            }
         }
     }
 
@@ -1925,6 +1931,7 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                 let mut cands: Vec<Arc<Mm>> = shared.mms.lock().clone();
                 cands.sort_by_key(|m| std::cmp::Reverse(m.state.lock().resident));
                 let mut progress = 0;
+                let pinned_before = shared.stats.pinned_refusals.load(Ordering::Relaxed);
                 for m in cands.iter().take(3) {
                     let want = shared.resident().saturating_sub(shared.limit.low());
                     if want == 0 {
@@ -1962,14 +1969,20 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
                         .lock()
                         .iter()
                         .any(|m| m.state.try_lock().is_some_and(|st| !st.unshare.is_empty()));
+                // Nor when a DROP found pinned pages: they are left out of the next picks,
+                // which take other pages. (Faults let through while a pinned buffer was being
+                // found took the resident pages to 2.7 times the limit under load.)
+                let pinned_found =
+                    shared.stats.pinned_refusals.load(Ordering::Relaxed) > pinned_before;
                 shared.stalled.store(
                     progress == 0
                         && !answer_due
                         && !unshare_due
+                        && !pinned_found
                         && shared.resident() >= shared.limit.pages(),
                     Ordering::Relaxed,
                 );
-                if progress == 0 && !unshare_due {
+                if progress == 0 && !unshare_due && !pinned_found {
                     break;
                 }
             }

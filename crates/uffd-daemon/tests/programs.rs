@@ -1010,3 +1010,64 @@ exit $st
     // the shell's number in the daemon's namespace.
     assert!(bound.iter().any(|&(_, n)| n == 1), "{bound:?}");
 }
+
+/// Signals ignored where the program is started (`nohup` ignores SIGHUP; a non-interactive
+/// shell's background job ignores SIGINT and SIGQUIT) are ignored in the program bare: exec
+/// keeps an ignored disposition. The daemon caught them itself, and exec resets a caught signal
+/// to its default, so under the daemon the program could be killed by a signal it ignores
+/// bare (a core-dump test read SIGQUIT as SIG_DFL under the daemon, SIG_IGN bare).
+#[test]
+fn signals_ignored_at_start_stay_ignored_in_the_program() {
+    use std::os::unix::process::CommandExt;
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let ignoring = |cmd: &mut Command| {
+        // SAFETY: signal() is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT] {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+                Ok(())
+            });
+        }
+    };
+    let sig_ign = |out: &[u8]| -> String {
+        String::from_utf8_lossy(out)
+            .lines()
+            .find(|l| l.starts_with("SigIgn:"))
+            .unwrap_or("no SigIgn line")
+            .to_string()
+    };
+    let program = ["grep", "^SigIgn:", "/proc/self/status"];
+    let mut bare = Command::new(program[0]);
+    bare.args(&program[1..]);
+    ignoring(&mut bare);
+    let bare = bare.output().expect("grep");
+    let stats = stats_path("sig-ign");
+    let mut under = daemon_command(&["--limit", "64M"], &stats, &program);
+    ignoring(&mut under);
+    let under = under.output().expect("uffd-daemon");
+    assert!(
+        under.status.success(),
+        "{}",
+        String::from_utf8_lossy(&under.stderr)
+    );
+    // SIGHUP, SIGINT and SIGQUIT are bits 0, 1 and 2 of the mask.
+    assert!(
+        u64::from_str_radix(
+            sig_ign(&bare.stdout).trim_start_matches("SigIgn:").trim(),
+            16
+        )
+        .is_ok_and(|m| m & 0b111 == 0b111),
+        "bare: {}",
+        sig_ign(&bare.stdout)
+    );
+    assert_eq!(
+        sig_ign(&under.stdout),
+        sig_ign(&bare.stdout),
+        "the program ignores other signals under the daemon than bare"
+    );
+}

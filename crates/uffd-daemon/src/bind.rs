@@ -225,10 +225,10 @@ fn bind(shared: &Shared, mm: &Mm, pid: i32, fd: PidFd) {
     *mm.bind_token.lock() = None;
     mm.pid.store(pid, Ordering::Release);
     Stats::add(&shared.stats.fork_children_bound, 1);
-    if shared.verbose {
+    if tracing::enabled!(tracing::Level::DEBUG) {
         let own = maps::ns_tgids(pid);
-        eprintln!(
-            "uffd-daemon: forked child bound to pid {pid} (numbers from the daemon's pid \
+        tracing::debug!(
+            "forked child bound to pid {pid} (numbers from the daemon's pid \
              namespace down: {own:?}; mm {})",
             mm.id
         );
@@ -248,8 +248,8 @@ fn forked_table_fixup(shared: &Shared, mm: &Mm, pid: i32) {
             // Then nothing can be known of wipe-on-fork: the child's pages cannot be trusted.
             // (The child itself: shown to hold this address space, signalled through the
             // pidfd taken before that was shown.)
-            eprintln!(
-                "uffd-daemon: cannot read the mappings of forked child {pid} ({e}); stopping it \
+            tracing::error!(
+                "cannot read the mappings of forked child {pid} ({e}); stopping it \
                  rather than risk serving its parent's data where it must read zeros"
             );
             mm.kill();
@@ -311,8 +311,8 @@ pub fn probe_fault(shared: &Shared, mm: &Mm, ptid: u32) -> ProbeFault {
             Ok(t) => *slot = Some(t),
             Err(e) => {
                 drop(slot);
-                eprintln!(
-                    "uffd-daemon: no random bytes to bind a forked child with ({e}); it runs with \
+                tracing::warn!(
+                    "no random bytes to bind a forked child with ({e}); it runs with \
                      its faults served and nothing evicted"
                 );
                 return ProbeFault::Zero;
@@ -361,8 +361,8 @@ pub fn probe_fault(shared: &Shared, mm: &Mm, ptid: u32) -> ProbeFault {
         t.released = true;
     }
     Stats::add(&shared.stats.fork_children_unbound, 1);
-    eprintln!(
-        "uffd-daemon: a forked child (thread {ptid} in its own pid namespace) is not among the \
+    tracing::warn!(
+        "a forked child (thread {ptid} in its own pid namespace) is not among the \
          processes of the daemon's tree; it goes on with its faults served and nothing evicted \
          until its agent's greeting shows which process it is (mm {})",
         mm.id

@@ -464,8 +464,8 @@ impl Stop {
                             ))
                             .unwrap_or_default()
                         };
-                        eprintln!(
-                            "uffd-daemon: no stop: stat {} wchan {} syscall {} stack {}",
+                        tracing::warn!(
+                            "no stop: stat {} wchan {} syscall {} stack {}",
                             f("stat"),
                             f("wchan"),
                             f("syscall"),

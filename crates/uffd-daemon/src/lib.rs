@@ -91,7 +91,6 @@
 //!     tiers: r.tiers,
 //!     policy: r.policy,
 //!     stats_json: None,
-//!     verbose: false,
 //! };
 //! let status = run(&config, "python3", &["-c".into(), "x = bytearray(256 << 20)".into()]).unwrap();
 //! assert_eq!(status, 0);
@@ -106,6 +105,7 @@ mod fault;
 mod idlepoll;
 pub mod inject;
 pub mod limit;
+pub mod log;
 pub mod maps;
 mod mm;
 pub mod pagetable;

@@ -55,8 +55,6 @@ pub struct Shared {
     pub store_backoff: Mutex<(u32, Option<Instant>)>,
     /// The idle keepers (`[fault] idle_poll_us`), if any.
     pub idle_poll: Option<crate::idlepoll::IdlePoll>,
-    /// Log decisions.
-    pub verbose: bool,
     /// An injected DROP is stopping a program now.
     pub injecting: AtomicBool,
     /// The thread it stops: its faults are not held at the limit (it stops only once served).
@@ -113,7 +111,6 @@ impl Shared {
         policy: PolicyConfig,
         limit_pages: usize,
         auto: Option<crate::limit::AutoConfig>,
-        verbose: bool,
     ) -> Self {
         let auto_limit = auto.map(crate::limit::AutoLimit::new);
         let limit_pages = auto_limit
@@ -142,7 +139,6 @@ impl Shared {
                 policy.fault_idle_poll,
                 policy.fault_idle_poll_mode,
             ),
-            verbose,
             injecting: AtomicBool::new(false),
             injecting_tid: AtomicI32::new(0),
             injecting_pid: AtomicI32::new(0),
@@ -177,7 +173,7 @@ impl Shared {
     /// Drops a reference to a store slot.
     pub fn put_slot(&self, slot: u32) {
         if let Err(e) = self.tiers.put(slot) {
-            eprintln!("uffd-daemon: BUG: {e}");
+            tracing::error!("BUG: {e}");
             debug_assert!(false, "{e}");
         }
     }
@@ -185,7 +181,7 @@ impl Shared {
     /// Adds a reference to a store slot.
     pub fn dup_slot(&self, slot: u32) {
         if let Err(e) = self.tiers.dup(slot) {
-            eprintln!("uffd-daemon: BUG: {e}");
+            tracing::error!("BUG: {e}");
             debug_assert!(false, "{e}");
         }
     }
@@ -275,9 +271,7 @@ impl Shared {
     /// Records what an injection's failure says: an exit status it reaped, a count.
     pub fn note_inject_error(&self, pid: i32, e: &crate::inject::InjectError) {
         Stats::add(&self.stats.inject_errors, 1);
-        if self.verbose {
-            eprintln!("uffd-daemon: pid {pid}: injection failed: {e}");
-        }
+        tracing::debug!("pid {pid}: injection failed: {e}");
         if let crate::inject::InjectError::Gone(Some(st)) = e {
             self.reaped.lock().push((pid, *st));
         }

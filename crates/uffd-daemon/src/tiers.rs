@@ -516,8 +516,8 @@ impl Tiers {
                     .backend_write_errors
                     .fetch_add(1, Ordering::Relaxed);
                 if !self.write_error_logged.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "uffd-daemon: writing to the backing device failed: {e}; the pages stay resident"
+                    tracing::warn!(
+                        "writing to the backing device failed: {e}; the pages stay resident"
                     );
                 }
                 if let Some(s) = &slots[u] {
@@ -545,7 +545,7 @@ impl Tiers {
                 sealer.forget(u64::from(s));
             }
             if let Err(e) = self.dev.put(self.entry(s)) {
-                eprintln!("uffd-daemon: BUG: freeing fresh slot {s}: {e}");
+                tracing::error!("BUG: freeing fresh slot {s}: {e}");
             }
         }
     }

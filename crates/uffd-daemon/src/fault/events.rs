@@ -45,10 +45,7 @@ pub(super) fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent)
         }
         UffdEvent::PageFault { .. } => unreachable!("faults are served by serve_fault"),
         UffdEvent::Unknown(kind) => {
-            eprintln!(
-                "uffd-daemon: ignoring unknown uffd message {kind:#x} on mm {}",
-                mm.id
-            );
+            tracing::warn!("ignoring unknown uffd message {kind:#x} on mm {}", mm.id);
         }
     }
 }
@@ -69,7 +66,7 @@ pub fn start_mm(shared: &Arc<Shared>, mm: &Arc<Mm>) -> std::io::Result<()> {
 /// Called by the handler of a fork event: the child shares every stored page.
 pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
     if let Err(e) = uffd.set_nonblocking() {
-        eprintln!("uffd-daemon: child uffd: {e}");
+        tracing::info!("child uffd: {e}");
     }
     let state: MmState = {
         let mut st = parent.state.lock();
@@ -88,7 +85,7 @@ pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
     ) {
         Ok(m) => Arc::new(m),
         Err(e) => {
-            eprintln!("uffd-daemon: cannot track a forked child: {e}");
+            tracing::warn!("cannot track a forked child: {e}");
             return;
         }
     };
@@ -101,14 +98,8 @@ pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
         // No agent in the child to name it: the daemon binds it by a token (agentless.rs).
         crate::bind::forked(&mm);
     }
-    if shared.verbose {
-        eprintln!(
-            "uffd-daemon: fork of pid {:?}: child mm {}",
-            parent.pid(),
-            mm.id
-        );
-    }
+    tracing::debug!("fork of pid {:?}: child mm {}", parent.pid(), mm.id);
     if let Err(e) = start_mm(shared, &mm) {
-        eprintln!("uffd-daemon: cannot start the handler of a forked child: {e}");
+        tracing::warn!("cannot start the handler of a forked child: {e}");
     }
 }

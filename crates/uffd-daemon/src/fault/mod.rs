@@ -102,8 +102,8 @@ pub fn handler_thread(shared: Arc<Shared>, mm: Arc<Mm>) {
             Err(e) => {
                 static WARNED: std::sync::Once = std::sync::Once::new();
                 WARNED.call_once(|| {
-                    eprintln!(
-                        "uffd-daemon: [fault] realtime: cannot make the fault handler \
+                    tracing::warn!(
+                        "[fault] realtime: cannot make the fault handler \
                          SCHED_FIFO ({e}); it runs at the normal policy"
                     );
                 });
@@ -160,7 +160,7 @@ fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
             n = match spin.poll(mm, &mut msgs, since, &shared.stats) {
                 Ok(n) => n,
                 Err(e) => {
-                    eprintln!("uffd-daemon: reading the uffd of mm {} failed: {e}", mm.id);
+                    tracing::warn!("reading the uffd of mm {} failed: {e}", mm.id);
                     return;
                 }
             };
@@ -172,7 +172,7 @@ fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
                 match sys::poll_read(&[mm.uffd.raw(), mm.stop.raw(), mm.retry.raw()], timeout) {
                     Ok(r) => r,
                     Err(e) => {
-                        eprintln!("uffd-daemon: poll on the uffd of mm {} failed: {e}", mm.id);
+                        tracing::warn!("poll on the uffd of mm {} failed: {e}", mm.id);
                         return;
                     }
                 };
@@ -188,7 +188,7 @@ fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
                     Ok(n) => n,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
                     Err(e) => {
-                        eprintln!("uffd-daemon: reading the uffd of mm {} failed: {e}", mm.id);
+                        tracing::warn!("reading the uffd of mm {} failed: {e}", mm.id);
                         return;
                     }
                 };

@@ -364,8 +364,8 @@ fn fill(
                 }
                 Err(e) => {
                     // The stored copy cannot be read: never hand the program wrong bytes.
-                    eprintln!(
-                        "uffd-daemon: cannot read back page {addr:#x} of pid {:?} from slot {slot}: {e}; \
+                    tracing::error!(
+                        "cannot read back page {addr:#x} of pid {:?} from slot {slot}: {e}; \
                          stopping the process",
                         mm.pid()
                     );
@@ -441,8 +441,8 @@ fn fill(
             if p.read_at.elapsed() < FILL_RETRY_MAX {
                 return Err(false);
             }
-            eprintln!(
-                "uffd-daemon: filling page {addr:#x} of pid {:?} failed for {:?}: {e}; stopping the process",
+            tracing::error!(
+                "filling page {addr:#x} of pid {:?} failed for {:?}: {e}; stopping the process",
                 mm.pid(),
                 FILL_RETRY_MAX
             );

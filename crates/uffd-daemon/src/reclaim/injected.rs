@@ -147,9 +147,7 @@ pub fn drop_pages(
         .count();
     if errors > 0 {
         Stats::add(&shared.stats.inject_errors, 1);
-        if shared.verbose {
-            eprintln!("uffd-daemon: pid {pid}: an injected DROP failed for {errors} pages");
-        }
+        tracing::debug!("pid {pid}: an injected DROP failed for {errors} pages");
     }
     out
 }
@@ -268,9 +266,7 @@ pub(crate) fn move_out(
         // resident, the next may do.
         Err(InjectError::Io(e)) => {
             Stats::add(&shared.stats.inject_errors, 1);
-            if shared.verbose {
-                eprintln!("uffd-daemon: pid {pid}: cannot lend the uffd for a DROP: {e}");
-            }
+            tracing::debug!("pid {pid}: cannot lend the uffd for a DROP: {e}");
             return Ok(());
         }
         Err(e) => return Err(e),

@@ -150,8 +150,8 @@ fn note_store_outcome(
                 .find(|(e, _)| e.refusal() == cause)
                 .map(|(e, _)| e.to_string())
                 .unwrap_or_default();
-            eprintln!(
-                "uffd-daemon: {e}: such pages stay resident, and while they do the limit may not \
+            tracing::warn!(
+                "{e}: such pages stay resident, and while they do the limit may not \
                  hold; {} (counted in {})",
                 cause.remedy(),
                 refusal_counter_name(cause)
@@ -870,15 +870,13 @@ fn finish_drop(
                 && !std::mem::replace(&mut pending.said_late, true)
             {
                 Stats::add(&shared.stats.drop_timeouts, 1);
-                if shared.verbose {
-                    eprintln!(
-                        "uffd-daemon: the agent of pid {:?} has not answered a DROP for {:?} \
-                         (stopped, or starved of CPU?); its {} pages stay protected until it does",
-                        mm.pid(),
-                        shared.policy.drop_timeout,
-                        pending.pages.len()
-                    );
-                }
+                tracing::debug!(
+                    "the agent of pid {:?} has not answered a DROP for {:?} \
+                     (stopped, or starved of CPU?); its {} pages stay protected until it does",
+                    mm.pid(),
+                    shared.policy.drop_timeout,
+                    pending.pages.len()
+                );
             }
             if let Some(a) = agent_guard.as_mut() {
                 a.pending = Some(pending);
@@ -910,8 +908,8 @@ fn lose_agent(shared: &Shared, mm: &Mm, agent_guard: &mut Option<AgentConn>, e: 
         return;
     }
     Stats::add(&shared.stats.agents_lost, 1);
-    eprintln!(
-        "uffd-daemon: lost the agent of pid {:?} ({e}); its pages are still served, but no \
+    tracing::info!(
+        "lost the agent of pid {:?} ({e}); its pages are still served, but no \
          longer evicted",
         mm.pid()
     );
@@ -933,8 +931,8 @@ fn lose_injection(
         _ => {
             *agent_guard = None;
             Stats::add(&shared.stats.agents_lost, 1);
-            eprintln!(
-                "uffd-daemon: pid {pid} can no longer be stopped to drop pages ({e}); its pages \
+            tracing::info!(
+                "pid {pid} can no longer be stopped to drop pages ({e}); its pages \
                  are still served, but no longer evicted"
             );
         }
@@ -1161,8 +1159,8 @@ fn settle_moved(
                 t.kept.push(a);
                 return;
             }
-            eprintln!(
-                "uffd-daemon: page {a:#x} of pid {:?} changed through a pin while it was \
+            tracing::info!(
+                "page {a:#x} of pid {:?} changed through a pin while it was \
                  evicted, and neither a tier nor the page table takes its new contents: it \
                  keeps the older ones",
                 mm.pid()

@@ -252,12 +252,7 @@ fn adopt_stopped(shared: &Arc<Shared>, pid: i32, stop: &mut Stop) -> Result<(), 
     crate::bind::note_pid_namespace(&mm, pid);
     fault::start_mm(shared, &mm)?;
     let _ = space::scan_and_register(shared, &mm);
-    if shared.verbose {
-        eprintln!(
-            "uffd-daemon: managing pid {pid} without an agent (mm {})",
-            mm.id
-        );
-    }
+    tracing::debug!("managing pid {pid} without an agent (mm {})", mm.id);
     Ok(())
 }
 
@@ -288,8 +283,8 @@ pub fn refused(shared: &Shared, pid: i32, e: &InjectError) {
         .agentless_refusals
         .lock()
         .insert(pid, (exe, e.to_string()));
-    eprintln!(
-        "uffd-daemon: pid {pid}: the daemon cannot manage it without an agent: {e}; its memory \
+    tracing::warn!(
+        "pid {pid}: the daemon cannot manage it without an agent: {e}; its memory \
          is unmanaged and outside the limit"
     );
 }
@@ -319,11 +314,9 @@ pub fn bind_children(shared: &Arc<Shared>) {
     for (m, pid) in crate::bind::bind_agentless_children(shared, &unbound) {
         make_agentless(shared, &m);
         Stats::add(&shared.stats.agentless_children_bound, 1);
-        if shared.verbose {
-            eprintln!(
-                "uffd-daemon: forked child {pid} of an agentless process bound (mm {})",
-                m.id
-            );
-        }
+        tracing::debug!(
+            "forked child {pid} of an agentless process bound (mm {})",
+            m.id
+        );
     }
 }

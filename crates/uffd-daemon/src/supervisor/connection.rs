@@ -87,8 +87,8 @@ pub(crate) fn accept_loop(shared: &Arc<Shared>, lfd: RawFd) {
                 continue;
             }
             if shared.stats.accept_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                eprintln!(
-                    "uffd-daemon: accepting an agent's connection failed ({e}); retrying \
+                tracing::warn!(
+                    "accepting an agent's connection failed ({e}); retrying \
                      (processes of the tree wait to start until it works)"
                 );
             }
@@ -204,7 +204,7 @@ pub(crate) fn read_hello(
         }
         Err(e) => {
             Stats::add(&stats.protocol_errors, 1);
-            eprintln!("uffd-daemon: bad greeting from pid {pid}: {e}");
+            tracing::warn!("bad greeting from pid {pid}: {e}");
             refuse(sock, &e.to_string());
             return None;
         }
@@ -267,9 +267,10 @@ fn peer_of_tree(shared: &Shared, sock: &OwnedFd) -> Option<i32> {
         }
     }
     Stats::add(&stats.protocol_errors, 1);
-    eprintln!(
-        "uffd-daemon: refusing a connection from pid {} uid {}: not a process this daemon started",
-        cred.pid, cred.uid
+    tracing::warn!(
+        "refusing a connection from pid {} uid {}: not a process this daemon started",
+        cred.pid,
+        cred.uid
     );
     refuse(sock, "this daemon serves only the processes it started");
     None
@@ -426,9 +427,7 @@ fn new_address_space(
     };
     if !is_userfaultfd(&fd) {
         Stats::add(&shared.stats.protocol_errors, 1);
-        eprintln!(
-            "uffd-daemon: pid {pid} greeted with a descriptor that is not a userfaultfd; refused"
-        );
+        tracing::warn!("pid {pid} greeted with a descriptor that is not a userfaultfd; refused");
         refuse(&sock, "the HELLO's descriptor is not a userfaultfd");
         return;
     }
@@ -522,7 +521,5 @@ fn new_address_space(
         return;
     }
     *mm.agent.lock() = Some(conn);
-    if shared.verbose {
-        eprintln!("uffd-daemon: managing pid {pid} (mm {})", mm.id);
-    }
+    tracing::debug!("managing pid {pid} (mm {})", mm.id);
 }

@@ -143,8 +143,8 @@ pub fn hold(shared: &Shared, mm: &Mm, reason: u32, wait: Duration) -> io::Result
     }
     bring_back(shared, mm, wait)?;
     if reason == HOLD_DUMP {
-        eprintln!(
-            "uffd-daemon: pid {} dumps core: {} KiB of its evicted memory brought back for the \
+        tracing::info!(
+            "pid {} dumps core: {} KiB of its evicted memory brought back for the \
              core file",
             mm.pid().unwrap_or(0),
             (mm.hold.lock().restored * PAGE_SIZE_U64) >> 10
@@ -164,14 +164,14 @@ fn mark(shared: &Shared, mm: &Mm, reason: u32) {
         Stats::add(&shared.stats.held_for_dump, 1);
     } else if reason == HOLD_SELF_MEM {
         Stats::add(&shared.stats.held_for_self_mem, 1);
-        eprintln!(
-            "uffd-daemon: pid {pid} opens its own memory file: its evicted pages are brought back \
+        tracing::warn!(
+            "pid {pid} opens its own memory file: its evicted pages are brought back \
              and it is not paged while it keeps one open (counted in unmanaged_traced_bytes)"
         );
     } else {
         Stats::add(&shared.stats.held_for_trace, 1);
-        eprintln!(
-            "uffd-daemon: pid {pid} is traced: its evicted pages are brought back and it is not \
+        tracing::warn!(
+            "pid {pid} is traced: its evicted pages are brought back and it is not \
              paged while traced (its memory is counted in unmanaged_traced_bytes)"
         );
     }
@@ -227,8 +227,8 @@ pub fn bring_back(shared: &Shared, mm: &Mm, wait: Duration) -> io::Result<u64> {
         Stats::add(&shared.stats.hold_pages_kept_evicted, kept);
         if !h.said_kept {
             h.said_kept = true;
-            eprintln!(
-                "uffd-daemon: pid {}: {} KiB of its evicted memory stay evicted, more than the \
+            tracing::warn!(
+                "pid {}: {} KiB of its evicted memory stay evicted, more than the \
                  machine has available (MemAvailable less a sixteenth of RAM): a core file holds \
                  zeros there and a debugger cannot read it (hold_pages_kept_evicted)",
                 mm.pid().unwrap_or(0),
@@ -279,9 +279,7 @@ pub fn note_tracer(shared: &Arc<Shared>, mm: &Arc<Mm>, pid: i32, tracer: i32) {
             .name("uffd-hold".into())
             .spawn(move || {
                 if let Err(e) = hold(&s, &m, HOLD_TRACE, REQUEST_WAIT) {
-                    if s.verbose {
-                        eprintln!("uffd-daemon: pid {pid}: holding it for its tracer: {e}");
-                    }
+                    tracing::debug!("pid {pid}: holding it for its tracer: {e}");
                 }
                 m.holding.store(false, Ordering::Release);
             });
@@ -300,8 +298,8 @@ pub fn note_tracer(shared: &Arc<Shared>, mm: &Arc<Mm>, pid: i32, tracer: i32) {
         return;
     }
     Stats::add(&shared.stats.trace_releases, 1);
-    if end_hold(mm, &mut h, HOLD_TRACE) && shared.verbose {
-        eprintln!("uffd-daemon: pid {pid} is no longer traced: its memory is paged again");
+    if end_hold(mm, &mut h, HOLD_TRACE) {
+        tracing::debug!("pid {pid} is no longer traced: its memory is paged again");
     }
 }
 
@@ -344,7 +342,7 @@ pub fn note_self_mem(shared: &Shared, mm: &Mm, pid: i32) {
         return;
     }
     Stats::add(&shared.stats.self_mem_releases, 1);
-    if end_hold(mm, &mut h, HOLD_SELF_MEM) && shared.verbose {
-        eprintln!("uffd-daemon: pid {pid} closed its memory file: its memory is paged again");
+    if end_hold(mm, &mut h, HOLD_SELF_MEM) {
+        tracing::debug!("pid {pid} closed its memory file: its memory is paged again");
     }
 }

@@ -53,8 +53,6 @@ pub struct Config {
     pub policy: PolicyConfig,
     /// Where to write the final counters as JSON.
     pub stats_json: Option<PathBuf>,
-    /// Log decisions to stderr.
-    pub verbose: bool,
 }
 
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -127,7 +125,7 @@ fn check_program(
     if policy == crate::unmanaged::Policy::Error {
         bail!("{program} {why} (unmanaged = \"error\")");
     }
-    eprintln!("uffd-daemon: {program} {why}; its memory is unmanaged and outside the limit");
+    tracing::warn!("{program} {why}; its memory is unmanaged and outside the limit");
     Ok(None)
 }
 
@@ -229,9 +227,7 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
         std::fs::write(p, serde_json::to_string_pretty(&v)? + "\n")
             .with_context(|| format!("writing {}", p.display()))?;
     }
-    if config.verbose {
-        eprintln!("uffd-daemon: {}", shared.stats_json());
-    }
+    tracing::debug!("{}", shared.stats_json());
     drop(rd.cleanup);
     Ok(status)
 }
@@ -250,7 +246,7 @@ fn preflight(config: &Config, program: &str) -> anyhow::Result<(String, bool)> {
     let pid_ns = check_proc()?;
     let agentless = check_program(program, config.policy.unmanaged)?;
     for w in crate::config::capacity_warnings(config.limit_bytes, &config.tiers) {
-        eprintln!("uffd-daemon: warning: {w}");
+        tracing::warn!("{w}");
     }
     // Every output path is checked before the program starts, not after it has run.
     if let Some(p) = &config.stats_json {
@@ -332,15 +328,12 @@ fn make_shared(config: &Config, dir: &Path) -> anyhow::Result<(Arc<Shared>, Opti
     if let Some(g) = &swap_guard {
         crate::rundir::note_backing_file(dir, &g.0);
     }
-    if config.verbose {
-        eprintln!("uffd-daemon: tiers: {}", tiers.describe());
-    }
+    tracing::debug!("tiers: {}", tiers.describe());
     let mut shared = Shared::new(
         tiers,
         config.policy,
         (config.limit_bytes / PAGE_SIZE_U64) as usize,
         config.auto_limit,
-        config.verbose,
     );
     shared.lifeline = Some(
         sys::Lifeline::new()

@@ -57,8 +57,8 @@ pub(crate) fn leave_management(shared: &Shared, pid: i32) -> std::io::Result<()>
     // greet again (`step_out`): the process goes on without them.
     if mm.stepped_out.swap(false, Ordering::AcqRel) {
         Stats::add(&shared.stats.agent_restart_left_processes, 1);
-        eprintln!(
-            "uffd-daemon: pid {pid}: the agent's threads could not start again after a call that \
+        tracing::warn!(
+            "pid {pid}: the agent's threads could not start again after a call that \
              needs the process alone (a new user namespace): its {} MiB are brought back and the \
              process is no longer managed (counted in unmanaged_no_agent_bytes)",
             managed >> 20
@@ -67,8 +67,8 @@ pub(crate) fn leave_management(shared: &Shared, pid: i32) -> std::io::Result<()>
     }
     Stats::add(&shared.stats.tsync_left_processes, 1);
     Stats::add(&shared.stats.tsync_left_bytes, managed);
-    eprintln!(
-        "uffd-daemon: pid {pid} puts every thread under a seccomp filter (TSYNC), the agent's \
+    tracing::warn!(
+        "pid {pid} puts every thread under a seccomp filter (TSYNC), the agent's \
          too: its {} MiB are brought back and the process is no longer managed (counted in \
          unmanaged_no_agent_bytes)",
         managed >> 20
@@ -141,7 +141,7 @@ pub(crate) fn answer_request(sock: &OwnedFd, pid: i32, r: std::io::Result<()>, w
     let status = match r {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("uffd-daemon: pid {pid}: cannot {what}: {e}");
+            tracing::warn!("pid {pid}: cannot {what}: {e}");
             e.raw_os_error().unwrap_or(libc::EIO)
         }
     };

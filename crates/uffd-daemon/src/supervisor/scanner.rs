@@ -47,8 +47,8 @@ pub(crate) fn census_round(shared: &Shared, census: &mut Census) {
     let found = census.take(me, &managed, &held, &shared.stats, shared.policy.unmanaged);
     if let Some((pid, kind)) = found {
         census.stopped = true;
-        eprintln!(
-            "uffd-daemon: unmanaged = \"error\": pid {pid} has {} memory the daemon cannot \
+        tracing::error!(
+            "unmanaged = \"error\": pid {pid} has {} memory the daemon cannot \
              manage; stopping the process tree",
             kind.name()
         );
@@ -188,9 +188,7 @@ pub(crate) fn start_agentless(shared: &Arc<Shared>, root: i32) {
     if agentless::needs_agentless(root) {
         match agentless::adopt(shared, root, true) {
             Ok(()) => {
-                if shared.verbose {
-                    eprintln!("uffd-daemon: pid {root} is managed without the agent");
-                }
+                tracing::debug!("pid {root} is managed without the agent");
             }
             Err(e) => {
                 shared.note_inject_error(root, &e);

@@ -34,9 +34,7 @@ pub fn retire(shared: &Shared, mm: &Arc<Mm>) {
     }
     shared.mms.lock().retain(|m| !Arc::ptr_eq(m, mm));
     shared.stats.processes_live.fetch_sub(1, Ordering::Relaxed);
-    if shared.verbose {
-        eprintln!("uffd-daemon: retired mm {} (pid {:?})", mm.id, mm.pid());
-    }
+    tracing::debug!("retired mm {} (pid {:?})", mm.id, mm.pid());
 }
 
 /// Locked memory (mlock, mlockall) is the program's promise that its pages stay in RAM and
@@ -123,11 +121,7 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) -> bool {
                         }
                     }
                     Err(e) => {
-                        if shared.verbose {
-                            eprintln!(
-                                "uffd-daemon: pid {pid}: cannot register {gs:#x}-{ge:#x}: {e}"
-                            );
-                        }
+                        tracing::debug!("pid {pid}: cannot register {gs:#x}-{ge:#x}: {e}");
                         mm.state.lock().refused.push((gs, ge));
                     }
                 }

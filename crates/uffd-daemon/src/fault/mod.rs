@@ -137,89 +137,144 @@ impl Drop for Deferred<'_> {
 }
 
 fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
-    let mut msgs = [RawUffdMsg::default(); 64];
-    let mut page = vec![0u8; FOLIO_PAGES * PAGE_SIZE];
-    let zeros = vec![0u8; FOLIO_PAGES * PAGE_SIZE];
-    let mut served: u64 = 0;
-    // Readahead of evicted pages, and fault-around of never-written ones (which judges no
-    // outcomes: its window follows position alone).
-    let mut ra = [Readahead::default(), Readahead::default()];
-    let mut spin = Spin::new(shared.policy.fault_spin);
-    // When the handling of the last batch ended, if it held a fault.
-    let mut after_fault: Option<Instant> = None;
-    let mut handling = Handling(false);
+    let mut h = Handler::new(shared);
     loop {
+        let Some(n) = h.read(shared, mm, deferred) else {
+            return;
+        };
+        let faulted = h.apply(shared, mm, n, deferred);
+        h.handling.set(mm, false);
+        // Retry what an event blocked, now that the event has been read.
+        if !deferred.is_empty() {
+            let again = std::mem::take(deferred);
+            for p in again {
+                h.serve(shared, mm, p, deferred);
+            }
+        }
+        if faulted {
+            if let Some(p) = &shared.idle_poll {
+                p.fault();
+            }
+            if !h.spin.max.is_zero() {
+                h.after_fault = Some(Instant::now());
+            }
+        }
+    }
+}
+
+/// A handler thread's working state between reads.
+struct Handler {
+    msgs: [RawUffdMsg; 64],
+    /// A folio's worth of room for the pages a restore reads.
+    page: Vec<u8>,
+    zeros: Vec<u8>,
+    served: u64,
+    /// Readahead of evicted pages, and fault-around of never-written ones (which judges no
+    /// outcomes: its window follows position alone).
+    ra: [Readahead; 2],
+    spin: Spin,
+    /// When the handling of the last batch ended, if it held a fault.
+    after_fault: Option<Instant>,
+    handling: Handling,
+}
+
+impl Handler {
+    fn new(shared: &Shared) -> Self {
+        Handler {
+            msgs: [RawUffdMsg::default(); 64],
+            page: vec![0u8; FOLIO_PAGES * PAGE_SIZE],
+            zeros: vec![0u8; FOLIO_PAGES * PAGE_SIZE],
+            served: 0,
+            ra: [Readahead::default(), Readahead::default()],
+            spin: Spin::new(shared.policy.fault_spin),
+            after_fault: None,
+            handling: Handling(false),
+        }
+    }
+
+    /// Reads the next messages: polling without sleeping right after a fault, else sleeping
+    /// in `poll` (1 ms at most while faults wait to be retried). `None`: stop.
+    fn read(&mut self, shared: &Shared, mm: &Mm, deferred: &[Pending]) -> Option<usize> {
         let mut n = 0;
         // Poll without sleeping after a fault, unless faults wait for reclaim or for an event,
         // or the resident pages are over the limit: reclaim (and the scanner registering
         // memory the program filled) then need the CPU more than the next fault does.
-        if let Some(since) =
-            after_fault.filter(|_| deferred.is_empty() && shared.resident() < shared.limit.pages())
+        if let Some(since) = self
+            .after_fault
+            .filter(|_| deferred.is_empty() && shared.resident() < shared.limit.pages())
         {
-            handling.set(mm, true);
-            n = match spin.poll(mm, &mut msgs, since, &shared.stats) {
+            self.handling.set(mm, true);
+            n = match self.spin.poll(mm, &mut self.msgs, since, &shared.stats) {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::warn!("reading the uffd of mm {} failed: {e}", mm.id);
-                    return;
+                    return None;
                 }
             };
         }
         if n == 0 {
-            handling.set(mm, false);
+            self.handling.set(mm, false);
             let timeout = if deferred.is_empty() { -1 } else { 1 };
             let ready =
                 match sys::poll_read(&[mm.uffd.raw(), mm.stop.raw(), mm.retry.raw()], timeout) {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::warn!("poll on the uffd of mm {} failed: {e}", mm.id);
-                        return;
+                        return None;
                     }
                 };
             if ready[1] {
-                return;
+                return None;
             }
             if ready[2] {
                 mm.retry.drain();
             }
             if ready[0] {
-                handling.set(mm, true);
-                n = match mm.uffd.read_msgs(&mut msgs) {
+                self.handling.set(mm, true);
+                n = match mm.uffd.read_msgs(&mut self.msgs) {
                     Ok(n) => n,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
                     Err(e) => {
                         tracing::warn!("reading the uffd of mm {} failed: {e}", mm.id);
-                        return;
+                        return None;
                     }
                 };
             }
-            if let Some(since) = after_fault.filter(|_| n > 0) {
-                spin.adjust(since.elapsed());
+            if let Some(since) = self.after_fault.filter(|_| n > 0) {
+                self.spin.adjust(since.elapsed());
             }
         }
-        after_fault = None;
+        self.after_fault = None;
+        Some(n)
+    }
+
+    /// Applies the `n` messages read, in order: faults served (or deferred), events applied.
+    /// Returns whether any was a fault.
+    fn apply(
+        &mut self,
+        shared: &Arc<Shared>,
+        mm: &Arc<Mm>,
+        n: usize,
+        deferred: &mut Vec<Pending>,
+    ) -> bool {
         let now = Instant::now();
         let mut faulted = false;
-        for m in &msgs[..n] {
-            match m.decode() {
+        for i in 0..n {
+            match self.msgs[i].decode() {
                 UffdEvent::PageFault {
                     address,
                     flags,
                     ptid,
                 } => {
                     faulted = true;
-                    let mut p = Pending {
+                    let p = Pending {
                         address,
                         flags,
                         ptid,
                         read_at: now,
                         stalled: false,
                     };
-                    if serve_fault(shared, mm, &mut p, &mut page, &zeros, &mut served, &mut ra) {
-                        p.done(shared);
-                    } else {
-                        deferred.push(p);
-                    }
+                    self.serve(shared, mm, p, deferred);
                 }
                 event => {
                     // A fault waiting to be retried in a range that is gone or emptied is not
@@ -244,25 +299,24 @@ fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
                 }
             }
         }
-        handling.set(mm, false);
-        // Retry what an event blocked, now that the event has been read.
-        if !deferred.is_empty() {
-            let again = std::mem::take(deferred);
-            for mut p in again {
-                if serve_fault(shared, mm, &mut p, &mut page, &zeros, &mut served, &mut ra) {
-                    p.done(shared);
-                } else {
-                    deferred.push(p);
-                }
-            }
-        }
-        if faulted {
-            if let Some(p) = &shared.idle_poll {
-                p.fault();
-            }
-            if !spin.max.is_zero() {
-                after_fault = Some(Instant::now());
-            }
+        faulted
+    }
+
+    /// Serves fault `p`; one that must wait (`EAGAIN`, throttled) joins `deferred`.
+    fn serve(&mut self, shared: &Shared, mm: &Mm, mut p: Pending, deferred: &mut Vec<Pending>) {
+        let done = serve_fault(
+            shared,
+            mm,
+            &mut p,
+            &mut self.page,
+            &self.zeros,
+            &mut self.served,
+            &mut self.ra,
+        );
+        if done {
+            p.done(shared);
+        } else {
+            deferred.push(p);
         }
     }
 }

@@ -323,92 +323,30 @@ fn fill(
         zero_run: 1,
         tier: None,
     };
-    let zero_page = |write: bool| {
-        if write {
-            (mm.uffd.copy(addr, &zeros[..PAGE_SIZE]), 1)
-        } else {
-            (mm.uffd.zeropage(addr), 1)
-        }
-    };
     let (fill, n) = match prior {
         Some(Page::Evicted { slot })
         | Some(Page::Dropping { slot })
         | Some(Page::Inherited { slot })
             if slot != ZERO_SLOT =>
         {
-            // Readahead only of pages known missing, and only with room under the limit.
-            let mut window = if matches!(prior, Some(Page::Evicted { .. })) {
-                ra[0].window(addr, max)
-            } else {
-                1
-            };
-            if shared.resident() + window > shared.limit.pages() {
-                window = 1;
-            }
-            filled.run.push((addr, Page::Evicted { slot }));
-            for i in 1..window as u64 {
-                let a = addr + i * PAGE_SIZE_U64;
-                match st.pages.get(a) {
-                    Some(q @ Page::Evicted { .. }) => filled.run.push((a, q)),
-                    _ => break,
-                }
-            }
-            // (Under the state lock. Dropping it for the read and the copy of an `Evicted`
-            // page is possible, since only this thread changes an evicted page, but measured
-            // no better: reclaim then takes the lock between each fault's copy and its
-            // bookkeeping, and the handler waits for a choice of victims.)
-            match restore_run(shared, mm, addr, &mut filled.run, page) {
-                Ok((r, t)) => {
-                    filled.tier = Some(t);
-                    r
-                }
-                Err(e) => {
-                    // The stored copy cannot be read: never hand the program wrong bytes.
-                    tracing::error!(
-                        "cannot read back page {addr:#x} of pid {:?} from slot {slot}: {e}; \
-                         stopping the process",
-                        mm.pid()
-                    );
-                    mm.kill();
-                    return Err(true);
-                }
-            }
+            fill_restore(
+                shared,
+                mm,
+                st,
+                p,
+                prior,
+                slot,
+                page,
+                &mut ra[0],
+                max,
+                &mut filled,
+            )?
         }
-        None => {
-            // Fault-around of never-written memory on a sequential pattern (the kernel's
-            // anonymous mTHP does the same with a 64 KiB folio on the first touch): the
-            // window grows like readahead's, and a run stops at the first page the table
-            // knows. UFFDIO_COPY never overwrites a present page, and a run that leaves the
-            // VMA fails as a whole and falls back to the faulting page.
-            let mut window = ra[1].window(addr, max);
-            if shared.resident() + window > shared.limit.pages() {
-                window = 1;
-            }
-            let mut n = 1;
-            while n < window && !st.pages.contains(addr + n as u64 * PAGE_SIZE_U64) {
-                n += 1;
-            }
-            if n > 1 {
-                match mm.uffd.copy_run(addr, &zeros[..n * PAGE_SIZE]) {
-                    (_, 0) => {
-                        let r = mm.uffd.copy_run(addr, &zeros[..PAGE_SIZE]);
-                        (r.0, r.1.max(1))
-                    }
-                    // k pages were filled (maybe not all n: a run stops at a present page or
-                    // when an event is queued): they are resident whatever the status says.
-                    (_, k) => {
-                        filled.zero_run = k;
-                        (Ok(Fill::Filled), k)
-                    }
-                }
-            } else {
-                zero_page(write)
-            }
-        }
+        None => fill_zeros(shared, mm, st, p, zeros, &mut ra[1], max, &mut filled),
         // Evicted as zeros, or tracked as present but missing: the kernel dropped it behind
         // our back (for example a MADV_FREE page it reclaimed after the REMOVE we already
         // applied). Its contents are zeros by the kernel's own rules.
-        Some(_) => zero_page(write),
+        Some(_) => zero_page(mm, addr, write, zeros),
     };
     // A readahead run that stopped part way still filled the faulting page.
     let fill = if filled.run.len() > 1 && n >= 1 {
@@ -449,6 +387,118 @@ fn fill(
             mm.kill();
             Err(true)
         }
+    }
+}
+
+/// A page with a stored copy: restored, with a readahead run of the evicted pages after it
+/// (only of pages known missing, and only with room under the limit). Returns the copy's
+/// outcome and the pages filled; `Err(true)` if the copy cannot be read (the process is
+/// stopped rather than handed wrong bytes).
+#[allow(clippy::too_many_arguments)]
+fn fill_restore(
+    shared: &Shared,
+    mm: &Mm,
+    st: &crate::mm::MmState,
+    p: &Pending,
+    prior: Option<Page>,
+    slot: u32,
+    page: &mut [u8],
+    ra: &mut Readahead,
+    max: usize,
+    filled: &mut Filled,
+) -> Result<(std::io::Result<Fill>, usize), bool> {
+    let addr = p.address;
+    // Readahead only of pages known missing, and only with room under the limit.
+    let mut window = if matches!(prior, Some(Page::Evicted { .. })) {
+        ra.window(addr, max)
+    } else {
+        1
+    };
+    if shared.resident() + window > shared.limit.pages() {
+        window = 1;
+    }
+    filled.run.push((addr, Page::Evicted { slot }));
+    for i in 1..window as u64 {
+        let a = addr + i * PAGE_SIZE_U64;
+        match st.pages.get(a) {
+            Some(q @ Page::Evicted { .. }) => filled.run.push((a, q)),
+            _ => break,
+        }
+    }
+    // (Under the state lock. Dropping it for the read and the copy of an `Evicted`
+    // page is possible, since only this thread changes an evicted page, but measured
+    // no better: reclaim then takes the lock between each fault's copy and its
+    // bookkeeping, and the handler waits for a choice of victims.)
+    Ok(match restore_run(shared, mm, addr, &mut filled.run, page) {
+        Ok((r, t)) => {
+            filled.tier = Some(t);
+            r
+        }
+        Err(e) => {
+            // The stored copy cannot be read: never hand the program wrong bytes.
+            tracing::error!(
+                "cannot read back page {addr:#x} of pid {:?} from slot {slot}: {e}; \
+                 stopping the process",
+                mm.pid()
+            );
+            mm.kill();
+            return Err(true);
+        }
+    })
+}
+
+/// Never-written memory: zeros, with fault-around on a sequential pattern. Returns the fill's
+/// outcome and the pages filled.
+#[allow(clippy::too_many_arguments)]
+fn fill_zeros(
+    shared: &Shared,
+    mm: &Mm,
+    st: &crate::mm::MmState,
+    p: &Pending,
+    zeros: &[u8],
+    ra: &mut Readahead,
+    max: usize,
+    filled: &mut Filled,
+) -> (std::io::Result<Fill>, usize) {
+    let addr = p.address;
+    let write = p.flags & sys::UFFD_PAGEFAULT_FLAG_WRITE != 0;
+    // Fault-around of never-written memory on a sequential pattern (the kernel's
+    // anonymous mTHP does the same with a 64 KiB folio on the first touch): the
+    // window grows like readahead's, and a run stops at the first page the table
+    // knows. UFFDIO_COPY never overwrites a present page, and a run that leaves the
+    // VMA fails as a whole and falls back to the faulting page.
+    let mut window = ra.window(addr, max);
+    if shared.resident() + window > shared.limit.pages() {
+        window = 1;
+    }
+    let mut n = 1;
+    while n < window && !st.pages.contains(addr + n as u64 * PAGE_SIZE_U64) {
+        n += 1;
+    }
+    if n > 1 {
+        match mm.uffd.copy_run(addr, &zeros[..n * PAGE_SIZE]) {
+            (_, 0) => {
+                let r = mm.uffd.copy_run(addr, &zeros[..PAGE_SIZE]);
+                (r.0, r.1.max(1))
+            }
+            // k pages were filled (maybe not all n: a run stops at a present page or
+            // when an event is queued): they are resident whatever the status says.
+            (_, k) => {
+                filled.zero_run = k;
+                (Ok(Fill::Filled), k)
+            }
+        }
+    } else {
+        zero_page(mm, addr, write, zeros)
+    }
+}
+
+/// One page of zeros: mapped read-only from the zero page for a read, copied for a write.
+fn zero_page(mm: &Mm, addr: u64, write: bool, zeros: &[u8]) -> (std::io::Result<Fill>, usize) {
+    if write {
+        (mm.uffd.copy(addr, &zeros[..PAGE_SIZE]), 1)
+    } else {
+        (mm.uffd.zeropage(addr), 1)
     }
 }
 

@@ -47,8 +47,10 @@ enum Cmd {
         #[arg(long)]
         config: Option<PathBuf>,
         /// The backing device below zswap: none, file (an unnamed temporary file in
-        /// /var/tmp), file:PATH (created 0600, must not exist, removed at exit) or pmem:PATH
-        /// (a DAX device, a file on a DAX mount, or a file mapped as simulated pmem).
+        /// /var/tmp), file:PATH (created 0600, must not exist, removed at exit), pmem:PATH
+        /// (a DAX device, a file on a DAX mount, or a file mapped as simulated pmem) or
+        /// redis-cluster:HOST:PORT[,HOST:PORT...] (a Redis Cluster; [redis_cluster] in the
+        /// config file for a password, timeouts and the replicas to wait for).
         #[arg(long, value_parser = BackendSpec::parse)]
         backend: Option<BackendSpec>,
         /// Same as --backend file:PATH.

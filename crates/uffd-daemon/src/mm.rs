@@ -11,7 +11,7 @@
 //!
 //! A `Dropping` page the agent could not move (shared after a fork, pinned for I/O) goes back
 //! to `Resident`; one it moved holding other bytes than reclaim stored (written through a pin
-//! in between) becomes `Evicted` with a copy of those bytes (`reclaim.rs`).
+//! in between) becomes `Evicted` with a copy of those bytes (`reclaim/`).
 //!
 //! Every transition happens under the [`Mm`]'s state lock, so the fault handler (the only
 //! reader of the uffd, which sees faults and events in the kernel's order) and the reclaim
@@ -89,7 +89,7 @@ pub struct MmState {
     /// active list and comes to it again only after aging. Without this, reclaim chose the
     /// pages of a pinned buffer again and again, storing each and having it refused.
     pub pinned: std::collections::BTreeMap<u64, PinnedPage>,
-    /// Ranges a hold let go (`hold.rs`): refused while the process is held, registered again
+    /// Ranges a hold let go (`supervisor/hold.rs`): refused while the process is held, registered again
     /// when a trace hold ends; a fork child's own to register.
     pub hold_let_go: Vec<(u64, u64)>,
 }
@@ -177,7 +177,7 @@ pub struct Mm {
     /// Writers wait in write-protect faults on pages moved while `Dropping` (see the fault
     /// path): the monitor wakes them once no DROP is in flight.
     pub wp_waiters: AtomicBool,
-    /// Managed without an agent (`agentless.rs`): DROPs are `UFFDIO_MOVE`s injected with
+    /// Managed without an agent (`supervisor/agentless.rs`, `reclaim/injected.rs`): DROPs are `UFFDIO_MOVE`s injected with
     /// ptrace, the region (probe page, argument pages, scratch) is one the daemon mapped.
     pub agentless: AtomicBool,
     /// The agent's threads stepped out (`STEP_OUT`: the program makes a call that needs the
@@ -190,7 +190,7 @@ pub struct Mm {
     /// injected DROP waits for the batch that held its `REMOVE` to be applied.
     pub handling: AtomicU64,
     /// Agentless: the threads stopped so far and their rseq pages (`u64::MAX`: none), which
-    /// batches leave out (`reclaim.rs`).
+    /// batches leave out (`reclaim/`).
     pub rseq_pages: Mutex<Vec<(i32, u64)>>,
     /// `/proc/PID/mem` of the process, opened at its first eviction (for `pid`): reclaim reads
     /// its victims through it (`sys::read_mem`).
@@ -199,10 +199,10 @@ pub struct Mm {
     /// next DROP frees it first (a move into a page still there fails), and so does the
     /// monitor once reclaim has been idle for a while (`reclaim::free_idle_scratch`).
     pub scratch_filled: Mutex<Option<std::time::Instant>>,
-    /// `/proc/PID/maps` of the process (for `pid`), for `PROCMAP_QUERY` (`fault.rs`,
+    /// `/proc/PID/maps` of the process (for `pid`), for `PROCMAP_QUERY` (`fault/serve.rs`,
     /// learning a range the agent registered before the scan saw it).
     pub maps: Mutex<Option<(i32, std::fs::File)>>,
-    /// Why the process is held (`hold.rs`: `HOLD_DUMP`, `HOLD_TRACE` bits; 0: it is not):
+    /// Why the process is held (`supervisor/hold.rs`: `HOLD_DUMP`, `HOLD_TRACE` bits; 0: it is not):
     /// its evicted pages are brought back, its memory is the kernel's, nothing is evicted.
     pub held: AtomicU32,
     /// What a hold has done, under its own lock (holds and releases take it in turn).
@@ -537,7 +537,7 @@ impl MmState {
     }
 
     /// Takes `[start, end)` out of the ranges the daemon leaves alone (a hold that let it go
-    /// is over: `hold.rs`).
+    /// is over: `supervisor/hold.rs`).
     pub fn unrefuse(&mut self, start: u64, end: u64) {
         subtract(&mut self.refused, start, end);
     }

@@ -142,7 +142,7 @@ pub enum Message {
     /// the memory of such a process without a userfault (a dump takes a missing page for a
     /// hole, `/proc/PID/mem` and `PEEKDATA` fail with `EIO`), so the daemon brings every page
     /// it evicted back, hands the memory to the kernel and evicts nothing more from it
-    /// (`hold.rs`). Answered with `HelloAck` once that is done.
+    /// (`supervisor/hold.rs`). Answered with `HelloAck` once that is done.
     Hold {
         /// The process (or one of its threads); 0 for the sender's own.
         pid: u32,

@@ -95,7 +95,7 @@ pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
     mm.forked_from
         .store(parent.pid().unwrap_or(0), Ordering::Release);
     if parent.agentless.load(Ordering::Acquire) {
-        // No agent in the child to name it: the daemon binds it by a token (agentless.rs).
+        // No agent in the child to name it: the daemon binds it by a token (`bind.rs`, `forked`).
         crate::bind::forked(&mm);
     }
     tracing::debug!("fork of pid {:?}: child mm {}", parent.pid(), mm.id);

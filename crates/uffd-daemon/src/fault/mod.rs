@@ -95,7 +95,7 @@ pub fn handler_thread(shared: Arc<Shared>, mm: Arc<Mm>) {
     // fill then runs on another CPU rather than queued behind the handler on the handler's
     // own, and no normal thread delays the handler between a fault and its fill; but during a
     // fault storm the handler and its polling hold a CPU that normal threads cannot take
-    // (measured both ways in docs/ARCHITECTURE.md, the fault path).
+    // (measured both ways in docs/experiments/2026-11-27-fault-path-tuning.md).
     if shared.policy.fault_realtime {
         match sys::set_sched_fifo(1) {
             Ok(()) => Stats::add(&shared.stats.realtime_handlers, 1),

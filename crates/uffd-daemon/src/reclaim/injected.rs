@@ -53,7 +53,7 @@ pub(crate) fn count_stop(shared: &Shared, stop: &Stop) {
     shared.inject_hold_times.record(held);
 }
 
-/// A program stopped for the drop of one reclaim batch (`reclaim.rs`). The stopped thread's
+/// A program stopped for the drop of one reclaim batch (`reclaim/mod.rs`). The stopped thread's
 /// faults are not held at the limit meanwhile. Dropping it lets the program go.
 #[derive(Debug)]
 pub struct BatchStop<'a> {

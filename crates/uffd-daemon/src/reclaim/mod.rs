@@ -28,7 +28,7 @@
 //! never taken from the program; but a pin held when reclaim read the page and gone by the
 //! move (the read completed, the buffer unregistered) let writes land after the read. So
 //! what moved is read back from the scratch and compared with what was stored, and faults on
-//! moved pages wait for that (`fault.rs`).
+//! moved pages wait for that (`fault/serve.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -283,7 +283,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let Some(agent) = agent_guard.as_mut() else {
         return 0;
     };
-    // Held for a core dump or a debugger (`hold.rs`): nothing is evicted. (Checked under the
+    // Held for a core dump or a debugger (`supervisor/hold.rs`): nothing is evicted. (Checked under the
     // agent slot, which a hold takes after marking the process.)
     if crate::mm::is_held(mm) {
         return 0;
@@ -305,7 +305,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let batch = mm
         .next_batch
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    // Without an agent the program is stopped for the drop only (agentless.rs, BatchStop),
+    // Without an agent the program is stopped for the drop only (`injected.rs`, `BatchStop`),
     // and the rseq pages of the threads it has been stopped in are never in a batch: the
     // kernel writes a thread's rseq area on its way to a stop, and a thread whose rseq page
     // was write-protected in the batch would wait for the very drop that waits for its stop.
@@ -588,7 +588,7 @@ fn still_ours(
 }
 
 /// Step 5 without an agent: the daemon moves the pages itself, in a stop of the program
-/// (`agentless.rs`), reads them back and unshares the pages waiting for it, and knows the
+/// (`injected.rs`), reads them back and unshares the pages waiting for it, and knows the
 /// outcome of every call when the stop ends: the batch settles now. Returns the pages evicted
 /// (or, with nothing to move, the pages unshared).
 fn drop_injected(
@@ -1055,7 +1055,7 @@ fn settle_drop(
                 Some(0) => {
                     settle_moved(shared, mm, &mut st, &mut t, i, a, slot, &mut fresh, changed)
                 }
-                // An injected DROP whose call failed part way (agentless.rs): moved or not,
+                // An injected DROP whose call failed part way (`injected.rs`): moved or not,
                 // unknown; its copy is kept.
                 Some(injected::DROP_UNKNOWN) | None => {
                     st.pages.insert(a, Page::Inherited { slot });

@@ -284,7 +284,6 @@ fn under_daemon_with(
         tiers: r.tiers,
         policy: r.policy,
         stats_json: Some(stats_path.clone()),
-        verbose: false,
     };
     let status = uffd_daemon::run(
         &config,

@@ -8,8 +8,9 @@
  *
  * Why the agent exists (DESIGN.md): no other process can drop a page of the client, and
  * UFFDIO_MOVE only works from inside the client's address space. A drop moves each victim page
- * with UFFDIO_MOVE into the agent's own registered scratch area and then frees the scratch with
- * MADV_DONTNEED. Moving produces no UFFD_EVENT_REMOVE for the victim, so every REMOVE event the
+ * with UFFDIO_MOVE into the agent's own registered scratch area (the kernel refuses a page
+ * pinned for I/O), and frees the scratch with MADV_DONTNEED once the daemon has read back what
+ * moved (FREE). Moving produces no UFFD_EVENT_REMOVE for the victim, so every REMOVE event the
  * daemon sees on program memory is the program's own (an unambiguous attribution), and the
  * scratch area's REMOVE events are recognised by their address.
  *
@@ -210,6 +211,7 @@ struct agent {
 	char *region;
 	char *probe;
 	char *scratch;
+	uint64_t scratch_used; /* pages the last DROP may have moved into the scratch, not yet freed */
 	char *stack;
 	char *watchdog_stack;
 	uint8_t buf[MAX_PACKET];
@@ -531,16 +533,30 @@ static void do_unshare(uint64_t addr, uint32_t pages, uint8_t *status)
 	}
 }
 
-/* Moves the daemon's victims into scratch, frees the scratch, then unshares the runs flagged
- * DROP_RUN_UNSHARE; reports per-page status in the message's order. The unsharing comes after
- * every move of the DROP: it may write-fault a page the daemon protects, and the daemon lets
- * such a fault of this thread through only because nothing of this DROP moves any more. */
+/* Frees what the last DROP moved into the scratch (FREE: the daemon has read it back). The
+ * scratch's REMOVE event is recognised by its address. */
+static void free_scratch(struct agent *ag)
+{
+	if (ag->scratch_used > 0)
+		syscall(SYS_madvise, ag->scratch, ag->scratch_used * PAGE, MADV_DONTNEED);
+	ag->scratch_used = 0;
+}
+
+/* Moves the daemon's victims into scratch, then unshares the runs flagged DROP_RUN_UNSHARE;
+ * reports per-page status in the message's order. The moved pages stay in the scratch until
+ * the daemon's FREE: it reads them back first, since a page written through a pin (an I/O in
+ * flight) after the daemon read it can hold more than the daemon stored. The unsharing comes
+ * after every move of the DROP: it may write-fault a page the daemon protects, and the daemon
+ * lets such a fault of this thread through only because nothing of this DROP moves any more. */
 static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t seq)
 {
 	uint32_t nruns = get32(p);
 	uint64_t deadline = now_us() + DROP_RETRY_BUDGET_US;
 	if (len != 8 + 16 * (uint64_t)nruns)
 		fatal("malformed DROP from the daemon", EPROTO);
+	/* What the last DROP moved, unless a FREE came since: a scratch page still in use would
+	 * refuse a move with EEXIST. (The daemon has read it back before it sends the next DROP.) */
+	free_scratch(ag);
 	uint8_t *status = ag->out + HEADER_LEN + 8;
 	uint64_t si = 0; /* pages so far, in the message's order: the index of the next status */
 	uint64_t k = 0;  /* pages moved so far: the next scratch slot */
@@ -591,9 +607,7 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 		k += pages;
 		si += pages;
 	}
-	/* Free what was moved. The scratch's REMOVE event is recognised by its address. */
-	if (k > 0)
-		syscall(SYS_madvise, ag->scratch, k * PAGE, MADV_DONTNEED);
+	ag->scratch_used = k;
 	uint64_t at = 0;
 	for (uint32_t r = 0; r < nruns; r++) {
 		uint32_t pages = get32(p + 16 + 16 * r);
@@ -940,8 +954,15 @@ static void *agent_loop(struct agent *ag)
 			break;
 		}
 		uint32_t len;
-		const uint8_t *p = check_packet(ag->buf, n, KIND_DROP, &len);
-		if (!p || len < 8)
+		uint16_t kind = 0;
+		if (n >= HEADER_LEN)
+			memcpy(&kind, ag->buf + 6, 2);
+		const uint8_t *p = check_packet(ag->buf, n, kind == KIND_FREE ? KIND_FREE : KIND_DROP, &len);
+		if (p && kind == KIND_FREE && len == 0) {
+			free_scratch(ag);
+			continue;
+		}
+		if (!p || kind != KIND_DROP || len < 8)
 			fatal("malformed message from the daemon", EPROTO);
 		do_drop(ag, p, len, get32(ag->buf + 12));
 	}

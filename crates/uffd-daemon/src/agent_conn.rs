@@ -33,6 +33,10 @@ pub struct PendingDrop {
     pub runs: Vec<(u64, u32)>,
     /// Pages it asked to unshare (their statuses follow those of `pages`), sorted.
     pub unshare: Vec<u64>,
+    /// What reclaim read from each of `pages` (and stored), page `i` at `i * 4096`: a page
+    /// moved holding anything else was written through a pin meanwhile (`reclaim.rs`,
+    /// `read_back`). Empty when not kept.
+    pub data: Vec<u8>,
     /// When it was sent.
     pub sent: Instant,
     /// Whether its lateness was counted and said.
@@ -117,6 +121,12 @@ impl AgentConn {
             },
             &[],
         )
+    }
+
+    /// Tells the agent to free what the last DROP moved into its scratch (the daemon has read
+    /// it back). Not answered.
+    pub fn send_free(&mut self) -> io::Result<u32> {
+        self.send(&Message::Free, &[])
     }
 
     /// Waits up to `timeout` for the answer to DROP `seq` of `pages` pages: the per-page

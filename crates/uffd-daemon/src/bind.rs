@@ -44,9 +44,10 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::daemon::Shared;
 use crate::maps;
+use crate::maps::{in_tree, me};
 use crate::mm::{BindToken, Mm};
+use crate::shared::Shared;
 use crate::stats::Stats;
 use crate::sys::{self, Fill, PidFd, PAGE_SIZE, PAGE_SIZE_U64};
 
@@ -67,42 +68,6 @@ pub enum ProbeFault {
     /// Not a fault this module serves (an address space bound already whose probe page the
     /// daemon never wrote): the caller maps the zero page.
     Zero,
-}
-
-/// Whether `pid` descends from `root` (the daemon is a child subreaper, so orphans of the tree
-/// are re-parented to it and stay in it). `pid` and `root` are numbers of the daemon's pid
-/// namespace; the parents come from its `/proc` (`PPid` is given in the reader's namespace,
-/// also for the first process of a namespace below, whose parent is outside it).
-pub fn in_tree(pid: i32, root: i32) -> bool {
-    let mut p = pid;
-    for _ in 0..128 {
-        if p == root {
-            return true;
-        }
-        match maps::parent_of(p) {
-            Some(pp) if pp > 0 => p = pp,
-            _ => return false,
-        }
-    }
-    false
-}
-
-fn me() -> i32 {
-    // SAFETY: getpid cannot fail.
-    unsafe { libc::getpid() }
-}
-
-/// Sends SIGKILL to `pid` if it is a process of the daemon's tree, through a pidfd opened
-/// before the check: a number that was reused by a process outside the tree is never
-/// signalled.
-pub fn kill_in_tree(pid: i32) {
-    if pid <= 0 {
-        return;
-    }
-    let Ok(fd) = PidFd::open(pid) else { return };
-    if in_tree(pid, me()) && !fd.exited() {
-        let _ = fd.send_signal(libc::SIGKILL);
-    }
 }
 
 /// The pid namespace of `mm`'s process (`pid`): whether the thread ids of its uffd messages
@@ -260,10 +225,10 @@ fn bind(shared: &Shared, mm: &Mm, pid: i32, fd: PidFd) {
     *mm.bind_token.lock() = None;
     mm.pid.store(pid, Ordering::Release);
     Stats::add(&shared.stats.fork_children_bound, 1);
-    if shared.verbose {
+    if tracing::enabled!(tracing::Level::DEBUG) {
         let own = maps::ns_tgids(pid);
-        eprintln!(
-            "uffd-daemon: forked child bound to pid {pid} (numbers from the daemon's pid \
+        tracing::debug!(
+            "forked child bound to pid {pid} (numbers from the daemon's pid \
              namespace down: {own:?}; mm {})",
             mm.id
         );
@@ -283,8 +248,8 @@ fn forked_table_fixup(shared: &Shared, mm: &Mm, pid: i32) {
             // Then nothing can be known of wipe-on-fork: the child's pages cannot be trusted.
             // (The child itself: shown to hold this address space, signalled through the
             // pidfd taken before that was shown.)
-            eprintln!(
-                "uffd-daemon: cannot read the mappings of forked child {pid} ({e}); stopping it \
+            tracing::error!(
+                "cannot read the mappings of forked child {pid} ({e}); stopping it \
                  rather than risk serving its parent's data where it must read zeros"
             );
             mm.kill();
@@ -346,8 +311,8 @@ pub fn probe_fault(shared: &Shared, mm: &Mm, ptid: u32) -> ProbeFault {
             Ok(t) => *slot = Some(t),
             Err(e) => {
                 drop(slot);
-                eprintln!(
-                    "uffd-daemon: no random bytes to bind a forked child with ({e}); it runs with \
+                tracing::warn!(
+                    "no random bytes to bind a forked child with ({e}); it runs with \
                      its faults served and nothing evicted"
                 );
                 return ProbeFault::Zero;
@@ -396,8 +361,8 @@ pub fn probe_fault(shared: &Shared, mm: &Mm, ptid: u32) -> ProbeFault {
         t.released = true;
     }
     Stats::add(&shared.stats.fork_children_unbound, 1);
-    eprintln!(
-        "uffd-daemon: a forked child (thread {ptid} in its own pid namespace) is not among the \
+    tracing::warn!(
+        "a forked child (thread {ptid} in its own pid namespace) is not among the \
          processes of the daemon's tree; it goes on with its faults served and nothing evicted \
          until its agent's greeting shows which process it is (mm {})",
         mm.id
@@ -471,4 +436,30 @@ pub fn bind_agentless_children(
         }
     }
     done
+}
+
+/// Called by the handler of an agentless process's FORK event: the child is to be bound by a
+/// token in its probe page.
+pub fn forked(mm: &Mm) {
+    let Ok(token) = BindToken::new() else {
+        return; // then it stays unbound: faults served, nothing evicted
+    };
+    mm.agentless.store(true, Ordering::Release);
+    *mm.bind_token.lock() = Some(token);
+    write_token(mm);
+}
+
+/// Writes the child's token into its probe page through its uffd, if not done yet.
+pub(crate) fn write_token(mm: &Mm) {
+    let mut t = mm.bind_token.lock();
+    let Some(tok) = t.as_mut().filter(|t| !t.written) else {
+        return;
+    };
+    let mut page = vec![0u8; PAGE_SIZE];
+    page[..16].copy_from_slice(&tok.bytes);
+    match mm.uffd.copy(mm.probe, &page) {
+        Ok(Fill::Filled) => tok.written = true,
+        Ok(Fill::Again) => {} // the fork's event is still being completed: later
+        _ => *t = None,       // present already, or gone: this child cannot be bound
+    }
 }

@@ -186,8 +186,8 @@ impl IdlePoll {
                         mode,
                     });
                 }
-                Err(e) => eprintln!(
-                    "uffd-daemon: [fault] idle_poll = \"kernel\": cannot hold \
+                Err(e) => tracing::warn!(
+                    "[fault] idle_poll = \"kernel\": cannot hold \
                      /dev/cpu_dma_latency ({e}); using the keepers"
                 ),
             }
@@ -201,7 +201,7 @@ impl IdlePoll {
             match spawned {
                 Ok(h) => threads.push(h),
                 Err(e) => {
-                    eprintln!("uffd-daemon: cannot start the idle keeper of CPU {cpu}: {e}");
+                    tracing::warn!("cannot start the idle keeper of CPU {cpu}: {e}");
                 }
             }
         }
@@ -294,7 +294,7 @@ fn qos_holder(inner: &Inner, mut req: sys::CpuLatencyRequest) {
     while inner.wait_for_storm(&mut seen) {
         if let Err(e) = req.set(0) {
             if !warned {
-                eprintln!("uffd-daemon: cannot set /dev/cpu_dma_latency to 0: {e}");
+                tracing::warn!("cannot set /dev/cpu_dma_latency to 0: {e}");
                 warned = true;
             }
             inner.awake.store(false, Ordering::Release);

@@ -171,6 +171,42 @@ fn threads_of(pid: i32) -> Vec<i32> {
     tids
 }
 
+/// Whether thread `tid` of `pid` sleeps uninterruptibly (state `D`): a thread in a fault the
+/// kernel took for a system call (a `read(2)` into an evicted page, the page pinning of an
+/// `O_DIRECT` read or of io_uring's buffer registration) waits so, and stops only once the
+/// fault is served, which may be after the very DROP the stop is for.
+fn uninterruptible(pid: i32, tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            == Some('D')
+    })
+}
+
+/// How long a thread being stopped may sit in one userfault from the kernel before the stop
+/// is given up (its faults are served at once meanwhile: one still waiting waits for the DROP).
+const HELD_IN_FAULT: Duration = Duration::from_millis(20);
+
+/// Whether thread `tid` of `pid` waits in a userfault (its wait channel).
+fn in_userfault(pid: i32, tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan"))
+        .is_ok_and(|w| w.trim() == "handle_userfault")
+}
+
+/// The faults thread `tid` of `pid` has completed, minor and major (`/proc/.../stat` fields 10
+/// and 12; the kernel counts faults taken for `get_user_pages` there too): a thread in a
+/// kernel-mode fault whose count moves is going through a run of faults that are served, not
+/// held in one.
+fn faults_done(pid: i32, tid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    // After the comm: state (field 3) is the first; minflt is field 10, majflt field 12.
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let min: u64 = f.get(7)?.parse().ok()?;
+    let maj: u64 = f.get(9)?.parse().ok()?;
+    Some(min + maj)
+}
+
 /// Whether a process may be injected into at all: no seccomp filter on any thread, no tracer.
 pub fn check_injectable(pid: i32) -> Result<(), InjectError> {
     let tids = threads_of(pid);
@@ -234,7 +270,11 @@ impl Stop {
         let mut last = InjectError::Gone(None);
         // SAFETY: getpid cannot fail.
         let me = unsafe { libc::getpid() };
-        for tid in threads_of(pid) {
+        // The leader first, but a thread waiting uninterruptibly (in a kernel-mode fault, which
+        // may wait for this very DROP) last: any thread will do.
+        let mut tids = threads_of(pid);
+        tids.sort_by_cached_key(|&t| uninterruptible(pid, t));
+        for tid in tids {
             let mut ours = false;
             match sys::ptrace_seize(tid, 0) {
                 Ok(()) => {}
@@ -363,8 +403,12 @@ impl Stop {
     }
 
     fn wait_first_stop(&mut self) -> Result<(), InjectError> {
-        let deadline = Instant::now() + STOP_TIMEOUT;
+        let began = Instant::now();
+        let deadline = began + STOP_TIMEOUT;
         let mut nap = Duration::from_micros(20);
+        // Since when the thread has waited in one userfault from the kernel, and its fault
+        // count then.
+        let mut held: Option<(Instant, Option<u64>)> = None;
         loop {
             match sys::wait_tracee(self.tid).map_err(InjectError::from_ptrace) {
                 Ok(Some(TraceeState::Stopped { event, .. })) if event == sys::PTRACE_EVENT_STOP => {
@@ -380,6 +424,37 @@ impl Stop {
                     self.released = true;
                     return Err(InjectError::Gone((self.tid == self.pid).then_some(st)));
                 }
+                // A thread held in a userfault from the kernel (its faults are served at once
+                // while it is the one being stopped, so this one waits for the daemon: a
+                // write to a page of the very batch the stop is for, from `read(2)` or the page
+                // pinning of an O_DIRECT read or an io_uring registration) stops only after
+                // the DROP, which waits for the stop: given up once it has sat in one fault for
+                // `HELD_IN_FAULT`, rather than at the deadline (the batch stays resident, and
+                // the fault goes on). A thread going through a run of kernel-mode faults, each
+                // served at once (a `write(2)` from evicted memory, a buffer being pinned), is
+                // in a userfault at most looks too, but its fault count moves: it stops once
+                // its call is done. (Giving those up made reclaim look stalled and let every
+                // fault through the limit: 1 650 pages over it at a program's start.)
+                Ok(None)
+                    if began.elapsed() > Duration::from_millis(1)
+                        && Instant::now() <= deadline
+                        && uninterruptible(self.pid, self.tid)
+                        && in_userfault(self.pid, self.tid) =>
+                {
+                    let now = faults_done(self.pid, self.tid);
+                    match held {
+                        Some((since, seen)) if seen == now => {
+                            if since.elapsed() > HELD_IN_FAULT {
+                                let _ = sys::ptrace_detach(self.tid, 0);
+                                self.released = true;
+                                return Err(InjectError::NoStop(self.tid));
+                            }
+                        }
+                        _ => held = Some((Instant::now(), now)),
+                    }
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(Duration::from_millis(1));
+                }
                 Ok(None) if Instant::now() > deadline => {
                     if std::env::var_os("UFFD_DAEMON_DEBUG_INJECT").is_some() {
                         let f = |n: &str| {
@@ -389,8 +464,8 @@ impl Stop {
                             ))
                             .unwrap_or_default()
                         };
-                        eprintln!(
-                            "uffd-daemon: no stop: stat {} wchan {} syscall {} stack {}",
+                        tracing::warn!(
+                            "no stop: stat {} wchan {} syscall {} stack {}",
                             f("stat"),
                             f("wchan"),
                             f("syscall"),
@@ -404,6 +479,7 @@ impl Stop {
                     return Err(InjectError::NoStop(self.tid));
                 }
                 Ok(None) => {
+                    held = None;
                     std::thread::sleep(nap);
                     nap = (nap * 2).min(Duration::from_millis(1));
                 }

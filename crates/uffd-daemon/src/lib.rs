@@ -9,12 +9,12 @@
 //! # Design (the kernel's reclaim path, split across two processes)
 //!
 //! ```text
-//! program ──page fault──▶ userfaultfd ──▶ fault.rs handler ──▶ zswap | backend | zero
+//! program ──page fault──▶ userfaultfd ──▶ fault/ handler ──▶ zswap | backend | zero
 //!    ▲                                         │  UFFDIO_COPY / UFFDIO_ZEROPAGE (wakes)
 //!    └─────────────────────────────────────────┘  (+ readahead on sequential faults)
-//! reclaim.rs (over the limit): mglru picks victims ─▶ UFFDIO_WRITEPROTECT ─▶ /proc/PID/mem
+//! reclaim/ (over the limit): mglru picks victims ─▶ UFFDIO_WRITEPROTECT ─▶ /proc/PID/mem
 //!    ─▶ tiers.rs: swap-alloc slot ─▶ zswap.store (or the backend) ─▶ agent: UFFDIO_MOVE into
-//!    its scratch + MADV_DONTNEED ─▶ Evicted
+//!    its scratch (refused while pinned for I/O) ─▶ read back and compared ─▶ Evicted
 //! zswap near its limit ─▶ shrinker registry ─▶ zswap writeback to the backend (tiers.rs)
 //! ```
 //!
@@ -27,29 +27,30 @@
 //!   Reference counts are swap-alloc's (fork shares a slot, count 2).
 //! * **Policy** (`mm.rs`): each address space has an `mglru` (or clock) policy holding its
 //!   resident pages, fed by faults and, optionally, write-protect faults
-//!   (`config.rs`, ARCHITECTURE.md for the measured choice).
+//!   (`config.rs`; the measured choice in docs/experiments/2026-11-27-fault-path-tuning.md).
 //!
 //! * The **agent** creates the uffd inside the client and hands it over (SCM_RIGHTS); only it
 //!   can drop pages (no remote `MADV_DONTNEED` exists) and only it can `UFFDIO_MOVE`.
 //!   Dropping by moving into a scratch area makes every `UFFD_EVENT_REMOVE` on program memory
 //!   the program's own, so a program's `MADV_DONTNEED` is never confused with an eviction.
-//! * **Without an agent** (`agentless.rs`, `inject.rs`): a static or set-ID program, which
+//! * **Without an agent** (`supervisor/agentless.rs`, `reclaim/injected.rs`, `inject.rs`): a static or set-ID program, which
 //!   cannot load the agent, has the same work done by the daemon with system calls it runs
-//!   in one ptrace-stopped thread of the program: `userfaultfd` at its exec, then
-//!   `MADV_DONTNEED` per eviction batch, one stop a batch (the `REMOVE` events of the daemon's
-//!   own drops told apart from the program's by coverage); the agent path, which stops
-//!   nothing, stays for every program that can load the agent.
+//!   in one ptrace-stopped thread of the program: `userfaultfd` at its exec, then, one stop a
+//!   batch, `UFFDIO_MOVE` into a scratch of its own in the program, with the uffd lent to the
+//!   program for the stop (`MADV_DONTNEED`, which took pages pinned for I/O, is no longer
+//!   used on program memory); the agent path, which stops nothing, stays for every program
+//!   that can load the agent.
 //! * **Memory is found from outside** (`maps.rs`): `/proc/PID/maps` for private anonymous
 //!   ranges, registered as they appear; `/proc/PID/pagemap` for pages already present.
 //! * **One handler thread per address space** reads its uffd, so faults and events are applied
-//!   in the kernel's order (`fault.rs`). It never waits on the client or on reclaim.
+//!   in the kernel's order (`fault/`). It never waits on the client or on reclaim.
 //! * **Fork** (`UFFD_EVENT_FORK`): the child gets a copy of the page table; stored pages are
 //!   shared with a slot reference count of two. The child touches the agent's probe page; while
 //!   it waits in that fault the daemon writes random bytes there through the child's uffd and
 //!   binds the address space to the tree process whose probe page holds them (the fault's
 //!   thread id, a number of the child's own pid namespace, only narrows the search: `bind.rs`).
 //!   The child then greets the daemon and gets its uffd back.
-//! * **Held for inspection** (`hold.rs`): the kernel reads a process's memory for a core file or
+//! * **Held for inspection** (`supervisor/hold.rs`): the kernel reads a process's memory for a core file or
 //!   for a debugger (`/proc/PID/mem`, `PEEKDATA`) without a userfault, so before a core dump
 //!   (the agent's handler of core-dumping signals asks) and while a tracer is attached (seen in
 //!   `TracerPid`, or asked by a tracer's agent before it attaches) the daemon brings every
@@ -59,7 +60,11 @@
 //!
 //! 1. A page is dropped from the client only after its contents are stored, and only while it
 //!    is write-protected; a write that races with the eviction waits in a write-protect fault
-//!    and is replayed on the page that comes back (`reclaim.rs`). Nothing is ever lost.
+//!    and is replayed on the page that comes back (`reclaim/`). A page pinned for I/O is
+//!    never dropped (`UFFDIO_MOVE` refuses it), and one written through a pin between its
+//!    read and its move is stored anew with what it holds (read back after the move). Nothing
+//!    is lost, outside the narrow cases `docs/ARCHITECTURE.md` lists among its invariants (a
+//!    fork or `mremap` during the DROP, pins taken with `FOLL_GET`).
 //! 2. The daemon serves only processes it started (peer credentials, process-tree check),
 //!    binds, reads and signals only processes of its tree shown to be what it takes them for
 //!    (never on a bare number from a client or a uffd message; signals go through pidfds), and
@@ -86,7 +91,6 @@
 //!     tiers: r.tiers,
 //!     policy: r.policy,
 //!     stats_json: None,
-//!     verbose: false,
 //! };
 //! let status = run(&config, "python3", &["-c".into(), "x = bytearray(256 << 20)".into()]).unwrap();
 //! assert_eq!(status, 0);
@@ -94,16 +98,14 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod agent_conn;
-mod agentless;
 mod bind;
 pub mod config;
-mod daemon;
 pub mod demo;
 mod fault;
-mod hold;
 mod idlepoll;
 pub mod inject;
 pub mod limit;
+pub mod log;
 pub mod maps;
 mod mm;
 pub mod pagetable;
@@ -111,15 +113,17 @@ pub mod protocol;
 mod readahead;
 mod reclaim;
 mod rundir;
+mod shared;
 pub mod stats;
+mod supervisor;
 pub mod sys;
 pub mod tiers;
 pub mod unmanaged;
 pub mod wire;
 
-pub use daemon::{run, Config, EXIT_DAEMON_LOST};
 pub use rundir::{base as run_base, default_base as default_run_base, pid_of_name as run_dir_pid};
 pub use stats::Stats;
+pub use supervisor::{run, Config, EXIT_DAEMON_LOST};
 
 /// Parses a size such as `256M`, `1G`, `4096`, `64k` (binary units).
 pub fn parse_size(s: &str) -> Result<u64, String> {

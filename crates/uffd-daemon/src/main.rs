@@ -16,6 +16,13 @@ use uffd_daemon::{parse_size, Config};
     about = "Pages the anonymous memory of unmodified programs from userspace (userfaultfd)"
 )]
 struct Cli {
+    /// More messages: each -v one level more (debug: every decision and the final counters;
+    /// trace). UFFD_DAEMON_LOG (a tracing filter, e.g. `uffd_daemon::fault=debug`) overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Fewer messages: -q warnings and errors only, -qq errors only.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    quiet: u8,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -40,8 +47,10 @@ enum Cmd {
         #[arg(long)]
         config: Option<PathBuf>,
         /// The backing device below zswap: none, file (an unnamed temporary file in
-        /// /var/tmp), file:PATH (created 0600, must not exist, removed at exit) or pmem:PATH
-        /// (a DAX device, a file on a DAX mount, or a file mapped as simulated pmem).
+        /// /var/tmp), file:PATH (created 0600, must not exist, removed at exit), pmem:PATH
+        /// (a DAX device, a file on a DAX mount, or a file mapped as simulated pmem) or
+        /// redis-cluster:HOST:PORT[,HOST:PORT...] (a Redis Cluster; [redis_cluster] in the
+        /// config file for a password, timeouts and the replicas to wait for).
         #[arg(long, value_parser = BackendSpec::parse)]
         backend: Option<BackendSpec>,
         /// Same as --backend file:PATH.
@@ -76,9 +85,6 @@ enum Cmd {
         /// Write the final counters as JSON to this file.
         #[arg(long)]
         stats_json: Option<PathBuf>,
-        /// Log decisions and the final counters to stderr.
-        #[arg(long, short)]
-        verbose: bool,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -166,6 +172,7 @@ fn parse_pct(s: &str) -> Result<f64, String> {
 
 fn real_main() -> anyhow::Result<i32> {
     let cli = Cli::parse();
+    uffd_daemon::log::init(i32::from(cli.verbose) - i32::from(cli.quiet));
     match cli.cmd {
         Cmd::Run {
             limit,
@@ -182,7 +189,6 @@ fn real_main() -> anyhow::Result<i32> {
             unmanaged,
             encrypt,
             stats_json,
-            verbose,
             command,
         } => {
             let (limit, auto_limit) = match limit {
@@ -211,7 +217,6 @@ fn real_main() -> anyhow::Result<i32> {
                 tiers: r.tiers,
                 policy: r.policy,
                 stats_json,
-                verbose,
             };
             uffd_daemon::run(&config, &command[0], &command[1..])
         }
@@ -254,7 +259,6 @@ fn demo(size: u64, limit: u64) -> anyhow::Result<i32> {
         tiers: r.tiers,
         policy: r.policy,
         stats_json: Some(stats_path.clone()),
-        verbose: false,
     };
     let t = std::time::Instant::now();
     let status = uffd_daemon::run(

@@ -6,7 +6,7 @@
 
 use std::io::{self, Read, Seek, SeekFrom};
 
-use crate::sys::PAGE_SIZE_U64;
+use crate::sys::{PidFd, PAGE_SIZE_U64};
 
 /// One line of `/proc/PID/maps`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,6 +295,42 @@ pub fn thread_by_own_ns_tid(pid: i32, ns_tid: i32) -> Option<i32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|t| t.parse().ok()))
         .find(|&tid| own_ns_tid(pid, tid) == Some(ns_tid))
+}
+
+/// Whether `pid` descends from `root` (the daemon is a child subreaper, so orphans of the tree
+/// are re-parented to it and stay in it). `pid` and `root` are numbers of the daemon's pid
+/// namespace; the parents come from its `/proc` (`PPid` is given in the reader's namespace,
+/// also for the first process of a namespace below, whose parent is outside it).
+pub fn in_tree(pid: i32, root: i32) -> bool {
+    let mut p = pid;
+    for _ in 0..128 {
+        if p == root {
+            return true;
+        }
+        match parent_of(p) {
+            Some(pp) if pp > 0 => p = pp,
+            _ => return false,
+        }
+    }
+    false
+}
+
+pub(crate) fn me() -> i32 {
+    // SAFETY: getpid cannot fail.
+    unsafe { libc::getpid() }
+}
+
+/// Sends SIGKILL to `pid` if it is a process of the daemon's tree, through a pidfd opened
+/// before the check: a number that was reused by a process outside the tree is never
+/// signalled.
+pub fn kill_in_tree(pid: i32) {
+    if pid <= 0 {
+        return;
+    }
+    let Ok(fd) = PidFd::open(pid) else { return };
+    if in_tree(pid, me()) && !fd.exited() {
+        let _ = fd.send_signal(libc::SIGKILL);
+    }
 }
 
 #[cfg(test)]

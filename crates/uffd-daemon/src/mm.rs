@@ -9,6 +9,10 @@
 //!     └──────────────────────────┴───────────── fault (restore from slot) ◀──────── Evicted
 //! ```
 //!
+//! A `Dropping` page the agent could not move (shared after a fork, pinned for I/O) goes back
+//! to `Resident`; one it moved holding other bytes than reclaim stored (written through a pin
+//! in between) becomes `Evicted` with a copy of those bytes (`reclaim/`).
+//!
 //! Every transition happens under the [`Mm`]'s state lock, so the fault handler (the only
 //! reader of the uffd, which sees faults and events in the kernel's order) and the reclaim
 //! thread never disagree. A page is counted resident in every state but `Evicted`.
@@ -21,7 +25,6 @@ use parking_lot::Mutex;
 
 use crate::agent_conn::AgentConn;
 use crate::config::{PolicyConfig, PolicyKind};
-use crate::daemon::Shared;
 use crate::stats::Stats;
 use crate::sys::{EventFd, PidFd, Uffd, PAGE_SIZE_U64};
 
@@ -79,9 +82,30 @@ pub struct MmState {
     /// and is not unshared again (a DROP of pages that never move would keep reclaim from
     /// seeing that it cannot make progress).
     pub unshared: std::collections::BTreeSet<u64>,
-    /// Ranges a hold let go (`hold.rs`): refused while the process is held, registered again
+    /// Pages refused again after being unshared: pinned for I/O (io_uring fixed buffers, RDMA,
+    /// vfio, an O_DIRECT read in flight), which `UFFDIO_MOVE` refuses. Not victims until their
+    /// wait is over; each refusal doubles the wait ([`PINNED_WAIT_MIN`] to
+    /// [`PINNED_WAIT_MAX`]), as the kernel's reclaim puts a page it cannot unmap back on the
+    /// active list and comes to it again only after aging. Without this, reclaim chose the
+    /// pages of a pinned buffer again and again, storing each and having it refused.
+    pub pinned: std::collections::BTreeMap<u64, PinnedPage>,
+    /// Ranges a hold let go (`supervisor/hold.rs`): refused while the process is held, registered again
     /// when a trace hold ends; a fork child's own to register.
     pub hold_let_go: Vec<(u64, u64)>,
+}
+
+/// How long a page refused as pinned is left out of the victims first.
+pub const PINNED_WAIT_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest it is left out (a long-term pin: a registered buffer).
+pub const PINNED_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(64);
+
+/// A page refused as pinned: left out of the victims until `until`.
+#[derive(Debug, Clone, Copy)]
+pub struct PinnedPage {
+    /// When it may be chosen again.
+    pub until: std::time::Instant,
+    /// How long it was left out this time.
+    pub wait: std::time::Duration,
 }
 
 impl std::fmt::Debug for MmState {
@@ -123,6 +147,9 @@ pub struct Mm {
     pub region: (u64, u64),
     /// The probe page.
     pub probe: u64,
+    /// The scratch area (in the region) that DROPs move victims into: page `i` of a DROP goes
+    /// to `scratch + i * 4096`, where the daemon reads it back before it is freed.
+    pub scratch: u64,
     /// The thread id of the agent's thread, once it named itself (0 before): its faults are
     /// never throttled, since reclaim may be waiting for its answer. A userfaultfd message's
     /// number, like the thread ids it is compared with (the process's own pid namespace's).
@@ -150,14 +177,12 @@ pub struct Mm {
     /// Writers wait in write-protect faults on pages moved while `Dropping` (see the fault
     /// path): the monitor wakes them once no DROP is in flight.
     pub wp_waiters: AtomicBool,
-    /// Managed without an agent (`agentless.rs`): DROPs are `MADV_DONTNEED`s injected with
-    /// ptrace, the probe page is one the daemon mapped.
+    /// Managed without an agent (`supervisor/agentless.rs`, `reclaim/injected.rs`): DROPs are `UFFDIO_MOVE`s injected with
+    /// ptrace, the region (probe page, argument pages, scratch) is one the daemon mapped.
     pub agentless: AtomicBool,
     /// The agent's threads stepped out (`STEP_OUT`: the program makes a call that needs the
     /// process alone) and have not greeted again yet.
     pub stepped_out: AtomicBool,
-    /// The runs an injected DROP is removing now: their `REMOVE` events are the daemon's own.
-    pub own_drop: Mutex<OwnDrop>,
     /// A forked child not bound to its pid yet: the token the daemon writes into its probe
     /// page (through its uffd) and looks for in candidate processes (`bind.rs`).
     pub bind_token: Mutex<Option<BindToken>>,
@@ -165,19 +190,23 @@ pub struct Mm {
     /// injected DROP waits for the batch that held its `REMOVE` to be applied.
     pub handling: AtomicU64,
     /// Agentless: the threads stopped so far and their rseq pages (`u64::MAX`: none), which
-    /// batches leave out (`reclaim.rs`).
+    /// batches leave out (`reclaim/`).
     pub rseq_pages: Mutex<Vec<(i32, u64)>>,
     /// `/proc/PID/mem` of the process, opened at its first eviction (for `pid`): reclaim reads
     /// its victims through it (`sys::read_mem`).
     pub mem: Mutex<Option<(i32, std::fs::File)>>,
-    /// `/proc/PID/maps` of the process (for `pid`), for `PROCMAP_QUERY` (`fault.rs`,
+    /// When the last DROP left its moved pages in the scratch (`None`: nothing there). The
+    /// next DROP frees it first (a move into a page still there fails), and so does the
+    /// monitor once reclaim has been idle for a while (`reclaim::free_idle_scratch`).
+    pub scratch_filled: Mutex<Option<std::time::Instant>>,
+    /// `/proc/PID/maps` of the process (for `pid`), for `PROCMAP_QUERY` (`fault/serve.rs`,
     /// learning a range the agent registered before the scan saw it).
     pub maps: Mutex<Option<(i32, std::fs::File)>>,
-    /// Why the process is held (`hold.rs`: `HOLD_DUMP`, `HOLD_TRACE` bits; 0: it is not):
+    /// Why the process is held (`supervisor/hold.rs`: `HOLD_DUMP`, `HOLD_TRACE` bits; 0: it is not):
     /// its evicted pages are brought back, its memory is the kernel's, nothing is evicted.
     pub held: AtomicU32,
     /// What a hold has done, under its own lock (holds and releases take it in turn).
-    pub hold: Mutex<crate::hold::HoldState>,
+    pub hold: Mutex<HoldState>,
     /// A thread of the scanner's is bringing the pages of a traced process back.
     pub holding: AtomicBool,
 }
@@ -216,60 +245,36 @@ impl BindToken {
     }
 }
 
-/// The `REMOVE` events an injected DROP raises, told apart from the program's own.
-///
-/// While the daemon's `MADV_DONTNEED` of a run is in flight, the first `REMOVE` covering a
-/// byte of the run is counted as the daemon's; a second one covering the same byte can only be
-/// the program's (it freed the same memory at the same moment, and expects zeros there: those
-/// pages are forgotten). Anything outside the runs is the program's.
-#[derive(Debug, Default)]
-pub struct OwnDrop {
-    /// The runs `[start, end)` being dropped, sorted; empty when no injected DROP is in flight.
-    pub runs: Vec<(u64, u64)>,
-    /// Parts of them a `REMOVE` has covered, sorted and disjoint.
-    pub covered: Vec<(u64, u64)>,
+/// What a page table needs of the rest of the daemon: the resident count of the whole tree and
+/// the references of the store's slots. The daemon's `Shared` is the implementation.
+pub trait Ledger {
+    /// Adds `n` resident pages.
+    fn resident_add(&self, n: usize);
+    /// Removes `n` resident pages.
+    fn resident_sub(&self, n: usize);
+    /// Drops a reference to a stored page's slot.
+    fn put_slot(&self, slot: u32);
+    /// Adds a reference to a stored page's slot (a fork shares it).
+    fn dup_slot(&self, slot: u32);
+    /// Counts a page brought by readahead that left before anything touched it.
+    fn readahead_unused(&self);
 }
 
-impl OwnDrop {
-    /// Splits a `REMOVE` of `[start, end)`: claims the parts of the runs it covers for the
-    /// first time, and returns the rest (the program's).
-    pub fn claim(&mut self, start: u64, end: u64) -> Vec<(u64, u64)> {
-        let mut theirs = vec![(start, end)];
-        let mut claimed = Vec::new();
-        for &(rs, re) in &self.runs {
-            let (s, e) = (start.max(rs), end.min(re));
-            if s >= e {
-                continue;
-            }
-            // Inside a run: the parts not covered yet are ours.
-            let mut fresh = vec![(s, e)];
-            for &(cs, ce) in &self.covered {
-                subtract(&mut fresh, cs, ce);
-            }
-            subtract(&mut theirs, s, e);
-            // The parts already covered go back to the program's.
-            let mut again = vec![(s, e)];
-            for &(fs, fe) in &fresh {
-                subtract(&mut again, fs, fe);
-            }
-            theirs.extend(again);
-            claimed.extend(fresh);
-        }
-        for (s, e) in claimed {
-            self.covered.push((s, e));
-        }
-        self.covered.sort_unstable();
-        theirs.sort_unstable();
-        theirs
+impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
+    fn resident_add(&self, n: usize) {
+        (**self).resident_add(n);
     }
-
-    /// Whether `[start, end)` was covered by a claimed `REMOVE`, wholly.
-    pub fn is_covered(&self, start: u64, end: u64) -> bool {
-        let mut rest = vec![(start, end)];
-        for &(cs, ce) in &self.covered {
-            subtract(&mut rest, cs, ce);
-        }
-        rest.is_empty()
+    fn resident_sub(&self, n: usize) {
+        (**self).resident_sub(n);
+    }
+    fn put_slot(&self, slot: u32) {
+        (**self).put_slot(slot);
+    }
+    fn dup_slot(&self, slot: u32) {
+        (**self).dup_slot(slot);
+    }
+    fn readahead_unused(&self) {
+        (**self).readahead_unused();
     }
 }
 
@@ -281,6 +286,7 @@ impl Mm {
         pid: i32,
         region: (u64, u64),
         probe: u64,
+        scratch: u64,
         policy: &PolicyConfig,
     ) -> std::io::Result<Self> {
         Ok(Mm {
@@ -294,6 +300,7 @@ impl Mm {
             agent: Mutex::new(None),
             region,
             probe,
+            scratch,
             agent_tid: AtomicU32::new(0),
             stop: EventFd::new()?,
             retry: EventFd::new()?,
@@ -307,14 +314,14 @@ impl Mm {
             wp_waiters: AtomicBool::new(false),
             agentless: AtomicBool::new(false),
             stepped_out: AtomicBool::new(false),
-            own_drop: Mutex::new(OwnDrop::default()),
             bind_token: Mutex::new(None),
             handling: AtomicU64::new(0),
             rseq_pages: Mutex::new(Vec::new()),
             mem: Mutex::new(None),
+            scratch_filled: Mutex::new(None),
             maps: Mutex::new(None),
             held: AtomicU32::new(0),
-            hold: Mutex::new(crate::hold::HoldState::default()),
+            hold: Mutex::new(HoldState::default()),
             holding: AtomicBool::new(false),
         })
     }
@@ -335,7 +342,7 @@ impl Mm {
             return;
         }
         if let Some(pid) = self.pid() {
-            crate::bind::kill_in_tree(pid);
+            crate::maps::kill_in_tree(pid);
         }
     }
 
@@ -365,6 +372,39 @@ impl MmState {
             unshare: std::collections::BTreeSet::new(),
             unshared: std::collections::BTreeSet::new(),
             hold_let_go: Vec::new(),
+            pinned: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// A DROP refused `addr` again after it was unshared: it is pinned. Left out of the
+    /// victims for twice as long as last time (at least [`PINNED_WAIT_MIN`]).
+    pub fn note_pinned(&mut self, addr: u64) {
+        let now = std::time::Instant::now();
+        let wait = match self.pinned.get(&addr) {
+            Some(p) => (p.wait * 2).min(PINNED_WAIT_MAX),
+            None => PINNED_WAIT_MIN,
+        };
+        self.pinned.insert(
+            addr,
+            PinnedPage {
+                until: now + wait,
+                wait,
+            },
+        );
+    }
+
+    /// Forgets what is known of the pages of `[start, end)` as shared or pinned (they were
+    /// removed, unmapped or moved).
+    fn forget_refusals(&mut self, start: u64, end: u64) {
+        for set in [&mut self.unshare, &mut self.unshared] {
+            let stale: Vec<u64> = set.range(start..end).copied().collect();
+            for a in stale {
+                set.remove(&a);
+            }
+        }
+        let stale: Vec<u64> = self.pinned.range(start..end).map(|(&a, _)| a).collect();
+        for a in stale {
+            self.pinned.remove(&a);
         }
     }
 
@@ -372,7 +412,7 @@ impl MmState {
     /// eviction given up) and hands it to the policy. `referenced`: its accessed bit.
     pub fn make_resident(
         &mut self,
-        shared: &Shared,
+        shared: &impl Ledger,
         addr: u64,
         arrival: Arrival,
         referenced: bool,
@@ -387,7 +427,7 @@ impl MmState {
     /// Inserts a page restored by readahead (not asked for by the fault): resident, cold, not
     /// referenced, and marked until a use of it is seen ([`MmState::readahead_used`]) or it
     /// leaves ([`MmState::release`], [`MmState::pick_victims`]).
-    pub fn add_readahead(&mut self, shared: &Shared, addr: u64) {
+    pub fn add_readahead(&mut self, shared: &impl Ledger, addr: u64) {
         let page = Page::Resident {
             referenced: false,
             readahead: true,
@@ -395,7 +435,7 @@ impl MmState {
         self.insert_resident(shared, addr, Arrival::Cold, page);
     }
 
-    fn insert_resident(&mut self, shared: &Shared, addr: u64, arrival: Arrival, page: Page) {
+    fn insert_resident(&mut self, shared: &impl Ledger, addr: u64, arrival: Arrival, page: Page) {
         let shadow = self.pages.shadow(addr);
         match self.pages.insert(addr, page) {
             Some(old) if old.is_resident() => {}
@@ -433,13 +473,8 @@ impl MmState {
     }
 
     /// Forgets pages in `[start, end)` (REMOVE, UNMAP): their memory is gone or zero now.
-    pub fn forget_range(&mut self, shared: &Shared, start: u64, end: u64) -> usize {
-        for set in [&mut self.unshare, &mut self.unshared] {
-            let stale: Vec<u64> = set.range(start..end).copied().collect();
-            for a in stale {
-                set.remove(&a);
-            }
-        }
+    pub fn forget_range(&mut self, shared: &impl Ledger, start: u64, end: u64) -> usize {
+        self.forget_refusals(start, end);
         let keys: Vec<u64> = self.pages.range(start..end).map(|(k, _)| k).collect();
         for &k in &keys {
             if let Some(p) = self.pages.remove(k) {
@@ -452,11 +487,11 @@ impl MmState {
     /// Accounting for a page state that is being dropped from the table (the caller removed
     /// it from `pages`; `addr` is where it was). A page read ahead and never seen used leaves
     /// unused (removed, unmapped, its process gone).
-    pub fn release(&mut self, shared: &Shared, addr: u64, p: Page) {
+    pub fn release(&mut self, shared: &impl Ledger, addr: u64, p: Page) {
         if let Page::Resident { readahead, .. } = p {
             self.policy.remove(page_id(addr));
             if readahead {
-                Stats::add(&shared.stats.readahead_unused_pages, 1);
+                shared.readahead_unused();
             }
         }
         if p.is_resident() {
@@ -502,7 +537,7 @@ impl MmState {
     }
 
     /// Takes `[start, end)` out of the ranges the daemon leaves alone (a hold that let it go
-    /// is over: `hold.rs`).
+    /// is over: `supervisor/hold.rs`).
     pub fn unrefuse(&mut self, start: u64, end: u64) {
         subtract(&mut self.refused, start, end);
     }
@@ -540,16 +575,11 @@ impl MmState {
     /// returns the new addresses of the pages that were `Evicting`, whose write protection the
     /// caller lifts under the state lock. Pages that were `Dropping` keep theirs: the agent may
     /// still move whatever comes to their old address (see the WP fault path).
-    pub fn remap(&mut self, shared: &Shared, from: u64, to: u64, len: u64) -> Vec<u64> {
+    pub fn remap(&mut self, shared: &impl Ledger, from: u64, to: u64, len: u64) -> Vec<u64> {
         let moved: Vec<(u64, Page)> = self.pages.range(from..from + len).collect();
-        // (Pages waiting to be unshared lose that at their new address: a DROP refuses them
-        // once more and they wait again.)
-        for set in [&mut self.unshare, &mut self.unshared] {
-            let stale: Vec<u64> = set.range(from..from + len).copied().collect();
-            for a in stale {
-                set.remove(&a);
-            }
-        }
+        // (Pages waiting to be unshared, or known pinned, lose that at their new address: a
+        // DROP refuses them once more and they wait again.)
+        self.forget_refusals(from, from + len);
         let mut unprotect = Vec::new();
         for (k, p) in &moved {
             self.pages.remove(*k);
@@ -586,8 +616,8 @@ impl MmState {
 
     /// The state a forked child starts with: one copy of everything, stored pages shared
     /// (their slot counts raised, the kernel's `swap_duplicate`).
-    pub fn fork_copy(&self, shared: &Shared) -> MmState {
-        let mut child = MmState::new(&shared.policy);
+    pub fn fork_copy(&self, shared: &impl Ledger, policy: &PolicyConfig) -> MmState {
+        let mut child = MmState::new(policy);
         child.ranges = self.ranges.clone();
         child.refused = self.refused.clone();
         // What a hold of the parent let go is not the child's to leave alone: it registers it.
@@ -670,6 +700,7 @@ impl MmState {
         let ids = policy.evict(max, &mut src);
         let cleared = src.cleared;
         let mut victims = Vec::with_capacity(ids.len());
+        let now = (!self.pinned.is_empty()).then(std::time::Instant::now);
         for id in ids {
             let addr = id << 12;
             match self.pages.get(addr) {
@@ -679,10 +710,14 @@ impl MmState {
                             .lock_requests
                             .iter()
                             .any(|&(s, e, _)| addr >= s && addr < e)
-                        || self.unshare.contains(&addr) =>
+                        || self.unshare.contains(&addr)
+                        || now.is_some_and(|now| {
+                            self.pinned.get(&addr).is_some_and(|p| p.until > now)
+                        }) =>
                 {
-                    // Locked, or waiting to be unshared: back to the policy, young, until the
-                    // range is left alone or the page is the process's own again.
+                    // Locked, waiting to be unshared, or pinned: back to the policy, young,
+                    // until the range is left alone, the page is the process's own again, or
+                    // its wait is over.
                     let _ = self
                         .policy
                         .add(id, Hint::new(PageType::Anon, Arrival::Fault));
@@ -831,36 +866,29 @@ pub fn runs_of(addrs: &[u64]) -> Vec<(u64, u32)> {
     runs
 }
 
+/// What a hold has done (`Mm::hold`).
+#[derive(Debug, Default)]
+pub struct HoldState {
+    /// Every registered range is let go (none kept for want of memory, none behind a DROP).
+    pub done: bool,
+    /// When a tracer's agent asked last.
+    pub asked: Option<std::time::Instant>,
+    /// When the scanner last tried to complete or end the hold.
+    pub tried: Option<std::time::Instant>,
+    /// Whether the pages kept evicted were said.
+    pub said_kept: bool,
+    /// Pages brought back by this hold so far.
+    pub restored: u64,
+}
+
+/// Whether `mm` is held.
+pub fn is_held(mm: &Mm) -> bool {
+    mm.held.load(Ordering::Acquire) != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The daemon's own `REMOVE` covers each byte of its runs once; whatever covers a byte a
-    /// second time, or lies outside the runs, is the program's.
-    #[test]
-    fn an_injected_drops_remove_events_are_told_apart() {
-        let mut own = OwnDrop {
-            runs: vec![(0x1000, 0x5000), (0x8000, 0x9000)],
-            covered: Vec::new(),
-        };
-        // Ours, in two pieces (the run spans two mappings).
-        assert!(own.claim(0x1000, 0x3000).is_empty());
-        assert!(own.claim(0x3000, 0x5000).is_empty());
-        assert!(own.is_covered(0x1000, 0x5000));
-        // The program freed part of the same run at the same moment: that part is its own.
-        assert_eq!(own.claim(0x2000, 0x4000), vec![(0x2000, 0x4000)]);
-        // A program's REMOVE over a run and beyond: the run's part is ours (first time), the
-        // rest the program's.
-        assert_eq!(
-            own.claim(0x7000, 0xa000),
-            vec![(0x7000, 0x8000), (0x9000, 0xa000)]
-        );
-        assert!(own.is_covered(0x8000, 0x9000));
-        assert!(!own.is_covered(0x7000, 0x9000));
-        // With no DROP in flight, everything is the program's.
-        let mut none = OwnDrop::default();
-        assert_eq!(none.claim(0x1000, 0x2000), vec![(0x1000, 0x2000)]);
-    }
 
     #[test]
     fn ranges_merge_split_and_gaps() {

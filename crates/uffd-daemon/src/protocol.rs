@@ -18,7 +18,8 @@
 //!                                                                     a pipe that hangs up when
 //!                                                                     the daemon exits)
 //! DROP       daemon -> agent   nruns u32, pad u32, nruns x (addr u64, npages u32, pad u32)
-//! DROP_DONE  agent  -> daemon  npages u32, pad u32, npages x status u8 (0 = dropped, else errno)
+//! DROP_DONE  agent  -> daemon  npages u32, pad u32, npages x status u8 (0 = moved, else errno)
+//! FREE       daemon -> agent   (no payload): free what the last DROP moved into the scratch
 //! ERROR      daemon -> agent   code i32, message bytes (UTF-8)
 //! RELEASE    agent  -> daemon  start u64, len u64                    (program thread, own
 //!                                                                     connection; so are the
@@ -39,8 +40,8 @@ use thiserror::Error;
 pub use crate::wire::{
     DROP_RUN_UNSHARE, HEADER_LEN, HELLO_AGENT_RESTART, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD,
     HELLO_NEED_UFFD, HOLD_DUMP, HOLD_SELF_MEM, HOLD_TRACE, KIND_DROP, KIND_DROP_DONE, KIND_ERROR,
-    KIND_HELLO, KIND_HELLO_ACK, KIND_HOLD, KIND_LEAVE, KIND_LOCK, KIND_RELEASE, KIND_STEP_OUT,
-    LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
+    KIND_FREE, KIND_HELLO, KIND_HELLO_ACK, KIND_HOLD, KIND_LEAVE, KIND_LOCK, KIND_RELEASE,
+    KIND_STEP_OUT, LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
 };
 
 /// The agent's greeting.
@@ -87,11 +88,15 @@ pub enum Message {
         unshare: Vec<(u64, u32)>,
     },
     /// Outcome per page of the last DROP, in order (the pages of `runs`, then those of
-    /// `unshare`): 0 dropped (unshared), else errno.
+    /// `unshare`): 0 moved into the scratch (unshared), else errno.
     DropDone {
         /// One status per page.
         status: Vec<u8>,
     },
+    /// The daemon has read back what the last DROP moved into the agent's scratch (a page
+    /// written through a pin after the daemon first read it holds more than was stored): the
+    /// agent frees the scratch now. Until then the moved pages stay there.
+    Free,
     /// From a program thread of a managed process, on a connection of its own: the program
     /// registers `[start, start + len)` with a userfaultfd of its own; the daemon brings back
     /// every page it evicted there and steps aside (answered with `HelloAck`, status 0 or an
@@ -137,7 +142,7 @@ pub enum Message {
     /// the memory of such a process without a userfault (a dump takes a missing page for a
     /// hole, `/proc/PID/mem` and `PEEKDATA` fail with `EIO`), so the daemon brings every page
     /// it evicted back, hands the memory to the kernel and evicts nothing more from it
-    /// (`hold.rs`). Answered with `HelloAck` once that is done.
+    /// (`supervisor/hold.rs`). Answered with `HelloAck` once that is done.
     Hold {
         /// The process (or one of its threads); 0 for the sender's own.
         pid: u32,
@@ -253,6 +258,7 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
         }
         Message::Leave => KIND_LEAVE,
         Message::StepOut => KIND_STEP_OUT,
+        Message::Free => KIND_FREE,
         Message::Lock { start, len, flags } => {
             p.extend_from_slice(&start.to_le_bytes());
             p.extend_from_slice(&len.to_le_bytes());
@@ -323,226 +329,246 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
         });
     }
     let msg = match kind {
-        KIND_HELLO => {
-            if p.len() != 64 {
-                return Err(payload_err("HELLO", p.len(), "expected 64 bytes"));
-            }
-            let h = Hello {
-                pid: u32_at(p, 0),
-                ppid: u32_at(p, 4),
-                flags: u32_at(p, 8),
-                features: u64_at(p, 16),
-                region_start: u64_at(p, 24),
-                region_len: u64_at(p, 32),
-                probe: u64_at(p, 40),
-                scratch: u64_at(p, 48),
-                scratch_pages: u32_at(p, 56),
-            };
-            if h.flags
-                & !(HELLO_FORK_CHILD | HELLO_NEED_UFFD | HELLO_API_BY_DAEMON | HELLO_AGENT_RESTART)
-                != 0
-            {
-                return Err(payload_err(
-                    "HELLO",
-                    p.len(),
-                    format!("unknown flags {:#x}", h.flags),
-                ));
-            }
-            let page = crate::sys::PAGE_SIZE_U64;
-            let region_end = h.region_start.checked_add(h.region_len);
-            let scratch_end = (h.scratch_pages as u64)
-                .checked_mul(page)
-                .and_then(|l| h.scratch.checked_add(l));
-            let ok = h.region_start % page == 0
-                && h.region_len % page == 0
-                && h.probe % page == 0
-                && h.scratch == h.probe.wrapping_add(page)
-                && h.scratch_pages >= 1
-                && h.scratch_pages as usize <= MAX_DROP_PAGES
-                && matches!((region_end, scratch_end), (Some(re), Some(se))
-                    if h.probe >= h.region_start && h.probe + page <= re
-                        && h.scratch >= h.region_start && se <= re);
-            if !ok {
-                return Err(payload_err(
-                    "HELLO",
-                    p.len(),
-                    "agent region, probe and scratch must be page aligned, with the probe and \
-                     1..=4096 scratch pages right after it inside the region",
-                ));
-            }
-            Message::Hello(h)
-        }
-        KIND_HELLO_ACK => {
-            if p.len() != 8 {
-                return Err(payload_err("HELLO_ACK", p.len(), "expected 8 bytes"));
-            }
-            Message::HelloAck {
-                status: u32_at(p, 0) as i32,
-                max_drop_pages: u32_at(p, 4),
-            }
-        }
-        KIND_DROP => {
-            if p.len() < 8 {
-                return Err(payload_err("DROP", p.len(), "shorter than its count"));
-            }
-            let n = u32_at(p, 0) as usize;
-            if n > MAX_RUNS {
-                return Err(payload_err(
-                    "DROP",
-                    p.len(),
-                    format!("{n} runs exceed the maximum of {MAX_RUNS}"),
-                ));
-            }
-            if p.len() != 8 + 16 * n {
-                return Err(payload_err(
-                    "DROP",
-                    p.len(),
-                    format!("{n} runs need {} bytes", 8 + 16 * n),
-                ));
-            }
-            let mut runs = Vec::with_capacity(n);
-            let mut unshare = Vec::new();
-            let mut total = 0usize;
-            for i in 0..n {
-                let addr = u64_at(p, 8 + 16 * i);
-                let pages = u32_at(p, 16 + 16 * i);
-                let flags = u32_at(p, 20 + 16 * i);
-                if addr % crate::sys::PAGE_SIZE_U64 != 0 || pages == 0 {
-                    return Err(payload_err(
-                        "DROP",
-                        p.len(),
-                        format!("run {i} is not page aligned or empty"),
-                    ));
-                }
-                if flags & !DROP_RUN_UNSHARE != 0 || (flags == 0 && !unshare.is_empty()) {
-                    return Err(payload_err(
-                        "DROP",
-                        p.len(),
-                        format!(
-                            "run {i} has flags {flags:#x} (only DROP_RUN_UNSHARE, on runs after \
-                             every run to move)"
-                        ),
-                    ));
-                }
-                total += pages as usize;
-                if total > MAX_DROP_PAGES {
-                    return Err(payload_err(
-                        "DROP",
-                        p.len(),
-                        format!("more than {MAX_DROP_PAGES} pages"),
-                    ));
-                }
-                if flags == DROP_RUN_UNSHARE {
-                    unshare.push((addr, pages));
-                } else {
-                    runs.push((addr, pages));
-                }
-            }
-            Message::Drop { runs, unshare }
-        }
-        KIND_DROP_DONE => {
-            if p.len() < 8 {
-                return Err(payload_err("DROP_DONE", p.len(), "shorter than its count"));
-            }
-            let n = u32_at(p, 0) as usize;
-            if n > MAX_DROP_PAGES || p.len() != 8 + n {
-                return Err(payload_err(
-                    "DROP_DONE",
-                    p.len(),
-                    format!("count {n} does not match the payload"),
-                ));
-            }
-            Message::DropDone {
-                status: p[8..].to_vec(),
-            }
-        }
-        KIND_ERROR => {
-            if p.len() < 4 {
-                return Err(payload_err("ERROR", p.len(), "shorter than its code"));
-            }
-            Message::Error {
-                code: u32_at(p, 0) as i32,
-                message: String::from_utf8_lossy(&p[4..]).into_owned(),
-            }
-        }
-        KIND_RELEASE => {
-            if p.len() != 16 {
-                return Err(payload_err("RELEASE", p.len(), "expected 16 bytes"));
-            }
-            let (start, len) = (u64_at(p, 0), u64_at(p, 8));
-            let page = crate::sys::PAGE_SIZE_U64;
-            if start % page != 0 || len % page != 0 || len == 0 || start.checked_add(len).is_none()
-            {
-                return Err(payload_err(
-                    "RELEASE",
-                    p.len(),
-                    format!("range {start:#x}+{len:#x} is not page aligned, empty or wraps"),
-                ));
-            }
-            Message::Release { start, len }
-        }
-        KIND_LEAVE => {
-            if !p.is_empty() {
-                return Err(payload_err("LEAVE", p.len(), "expected no payload"));
-            }
-            Message::Leave
-        }
-        KIND_STEP_OUT => {
-            if !p.is_empty() {
-                return Err(payload_err("STEP_OUT", p.len(), "expected no payload"));
-            }
-            Message::StepOut
-        }
-        KIND_LOCK => {
-            if p.len() != 24 {
-                return Err(payload_err("LOCK", p.len(), "expected 24 bytes"));
-            }
-            let (start, len, flags) = (u64_at(p, 0), u64_at(p, 8), u32_at(p, 16));
-            let page = crate::sys::PAGE_SIZE_U64;
-            if start % page != 0 || len % page != 0 || len == 0 || start.checked_add(len).is_none()
-            {
-                return Err(payload_err(
-                    "LOCK",
-                    p.len(),
-                    format!("range {start:#x}+{len:#x} is not page aligned, empty or wraps"),
-                ));
-            }
-            if flags & !LOCK_ON != 0 {
-                return Err(payload_err(
-                    "LOCK",
-                    p.len(),
-                    format!("unknown flags {flags:#x}"),
-                ));
-            }
-            Message::Lock { start, len, flags }
-        }
-        KIND_HOLD => {
-            if p.len() != 8 {
-                return Err(payload_err("HOLD", p.len(), "expected 8 bytes"));
-            }
-            let (pid, reason) = (u32_at(p, 0), u32_at(p, 4));
-            if reason != HOLD_DUMP && reason != HOLD_TRACE && reason != HOLD_SELF_MEM {
-                return Err(payload_err(
-                    "HOLD",
-                    p.len(),
-                    format!(
-                        "unknown reason {reason} (HOLD_DUMP {HOLD_DUMP}, HOLD_TRACE {HOLD_TRACE} \
-                         or HOLD_SELF_MEM {HOLD_SELF_MEM})"
-                    ),
-                ));
-            }
-            if pid > i32::MAX as u32 {
-                return Err(payload_err(
-                    "HOLD",
-                    p.len(),
-                    format!("pid {pid} is not a pid"),
-                ));
-            }
-            Message::Hold { pid, reason }
-        }
+        KIND_HELLO => decode_hello(p)?,
+        KIND_HELLO_ACK => decode_hello_ack(p)?,
+        KIND_DROP => decode_drop(p)?,
+        KIND_DROP_DONE => decode_drop_done(p)?,
+        KIND_ERROR => decode_error(p)?,
+        KIND_RELEASE => decode_release(p)?,
+        KIND_LEAVE => empty(p, "LEAVE", Message::Leave)?,
+        KIND_STEP_OUT => empty(p, "STEP_OUT", Message::StepOut)?,
+        KIND_FREE => empty(p, "FREE", Message::Free)?,
+        KIND_LOCK => decode_lock(p)?,
+        KIND_HOLD => decode_hold(p)?,
         other => return Err(ProtocolError::Kind(other)),
     };
     Ok((msg, seq))
+}
+
+/// A message without a payload.
+fn empty(p: &[u8], name: &'static str, m: Message) -> Result<Message, ProtocolError> {
+    if !p.is_empty() {
+        return Err(payload_err(name, p.len(), "expected no payload"));
+    }
+    Ok(m)
+}
+
+/// A HELLO: the agent region, probe and scratch checked to lie as the agent lays them out.
+fn decode_hello(p: &[u8]) -> Result<Message, ProtocolError> {
+    if p.len() != 64 {
+        return Err(payload_err("HELLO", p.len(), "expected 64 bytes"));
+    }
+    let h = Hello {
+        pid: u32_at(p, 0),
+        ppid: u32_at(p, 4),
+        flags: u32_at(p, 8),
+        features: u64_at(p, 16),
+        region_start: u64_at(p, 24),
+        region_len: u64_at(p, 32),
+        probe: u64_at(p, 40),
+        scratch: u64_at(p, 48),
+        scratch_pages: u32_at(p, 56),
+    };
+    if h.flags & !(HELLO_FORK_CHILD | HELLO_NEED_UFFD | HELLO_API_BY_DAEMON | HELLO_AGENT_RESTART)
+        != 0
+    {
+        return Err(payload_err(
+            "HELLO",
+            p.len(),
+            format!("unknown flags {:#x}", h.flags),
+        ));
+    }
+    let page = crate::sys::PAGE_SIZE_U64;
+    let region_end = h.region_start.checked_add(h.region_len);
+    let scratch_end = (h.scratch_pages as u64)
+        .checked_mul(page)
+        .and_then(|l| h.scratch.checked_add(l));
+    let ok = h.region_start % page == 0
+        && h.region_len % page == 0
+        && h.probe % page == 0
+        && h.scratch == h.probe.wrapping_add(page)
+        && h.scratch_pages >= 1
+        && h.scratch_pages as usize <= MAX_DROP_PAGES
+        && matches!((region_end, scratch_end), (Some(re), Some(se))
+            if h.probe >= h.region_start && h.probe + page <= re
+                && h.scratch >= h.region_start && se <= re);
+    if !ok {
+        return Err(payload_err(
+            "HELLO",
+            p.len(),
+            "agent region, probe and scratch must be page aligned, with the probe and \
+             1..=4096 scratch pages right after it inside the region",
+        ));
+    }
+    Ok(Message::Hello(h))
+}
+
+/// A HELLO_ACK.
+fn decode_hello_ack(p: &[u8]) -> Result<Message, ProtocolError> {
+    if p.len() != 8 {
+        return Err(payload_err("HELLO_ACK", p.len(), "expected 8 bytes"));
+    }
+    Ok(Message::HelloAck {
+        status: u32_at(p, 0) as i32,
+        max_drop_pages: u32_at(p, 4),
+    })
+}
+
+/// A DROP: its runs to move, then those to unshare, within the page bounds.
+fn decode_drop(p: &[u8]) -> Result<Message, ProtocolError> {
+    if p.len() < 8 {
+        return Err(payload_err("DROP", p.len(), "shorter than its count"));
+    }
+    let n = u32_at(p, 0) as usize;
+    if n > MAX_RUNS {
+        return Err(payload_err(
+            "DROP",
+            p.len(),
+            format!("{n} runs exceed the maximum of {MAX_RUNS}"),
+        ));
+    }
+    if p.len() != 8 + 16 * n {
+        return Err(payload_err(
+            "DROP",
+            p.len(),
+            format!("{n} runs need {} bytes", 8 + 16 * n),
+        ));
+    }
+    let mut runs = Vec::with_capacity(n);
+    let mut unshare = Vec::new();
+    let mut total = 0usize;
+    for i in 0..n {
+        let addr = u64_at(p, 8 + 16 * i);
+        let pages = u32_at(p, 16 + 16 * i);
+        let flags = u32_at(p, 20 + 16 * i);
+        if addr % crate::sys::PAGE_SIZE_U64 != 0 || pages == 0 {
+            return Err(payload_err(
+                "DROP",
+                p.len(),
+                format!("run {i} is not page aligned or empty"),
+            ));
+        }
+        if flags & !DROP_RUN_UNSHARE != 0 || (flags == 0 && !unshare.is_empty()) {
+            return Err(payload_err(
+                "DROP",
+                p.len(),
+                format!(
+                    "run {i} has flags {flags:#x} (only DROP_RUN_UNSHARE, on runs after \
+                     every run to move)"
+                ),
+            ));
+        }
+        total += pages as usize;
+        if total > MAX_DROP_PAGES {
+            return Err(payload_err(
+                "DROP",
+                p.len(),
+                format!("more than {MAX_DROP_PAGES} pages"),
+            ));
+        }
+        if flags == DROP_RUN_UNSHARE {
+            unshare.push((addr, pages));
+        } else {
+            runs.push((addr, pages));
+        }
+    }
+    Ok(Message::Drop { runs, unshare })
+}
+
+/// A DROP_DONE: one status byte a page.
+fn decode_drop_done(p: &[u8]) -> Result<Message, ProtocolError> {
+    if p.len() < 8 {
+        return Err(payload_err("DROP_DONE", p.len(), "shorter than its count"));
+    }
+    let n = u32_at(p, 0) as usize;
+    if n > MAX_DROP_PAGES || p.len() != 8 + n {
+        return Err(payload_err(
+            "DROP_DONE",
+            p.len(),
+            format!("count {n} does not match the payload"),
+        ));
+    }
+    Ok(Message::DropDone {
+        status: p[8..].to_vec(),
+    })
+}
+
+/// An ERROR: a code and a message.
+fn decode_error(p: &[u8]) -> Result<Message, ProtocolError> {
+    if p.len() < 4 {
+        return Err(payload_err("ERROR", p.len(), "shorter than its code"));
+    }
+    Ok(Message::Error {
+        code: u32_at(p, 0) as i32,
+        message: String::from_utf8_lossy(&p[4..]).into_owned(),
+    })
+}
+
+/// A RELEASE of a page-aligned range.
+fn decode_release(p: &[u8]) -> Result<Message, ProtocolError> {
+    if p.len() != 16 {
+        return Err(payload_err("RELEASE", p.len(), "expected 16 bytes"));
+    }
+    let (start, len) = (u64_at(p, 0), u64_at(p, 8));
+    let page = crate::sys::PAGE_SIZE_U64;
+    if start % page != 0 || len % page != 0 || len == 0 || start.checked_add(len).is_none() {
+        return Err(payload_err(
+            "RELEASE",
+            p.len(),
+            format!("range {start:#x}+{len:#x} is not page aligned, empty or wraps"),
+        ));
+    }
+    Ok(Message::Release { start, len })
+}
+
+/// A LOCK of a page-aligned range (or its undoing).
+fn decode_lock(p: &[u8]) -> Result<Message, ProtocolError> {
+    if p.len() != 24 {
+        return Err(payload_err("LOCK", p.len(), "expected 24 bytes"));
+    }
+    let (start, len, flags) = (u64_at(p, 0), u64_at(p, 8), u32_at(p, 16));
+    let page = crate::sys::PAGE_SIZE_U64;
+    if start % page != 0 || len % page != 0 || len == 0 || start.checked_add(len).is_none() {
+        return Err(payload_err(
+            "LOCK",
+            p.len(),
+            format!("range {start:#x}+{len:#x} is not page aligned, empty or wraps"),
+        ));
+    }
+    if flags & !LOCK_ON != 0 {
+        return Err(payload_err(
+            "LOCK",
+            p.len(),
+            format!("unknown flags {flags:#x}"),
+        ));
+    }
+    Ok(Message::Lock { start, len, flags })
+}
+
+/// A HOLD: a pid and a known reason.
+fn decode_hold(p: &[u8]) -> Result<Message, ProtocolError> {
+    if p.len() != 8 {
+        return Err(payload_err("HOLD", p.len(), "expected 8 bytes"));
+    }
+    let (pid, reason) = (u32_at(p, 0), u32_at(p, 4));
+    if reason != HOLD_DUMP && reason != HOLD_TRACE && reason != HOLD_SELF_MEM {
+        return Err(payload_err(
+            "HOLD",
+            p.len(),
+            format!(
+                "unknown reason {reason} (HOLD_DUMP {HOLD_DUMP}, HOLD_TRACE {HOLD_TRACE} \
+                 or HOLD_SELF_MEM {HOLD_SELF_MEM})"
+            ),
+        ));
+    }
+    if pid > i32::MAX as u32 {
+        return Err(payload_err(
+            "HOLD",
+            p.len(),
+            format!("pid {pid} is not a pid"),
+        ));
+    }
+    Ok(Message::Hold { pid, reason })
 }
 
 #[cfg(test)]
@@ -596,6 +622,7 @@ mod tests {
             }),
             Just(Message::Leave),
             Just(Message::StepOut),
+            Just(Message::Free),
             (page_addr(), 1u64..1024, 0u32..2).prop_map(|(start, pages, flags)| Message::Lock {
                 start,
                 len: pages * 4096,

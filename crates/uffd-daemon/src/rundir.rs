@@ -270,8 +270,8 @@ fn remove_noted_backing_file(dir: &Path) {
     let path = PathBuf::from(unsafe { std::ffi::OsString::from_encoded_bytes_unchecked(bytes) });
     if let Ok(m) = std::fs::symlink_metadata(&path) {
         if m.file_type().is_file() && m.uid() == my_uid() && std::fs::remove_file(&path).is_ok() {
-            eprintln!(
-                "uffd-daemon: removed {}, the backing file of a daemon that died",
+            tracing::info!(
+                "removed {}, the backing file of a daemon that died",
                 path.display()
             );
         }

@@ -157,6 +157,16 @@ counters! {
     /// Pages a DROP could not move because they were shared after a fork, made the process's
     /// own again by the agent (`MADV_POPULATE_WRITE`) so that a later DROP could.
     unshared_pages,
+    /// Pages a DROP could not move again after they were unshared: pinned for I/O (io_uring
+    /// fixed buffers, RDMA, vfio, an O_DIRECT read in flight). Each is left out of the victims
+    /// for a while (1 s, doubling up to 64 s at each refusal).
+    pinned_refusals,
+    /// Pages that held something else when a DROP moved them than when reclaim read them:
+    /// written through a pin in between (an I/O in flight, or a buffer unpinned since). Stored
+    /// anew with what they held, their first copy discarded.
+    evict_changed_pages,
+    /// Faults on pages a DROP in flight had moved out, held until the DROP settled.
+    dropping_faults_held,
     /// Reclaim time storing victims, in nanoseconds.
     reclaim_store_ns,
     /// Reclaim time waiting for the agent to drop victims, in nanoseconds.
@@ -278,7 +288,8 @@ counters! {
     /// System calls run in those stops.
     inject_syscalls,
     /// Injections that failed (the process exited or exec'd mid-stop, a thread that did not
-    /// stop in time, a call that failed).
+    /// stop in time or waited in a userfault from the kernel, the uffd that could not be lent,
+    /// a DROP with pages refused for other reasons than `EBUSY`).
     inject_errors,
     /// Wall time of the stops, from the seize to the detach, in nanoseconds.
     inject_stop_ns,
@@ -411,26 +422,6 @@ impl Histogram {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn histogram_quantiles() {
-        let h = Histogram::default();
-        assert_eq!(h.quantile_us(0.5), None);
-        for ns in [1_000u64, 2_000, 3_000, 4_000, 100_000] {
-            h.record(ns);
-        }
-        assert_eq!(h.count(), 5);
-        assert_eq!(h.quantile_us(0.5), Some(3.5));
-        assert_eq!(h.quantile_us(0.2), Some(1.5));
-        assert_eq!(h.quantile_us(1.0), Some(131.072));
-        h.record(u64::MAX);
-        assert_eq!(h.count(), 6, "huge samples land in the last bucket");
-    }
-}
-
 /// Whether the counter named `name` in the JSON snapshot is a level (resident pages, pool
 /// bytes, a peak, a latency quantile, a ratio) rather than a running count.
 fn is_gauge(name: &str) -> bool {
@@ -541,5 +532,25 @@ mod prometheus_tests {
         assert!(t.contains(
             "uffd_daemon_info{daemon_pid=\"42\",backend_encrypted=\"true\",idle_poll=\"kernel\"} 1"
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles() {
+        let h = Histogram::default();
+        assert_eq!(h.quantile_us(0.5), None);
+        for ns in [1_000u64, 2_000, 3_000, 4_000, 100_000] {
+            h.record(ns);
+        }
+        assert_eq!(h.count(), 5);
+        assert_eq!(h.quantile_us(0.5), Some(3.5));
+        assert_eq!(h.quantile_us(0.2), Some(1.5));
+        assert_eq!(h.quantile_us(1.0), Some(131.072));
+        h.record(u64::MAX);
+        assert_eq!(h.count(), 6, "huge samples land in the last bucket");
     }
 }

@@ -97,6 +97,12 @@ const UFFDIO_WAKE: u64 = ior(0x02, std::mem::size_of::<UffdioRange>());
 const UFFDIO_COPY: u64 = iowr(0x03, std::mem::size_of::<UffdioCopy>());
 const UFFDIO_ZEROPAGE: u64 = iowr(0x04, std::mem::size_of::<UffdioZeropage>());
 const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, std::mem::size_of::<UffdioWriteprotect>());
+/// `UFFDIO_MOVE`, for a call the daemon runs inside a process (the kernel refuses moves
+/// between address spaces): `struct uffdio_move` is five 64-bit words, dst, src, len, mode and
+/// the bytes moved (written back by the kernel).
+pub const UFFDIO_MOVE: u64 = iowr(0x05, 40);
+/// `UFFDIO_MOVE` mode: a hole in the source counts as moved.
+pub const UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES: u64 = 1 << 1;
 /// `UFFDIO_COPY` mode: fill the page, leave the faulting threads asleep.
 const UFFDIO_COPY_MODE_DONTWAKE: u64 = 1 << 0;
 
@@ -701,6 +707,26 @@ pub fn read_remote(pid: i32, runs: &[(u64, usize)], out: &mut [u8]) -> io::Resul
     cvt_isize(n)
 }
 
+/// Writes `data` into another process at `addr` with `process_vm_writev`. Only for memory no
+/// userfaultfd covers (the daemon's own pages in a process without an agent).
+pub fn write_remote(pid: i32, addr: u64, data: &[u8]) -> io::Result<()> {
+    let local = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: `local` describes `data`, valid for reads; the remote iovec is only an address
+    // in the other process, which the kernel checks.
+    let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
+    match cvt_isize(n)? {
+        n if n == data.len() => Ok(()),
+        _ => Err(io::Error::from_raw_os_error(libc::EFAULT)),
+    }
+}
+
 /// The CPU the calling thread runs on (a hint).
 pub fn current_cpu() -> usize {
     // SAFETY: plain libc call.
@@ -1062,72 +1088,6 @@ pub fn write_through(file: &std::fs::File, offset: u64, len: u64) -> io::Result<
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Whether the calling thread runs `SCHED_FIFO`.
-    fn is_sched_fifo() -> bool {
-        // SAFETY: sched_getscheduler on the calling thread.
-        let p = unsafe { libc::sched_getscheduler(0) };
-        p & !libc::SCHED_RESET_ON_FORK == libc::SCHED_FIFO
-    }
-
-    /// A thread moved off its CPU runs elsewhere, and keeps its whole affinity.
-    #[test]
-    fn move_off_cpu_moves_and_keeps_the_affinity() {
-        std::thread::spawn(|| {
-            let size = std::mem::size_of::<libc::cpu_set_t>();
-            // SAFETY: cpu_set_t is plain data; a valid set for the calling thread.
-            let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
-            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut before) }, 0);
-            // SAFETY: CPU_COUNT on a valid set.
-            if unsafe { libc::CPU_COUNT(&before) } < 2 {
-                return; // one CPU: nowhere to go (the call must say so)
-            }
-            for _ in 0..20 {
-                let here = current_cpu();
-                assert!(move_off_cpu(here), "could not move off CPU {here}");
-                assert_ne!(current_cpu(), here, "still on CPU {here}");
-            }
-            // SAFETY: as above.
-            let mut after: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
-            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut after) }, 0);
-            // SAFETY: CPU_EQUAL on valid sets.
-            let same = unsafe { libc::CPU_EQUAL(&before, &after) };
-            assert!(same, "affinity changed");
-        })
-        .join()
-        .unwrap();
-    }
-
-    /// As root: a thread made `SCHED_FIFO` is, and a thread it starts is not (reset on fork).
-    #[test]
-    fn sched_fifo_is_set_and_not_inherited() {
-        // SAFETY: geteuid cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
-        std::thread::spawn(move || {
-            assert!(!is_sched_fifo());
-            match set_sched_fifo(1) {
-                Ok(()) => assert!(is_sched_fifo()),
-                Err(e) => {
-                    assert!(!root, "root cannot set SCHED_FIFO: {e}");
-                    return;
-                }
-            }
-            let child = std::thread::spawn(is_sched_fifo).join().unwrap();
-            assert!(
-                !child,
-                "a thread started by a SCHED_FIFO handler inherited it"
-            );
-        })
-        .join()
-        .unwrap();
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // ptrace, for agentless management (`inject.rs`): the calls that stop one thread of a program,
 // run a system call in it, and give it back exactly as it was.
@@ -1399,5 +1359,71 @@ mod procmap_tests {
         assert_eq!(super::vma_covering(&maps, 0).unwrap(), None);
         // SAFETY: the mapping made above.
         unsafe { libc::munmap(p, len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether the calling thread runs `SCHED_FIFO`.
+    fn is_sched_fifo() -> bool {
+        // SAFETY: sched_getscheduler on the calling thread.
+        let p = unsafe { libc::sched_getscheduler(0) };
+        p & !libc::SCHED_RESET_ON_FORK == libc::SCHED_FIFO
+    }
+
+    /// A thread moved off its CPU runs elsewhere, and keeps its whole affinity.
+    #[test]
+    fn move_off_cpu_moves_and_keeps_the_affinity() {
+        std::thread::spawn(|| {
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            // SAFETY: cpu_set_t is plain data; a valid set for the calling thread.
+            let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut before) }, 0);
+            // SAFETY: CPU_COUNT on a valid set.
+            if unsafe { libc::CPU_COUNT(&before) } < 2 {
+                return; // one CPU: nowhere to go (the call must say so)
+            }
+            for _ in 0..20 {
+                let here = current_cpu();
+                assert!(move_off_cpu(here), "could not move off CPU {here}");
+                assert_ne!(current_cpu(), here, "still on CPU {here}");
+            }
+            // SAFETY: as above.
+            let mut after: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut after) }, 0);
+            // SAFETY: CPU_EQUAL on valid sets.
+            let same = unsafe { libc::CPU_EQUAL(&before, &after) };
+            assert!(same, "affinity changed");
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// As root: a thread made `SCHED_FIFO` is, and a thread it starts is not (reset on fork).
+    #[test]
+    fn sched_fifo_is_set_and_not_inherited() {
+        // SAFETY: geteuid cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        std::thread::spawn(move || {
+            assert!(!is_sched_fifo());
+            match set_sched_fifo(1) {
+                Ok(()) => assert!(is_sched_fifo()),
+                Err(e) => {
+                    assert!(!root, "root cannot set SCHED_FIFO: {e}");
+                    return;
+                }
+            }
+            let child = std::thread::spawn(is_sched_fifo).join().unwrap();
+            assert!(
+                !child,
+                "a thread started by a SCHED_FIFO handler inherited it"
+            );
+        })
+        .join()
+        .unwrap();
     }
 }

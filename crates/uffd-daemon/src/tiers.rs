@@ -166,10 +166,160 @@ impl fmt::Debug for Tiers {
     }
 }
 
+/// The backing device below zswap, sealed (encryption at rest: everything below this layer,
+/// and the device, sees only sealed pages) and wrapped in failure injection if asked; and the
+/// sealing layer, whose counters the tiers report.
+#[allow(clippy::type_complexity)]
+fn build_backend(
+    cfg: &TierConfig,
+    device_bytes: u64,
+) -> anyhow::Result<(
+    Option<Arc<dyn Backend>>,
+    Option<Arc<SealedBackend<ArcBackend>>>,
+)> {
+    use anyhow::Context;
+    let backend: Option<Arc<dyn Backend>> = match &cfg.backend {
+        BackendSpec::None => None,
+        BackendSpec::File(path) => {
+            let b = FileBackend::create(path.as_deref(), &cfg.tmp_dir)
+                .or_else(|e| {
+                    if path.is_none() {
+                        FileBackend::create(None, &std::env::temp_dir())
+                    } else {
+                        Err(e)
+                    }
+                })
+                .context("creating the swap file")?;
+            Some(Arc::new(b))
+        }
+        BackendSpec::Pmem(path) => Some(Arc::new(
+            PmemBackend::open(path, device_bytes).context("setting up the pmem device")?,
+        )),
+        BackendSpec::RedisCluster(c) => {
+            c.validate().map_err(anyhow::Error::msg)?;
+            Some(Arc::new(
+                RedisClusterBackend::connect(c).context("setting up the Redis Cluster tier")?,
+            ))
+        }
+    };
+    // Encryption at rest: everything below this layer (and the device) sees only sealed
+    // pages.
+    let (backend, sealer) = match backend {
+        Some(b) if cfg.encrypt => {
+            let s = Arc::new(
+                SealedBackend::new(ArcBackend(b))
+                    .context("setting up encryption at rest (--encrypt off to go without)")?,
+            );
+            let dyn_s: Arc<dyn Backend> = Arc::clone(&s) as Arc<dyn Backend>;
+            (Some(dyn_s), Some(s))
+        }
+        b => (b, None),
+    };
+    // Failure injection outermost: its byte count is of pages, sealed or not.
+    let backend: Option<Arc<dyn Backend>> = match (backend, cfg.fail_writes) {
+        (Some(b), Some(fail)) => {
+            let inner: Box<dyn Backend> = Box::new(ArcBackend(b));
+            Some(Arc::new(Failing {
+                inner,
+                fail,
+                written: AtomicU64::new(0),
+            }))
+        }
+        (b, _) => b,
+    };
+    Ok((backend, sealer))
+}
+
+/// The swap slot device: discards passed to the backend if asked; partly used clusters
+/// refilled first.
+fn build_device(
+    cfg: &TierConfig,
+    nslots: u64,
+    backend: Option<&Arc<dyn Backend>>,
+) -> anyhow::Result<SwapDevice> {
+    use anyhow::Context;
+    let mut dcfg = DeviceConfig::new(nslots);
+    if let (Some(b), true) = (backend, cfg.discard) {
+        dcfg = dcfg.discard(Arc::new(Discarder(Arc::clone(b))));
+    }
+    // Refill partly used clusters first (the kernel's order since 6.18 for devices without
+    // discard; here with discard too, since what is discarded is a swap file's emptied
+    // cluster, and packing the slots in use into fewer clusters empties more of them): the
+    // slots in use stay packed, and so does zswap's index, which is keyed by slot and
+    // otherwise fills with holes as random faults thin the clusters out (under redis in
+    // the default setup, 25 stored pages per 64-entry index chunk with free clusters
+    // first; zswap's metadata peak 3.10 MB then, 1.63 MB with this).
+    dcfg = dcfg.nonfull_first(NONFULL_MIN_FREE);
+    let dev = SwapDevice::new(dcfg).context("creating the swap slot device")?;
+    Ok(dev)
+}
+
+/// The compressed pool, if configured.
+fn build_zswap(cfg: &TierConfig) -> anyhow::Result<Option<Arc<Zswap>>> {
+    use anyhow::Context;
+    let zswap = match &cfg.zswap {
+        None => None,
+        Some(z) => {
+            let mut zc = zswap::Config::new(z.compressor);
+            zc.max_pool_bytes = z.max_pool_bytes;
+            zc.accept_threshold_percent = z.accept_threshold_percent;
+            zc.crc = z.crc;
+            if !z.multi_page {
+                zc.multi_page_min_pages = 0;
+            }
+            Some(Arc::new(Zswap::new(zc).context("creating the zswap pool")?))
+        }
+    };
+    Ok(zswap)
+}
+
+/// The shrinker registry with zswap's compaction and writeback shrinkers.
+#[allow(clippy::type_complexity)]
+fn register_shrinkers(
+    zswap: &Option<Arc<Zswap>>,
+    backend: &Option<Arc<dyn Backend>>,
+    stats: &Arc<TierStats>,
+    logged: &Arc<AtomicBool>,
+) -> anyhow::Result<(shrinker::ShrinkerRegistry, Vec<shrinker::ShrinkerHandle>)> {
+    use anyhow::Context;
+    let registry = shrinker::ShrinkerRegistry::new(1).context("creating the shrinker registry")?;
+    let mut shrinkers = Vec::new();
+    if let Some(z) = zswap {
+        shrinkers.push(
+            registry
+                .register(
+                    ShrinkerConfig::new("zswap-compact").seeks(shrinker::DEFAULT_SEEKS),
+                    CompactShrinker {
+                        zswap: Arc::clone(z),
+                        stats: Arc::clone(stats),
+                    },
+                )
+                .context("registering the compaction shrinker")?,
+        );
+    }
+    let zswap_shrinker = match (zswap, backend) {
+        (Some(z), Some(b)) => Some(
+            registry
+                .register(
+                    ShrinkerConfig::new("zswap-writeback").seeks(shrinker::DEFAULT_SEEKS),
+                    ZswapShrinker {
+                        zswap: Arc::clone(z),
+                        backend: Arc::clone(b),
+                        stats: Arc::clone(stats),
+                        logged: Arc::clone(logged),
+                    },
+                )
+                .context("registering the zswap shrinker")?,
+        ),
+        _ => None,
+    };
+    shrinkers.extend(zswap_shrinker);
+    Ok((registry, shrinkers))
+}
+
 impl Tiers {
     /// Sets up the tiers.
     pub fn new(cfg: TierConfig) -> anyhow::Result<Self> {
-        use anyhow::Context;
         let nslots = (cfg.swap_bytes / PAGE_SIZE_U64).clamp(1024, u64::from(ZERO_SLOT - 1));
         let swap_bytes = nslots * PAGE_SIZE_U64;
         // A sealed page takes its tag with it on the device (`seal::SEALED_PAGE_BYTES`).
@@ -178,116 +328,12 @@ impl Tiers {
         } else {
             swap_bytes
         };
-        let backend: Option<Arc<dyn Backend>> = match &cfg.backend {
-            BackendSpec::None => None,
-            BackendSpec::File(path) => {
-                let b = FileBackend::create(path.as_deref(), &cfg.tmp_dir)
-                    .or_else(|e| {
-                        if path.is_none() {
-                            FileBackend::create(None, &std::env::temp_dir())
-                        } else {
-                            Err(e)
-                        }
-                    })
-                    .context("creating the swap file")?;
-                Some(Arc::new(b))
-            }
-            BackendSpec::Pmem(path) => Some(Arc::new(
-                PmemBackend::open(path, device_bytes).context("setting up the pmem device")?,
-            )),
-            BackendSpec::RedisCluster(c) => {
-                c.validate().map_err(anyhow::Error::msg)?;
-                Some(Arc::new(
-                    RedisClusterBackend::connect(c).context("setting up the Redis Cluster tier")?,
-                ))
-            }
-        };
-        // Encryption at rest: everything below this layer (and the device) sees only sealed
-        // pages.
-        let (backend, sealer) = match backend {
-            Some(b) if cfg.encrypt => {
-                let s = Arc::new(
-                    SealedBackend::new(ArcBackend(b))
-                        .context("setting up encryption at rest (--encrypt off to go without)")?,
-                );
-                let dyn_s: Arc<dyn Backend> = Arc::clone(&s) as Arc<dyn Backend>;
-                (Some(dyn_s), Some(s))
-            }
-            b => (b, None),
-        };
-        // Failure injection outermost: its byte count is of pages, sealed or not.
-        let backend: Option<Arc<dyn Backend>> = match (backend, cfg.fail_writes) {
-            (Some(b), Some(fail)) => {
-                let inner: Box<dyn Backend> = Box::new(ArcBackend(b));
-                Some(Arc::new(Failing {
-                    inner,
-                    fail,
-                    written: AtomicU64::new(0),
-                }))
-            }
-            (b, _) => b,
-        };
-        let mut dcfg = DeviceConfig::new(nslots);
-        if let (Some(b), true) = (&backend, cfg.discard) {
-            dcfg = dcfg.discard(Arc::new(Discarder(Arc::clone(b))));
-        }
-        // Refill partly used clusters first (the kernel's order since 6.18 for devices without
-        // discard; here with discard too, since what is discarded is a swap file's emptied
-        // cluster, and packing the slots in use into fewer clusters empties more of them): the
-        // slots in use stay packed, and so does zswap's index, which is keyed by slot and
-        // otherwise fills with holes as random faults thin the clusters out (under redis in
-        // the default setup, 25 stored pages per 64-entry index chunk with free clusters
-        // first; zswap's metadata peak 3.10 MB then, 1.63 MB with this).
-        dcfg = dcfg.nonfull_first(NONFULL_MIN_FREE);
-        let dev = SwapDevice::new(dcfg).context("creating the swap slot device")?;
-        let zswap = match &cfg.zswap {
-            None => None,
-            Some(z) => {
-                let mut zc = zswap::Config::new(z.compressor);
-                zc.max_pool_bytes = z.max_pool_bytes;
-                zc.accept_threshold_percent = z.accept_threshold_percent;
-                zc.crc = z.crc;
-                if !z.multi_page {
-                    zc.multi_page_min_pages = 0;
-                }
-                Some(Arc::new(Zswap::new(zc).context("creating the zswap pool")?))
-            }
-        };
+        let (backend, sealer) = build_backend(&cfg, device_bytes)?;
+        let dev = build_device(&cfg, nslots, backend.as_ref())?;
+        let zswap = build_zswap(&cfg)?;
         let stats = Arc::new(TierStats::default());
-        let registry =
-            shrinker::ShrinkerRegistry::new(1).context("creating the shrinker registry")?;
         let logged = Arc::new(AtomicBool::new(false));
-        let mut shrinkers = Vec::new();
-        if let Some(z) = &zswap {
-            shrinkers.push(
-                registry
-                    .register(
-                        ShrinkerConfig::new("zswap-compact").seeks(shrinker::DEFAULT_SEEKS),
-                        CompactShrinker {
-                            zswap: Arc::clone(z),
-                            stats: Arc::clone(&stats),
-                        },
-                    )
-                    .context("registering the compaction shrinker")?,
-            );
-        }
-        let zswap_shrinker = match (&zswap, &backend) {
-            (Some(z), Some(b)) => Some(
-                registry
-                    .register(
-                        ShrinkerConfig::new("zswap-writeback").seeks(shrinker::DEFAULT_SEEKS),
-                        ZswapShrinker {
-                            zswap: Arc::clone(z),
-                            backend: Arc::clone(b),
-                            stats: Arc::clone(&stats),
-                            logged: Arc::clone(&logged),
-                        },
-                    )
-                    .context("registering the zswap shrinker")?,
-            ),
-            _ => None,
-        };
-        shrinkers.extend(zswap_shrinker);
+        let (registry, shrinkers) = register_shrinkers(&zswap, &backend, &stats, &logged)?;
         Ok(Tiers {
             dev,
             zswap,
@@ -516,8 +562,8 @@ impl Tiers {
                     .backend_write_errors
                     .fetch_add(1, Ordering::Relaxed);
                 if !self.write_error_logged.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "uffd-daemon: writing to the backing device failed: {e}; the pages stay resident"
+                    tracing::warn!(
+                        "writing to the backing device failed: {e}; the pages stay resident"
                     );
                 }
                 if let Some(s) = &slots[u] {
@@ -545,7 +591,7 @@ impl Tiers {
                 sealer.forget(u64::from(s));
             }
             if let Err(e) = self.dev.put(self.entry(s)) {
-                eprintln!("uffd-daemon: BUG: freeing fresh slot {s}: {e}");
+                tracing::error!("BUG: freeing fresh slot {s}: {e}");
             }
         }
     }

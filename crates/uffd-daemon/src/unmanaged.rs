@@ -289,8 +289,8 @@ impl Census {
 
     fn say(&mut self, pid: i32, kind: Kind, bytes: u64) {
         if self.said.insert((pid, kind)) {
-            eprintln!(
-                "uffd-daemon: pid {pid}: {} KiB unmanaged ({}): {}; outside the limit",
+            tracing::warn!(
+                "pid {pid}: {} KiB unmanaged ({}): {}; outside the limit",
                 bytes >> 10,
                 kind.name(),
                 kind.why()

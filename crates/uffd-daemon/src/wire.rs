@@ -7,7 +7,8 @@
 
 /// `"UFDA"` little-endian: the first word of every packet.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"UFDA");
-/// Protocol version.
+/// Protocol version. (The daemon writes out the agent it was built with, so the two never
+/// differ: FREE was added without a new version.)
 pub const VERSION: u16 = 1;
 /// Header size: magic, version, kind, payload length, sequence number.
 pub const HEADER_LEN: usize = 16;
@@ -42,6 +43,9 @@ pub const KIND_STEP_OUT: u16 = 9;
 /// Message kind: bring every evicted page of a process back and evict none while it is
 /// inspected (a core dump, a debugger).
 pub const KIND_HOLD: u16 = 10;
+/// Message kind: the daemon has read back what the last DROP moved into the scratch; the
+/// agent frees it.
+pub const KIND_FREE: u16 = 11;
 
 /// HELLO flag: the sender is a forked child whose uffd the daemon already holds.
 pub const HELLO_FORK_CHILD: u32 = 1;

@@ -341,11 +341,12 @@ impl RedisClusterBackend {
             )));
         }
         if topo.min_replicas < cfg.replicas as usize {
-            eprintln!(
-                "uffd-daemon: CLUSTER SLOTS lists {} replica(s) for a master and writes WAIT for \
+            tracing::info!(
+                "CLUSTER SLOTS lists {} replica(s) for a master and writes WAIT for \
                  {} ([redis_cluster] replicas): if it has no more, evictions to its slots fail \
                  and their pages stay in memory",
-                topo.min_replicas, cfg.replicas
+                topo.min_replicas,
+                cfg.replicas
             );
         }
         let s = Arc::clone(&shared);
@@ -471,8 +472,8 @@ impl Shared {
                         ),
                     );
                     if !self.said_wait.swap(true, Ordering::Relaxed) {
-                        eprintln!(
-                            "uffd-daemon: {e}; such writes fail and their pages stay in memory \
+                        tracing::info!(
+                            "{e}; such writes fail and their pages stay in memory \
                              (said once, counted in cluster_wait_shortfalls)"
                         );
                     }
@@ -569,8 +570,8 @@ impl Shared {
             }
             self.stats.retries.fetch_add(1, Ordering::Relaxed);
             if !self.said_retry.swap(true, Ordering::Relaxed) {
-                eprintln!(
-                    "uffd-daemon: {e}; retrying with a fresh connection, reads for up to {} ms and \
+                tracing::info!(
+                    "{e}; retrying with a fresh connection, reads for up to {} ms and \
                      writes for up to {} ms ([redis_cluster] read_retry_ms, write_retry_ms; said \
                      once, counted in cluster_retries)",
                     self.cfg.read_retry.as_millis(),
@@ -680,8 +681,8 @@ impl Shared {
         );
         if let [Some(e)] = outcome {
             if !self.said_unlink.swap(true, Ordering::Relaxed) {
-                eprintln!(
-                    "uffd-daemon: unlinking discarded pages' keys failed: {e}; they are unlinked \
+                tracing::warn!(
+                    "unlinking discarded pages' keys failed: {e}; they are unlinked \
                      at exit (said once)"
                 );
             }
@@ -861,8 +862,8 @@ impl Backend for RedisClusterBackend {
             Some(e) => {
                 s.stats.read_failures.fetch_add(1, Ordering::Relaxed);
                 if !s.said_read.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "uffd-daemon: reading from the Redis Cluster failed: {e} (said once, \
+                    tracing::warn!(
+                        "reading from the Redis Cluster failed: {e} (said once, \
                          counted in cluster_read_failures)"
                     );
                 }

@@ -919,7 +919,7 @@ mod tests {
         }
         let full = b.metadata_bytes() - empty;
         let per_page = full as f64 / 1024.0;
-        eprintln!("seal table: {per_page:.1} bytes per sealed page (1024 pages)");
+        tracing::info!("seal table: {per_page:.1} bytes per sealed page (1024 pages)");
         assert!((8.0..10.0).contains(&per_page), "{per_page}");
         for s in 0..1024 {
             b.forget(s);
@@ -1031,7 +1031,7 @@ mod tests {
             &SealedBackend::new(super::super::FileBackend::create(None, &dir).unwrap()).unwrap(),
         );
         assert_eq!(out, run);
-        eprintln!(
+        tracing::info!(
             "per 4 KiB page, best of 5 rounds of {PAGES}: memcpy {memcpy:.0} ns, seal {seal:.0} \
              ns, open {open:.0} ns (seal+open {:.2} us, {:.1}x a memcpy each way); a 16-page \
              write and its read, per page: memory backend plain {mem_plain:.0} ns, sealed \

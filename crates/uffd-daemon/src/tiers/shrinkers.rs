@@ -45,8 +45,8 @@ impl Shrinker for ZswapShrinker {
                 .writeback_errors
                 .fetch_add(r.failed as u64, Ordering::Relaxed);
             if !self.logged.swap(true, Ordering::Relaxed) {
-                eprintln!(
-                    "uffd-daemon: zswap writeback to the backing device failed ({}); the pages stay in zswap",
+                tracing::warn!(
+                    "zswap writeback to the backing device failed ({}); the pages stay in zswap",
                     first_error.as_deref().unwrap_or("decompression failed")
                 );
             }

@@ -5,15 +5,22 @@
 //! ```text
 //! start (a static program: stopped at its exec, before its first instruction), or an exec
 //! into such an image seen by the scanner:
-//!   one stop: userfaultfd(O_CLOEXEC|O_NONBLOCK) ─▶ mmap a probe page ─▶ MADV_WIPEONFORK it
+//!   one stop: userfaultfd(O_CLOEXEC|O_NONBLOCK) ─▶ mmap the daemon's region: [probe page,
+//!             read-only, MADV_WIPEONFORK][4 argument pages][256 scratch pages]
 //!             ─▶ pidfd_getfd the uffd ─▶ close() it in the program ─▶ detach
-//!   then, as for an agent's uffd: UFFDIO_API (by the daemon), register the probe, scan_and_register
+//!   then, as for an agent's uffd: UFFDIO_API (by the daemon), register the probe and the
+//!   scratch, scan_and_register
 //! DROP (reclaim.rs): write-protect, read, store as with an agent; then one stop per batch:
-//!   madvise(MADV_DONTNEED) per run of victims still Dropping. Each raises a REMOVE event that
-//!   the madvise waits on: the handler reads it meanwhile and recognises it as the daemon's own
-//!   (mm.rs, OwnDrop); the batch settles after the stop, on what each call returned. The rseq
-//!   pages of the threads stopped so far are never in a batch (the kernel writes them on the
-//!   way to a stop).
+//!   madvise(MADV_DONTNEED) of the scratch if the last batch left pages there (its REMOVE is
+//!   recognised by address) ─▶ the uffd lent to the program for the stop (a socketpair made
+//!   there, the uffd sent over it with SCM_RIGHTS, received there, the pair closed)
+//!   ─▶ UFFDIO_MOVE per run of victims still Dropping, into the scratch (the kernel refuses a
+//!   page pinned for I/O, as it refuses the agent) ─▶ close() ─▶ MADV_POPULATE_WRITE of pages
+//!   to unshare. After the stop the daemon reads the moved pages back from the scratch, and
+//!   the batch settles on what each call returned and what was read back. The scratch is freed
+//!   by the next batch's stop, or by a stop of its own once reclaim is idle. The rseq pages of
+//!   the threads stopped so far are never in a batch (the kernel writes them on the way to a
+//!   stop).
 //! fork: the kernel's FORK event gives the child's uffd; the daemon writes 16 random bytes into
 //!   the child's probe page through it (wipe-on-fork: empty in the child, and only that address
 //!   space can hold them) and finds the child among the tree's processes by reading them back.
@@ -26,24 +33,20 @@
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::space;
 use crate::agent_conn::AgentConn;
-use crate::daemon::{self, Shared};
+use crate::bind::write_token;
+use crate::fault;
 use crate::inject::{InjectError, Stop};
-use crate::mm::{BindToken, Mm};
+use crate::mm::Mm;
+use crate::reclaim::injected::{count_stop, neg_errno, scratch_of, REGION_PAGES};
 use crate::reclaim::BATCH_PAGES;
+use crate::shared::Shared;
 use crate::stats::Stats;
-use crate::sys::{self, Fill, PidFd, Uffd, PAGE_SIZE, PAGE_SIZE_U64};
+use crate::sys::{self, PidFd, Uffd, PAGE_SIZE_U64};
 use crate::unmanaged::Kind;
-
-/// A page status of an injected DROP that is neither "dropped" nor "kept": the call failed
-/// part way, and a `REMOVE` was seen for the page (by the daemon's call, or the program's at
-/// the same moment). Its stored copy is kept and served (`Inherited`).
-pub const DROP_UNKNOWN: u8 = 0xff;
-
-/// Status of a page whose drop was not attempted (or refused as a whole).
-const DROP_KEPT: u8 = 1;
 
 /// How long a forked child of an agentless process may go unbound before the daemon stops
 /// looking for it (it then runs with its faults served and nothing evicted).
@@ -131,12 +134,6 @@ fn at_secure(pid: i32) -> Option<bool> {
     })
 }
 
-fn neg_errno(r: i64) -> Option<std::io::Error> {
-    (-4095..0)
-        .contains(&r)
-        .then(|| std::io::Error::from_raw_os_error(-r as i32))
-}
-
 /// In the stop: makes the process's uffd and its probe page, and takes the uffd.
 fn make_uffd(stop: &mut Stop, pid: i32) -> Result<(OwnedFd, u64), InjectError> {
     let fd = stop.syscall(
@@ -147,12 +144,13 @@ fn make_uffd(stop: &mut Stop, pid: i32) -> Result<(OwnedFd, u64), InjectError> {
         return Err(InjectError::Io(e));
     }
     let close = |stop: &mut Stop| stop.syscall(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+    let len = REGION_PAGES * PAGE_SIZE_U64;
     let probe = stop.syscall(
         libc::SYS_mmap,
         [
             0,
-            PAGE_SIZE_U64,
-            libc::PROT_READ as u64,
+            len,
+            (libc::PROT_READ | libc::PROT_WRITE) as u64,
             (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
             u64::MAX,
             0,
@@ -163,13 +161,20 @@ fn make_uffd(stop: &mut Stop, pid: i32) -> Result<(OwnedFd, u64), InjectError> {
         return Err(InjectError::Io(e));
     }
     let probe = probe as u64;
-    let unmap =
-        |stop: &mut Stop| stop.syscall(libc::SYS_munmap, [probe, PAGE_SIZE_U64, 0, 0, 0, 0]);
-    let wiped = stop.syscall(
-        libc::SYS_madvise,
-        [probe, PAGE_SIZE_U64, libc::MADV_WIPEONFORK as u64, 0, 0, 0],
+    let unmap = |stop: &mut Stop| stop.syscall(libc::SYS_munmap, [probe, len, 0, 0, 0, 0]);
+    // The probe page read-only (the program has no business there) and empty in a fork child;
+    // the arguments and the scratch read-write, like the memory moved into it.
+    let mut r = stop.syscall(
+        libc::SYS_mprotect,
+        [probe, PAGE_SIZE_U64, libc::PROT_READ as u64, 0, 0, 0],
     )?;
-    let taken = match neg_errno(wiped) {
+    if neg_errno(r).is_none() {
+        r = stop.syscall(
+            libc::SYS_madvise,
+            [probe, PAGE_SIZE_U64, libc::MADV_WIPEONFORK as u64, 0, 0, 0],
+        )?;
+    }
+    let taken = match neg_errno(r) {
         Some(e) => Err(e),
         None => PidFd::open(pid).and_then(|p| p.get_fd(fd as i32)),
     };
@@ -181,64 +186,6 @@ fn make_uffd(stop: &mut Stop, pid: i32) -> Result<(OwnedFd, u64), InjectError> {
             unmap(stop)?;
             Err(InjectError::Io(e))
         }
-    }
-}
-
-fn count_stop(shared: &Shared, stop: &Stop) {
-    let s = &shared.stats;
-    Stats::add(&s.inject_stops, 1);
-    Stats::add(&s.inject_syscalls, stop.calls as u64);
-    let held = stop.began.elapsed().as_nanos() as u64;
-    Stats::add(&s.inject_stop_ns, held);
-    // The fixed cost of a stop: from the seize to the stop, and the release; and how long the
-    // stopped thread stood still.
-    shared.inject_stop_times.record(stop.fixed_ns);
-    shared.inject_hold_times.record(held);
-}
-
-/// A program stopped for the drop of one reclaim batch (`reclaim.rs`). The stopped thread's
-/// faults are not held at the limit meanwhile. Dropping it lets the program go.
-#[derive(Debug)]
-pub struct BatchStop<'a> {
-    shared: &'a Shared,
-    stop: Stop,
-}
-
-impl<'a> BatchStop<'a> {
-    /// Stops `pid`.
-    pub fn take(shared: &'a Shared, pid: i32) -> Result<Self, InjectError> {
-        shared.injecting.store(true, Ordering::Release);
-        shared.injecting_pid.store(pid, Ordering::Release);
-        match Stop::seize_noting(pid, &shared.injecting_tid) {
-            Ok(stop) => Ok(BatchStop { shared, stop }),
-            Err(e) => {
-                shared.injecting.store(false, Ordering::Release);
-                shared.injecting_tid.store(0, Ordering::Release);
-                Err(e)
-            }
-        }
-    }
-
-    /// Notes the stopped thread's rseq page in `mm` (the batches leave those pages out);
-    /// returns it if it was not known.
-    pub fn learn_rseq(&self, mm: &Mm) -> Option<u64> {
-        let tid = self.stop.tid();
-        let mut known = mm.rseq_pages.lock();
-        if known.iter().any(|&(t, _)| t == tid) {
-            return None;
-        }
-        let page = self.stop.rseq_page();
-        known.push((tid, page.unwrap_or(u64::MAX)));
-        page
-    }
-}
-
-impl Drop for BatchStop<'_> {
-    fn drop(&mut self) {
-        self.stop.release();
-        count_stop(self.shared, &self.stop);
-        self.shared.injecting.store(false, Ordering::Release);
-        self.shared.injecting_tid.store(0, Ordering::Release);
     }
 }
 
@@ -275,6 +222,9 @@ fn adopt_stopped(shared: &Arc<Shared>, pid: i32, stop: &mut Stop) -> Result<(), 
         ))));
     }
     uffd.register(probe, PAGE_SIZE_U64, false).map_err(gone)?;
+    // (The scratch is a move's destination: it must be registered with this uffd.)
+    uffd.register(scratch_of(probe), BATCH_PAGES as u64 * PAGE_SIZE_U64, false)
+        .map_err(gone)?;
     // An exec replaced the address space: the old one (same pid) is gone.
     let old: Vec<Arc<Mm>> = shared
         .mms
@@ -284,14 +234,15 @@ fn adopt_stopped(shared: &Arc<Shared>, pid: i32, stop: &mut Stop) -> Result<(), 
         .cloned()
         .collect();
     for m in old {
-        daemon::retire(shared, &m);
+        space::retire(shared, &m);
     }
     let mm = Arc::new(Mm::new(
         shared.new_id(),
         uffd,
         pid,
-        (probe, probe + PAGE_SIZE_U64),
+        (probe, probe + REGION_PAGES * PAGE_SIZE_U64),
         probe,
+        scratch_of(probe),
         &shared.policy,
     )?);
     make_agentless(shared, &mm);
@@ -299,14 +250,9 @@ fn adopt_stopped(shared: &Arc<Shared>, pid: i32, stop: &mut Stop) -> Result<(), 
         *mm.pidfd.lock() = Some(p);
     }
     crate::bind::note_pid_namespace(&mm, pid);
-    daemon::start_mm(shared, &mm)?;
-    let _ = daemon::scan_and_register(shared, &mm);
-    if shared.verbose {
-        eprintln!(
-            "uffd-daemon: managing pid {pid} without an agent (mm {})",
-            mm.id
-        );
-    }
+    fault::start_mm(shared, &mm)?;
+    let _ = space::scan_and_register(shared, &mm);
+    tracing::debug!("managing pid {pid} without an agent (mm {})", mm.id);
     Ok(())
 }
 
@@ -337,130 +283,10 @@ pub fn refused(shared: &Shared, pid: i32, e: &InjectError) {
         .agentless_refusals
         .lock()
         .insert(pid, (exe, e.to_string()));
-    eprintln!(
-        "uffd-daemon: pid {pid}: the daemon cannot manage it without an agent: {e}; its memory \
+    tracing::warn!(
+        "pid {pid}: the daemon cannot manage it without an agent: {e}; its memory \
          is unmanaged and outside the limit"
     );
-}
-
-/// Carries out a DROP of `pages` (sorted; `runs` are their runs) in an agentless process:
-/// one stop, `madvise(MADV_DONTNEED)` per run. Returns a status per page (0 dropped,
-/// [`DROP_UNKNOWN`], or kept) and the error that ended the stop early, if any.
-pub fn drop_pages(
-    shared: &Shared,
-    mm: &Mm,
-    pid: i32,
-    mut stop: BatchStop<'_>,
-    pages: &[u64],
-    runs: &[(u64, u32)],
-) -> (Vec<u8>, Option<InjectError>) {
-    let t = Instant::now();
-    let mut status = vec![DROP_KEPT; pages.len()];
-    {
-        let mut own = mm.own_drop.lock();
-        own.runs = runs
-            .iter()
-            .map(|&(s, n)| (s, s + n as u64 * PAGE_SIZE_U64))
-            .collect();
-        own.covered.clear();
-    }
-    let mut results: Vec<Option<i64>> = vec![None; runs.len()];
-    let mut err = None;
-    for (i, &(s, n)) in runs.iter().enumerate() {
-        let len = n as u64 * PAGE_SIZE_U64;
-        match stop.stop.syscall(
-            libc::SYS_madvise,
-            [s, len, libc::MADV_DONTNEED as u64, 0, 0, 0],
-        ) {
-            Ok(r) => results[i] = Some(r),
-            Err(e) => {
-                results[i] = Some(i64::MIN); // may have run: unknown
-                err = Some(e);
-                break;
-            }
-        }
-    }
-    // The time a DROP costs, comparable to an agent's (its request to its answer): stopping
-    // the program, the calls, letting it go (the write-protection, reading and storing done
-    // during the stop are the agent path's too, outside its DROP).
-    let to_stop_ns = stop.stop.fixed_ns;
-    drop(stop);
-    // The REMOVE events were read before the calls returned; wait until the handler has
-    // applied them (claimed them as ours) before looking at what was covered.
-    wait_handled(mm);
-    let own = std::mem::take(&mut *mm.own_drop.lock());
-    let mut k = 0;
-    for (i, &(s, n)) in runs.iter().enumerate() {
-        let n = n as usize;
-        match results[i] {
-            Some(0) => status[k..k + n].fill(0),
-            Some(r) => {
-                // Failed (or unknown): pages a REMOVE was seen for were removed by someone;
-                // their copies are kept. The others were not touched.
-                for j in 0..n {
-                    let a = s + j as u64 * PAGE_SIZE_U64;
-                    if r == i64::MIN || own.is_covered(a, a + PAGE_SIZE_U64) {
-                        status[k + j] = DROP_UNKNOWN;
-                    }
-                }
-                if let Some(e) = neg_errno(r) {
-                    Stats::add(&shared.stats.inject_errors, 1);
-                    if shared.verbose {
-                        eprintln!(
-                            "uffd-daemon: pid {pid}: injected madvise of {s:#x}+{} failed: {e}",
-                            n * PAGE_SIZE
-                        );
-                    }
-                }
-            }
-            None => {}
-        }
-        k += n;
-    }
-    shared
-        .drop_inject_times
-        .record(to_stop_ns + t.elapsed().as_nanos() as u64);
-    (status, err)
-}
-
-/// Waits until the handler of `mm` has applied every message it had read (its counter is even
-/// or has moved on): a `REMOVE` completes the `madvise` that raised it when it is read, before
-/// the handler applies it.
-pub fn wait_handled(mm: &Mm) {
-    let c = mm.handling.load(Ordering::Acquire);
-    if c % 2 == 0 {
-        return;
-    }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while mm.handling.load(Ordering::Acquire) == c && Instant::now() < deadline {
-        std::thread::yield_now();
-    }
-}
-
-/// Called by the handler of an agentless process's FORK event: the child is to be bound by a
-/// token in its probe page.
-pub fn forked(mm: &Mm) {
-    let Ok(token) = BindToken::new() else {
-        return; // then it stays unbound: faults served, nothing evicted
-    };
-    mm.agentless.store(true, Ordering::Release);
-    *mm.bind_token.lock() = Some(token);
-    write_token(mm);
-}
-
-/// Writes the child's token into its probe page through its uffd, if not done yet.
-fn write_token(mm: &Mm) {
-    let mut t = mm.bind_token.lock();
-    let Some(tok) = t.as_mut().filter(|t| !t.written) else {
-        return;
-    };
-    let mut page = vec![0u8; PAGE_SIZE];
-    page[..16].copy_from_slice(&tok.bytes);
-    match mm.uffd.copy(mm.probe, &page) {
-        Ok(Fill::Filled) => tok.written = true,
-        Ok(Fill::Again) => {} // the fork's event is still being completed: later
-        _ => *t = None,       // present already, or gone: this child cannot be bound
-    }
 }
 
 /// The scanner's part: binds forked children of agentless processes to their pids. Each
@@ -488,11 +314,9 @@ pub fn bind_children(shared: &Arc<Shared>) {
     for (m, pid) in crate::bind::bind_agentless_children(shared, &unbound) {
         make_agentless(shared, &m);
         Stats::add(&shared.stats.agentless_children_bound, 1);
-        if shared.verbose {
-            eprintln!(
-                "uffd-daemon: forked child {pid} of an agentless process bound (mm {})",
-                m.id
-            );
-        }
+        tracing::debug!(
+            "forked child {pid} of an agentless process bound (mm {})",
+            m.id
+        );
     }
 }

@@ -50,9 +50,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::daemon::{Shared, Unregister};
+use super::space::{self, Unregister};
 use crate::maps;
+use crate::mm::{is_held, HoldState};
 use crate::mm::{Mm, Page};
+use crate::shared::Shared;
 use crate::stats::Stats;
 use crate::sys::PAGE_SIZE_U64;
 use crate::unmanaged::Kind;
@@ -69,26 +71,6 @@ const ASK_GRACE: Duration = Duration::from_secs(1);
 /// How often the scanner tries again to complete a hold (a range kept for want of memory or
 /// behind a DROP in flight) or to end one (every thread's status read).
 const RETRY: Duration = Duration::from_millis(100);
-
-/// What a hold has done (`Mm::hold`).
-#[derive(Debug, Default)]
-pub struct HoldState {
-    /// Every registered range is let go (none kept for want of memory, none behind a DROP).
-    pub done: bool,
-    /// When a tracer's agent asked last.
-    pub asked: Option<Instant>,
-    /// When the scanner last tried to complete or end the hold.
-    pub tried: Option<Instant>,
-    /// Whether the pages kept evicted were said.
-    pub said_kept: bool,
-    /// Pages brought back by this hold so far.
-    pub restored: u64,
-}
-
-/// Whether `mm` is held.
-pub fn is_held(mm: &Mm) -> bool {
-    mm.held.load(Ordering::Acquire) != 0
-}
 
 /// The census's kind for the memory of a held process.
 pub fn census_kind(mm: &Mm) -> Option<Kind> {
@@ -123,7 +105,7 @@ pub fn request(shared: &Shared, sender: i32, pid: u32, reason: u32) -> io::Resul
     }
     // Not managed (or not one the number can be shown to name: a tracer from outside is seen
     // in `TracerPid` anyway): nothing of it is evicted or registered.
-    let Some(mm) = target.and_then(|t| crate::daemon::live_mm(shared, t)) else {
+    let Some(mm) = target.and_then(|t| space::live_mm(shared, t)) else {
         return Ok(());
     };
     // (Before the mark: the scanner ends neither hold within `ASK_GRACE` of the ask. A tracer
@@ -136,6 +118,19 @@ pub fn request(shared: &Shared, sender: i32, pid: u32, reason: u32) -> io::Resul
     hold(shared, &mm, reason, REQUEST_WAIT)
 }
 
+/// Registers the new memory of `mm` (`space::scan_and_register`); false if the address space
+/// is gone. A held process's new registrations (new mappings, and those the agent's mmap
+/// wrapper registered) are the kernel's again at once.
+pub fn scan_and_register(shared: &Shared, mm: &Mm) -> bool {
+    if !space::scan_and_register(shared, mm) {
+        return false;
+    }
+    if is_held(mm) {
+        let _ = bring_back(shared, mm, Duration::ZERO);
+    }
+    true
+}
+
 /// Holds `mm` for `reason`: marks it (no batch starts from then on), then lets its memory go,
 /// waiting up to `wait` for a batch in flight.
 pub fn hold(shared: &Shared, mm: &Mm, reason: u32, wait: Duration) -> io::Result<()> {
@@ -143,13 +138,13 @@ pub fn hold(shared: &Shared, mm: &Mm, reason: u32, wait: Duration) -> io::Result
     // The scan registers what it finds unregistered (new mappings, and those the agent's mmap
     // wrapper registered, which the daemon may not have in its table yet: registering them
     // again tells them from a program's own userfaultfd's) and lets go of what it registered.
-    if !crate::daemon::scan_and_register(shared, mm) {
+    if !space::scan_and_register(shared, mm) {
         return Ok(()); // it exec'd an image without the agent: this address space is gone
     }
     bring_back(shared, mm, wait)?;
     if reason == HOLD_DUMP {
-        eprintln!(
-            "uffd-daemon: pid {} dumps core: {} KiB of its evicted memory brought back for the \
+        tracing::info!(
+            "pid {} dumps core: {} KiB of its evicted memory brought back for the \
              core file",
             mm.pid().unwrap_or(0),
             (mm.hold.lock().restored * PAGE_SIZE_U64) >> 10
@@ -169,14 +164,14 @@ fn mark(shared: &Shared, mm: &Mm, reason: u32) {
         Stats::add(&shared.stats.held_for_dump, 1);
     } else if reason == HOLD_SELF_MEM {
         Stats::add(&shared.stats.held_for_self_mem, 1);
-        eprintln!(
-            "uffd-daemon: pid {pid} opens its own memory file: its evicted pages are brought back \
+        tracing::warn!(
+            "pid {pid} opens its own memory file: its evicted pages are brought back \
              and it is not paged while it keeps one open (counted in unmanaged_traced_bytes)"
         );
     } else {
         Stats::add(&shared.stats.held_for_trace, 1);
-        eprintln!(
-            "uffd-daemon: pid {pid} is traced: its evicted pages are brought back and it is not \
+        tracing::warn!(
+            "pid {pid} is traced: its evicted pages are brought back and it is not \
              paged while traced (its memory is counted in unmanaged_traced_bytes)"
         );
     }
@@ -221,7 +216,7 @@ pub fn bring_back(shared: &Shared, mm: &Mm, wait: Duration) -> io::Result<u64> {
             continue;
         }
         budget -= stored;
-        let (_, r) = crate::daemon::restore_and_step_aside(shared, mm, s, e, Unregister::Parts)?;
+        let (_, r) = space::restore_and_step_aside(shared, mm, s, e, Unregister::Parts)?;
         restored += r;
         mm.state.lock().hold_let_go.push((s, e));
     }
@@ -232,8 +227,8 @@ pub fn bring_back(shared: &Shared, mm: &Mm, wait: Duration) -> io::Result<u64> {
         Stats::add(&shared.stats.hold_pages_kept_evicted, kept);
         if !h.said_kept {
             h.said_kept = true;
-            eprintln!(
-                "uffd-daemon: pid {}: {} KiB of its evicted memory stay evicted, more than the \
+            tracing::warn!(
+                "pid {}: {} KiB of its evicted memory stay evicted, more than the \
                  machine has available (MemAvailable less a sixteenth of RAM): a core file holds \
                  zeros there and a debugger cannot read it (hold_pages_kept_evicted)",
                 mm.pid().unwrap_or(0),
@@ -284,9 +279,7 @@ pub fn note_tracer(shared: &Arc<Shared>, mm: &Arc<Mm>, pid: i32, tracer: i32) {
             .name("uffd-hold".into())
             .spawn(move || {
                 if let Err(e) = hold(&s, &m, HOLD_TRACE, REQUEST_WAIT) {
-                    if s.verbose {
-                        eprintln!("uffd-daemon: pid {pid}: holding it for its tracer: {e}");
-                    }
+                    tracing::debug!("pid {pid}: holding it for its tracer: {e}");
                 }
                 m.holding.store(false, Ordering::Release);
             });
@@ -305,8 +298,8 @@ pub fn note_tracer(shared: &Arc<Shared>, mm: &Arc<Mm>, pid: i32, tracer: i32) {
         return;
     }
     Stats::add(&shared.stats.trace_releases, 1);
-    if end_hold(mm, &mut h, HOLD_TRACE) && shared.verbose {
-        eprintln!("uffd-daemon: pid {pid} is no longer traced: its memory is paged again");
+    if end_hold(mm, &mut h, HOLD_TRACE) {
+        tracing::debug!("pid {pid} is no longer traced: its memory is paged again");
     }
 }
 
@@ -349,7 +342,7 @@ pub fn note_self_mem(shared: &Shared, mm: &Mm, pid: i32) {
         return;
     }
     Stats::add(&shared.stats.self_mem_releases, 1);
-    if end_hold(mm, &mut h, HOLD_SELF_MEM) && shared.verbose {
-        eprintln!("uffd-daemon: pid {pid} closed its memory file: its memory is paged again");
+    if end_hold(mm, &mut h, HOLD_SELF_MEM) {
+        tracing::debug!("pid {pid} closed its memory file: its memory is paged again");
     }
 }

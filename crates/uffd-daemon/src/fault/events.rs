@@ -1,0 +1,105 @@
+//! The non-fault messages of a uffd, applied in the kernel's order: REMOVE, UNMAP, REMAP and
+//! FORK (a child address space that shares every stored page, started at once: its threads
+//! may be faulting already).
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::mm::{Mm, MmState};
+use crate::shared::Shared;
+use crate::stats::Stats;
+use crate::sys::{Uffd, UffdEvent, PAGE_SIZE_U64};
+
+pub(super) fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent) {
+    let stats = &shared.stats;
+    match event {
+        UffdEvent::Remove { start, end } => {
+            if mm.in_agent_region(start) {
+                // The agent (or, without one, the daemon) freeing its scratch after a drop.
+                return;
+            }
+            Stats::add(&stats.remove_events, 1);
+            mm.state.lock().forget_range(shared, start, end);
+        }
+        UffdEvent::Unmap { start, end } => {
+            Stats::add(&stats.unmap_events, 1);
+            let mut st = mm.state.lock();
+            st.forget_range(shared, start, end);
+            st.remove_range(start, end);
+            st.unmapped(start, end);
+        }
+        UffdEvent::Remap { from, to, len } => {
+            Stats::add(&stats.remap_events, 1);
+            let mut st = mm.state.lock();
+            // Pages moved mid-eviction keep their write protection at the new address; lift it
+            // (under the lock, see the WP fault path) where no DROP can reach them.
+            for (start, n) in crate::mm::runs_of(&st.remap(shared, from, to, len)) {
+                let _ = mm.uffd.writeprotect(start, n as u64 * PAGE_SIZE_U64, false);
+            }
+        }
+        UffdEvent::Fork { ufd } => {
+            Stats::add(&stats.fork_events, 1);
+            // SAFETY: the kernel installed `ufd` in our table for this event; nothing else owns it.
+            let child_uffd = unsafe { Uffd::from_raw(ufd) };
+            adopt_forked_child(shared, mm, child_uffd);
+        }
+        UffdEvent::PageFault { .. } => unreachable!("faults are served by serve_fault"),
+        UffdEvent::Unknown(kind) => {
+            tracing::warn!("ignoring unknown uffd message {kind:#x} on mm {}", mm.id);
+        }
+    }
+}
+
+/// Starts the handler thread of `mm` and adds it to the live list.
+pub fn start_mm(shared: &Arc<Shared>, mm: &Arc<Mm>) -> std::io::Result<()> {
+    let (s, m) = (Arc::clone(shared), Arc::clone(mm));
+    let h = std::thread::Builder::new()
+        .name(format!("uffd-fault-{}", mm.id))
+        .spawn(move || super::handler_thread(s, m))?;
+    *mm.handler.lock() = Some(h);
+    shared.mms.lock().push(Arc::clone(mm));
+    Stats::add(&shared.stats.processes, 1);
+    Stats::add(&shared.stats.processes_live, 1);
+    Ok(())
+}
+
+/// Called by the handler of a fork event: the child shares every stored page.
+pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
+    if let Err(e) = uffd.set_nonblocking() {
+        tracing::info!("child uffd: {e}");
+    }
+    let state: MmState = {
+        let mut st = parent.state.lock();
+        // Pages the parent unshared before are shared again now: a refusal is not a pin.
+        st.unshared.clear();
+        st.fork_copy(shared, &shared.policy)
+    };
+    let mm = match Mm::new(
+        shared.new_id(),
+        uffd,
+        0,
+        parent.region,
+        parent.probe,
+        parent.scratch,
+        &shared.policy,
+    ) {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            tracing::warn!("cannot track a forked child: {e}");
+            return;
+        }
+    };
+    *mm.state.lock() = state;
+    // The child has a copy of whatever the parent's last DROP left in the scratch.
+    *mm.scratch_filled.lock() = Some(Instant::now());
+    mm.forked_from
+        .store(parent.pid().unwrap_or(0), Ordering::Release);
+    if parent.agentless.load(Ordering::Acquire) {
+        // No agent in the child to name it: the daemon binds it by a token (`bind.rs`, `forked`).
+        crate::bind::forked(&mm);
+    }
+    tracing::debug!("fork of pid {:?}: child mm {}", parent.pid(), mm.id);
+    if let Err(e) = start_mm(shared, &mm) {
+        tracing::warn!("cannot start the handler of a forked child: {e}");
+    }
+}

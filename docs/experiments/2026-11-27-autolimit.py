@@ -45,7 +45,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPARE = os.path.join(ROOT, "target/release/compare")
-DAEMON = os.path.join(ROOT, "target/release/uffd-daemon")
+DAEMON = os.environ.get("DAEMON", os.path.join(ROOT, "target/release/uffd-daemon"))
 WORK = "/var/tmp/uffd-autolimit-run"
 CG1 = "/sys/fs/cgroup/memory/uffd-autolimit"
 CG2_MNT = "/var/tmp/uffd-autolimit-cg2"

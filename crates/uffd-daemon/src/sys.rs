@@ -316,10 +316,8 @@ impl Uffd {
 
     /// Sets `O_NONBLOCK` on the open file description.
     pub fn set_nonblocking(&self) -> io::Result<()> {
-        // SAFETY: fcntl on a descriptor we own.
-        let flags = cvt(unsafe { libc::fcntl(self.raw(), libc::F_GETFL) })?;
-        // SAFETY: as above.
-        cvt(unsafe { libc::fcntl(self.raw(), libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+        let flags = rustix::fs::fcntl_getfl(&self.fd)?;
+        rustix::fs::fcntl_setfl(&self.fd, flags | rustix::fs::OFlags::NONBLOCK)?;
         Ok(())
     }
 
@@ -884,10 +882,7 @@ pub fn move_off_cpu(cpu: usize) -> bool {
 
 /// CPU time the calling thread has used, in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
-    // SAFETY: timespec is plain data; clock_gettime writes it.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid clock id and pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -1124,16 +1119,11 @@ impl PidFd {
 pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
-        // SAFETY: the pointer and length describe the unfilled part of `buf`.
-        let r = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        match rustix::rand::getrandom(&mut buf[done..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
-        done += r as usize;
     }
     Ok(())
 }

@@ -392,17 +392,6 @@ pub fn parse_access(s: &str) -> Result<AccessMode, String> {
     }
 }
 
-fn physical_memory() -> u64 {
-    // SAFETY: sysconf with constant arguments.
-    let (pages, size) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    (pages.max(0) as u64) * (size.max(0) as u64)
-}
-
 /// The tiers, the policy and the limit from an optional file and the command line.
 #[derive(Debug, Clone)]
 pub struct Resolved {
@@ -423,7 +412,7 @@ pub struct Resolved {
 pub fn capacity_warnings(limit: u64, tiers: &TierConfig) -> Vec<String> {
     let mib = |b: u64| b >> 20;
     let mut w = Vec::new();
-    let ram = physical_memory();
+    let ram = crate::sys::physical_memory();
     if ram > 0 && limit >= ram {
         w.push(format!(
             "the limit ({} MiB) is not below this machine's memory ({} MiB): the daemon evicts \
@@ -503,7 +492,7 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
     let auto = o.auto_limit.or(table.auto).unwrap_or(false);
     let fixed = o.limit.or(file_size);
     let (limit, auto) = if auto {
-        let ram = physical_memory();
+        let ram = crate::sys::physical_memory();
         let ceiling = fixed
             .unwrap_or(ram)
             .min(if ram > 0 { ram } else { u64::MAX });
@@ -598,7 +587,7 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
         }
         z.max_pool_bytes = match (o.zswap, size_field(&f.zswap.max_pool, "zswap.max_pool")?) {
             (Some(Some(n)), _) | (_, Some(n)) => n,
-            _ => physical_memory() / 5,
+            _ => crate::sys::physical_memory() / 5,
         };
         if z.max_pool_bytes < 1 << 20 {
             bail!(

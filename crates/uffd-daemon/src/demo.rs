@@ -42,15 +42,14 @@ pub fn check_page(page: &[u8], index: u64, generation: u64) -> bool {
 pub fn workload(size: u64, seed: u64) -> u64 {
     const PAGE: usize = 4096;
     let pages = (size as usize / PAGE).max(1);
-    let base = match crate::sys::map_anonymous(pages * PAGE) {
-        Ok(p) => p,
+    let mut map = match crate::sys::AnonMap::new(pages * PAGE) {
+        Ok(m) => m,
         Err(e) => {
             eprintln!("workload: mmap of {size} bytes failed: {e}");
             return u64::MAX;
         }
     };
-    // SAFETY: the mapping is `pages * PAGE` bytes, readable and writable, and ours alone.
-    let mem = unsafe { std::slice::from_raw_parts_mut(base, pages * PAGE) };
+    let mem = map.as_mut_slice();
     let mut generation = vec![0u64; pages];
     let t0 = Instant::now();
     for (i, p) in mem.chunks_exact_mut(PAGE).enumerate() {
@@ -101,8 +100,7 @@ pub fn workload(size: u64, seed: u64) -> u64 {
         t_seq.as_secs_f64(),
         bad
     );
-    // SAFETY: unmapping the mapping made above; `mem` is not used after this.
-    unsafe { libc::munmap(base.cast(), pages * PAGE) };
+    drop(map); // (unmapped)
     bad
 }
 

@@ -84,8 +84,7 @@ impl InjectError {
 fn vdso_syscall_offset() -> Option<u64> {
     static OFFSET: OnceLock<Option<u64>> = OnceLock::new();
     *OFFSET.get_or_init(|| {
-        // SAFETY: getpid cannot fail.
-        let me = unsafe { libc::getpid() };
+        let me = sys::getpid();
         let (start, end) = vdso_of(me)?;
         let mut image = vec![0u8; (end - start) as usize];
         match sys::read_remote(me, &[(start, image.len())], &mut image) {
@@ -220,8 +219,7 @@ pub fn check_injectable(pid: i32) -> Result<(), InjectError> {
         }
         match status_field(pid, t, "TracerPid:") {
             Some(0) | None => {}
-            // SAFETY: getpid cannot fail.
-            Some(p) if p as i32 == unsafe { libc::getpid() } => {}
+            Some(p) if p as i32 == sys::getpid() => {}
             Some(p) => return Err(InjectError::Traced(p as i32)),
         }
     }
@@ -268,8 +266,7 @@ impl Stop {
         let syscall_at = syscall_insn_of(pid)?;
         let began = Instant::now();
         let mut last = InjectError::Gone(None);
-        // SAFETY: getpid cannot fail.
-        let me = unsafe { libc::getpid() };
+        let me = sys::getpid();
         // The leader first, but a thread waiting uninterruptibly (in a kernel-mode fault, which
         // may wait for this very DROP) last: any thread will do.
         let mut tids = threads_of(pid);
@@ -310,8 +307,7 @@ impl Stop {
             let mut stop = Stop {
                 pid,
                 tid,
-                // SAFETY: user_regs_struct is plain data; all zeros is a valid value.
-                saved: unsafe { std::mem::zeroed() },
+                saved: sys::empty_regs(),
                 syscall_at,
                 signals: Vec::new(),
                 released: false,
@@ -340,8 +336,7 @@ impl Stop {
         let mut stop = Stop {
             pid,
             tid: pid,
-            // SAFETY: user_regs_struct is plain data; all zeros is a valid value.
-            saved: unsafe { std::mem::zeroed() },
+            saved: sys::empty_regs(),
             syscall_at: 0,
             signals: Vec::new(),
             released: false,
@@ -595,8 +590,7 @@ mod tests {
     /// `restart_syscall`) runs injected calls and sleeps on exactly as it would have.
     #[test]
     fn a_call_injected_into_a_sleeping_process_leaves_its_sleep_alone() {
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
+        if sys::geteuid() != 0 {
             eprintln!("SKIP: needs root (ptrace of a child is allowed anyway, but YAMA may not)");
             return;
         }

@@ -316,8 +316,7 @@ pub fn in_tree(pid: i32, root: i32) -> bool {
 }
 
 pub(crate) fn me() -> i32 {
-    // SAFETY: getpid cannot fail.
-    unsafe { libc::getpid() }
+    crate::sys::getpid()
 }
 
 /// Sends SIGKILL to `pid` if it is a process of the daemon's tree, through a pidfd opened
@@ -345,8 +344,7 @@ mod tests {
         assert_eq!(parse_ns_ids(status, "NSpid:"), vec![4243, 8, 2]);
         assert_eq!(parse_ns_ids("Tgid:\t5\n", "NStgid:"), Vec::<i32>::new());
         // This process: the last number is its own namespace's.
-        // SAFETY: getpid and gettid cannot fail.
-        let (me, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+        let (me, tid) = (crate::sys::getpid(), crate::sys::gettid());
         assert_eq!(ns_tgids(me).last(), Some(&me));
         assert_eq!(own_ns_tid(me, tid), Some(tid));
         assert!(thread_by_own_ns_tid(me, tid).is_some());

@@ -25,6 +25,7 @@
 //! daemon's.) Two daemons can have the same number in two namespaces: the second takes
 //! `<pid>-<n>`. A directory without a lock (a daemon older than the locks) is never removed.
 
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -45,8 +46,7 @@ pub fn base() -> PathBuf {
 
 /// The default base: `/run/uffd-daemon` for root, under `XDG_RUNTIME_DIR` or `/tmp` otherwise.
 pub fn default_base() -> PathBuf {
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = crate::sys::getuid();
     if uid == 0 {
         PathBuf::from("/run/uffd-daemon")
     } else if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
@@ -98,7 +98,7 @@ fn lock_and_place(base: &Path, tmp: &Path, pid: u32) -> anyhow::Result<(PathBuf,
         .mode(0o600)
         .open(&lock_path)
         .with_context(|| format!("creating {}", lock_path.display()))?;
-    if !crate::sys::try_flock(std::os::fd::AsRawFd::as_raw_fd(&lock), true)
+    if !crate::sys::try_flock(&lock, true)
         .with_context(|| format!("locking {}", lock_path.display()))?
     {
         bail!("{} is locked by another process", lock_path.display());
@@ -140,8 +140,7 @@ fn lock_and_place(base: &Path, tmp: &Path, pid: u32) -> anyhow::Result<(PathBuf,
 }
 
 fn my_uid() -> u32 {
-    // SAFETY: getuid cannot fail.
-    unsafe { libc::getuid() }
+    crate::sys::getuid()
 }
 
 /// The base exists (created here if not) as a directory of ours that nobody else can write.
@@ -245,7 +244,7 @@ pub fn pid_of_name(name: &str) -> Option<u32> {
 fn is_stale(dir: &Path) -> bool {
     match std::fs::File::open(dir.join(LOCK)) {
         // (A shared lock: two daemons looking at once do not take each other for the owner.)
-        Ok(f) => crate::sys::try_flock(std::os::fd::AsRawFd::as_raw_fd(&f), false).unwrap_or(false),
+        Ok(f) => crate::sys::try_flock(&f, false).unwrap_or(false),
         Err(_) => false,
     }
 }
@@ -266,8 +265,8 @@ fn remove_noted_backing_file(dir: &Path) {
     let Ok(bytes) = std::fs::read(dir.join(BACKING_NOTE)) else {
         return;
     };
-    // SAFETY: the bytes were written from an OsStr by `note_backing_file` on this system.
-    let path = PathBuf::from(unsafe { std::ffi::OsString::from_encoded_bytes_unchecked(bytes) });
+    // (On Unix any bytes are an OsString: `note_backing_file` wrote an OsStr's.)
+    let path = PathBuf::from(std::ffi::OsString::from_vec(bytes));
     if let Ok(m) = std::fs::symlink_metadata(&path) {
         if m.file_type().is_file() && m.uid() == my_uid() && std::fs::remove_file(&path).is_ok() {
             tracing::info!(
@@ -326,10 +325,7 @@ mod tests {
         }
         let other = tmp("other");
         std::fs::create_dir(&other).unwrap();
-        let c = std::ffi::CString::new(other.to_string_lossy().as_bytes()).unwrap();
-        // SAFETY: chown(2) on a path we just created, with a valid C string.
-        let rc = unsafe { libc::chown(c.as_ptr(), 65534, 65534) };
-        assert_eq!(rc, 0);
+        std::os::unix::fs::chown(&other, Some(65534), Some(65534)).unwrap();
         let e = ensure_base(&other).unwrap_err().to_string();
         assert!(
             e.contains("belongs to uid 65534") && e.contains(&*other.to_string_lossy()),
@@ -356,7 +352,7 @@ mod tests {
         }
         std::fs::write(dead.join(LOCK), b"").unwrap();
         let held = std::fs::File::create(live.join(LOCK)).unwrap();
-        assert!(crate::sys::try_flock(std::os::fd::AsRawFd::as_raw_fd(&held), true).unwrap());
+        assert!(crate::sys::try_flock(&held, true).unwrap());
         // ... with its named backing file, which goes too.
         let backing = tmp("backing");
         std::fs::write(&backing, b"ciphertext").unwrap();
@@ -377,7 +373,7 @@ mod tests {
         let mine = b.join(std::process::id().to_string());
         std::fs::create_dir(&mine).unwrap();
         let other = std::fs::File::create(mine.join(LOCK)).unwrap();
-        assert!(crate::sys::try_flock(std::os::fd::AsRawFd::as_raw_fd(&other), true).unwrap());
+        assert!(crate::sys::try_flock(&other, true).unwrap());
         let (dir, lock) = create_in(&b).unwrap();
         assert_eq!(dir, b.join(format!("{}-1", std::process::id())));
         assert!(mine.join(LOCK).exists());

@@ -1,11 +1,29 @@
 //! Thin, typed wrappers over the syscalls and ioctls the daemon uses.
 //!
-//! Everything `unsafe` in the daemon lives here. The kernel's uapi structures are defined by hand
-//! because Debian 12's headers (and the `libc` crate) predate `UFFDIO_MOVE`, `THREAD_ID` in
-//! messages and the feature bits this kernel reports.
+//! The daemon makes its system calls here, on rustix where rustix covers the call (sockets and
+//! `SCM_RIGHTS` in `net`, pids, pidfds, signals, waits and limits in `process`, eventfd, poll,
+//! pipes, affinity, mappings below), by hand on `libc` where it does not (the userfaultfd
+//! ioctls, ptrace, `SO_PEERPIDFD`, `process_vm_readv`, the scheduler's policies, signal
+//! dispositions), each `unsafe` block with the reason it is sound. The kernel's uapi
+//! structures are defined by hand because Debian 12's headers (and the `libc` crate) predate
+//! `UFFDIO_MOVE`, `THREAD_ID` in messages and the feature bits this kernel reports; the
+//! `userfaultfd` crate lacks `UFFDIO_MOVE` and the partial-copy count.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+mod net;
+mod process;
+
+pub use net::{
+    accept, bind_unix, listen, peer_cred, recv_with_fd, recv_with_fd_nonblocking, send_with_fd,
+    send_with_fds, seqpacket_socket, set_recv_timeout, shutdown_write, MAX_SENT_FDS, UNIX_PATH_MAX,
+};
+pub use process::{
+    catch_signals, geteuid, getpid, gettid, getuid, ignore_sigpipe, kill, process_gone,
+    raise_fd_limit, reap_any, set_child_subreaper, shell_status, take_caught_signal,
+    trim_allocator,
+};
 
 /// Size of a base page. The daemon manages 4 KiB pages only (x86-64).
 pub const PAGE_SIZE: usize = 4096;
@@ -298,10 +316,8 @@ impl Uffd {
 
     /// Sets `O_NONBLOCK` on the open file description.
     pub fn set_nonblocking(&self) -> io::Result<()> {
-        // SAFETY: fcntl on a descriptor we own.
-        let flags = cvt(unsafe { libc::fcntl(self.raw(), libc::F_GETFL) })?;
-        // SAFETY: as above.
-        cvt(unsafe { libc::fcntl(self.raw(), libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+        let flags = rustix::fs::fcntl_getfl(&self.fd)?;
+        rustix::fs::fcntl_setfl(&self.fd, flags | rustix::fs::OFlags::NONBLOCK)?;
         Ok(())
     }
 
@@ -425,48 +441,82 @@ impl Uffd {
     }
 }
 
-/// Waits until one of `fds` is readable or `timeout_ms` passes; returns the readable mask.
-/// A fresh private anonymous read-write mapping of `bytes` (the demo's, the checker's and the
-/// benchmark clients' memory).
+/// A fresh private anonymous read-write mapping of `bytes` (the checker's and the benchmark
+/// clients' memory; they unmap it, or leave it to their exit).
 pub fn map_anonymous(bytes: usize) -> io::Result<*mut u8> {
+    use rustix::mm::{MapFlags, ProtFlags};
     // SAFETY: a new private anonymous mapping at an address of the kernel's choosing touches no
-    // existing memory; the result is checked before use.
+    // existing memory.
     let p = unsafe {
-        libc::mmap(
+        rustix::mm::mmap_anonymous(
             std::ptr::null_mut(),
             bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::PRIVATE,
         )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
+    }?;
     Ok(p.cast())
 }
 
+/// A private anonymous read-write mapping owned by this value: unmapped when it is dropped
+/// (the demo's memory).
+#[derive(Debug)]
+pub struct AnonMap {
+    // INVARIANT: `ptr` is the start of a mapping of `len` bytes, readable and writable, that
+    // only this value refers to, from `new` to `drop`.
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+impl AnonMap {
+    /// Maps `len` bytes ([`map_anonymous`]).
+    pub fn new(len: usize) -> io::Result<Self> {
+        let p = map_anonymous(len)?;
+        let ptr =
+            std::ptr::NonNull::new(p).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
+        Ok(AnonMap { ptr, len })
+    }
+
+    /// The whole mapping.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: by the type's invariant the `len` bytes at `ptr` are mapped read-write and
+        // reached only through this value, borrowed mutably here.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AnonMap {
+    fn drop(&mut self) {
+        // SAFETY: by the type's invariant the mapping is ours alone; no slice of it outlives
+        // this value (they borrow it).
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Waits until one of `fds` (descriptors the caller holds open) is readable, hung up or in
+/// error, or until `timeout_ms` passes (negative: no limit); returns the ready mask. A signal
+/// during the wait restarts it.
 pub fn poll_read(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
-    let mut pfds: Vec<libc::pollfd> = fds
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut pfds: Vec<PollFd<'_>> = fds
         .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
+        .map(|&fd| {
+            // SAFETY: the caller holds `fd` open for the call; poll(2) takes only its number
+            // (one closed meanwhile is reported as POLLNVAL, a ready descriptor).
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            PollFd::from_borrowed_fd(fd, PollFlags::IN)
         })
         .collect();
+    let timeout = u64::try_from(timeout_ms).ok().map(|ms| Timespec {
+        tv_sec: (ms / 1000) as i64,
+        tv_nsec: ((ms % 1000) * 1_000_000) as i64,
+    });
     loop {
-        // SAFETY: `pfds` is a valid array of `pollfd` of the given length.
-        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
-        if rc < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
+        match rustix::event::poll(&mut pfds, timeout.as_ref()) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(_) => return Ok(pfds.iter().map(|p| !p.revents().is_empty()).collect()),
         }
-        return Ok(pfds.iter().map(|p| p.revents != 0).collect());
     }
 }
 
@@ -477,14 +527,11 @@ pub struct EventFd {
 }
 
 impl EventFd {
-    /// Creates a non-blocking eventfd.
+    /// Creates a non-blocking eventfd (close-on-exec).
     pub fn new() -> io::Result<Self> {
-        // SAFETY: plain syscall.
-        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
-        Ok(EventFd {
-            // SAFETY: `fd` is fresh and ours.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        use rustix::event::EventfdFlags;
+        let fd = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        Ok(EventFd { fd })
     }
     /// The raw descriptor.
     pub fn raw(&self) -> RawFd {
@@ -492,15 +539,12 @@ impl EventFd {
     }
     /// Makes it readable.
     pub fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64.
-        let _ = unsafe { libc::write(self.raw(), (&one as *const u64).cast(), 8) };
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
     }
     /// Consumes pending signals.
     pub fn drain(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64.
-        let _ = unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };
+        let mut v = [0u8; 8];
+        let _ = rustix::io::read(&self.fd, &mut v);
     }
 }
 
@@ -519,11 +563,7 @@ pub struct Lifeline {
 impl Lifeline {
     /// A new lifeline (both ends close-on-exec: no child of the daemon keeps the write end).
     pub fn new() -> io::Result<Self> {
-        let mut fds = [-1 as libc::c_int; 2];
-        // SAFETY: `fds` is a live array of two ints, as pipe2 writes.
-        cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-        // SAFETY: both descriptors are fresh and ours.
-        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         Ok(Lifeline {
             read,
             _write: write,
@@ -538,21 +578,18 @@ impl Lifeline {
 
 /// `flock(fd, LOCK_EX | LOCK_NB)` (`exclusive`) or `LOCK_SH | LOCK_NB`: `Ok(true)` when taken,
 /// `Ok(false)` when another open file description holds a conflicting lock.
-pub fn try_flock(fd: RawFd, exclusive: bool) -> io::Result<bool> {
+pub fn try_flock(fd: impl AsFd, exclusive: bool) -> io::Result<bool> {
+    use rustix::fs::FlockOperation;
     let op = if exclusive {
-        libc::LOCK_EX
+        FlockOperation::NonBlockingLockExclusive
     } else {
-        libc::LOCK_SH
+        FlockOperation::NonBlockingLockShared
     };
-    // SAFETY: flock(2) with integer arguments.
-    if unsafe { libc::flock(fd, op | libc::LOCK_NB) } == 0 {
-        return Ok(true);
+    match rustix::fs::flock(fd, op) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(e.into()),
     }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        return Ok(false);
-    }
-    Err(e)
 }
 
 /// A pidfd: readable when the process has exited.
@@ -564,14 +601,8 @@ pub struct PidFd {
 impl PidFd {
     /// Opens a pidfd for `pid`.
     pub fn open(pid: i32) -> io::Result<Self> {
-        // SAFETY: plain syscall with integer arguments.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
         Ok(PidFd {
-            // SAFETY: `fd` is fresh and ours.
-            fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
+            fd: process::pidfd_open(pid)?,
         })
     }
     /// Whether the process has exited (non-blocking check).
@@ -580,7 +611,8 @@ impl PidFd {
     }
 
     /// The pidfd of the process at the other end of a connected Unix socket (`SO_PEERPIDFD`,
-    /// Linux 6.5): the process that connected, whatever became of its number since.
+    /// Linux 6.5): the process that connected, whatever became of its number since. By hand:
+    /// rustix 1.1 has no `SO_PEERPIDFD`.
     pub fn of_peer(sock: RawFd) -> io::Result<Self> {
         let mut fd: libc::c_int = -1;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
@@ -607,21 +639,9 @@ impl PidFd {
 
     /// Sends `sig` to the process (`pidfd_send_signal`): never to another process that got
     /// its number after it exited.
+    /// `sig` is a named signal (`EINVAL` otherwise).
     pub fn send_signal(&self, sig: i32) -> io::Result<()> {
-        // SAFETY: plain syscall with integer arguments and a null siginfo.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.fd.as_raw_fd(),
-                sig,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        process::pidfd_send_signal(&self.fd, sig)
     }
 }
 
@@ -729,13 +749,7 @@ pub fn write_remote(pid: i32, addr: u64, data: &[u8]) -> io::Result<()> {
 
 /// The CPU the calling thread runs on (a hint).
 pub fn current_cpu() -> usize {
-    // SAFETY: plain libc call.
-    let cpu = unsafe { libc::sched_getcpu() };
-    if cpu < 0 {
-        0
-    } else {
-        cpu as usize
-    }
+    rustix::thread::sched_getcpu()
 }
 
 /// A PM QoS CPU latency request (`/dev/cpu_dma_latency`), in force while this value lives:
@@ -770,6 +784,18 @@ impl CpuLatencyRequest {
     }
 }
 
+/// The machine's physical memory in bytes (`sysconf`: a C library call; rustix has none).
+pub fn physical_memory() -> u64 {
+    // SAFETY: sysconf with constant arguments.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages.max(0) as u64) * (size.max(0) as u64)
+}
+
 /// CPUs online in the machine (not only those this process may run on: the clients may run on
 /// the others).
 pub fn nr_cpus() -> usize {
@@ -785,193 +811,24 @@ pub fn thread_last_cpu(pid: i32, tid: u32) -> Option<usize> {
     rest.split(' ').nth(36)?.parse().ok()
 }
 
-/// Sends `data` with an optional descriptor over a `SOCK_SEQPACKET` socket.
-pub fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<()> {
-    send_with_fds(sock, data, fd.as_slice())
-}
-
-/// Sends `data` with up to [`MAX_SENT_FDS`] descriptors, in this order, over a
-/// `SOCK_SEQPACKET` socket.
-pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    if fds.len() > MAX_SENT_FDS {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    // u64-aligned control buffer large enough for MAX_SENT_FDS descriptors.
-    let mut cbuf = [0u64; 4];
-    // SAFETY: msghdr is plain old data; zeroed is a valid (empty) value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        let bytes = std::mem::size_of_val(fds) as u32;
-        // SAFETY: CMSG_SPACE is a pure computation.
-        let space = unsafe { libc::CMSG_SPACE(bytes) } as usize;
-        debug_assert!(space <= std::mem::size_of_val(&cbuf));
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = space;
-        // SAFETY: the control buffer is `space` bytes long (<= 32: a header and at most two
-        // descriptors), so the first header and its data fit.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(bytes) as usize;
-            let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
-            for (i, &fd) in fds.iter().enumerate() {
-                std::ptr::write_unaligned(data.add(i), fd);
-            }
-        }
-    }
-    loop {
-        // SAFETY: `msg` points at live buffers for the duration of the call.
-        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
-        match cvt_isize(n) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            r => return r.map(|_| ()),
-        }
-    }
-}
-
-/// Most descriptors [`send_with_fds`] sends with one packet.
-pub const MAX_SENT_FDS: usize = 2;
-
-/// Receives one packet and at most one descriptor. Returns the length (0 at end of stream).
-pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
-    recv_with_fd_flags(sock, buf, 0)
-}
-
-/// [`recv_with_fd`] that never blocks (`MSG_DONTWAIT`): `WouldBlock` when nothing is queued.
-pub fn recv_with_fd_nonblocking(
-    sock: RawFd,
-    buf: &mut [u8],
-) -> io::Result<(usize, Option<OwnedFd>)> {
-    recv_with_fd_flags(sock, buf, libc::MSG_DONTWAIT)
-}
-
-fn recv_with_fd_flags(
-    sock: RawFd,
-    buf: &mut [u8],
-    flags: libc::c_int,
-) -> io::Result<(usize, Option<OwnedFd>)> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut cbuf = [0u64; 8];
-    // SAFETY: zeroed msghdr is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cbuf);
-    // SAFETY: `msg` points at live buffers.
-    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
-    let n = cvt_isize(n)?;
-    let mut received = None;
-    // SAFETY: walking the control messages the kernel wrote into `cbuf`, within msg_controllen.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let count =
-                    ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
-                for i in 0..count {
-                    let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>().add(i));
-                    let owned = OwnedFd::from_raw_fd(fd);
-                    if received.is_none() {
-                        received = Some(owned);
-                    } // extra descriptors are closed by dropping `owned`
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-    }
-    if msg.msg_flags & libc::MSG_TRUNC != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("packet larger than the {}-byte maximum", buf.len()),
-        ));
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "control message truncated",
-        ));
-    }
-    Ok((n, received))
-}
-
-/// Credentials of the peer of a Unix socket.
-pub fn peer_cred(sock: RawFd) -> io::Result<libc::ucred> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are live and sized for SO_PEERCRED.
-    cvt(unsafe {
-        libc::getsockopt(
-            sock,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    })?;
-    Ok(cred)
-}
-
-/// Sets a receive timeout on a socket.
-pub fn set_recv_timeout(sock: RawFd, ms: u64) -> io::Result<()> {
-    let tv = libc::timeval {
-        tv_sec: (ms / 1000) as libc::time_t,
-        tv_usec: ((ms % 1000) * 1000) as libc::suseconds_t,
-    };
-    // SAFETY: `tv` is a live timeval.
-    cvt(unsafe {
-        libc::setsockopt(
-            sock,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as u32,
-        )
-    })?;
-    Ok(())
-}
-
 /// Pins the calling thread to one CPU; false if the kernel refused (a CPU outside the
 /// thread's cpuset, or offline).
 pub fn pin_to_cpu(cpu: usize) -> bool {
-    if cpu >= libc::CPU_SETSIZE as usize {
+    use rustix::thread::CpuSet;
+    if cpu >= CpuSet::MAX_CPU {
         return false;
     }
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it (the index is checked above);
-    // sched_setaffinity reads the set of the size passed.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    }
+    let mut set = CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set).is_ok()
 }
 
 /// The CPUs the calling thread may run on.
 pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes within the size passed, and
-    // CPU_ISSET reads within it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
+    use rustix::thread::CpuSet;
+    match rustix::thread::sched_getaffinity(None) {
+        Ok(set) => (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect(),
+        Err(_) => Vec::new(),
     }
 }
 
@@ -1005,37 +862,27 @@ pub fn set_sched_fifo(priority: i32) -> io::Result<()> {
 /// stays free to place it later. False when `cpu` is the only CPU it may run on or a call
 /// fails (the thread then stays where it was, with its affinity unchanged).
 pub fn move_off_cpu(cpu: usize) -> bool {
-    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
-    let mut all: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: a valid set of `size` bytes for the calling thread (pid 0).
-    if unsafe { libc::sched_getaffinity(0, size, &mut all) } != 0 {
+    use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+    let Ok(all) = sched_getaffinity(None) else {
+        return false;
+    };
+    if cpu >= CpuSet::MAX_CPU || !all.is_set(cpu) {
         return false;
     }
     let mut others = all;
-    // SAFETY: CPU_ISSET/CPU_CLR/CPU_COUNT on a valid set; `cpu` is range-checked by them.
-    unsafe {
-        if cpu >= libc::CPU_SETSIZE as usize || !libc::CPU_ISSET(cpu, &all) {
-            return false;
-        }
-        libc::CPU_CLR(cpu, &mut others);
-        if libc::CPU_COUNT(&others) == 0 {
-            return false;
-        }
+    others.unset(cpu);
+    if others.count() == 0 {
+        return false;
     }
-    // SAFETY: valid sets of `size` bytes for the calling thread.
-    let moved = unsafe { libc::sched_setaffinity(0, size, &others) } == 0;
-    // SAFETY: as above; restores the mask read at the start.
-    unsafe { libc::sched_setaffinity(0, size, &all) };
+    let moved = sched_setaffinity(None, &others).is_ok();
+    // Restores the mask read at the start.
+    let _ = sched_setaffinity(None, &all);
     moved
 }
 
 /// CPU time the calling thread has used, in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
-    // SAFETY: timespec is plain data; clock_gettime writes it.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid clock id and pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -1100,6 +947,12 @@ pub const PTRACE_EVENT_EXEC: i32 = 4;
 /// The registers of a stopped tracee (x86-64 `struct user_regs_struct`).
 pub type Regs = libc::user_regs_struct;
 
+/// A `Regs` of zeros (to be filled by [`ptrace_getregs`]).
+pub fn empty_regs() -> Regs {
+    // SAFETY: user_regs_struct is plain data (integers only); all zeros is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
 fn ptrace_call(req: libc::c_uint, tid: i32, addr: usize, data: usize) -> io::Result<libc::c_long> {
     // SAFETY: every request made through this function takes integer `addr` and `data`
     // arguments (SEIZE, INTERRUPT, SINGLESTEP, DETACH, SETOPTIONS): the kernel reads no memory
@@ -1162,8 +1015,7 @@ pub fn ptrace_detach(tid: i32, sig: i32) -> io::Result<()> {
 
 /// `PTRACE_GETREGS` of a stopped tracee.
 pub fn ptrace_getregs(tid: i32) -> io::Result<Regs> {
-    // SAFETY: user_regs_struct is plain data; all zeros is a valid value.
-    let mut regs: Regs = unsafe { std::mem::zeroed() };
+    let mut regs = empty_regs();
     // SAFETY: PTRACE_GETREGS writes one user_regs_struct to `data`, which points to `regs`.
     let r = unsafe { libc::ptrace(libc::PTRACE_GETREGS, tid, 0usize, &mut regs as *mut Regs) };
     if r == -1 {
@@ -1255,13 +1107,11 @@ pub fn tgkill(pid: i32, tid: i32, sig: i32) -> io::Result<()> {
 impl PidFd {
     /// A copy of descriptor `fd` of the process (`pidfd_getfd`, close-on-exec here).
     pub fn get_fd(&self, fd: i32) -> io::Result<OwnedFd> {
-        // SAFETY: plain syscall with integer arguments.
-        let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.fd.as_raw_fd(), fd, 0) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `r` is a fresh descriptor we own.
-        Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+        Ok(rustix::process::pidfd_getfd(
+            &self.fd,
+            fd,
+            rustix::process::PidfdGetfdFlags::empty(),
+        )?)
     }
 }
 
@@ -1269,16 +1119,11 @@ impl PidFd {
 pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
-        // SAFETY: the pointer and length describe the unfilled part of `buf`.
-        let r = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        match rustix::rand::getrandom(&mut buf[done..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
-        done += r as usize;
     }
     Ok(())
 }

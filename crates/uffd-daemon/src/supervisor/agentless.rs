@@ -94,8 +94,7 @@ pub fn find_new_images(
 ) {
     let known: std::collections::HashSet<i32> =
         shared.mms.lock().iter().filter_map(|m| m.pid()).collect();
-    // SAFETY: getpid cannot fail.
-    let me = unsafe { libc::getpid() };
+    let me = crate::sys::getpid();
     let tree = crate::unmanaged::descendants(me);
     judged.retain(|p, _| tree.contains(p));
     let mut found = false;

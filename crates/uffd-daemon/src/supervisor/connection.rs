@@ -10,7 +10,7 @@ use requests::answer_request;
 use requests::{leave_management, lock_request, release_to_program, step_out};
 use space::{live_mm, retire};
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,8 +38,7 @@ pub(crate) fn refuse(sock: &OwnedFd, why: &str) {
     let _ = sys::send_with_fd(fd, &msg, None);
     // Close gracefully: a Unix socket closed with unread input resets the connection, and the
     // peer would lose the error message. Stop writing, consume what it sent, then close.
-    // SAFETY: shutdown(2) on our own socket.
-    unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+    let _ = sys::shutdown_write(fd);
     let _ = sys::set_recv_timeout(fd, 200);
     let mut buf = vec![0u8; MAX_PACKET];
     for _ in 0..16 {
@@ -72,33 +71,22 @@ pub(crate) fn accept_loop(shared: &Arc<Shared>, lfd: RawFd) {
                 cv.wait(&mut n);
             }
         }
-        // SAFETY: accept4 on our listening socket; null address arguments are allowed.
-        let fd = unsafe {
-            libc::accept4(
-                lfd,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
+        let sock = match sys::accept(lfd) {
+            Ok(sock) => sock,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                if shared.stats.accept_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(
+                        "accepting an agent's connection failed ({e}); retrying \
+                     (processes of the tree wait to start until it works)"
+                    );
+                }
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
             }
-            if shared.stats.accept_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                tracing::warn!(
-                    "accepting an agent's connection failed ({e}); retrying \
-                     (processes of the tree wait to start until it works)"
-                );
-            }
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_secs(1));
-            continue;
-        }
+        };
         backoff = Duration::from_millis(1);
-        // SAFETY: `fd` is a fresh descriptor we own.
-        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
         let shared = Arc::clone(shared);
         *in_flight.0.lock() += 1;
         let done = Arc::clone(&in_flight);

@@ -86,8 +86,7 @@ pub fn census_kind(mm: &Mm) -> Option<Kind> {
 }
 
 fn own_pid() -> i32 {
-    // SAFETY: getpid cannot fail.
-    unsafe { libc::getpid() }
+    crate::sys::getpid()
 }
 
 /// A `HOLD` from `sender`'s agent, for the process `pid` names (0: the sender). A process asks

@@ -5,12 +5,12 @@
 //! `tiers`) never calls into it.
 
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,12 +55,6 @@ pub struct Config {
     pub stats_json: Option<PathBuf>,
 }
 
-static SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    SIGNAL.store(sig, Ordering::Relaxed);
-}
-
 fn serve_control(listener: UnixListener, shared: Arc<Shared>, started: Instant) {
     for s in listener.incoming() {
         let Ok(mut s) = s else { continue };
@@ -81,17 +75,7 @@ fn serve_control(listener: UnixListener, shared: Arc<Shared>, started: Instant) 
 /// the soft limit goes up to the hard one, so that a tree of a few hundred processes does not
 /// run the daemon out of them (the accept loop and the greetings survive it anyway).
 fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid rlimit structure.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
+    sys::raise_fd_limit();
 }
 
 /// Says at start (or, with `unmanaged = "error"`, refuses) a program the agent cannot load
@@ -114,8 +98,7 @@ fn check_program(
     let Some(kind) = path.as_deref().and_then(crate::unmanaged::program_kind) else {
         return Ok(None);
     };
-    // SAFETY: geteuid cannot fail.
-    if kind == crate::unmanaged::Kind::Static || unsafe { libc::geteuid() } == 0 {
+    if kind == crate::unmanaged::Kind::Static || sys::geteuid() == 0 {
         return Ok(Some(kind));
     }
     let why = match kind {
@@ -135,8 +118,7 @@ fn check_program(
 /// of another namespace (a daemon started by `unshare -p` without `--mount-proc`) would name
 /// other processes by the same numbers.
 fn check_proc() -> anyhow::Result<String> {
-    // SAFETY: getpid cannot fail.
-    let me = unsafe { libc::getpid() };
+    let me = sys::getpid();
     let seen = std::fs::read_link("/proc/self")
         .ok()
         .and_then(|p| p.to_str().and_then(|s| s.parse::<i32>().ok()));
@@ -288,14 +270,7 @@ impl RunDir {
             f.write_all(AGENT_SO)?;
         }
         let agent_sock = dir.join("agent.sock");
-        // SAFETY: socket(2) with constant arguments.
-        let lfd =
-            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-        if lfd < 0 {
-            bail!("socket: {}", std::io::Error::last_os_error());
-        }
-        // SAFETY: `lfd` is a fresh descriptor we own.
-        let listen_fd = unsafe { OwnedFd::from_raw_fd(lfd) };
+        let listen_fd = sys::seqpacket_socket().map_err(|e| anyhow::anyhow!("socket: {e}"))?;
         bind_listen(&listen_fd, &agent_sock)?;
         let ctl_path = dir.join("ctl.sock");
         let ctl = UnixListener::bind(&ctl_path)
@@ -349,16 +324,9 @@ fn make_shared(config: &Config, dir: &Path) -> anyhow::Result<(Arc<Shared>, Opti
 /// disposition across its exec as it would bare (a caught signal is reset to the default
 /// there).
 fn catch_signals() {
-    // SAFETY: prctl and signal with constant arguments; the handler only stores an atomic.
-    unsafe {
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-            if libc::signal(sig, on_signal as *const () as libc::sighandler_t) == libc::SIG_IGN {
-                libc::signal(sig, libc::SIG_IGN);
-            }
-        }
-    }
+    let _ = sys::set_child_subreaper();
+    sys::ignore_sigpipe();
+    sys::catch_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT]);
 }
 
 /// Starts the program with the agent preloaded. A program the agent cannot load into
@@ -410,39 +378,18 @@ impl Drop for RunDirGuard {
 }
 
 fn bind_listen(fd: &OwnedFd, path: &Path) -> anyhow::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: sockaddr_un is plain data.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = path.as_os_str().as_bytes();
-    if bytes.len() >= addr.sun_path.len() {
+    if path.as_os_str().len() > sys::UNIX_PATH_MAX {
         bail!("socket path {} is too long", path.display());
     }
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: `addr` is a valid sockaddr_un; the length is its size.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            std::mem::size_of::<libc::sockaddr_un>() as u32,
-        )
-    };
-    if rc < 0 {
-        bail!(
-            "binding {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        );
+    if let Err(e) = sys::bind_unix(fd, path) {
+        bail!("binding {}: {e}", path.display());
     }
     // Any process of the tree connects, whatever its privileges: who it is is checked at
     // accept (rundir.rs).
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
         .with_context(|| format!("setting the mode of {}", path.display()))?;
-    // SAFETY: listen on our bound socket.
-    if unsafe { libc::listen(fd.as_raw_fd(), 128) } < 0 {
-        bail!("listen: {}", std::io::Error::last_os_error());
+    if let Err(e) = sys::listen(fd, 128) {
+        bail!("listen: {e}");
     }
     Ok(())
 }
@@ -452,10 +399,9 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
     let mut root_status: Option<i32> = None;
     loop {
         // Signals: forward termination requests to the program; it decides.
-        let sig = SIGNAL.swap(0, Ordering::Relaxed);
+        let sig = sys::take_caught_signal();
         if sig != 0 && root_status.is_none() && sig != libc::SIGINT && sig != libc::SIGQUIT {
-            // SAFETY: kill(2) with integer arguments.
-            unsafe { libc::kill(root, sig) };
+            let _ = sys::kill(root, sig);
         }
         if let Some(st) = reap(shared, root) {
             root_status = Some(st);
@@ -496,13 +442,7 @@ fn monitor(shared: &Arc<Shared>, root: i32) -> anyhow::Result<i32> {
 /// ptrace waits of an injection reaped count too.
 fn reap(shared: &Shared, root: i32) -> Option<i32> {
     let mut root_status = None;
-    loop {
-        let mut st: libc::c_int = 0;
-        // SAFETY: waitpid with a valid status pointer.
-        let pid = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG | libc::__WALL) };
-        if pid <= 0 {
-            break;
-        }
+    while let Some((pid, st)) = sys::reap_any() {
         if let sys::TraceeState::Stopped { sig, event } = sys::decode_wait_status(st) {
             // (It did not stop in time because its way to the stop met a page of the
             // batch, most likely its rseq area: learnt now, left out of batches.)
@@ -511,13 +451,7 @@ fn reap(shared: &Shared, root: i32) -> Option<i32> {
             continue;
         }
         if pid == root {
-            root_status = Some(if libc::WIFEXITED(st) {
-                libc::WEXITSTATUS(st)
-            } else if libc::WIFSIGNALED(st) {
-                128 + libc::WTERMSIG(st)
-            } else {
-                1
-            });
+            root_status = Some(sys::shell_status(st));
         }
     }
     for (pid, st) in std::mem::take(&mut *shared.reaped.lock()) {
@@ -536,11 +470,7 @@ fn retire_exited(shared: &Shared) {
         // descriptors, the pid itself: the monitor reaps the tree, so a gone pid is gone.)
         let exited = match m.pidfd.lock().as_ref() {
             Some(p) => p.exited(),
-            None => m.pid().is_some_and(|pid| {
-                // SAFETY: kill(2) with signal 0 only checks that the process exists.
-                let rc = unsafe { libc::kill(pid, 0) };
-                rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-            }),
+            None => m.pid().is_some_and(sys::process_gone),
         };
         if exited {
             retire(shared, m);

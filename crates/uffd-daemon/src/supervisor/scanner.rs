@@ -30,8 +30,7 @@ pub(crate) fn census_round(shared: &Shared, census: &mut Census) {
         .filter(|m| !m.agent.try_lock().is_some_and(|a| a.is_none()))
         .filter_map(|m| m.pid())
         .collect();
-    // SAFETY: getpid cannot fail.
-    let me = unsafe { libc::getpid() };
+    let me = sys::getpid();
     census.reasons = shared
         .agentless_refusals
         .lock()
@@ -127,8 +126,7 @@ pub(crate) fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
         // page tables, policy, zswap's index, slot maps; and buffers). Every 20 ms.
         if tick % 250 == 0 {
             // Give back what the allocator holds free (metadata that shrank after a peak).
-            // SAFETY: malloc_trim only releases free memory of the allocator.
-            unsafe { libc::malloc_trim(0) };
+            sys::trim_allocator();
         }
         if tick % 50 == 0 {
             census_round(&shared, &mut census);
@@ -167,8 +165,7 @@ pub(crate) fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             }
         }
         if tick % 10 == 0 {
-            // SAFETY: getpid cannot fail.
-            let me = unsafe { libc::getpid() };
+            let me = sys::getpid();
             if let Some(own) = maps::rss_anon_bytes(me) {
                 let pool = shared.tiers.pool_bytes();
                 let s = &shared.stats;

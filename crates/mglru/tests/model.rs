@@ -99,6 +99,7 @@ fn config() -> impl Strategy<Value = Config> {
                     eviction_aging,
                     demotion_feedback,
                     loop_eviction,
+                    ..Config::default()
                 }
             },
         )

@@ -29,6 +29,12 @@ const LOOP_VICTIMS_FRACTION: usize = 8;
 /// young pages than this share of them; the eviction clock then runs until a walk finds more.
 const IDLE_FRACTION: (u64, u64) = (1, 4);
 
+/// [`Config::idle_youngest_demotion`]: the youngest generation is idle when a walk finds fewer
+/// than `1/IDLE_YOUNGEST` of its pages young...
+const IDLE_YOUNGEST: u64 = 256;
+/// ... and it is considered only when it holds at least `1/IDLE_YOUNGEST_MIN` of the pages.
+const IDLE_YOUNGEST_MIN: u64 = 16;
+
 /// Where a freshly faulted page starts (the question debated in the seed review).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultPlacement {
@@ -127,49 +133,22 @@ pub struct Config {
     /// HIR, and LIRS evicts resident HIR blocks first). The victims come from the eviction's
     /// scan otherwise. 5 by default (a deviation from v6.1, see the crate documentation).
     pub loop_eviction: u32,
-    /// Stale demotion (0: off, as in v6.1): after an aging walk, a protected generation (any
-    /// but the oldest) holding at least `1/16` of the resident pages, in which the walk found
-    /// fewer than `1 / stale_demotion` of its pages young, is stale: its pages the walk did
-    /// not find young are demoted to the old end of the oldest generation at once, where the
-    /// eviction-time check still promotes any of them used since the walk. Not while
-    /// [`Config::demotion_feedback`] holds the eviction clock back.
-    pub stale_demotion: u32,
-    /// Experimental: where stale demotion puts the pages (0: old end, 1: young end).
-    pub stale_demotion_end: u32,
-    /// Experimental: bit 0 ignores the demotion feedback, bit 1 requires the walk to find
-    /// the protected pages idle overall, bit 2 only the youngest generation.
-    pub stale_demotion_mode: u32,
-    /// Experimental: with stale demotion, a walk (no new generation) whenever `1 / stale_probe`
-    /// of memory was evicted since the last walk (0: off).
-    pub stale_probe: u32,
-    /// Experimental: the aging also runs once the pages moved into the youngest generation
-    /// since it was made reach `1 / promotion_aging` of the resident pages (0: off).
-    pub promotion_aging: u32,
-    /// Experimental: a walk without a new generation once `1 / settle_walk` of the resident
-    /// pages were added since the last walk (0: off).
-    pub settle_walk: u32,
-    /// Experimental: the aging opens the new generation before its walk, so the pages found
-    /// young go to the new youngest and the previous youngest keeps only idle ones.
-    pub age_first: bool,
-    /// Experimental: `should_run_aging`'s lower bound on the oldest generation (it holds less
-    /// than `1 / (MIN_NR_GENS + 2)` of the pages) at any number of generations.
-    pub old_bound_aging: bool,
-    /// Experimental: when the oldest generation is drained into the next (`inc_min_seq`), its
-    /// pages go to the young end of the next generation, behind the pages already there.
-    pub drain_young_end: bool,
-    /// Experimental: when the oldest generation holds less than `1 / old_merge` of the
-    /// resident pages and more than `MIN_NR_GENS` generations are alive, it is drained into
-    /// the next one (`inc_min_seq`, no walk), so the eviction reaches the next one (0: off).
-    pub old_merge: u32,
-    /// Experimental: the young bound is `1 / young_bound` of the pages (0: `1 / MIN_NR_GENS`).
-    pub young_bound: u32,
-    /// Experimental: an aging when first-touch faults (no shadow entry) rise from under a
-    /// quarter to at least half of the adds in a window of 1/8 of memory (0: off; 1 on).
-    pub burst_aging: u32,
+    /// Idle youngest demotion (off in v6.1): when an aging walk finds fewer than 1/256 of the
+    /// pages of the youngest generation young (and that generation holds at least 1/16 of the
+    /// resident pages), the pages of it the walk did not find young move to the young end of
+    /// the oldest generation at once, instead of sinking one generation per aging. The
+    /// eviction-time check still promotes any of them used since the walk (their first bit is
+    /// a reuse: they are not fresh). Not while [`Config::demotion_feedback`] holds the eviction
+    /// clock back (the pages demoted before came back), nor for pages in regions the walk
+    /// skipped (the bloom filter: their bits were not tested). Pages promoted once and then
+    /// not used again before the next walk are what a loop over more than a memory leaves in
+    /// the youngest generation; they kept a quarter to a half of memory from the pages the
+    /// loop reuses next. On by default (a deviation from v6.1, see the crate documentation).
+    pub idle_youngest_demotion: bool,
 }
 
 impl Default for Config {
-    /// The kernel's design with four deviations: faulted pages start in the oldest generation
+    /// The kernel's design with six deviations: faulted pages start in the oldest generation
     /// ([`FaultPlacement::Oldest`]) and their first accessed bit is the fault's own
     /// ([`Config::look_twice`]), so a faulted page earns its protection by a second access;
     /// and the aging's bound on the youngest generation applies with any number of
@@ -177,7 +156,9 @@ impl Default for Config {
     /// refill the oldest generation; and while a walk finds the protected generations idle,
     /// the aging also runs per eighth of memory evicted ([`Config::eviction_aging`]), so a hot
     /// set that moved is forgotten, unless the pages it demotes come back more than
-    /// probation's victims ([`Config::demotion_feedback`]). Everything else (4 generations,
+    /// probation's victims ([`Config::demotion_feedback`]); loop mode
+    /// ([`Config::loop_eviction`]); and a youngest generation an aging walk finds idle is
+    /// demoted at once ([`Config::idle_youngest_demotion`]). Everything else (4 generations,
     /// swappiness 60, PMD regions, bloom filter, look-around, the kernel's refault rule) is
     /// v6.1's.
     /// [`Config::v6_1`] is the v6.1 rules unchanged.
@@ -189,6 +170,7 @@ impl Default for Config {
             eviction_aging: DEFAULT_EVICTION_AGING,
             demotion_feedback: true,
             loop_eviction: DEFAULT_LOOP_EVICTION,
+            idle_youngest_demotion: true,
             ..Self::v6_1()
         }
     }
@@ -212,18 +194,7 @@ impl Config {
             eviction_aging: 0,
             demotion_feedback: false,
             loop_eviction: 0,
-            stale_demotion: 0,
-            stale_demotion_end: 0,
-            stale_demotion_mode: 0,
-            stale_probe: 0,
-            promotion_aging: 0,
-            settle_walk: 0,
-            age_first: false,
-            old_bound_aging: false,
-            drain_young_end: false,
-            old_merge: 0,
-            young_bound: 0,
-            burst_aging: 0,
+            idle_youngest_demotion: false,
         }
     }
 
@@ -351,8 +322,8 @@ pub struct Stats {
     /// Refaults within a memory's worth of evictions of the victims counted in
     /// `aging_evicted`, `[probation, demoted]`.
     pub aging_refaulted: [u64; 2],
-    /// Pages moved to the oldest generation by stale demotion ([`Config::stale_demotion`]).
-    pub stale_demoted: u64,
+    /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
+    pub idle_demoted: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -619,16 +590,8 @@ pub struct Mglru {
     aging_ctrl: AgingCtrl,
     /// Loop mode's refaults, the next victims, most recent last ([`Config::loop_eviction`]).
     loop_victims: VecDeque<PageId>,
-    /// Pages moved to the oldest generation by stale demotion.
-    stale_demoted: u64,
-    /// `evicted` at the last walk.
-    evicted_at_walk: u64,
-    /// First-touch adds and adds in the current window, the previous window's share (in
-    /// 1/1024) and whether an aging is due ([`Config::burst_aging`]).
-    burst: (u64, u64, u64, bool),
-    /// Pages added, and their count at the last walk.
-    added: u64,
-    added_at_walk: u64,
+    /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
+    idle_demoted: u64,
 
     refaults: u64,
 }
@@ -666,11 +629,7 @@ impl Mglru {
             aging_fast: false,
             aging_ctrl: AgingCtrl::default(),
             loop_victims: VecDeque::new(),
-            stale_demoted: 0,
-            evicted_at_walk: 0,
-            added: 0,
-            added_at_walk: 0,
-            burst: (0, 0, 1024, false),
+            idle_demoted: 0,
             refaults: 0,
         })
     }
@@ -891,21 +850,6 @@ impl Mglru {
         );
         self.lists[gen][ty].push_head(&mut self.slab.nodes, i);
         self.nr_pages[gen][ty] += 1;
-        self.added += 1;
-        if self.cfg.burst_aging > 0 {
-            let (first, all, prev, due) = &mut self.burst;
-            *first += u64::from(refault.is_none());
-            *all += 1;
-            if *all * 8 >= self.slab.len() as u64 && *all >= MIN_LRU_BATCH as u64 {
-                let share = *first * 1024 / *all;
-                if share >= 512 && *prev < 256 {
-                    *due = true;
-                }
-                *prev = share;
-                *first = 0;
-                *all = 0;
-            }
-        }
         *self.regions.entry(self.region_of(page)).or_insert(0) += 1;
         if loop_victim {
             self.loop_victims.push_back(page);
@@ -1014,20 +958,9 @@ impl Mglru {
     /// increments `max_seq` (draining the oldest generation if all of them are in use).
     pub fn age(&mut self, source: &mut dyn AccessSource) -> WalkStats {
         self.try_to_inc_min_seq();
-        self.walk_and_age(source);
+        self.walk(source);
+        self.inc_max_seq();
         self.last_walk
-    }
-
-    /// The aging: a walk and a new generation (in that order, as the kernel; the other way
-    /// round with [`Config::age_first`]).
-    fn walk_and_age(&mut self, source: &mut dyn AccessSource) {
-        if self.cfg.age_first {
-            self.inc_max_seq();
-            self.walk(source);
-        } else {
-            self.walk(source);
-            self.inc_max_seq();
-        }
     }
 
     /// The aging walk for `max_seq` (`walk_mm` over the regions of resident pages).
@@ -1053,17 +986,19 @@ impl Mglru {
             ..WalkStats::default()
         };
         let mut batch = GenBatch::default();
-        // Stale demotion: young pages per type and generation they were in, the young pages
-        // of the youngest generation while few enough for it to be stale, the regions walked.
-        let stale = self.cfg.stale_demotion;
-        let sizes_before = self.nr_pages;
-        let mut young_by_gen = [[0u64; 2]; MAX_NR_GENS];
-        let mut young_in_youngest: Vec<u32> = Vec::new();
+        // Idle youngest demotion: the youngest generation's pages (per type) before the walk,
+        // and those the walk finds young while they are few enough for it to be idle; the
+        // regions the walk skips (their pages were not tested).
+        let demote = self.cfg.idle_youngest_demotion;
+        let youngest_before = self.nr_pages[new_gen].map(|c| c.max(0) as u64);
+        let youngest_cap: u64 = youngest_before.iter().sum::<u64>() / IDLE_YOUNGEST;
+        let mut youngest_young: Vec<u32> = Vec::new();
+        let mut youngest_young_count = [0u64; 2];
         let mut skipped: Vec<u64> = Vec::new();
         for (region, resident) in regions {
             if use_filter && !self.filters[cur].contains(region) {
                 stats.regions_skipped += 1;
-                if stale > 0 {
+                if demote {
                     skipped.push(region);
                 }
                 continue;
@@ -1076,25 +1011,19 @@ impl Mglru {
                 let slab = &self.slab;
                 let tiers = &mut self.tiers;
                 let look_twice = self.cfg.look_twice;
-                let youngest_cap = sizes_before[new_gen]
-                    .iter()
-                    .map(|&c| c.max(0) as u64)
-                    .sum::<u64>();
-                let young_by_gen = &mut young_by_gen;
-                let young_in_youngest = &mut young_in_youngest;
+                let youngest_young = &mut youngest_young;
+                let youngest_young_count = &mut youngest_young_count;
                 source.test_and_clear_young(range, &mut |p| {
                     if let Some(i) = slab.get(p) {
                         let n = &slab.nodes[i as usize];
                         let tier = n.word.tier();
                         if let Some((old, moved)) = n.word.update_gen(new_gen, look_twice) {
                             young += 1;
-                            if stale > 0 {
-                                young_by_gen[old][n.page_type().idx()] += 1;
-                                if old == new_gen
-                                    && (young_in_youngest.len() as u64) * u64::from(stale)
-                                        <= youngest_cap
-                                {
-                                    young_in_youngest.push(i);
+                            if demote && old == new_gen {
+                                youngest_young_count[n.page_type().idx()] += 1;
+                                // Past the cap the generation is not idle: no need to know.
+                                if youngest_young.len() as u64 <= youngest_cap {
+                                    youngest_young.push(i);
                                 }
                             }
                             if moved {
@@ -1112,13 +1041,16 @@ impl Mglru {
         }
         batch.apply(&mut self.nr_pages, &mut self.gen_promoted);
         self.aging_fast = stats.young * IDLE_FRACTION.1 < protected * IDLE_FRACTION.0;
-        if stale > 0 {
-            self.demote_stale(&sizes_before, &young_by_gen, &young_in_youngest, &skipped);
+        if demote {
+            self.demote_idle_youngest(
+                &youngest_before,
+                &youngest_young_count,
+                &youngest_young,
+                &skipped,
+            );
         }
         stats.nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.walks += 1;
-        self.evicted_at_walk = self.evicted;
-        self.added_at_walk = self.added;
         self.walk_totals.nanos = self.walk_totals.nanos.saturating_add(stats.nanos);
         self.walk_totals.seq = max_seq;
         self.walk_totals.regions_scanned += stats.regions_scanned;
@@ -1128,89 +1060,52 @@ impl Mglru {
         self.last_walk = stats;
     }
 
-    /// Stale demotion ([`Config::stale_demotion`]), after a walk: moves the pages of each
-    /// stale protected generation that the walk did not find young to the oldest generation.
-    fn demote_stale(
+    /// [`Config::idle_youngest_demotion`], after a walk: if the walk found fewer than
+    /// `1/IDLE_YOUNGEST` of the youngest generation's pages young (of a type), the pages of it
+    /// that it did not find young (`young`: the slots of those it did) and that are in regions
+    /// it walked (`skipped`: sorted regions it did not) move to the young end of the oldest
+    /// generation.
+    fn demote_idle_youngest(
         &mut self,
-        sizes_before: &[[i64; 2]; MAX_NR_GENS],
-        young_by_gen: &[[u64; 2]; MAX_NR_GENS],
-        young_in_youngest: &[u32],
+        before: &[u64; 2],
+        young_count: &[u64; 2],
+        young: &[u32],
         skipped: &[u64],
     ) {
-        let held = self.cfg.demotion_feedback && self.aging_ctrl.demoted_in_use();
-        let mode = self.cfg.stale_demotion_mode;
-        if held && mode & 1 == 0 {
+        if self.cfg.demotion_feedback && self.aging_ctrl.demoted_in_use() {
             return;
         }
-        if mode & 2 != 0 && !self.aging_fast {
-            return;
-        }
-        let t = u64::from(self.cfg.stale_demotion);
-        let least = (self.len() as u64 / 16).max(MIN_LRU_BATCH as u64);
-        let youngest = self.gen(self.max_seq);
+        let g = self.gen(self.max_seq);
+        let least = (self.len() as u64 / IDLE_YOUNGEST_MIN).max(MIN_LRU_BATCH as u64);
+        let mut young_set: Option<std::collections::HashSet<u32>> = None;
         for ty in 0..2 {
+            if before[ty] < least || young_count[ty] * IDLE_YOUNGEST >= before[ty] {
+                continue;
+            }
+            let young_set = young_set.get_or_insert_with(|| young.iter().copied().collect());
             let oldest = self.gen(self.min_seq[ty]);
-            for seq in self.min_seq[ty] + 1..=self.max_seq {
-                let g = self.gen(seq);
-                if mode & 4 != 0 && g != youngest {
-                    continue;
-                }
-                let size = sizes_before[g][ty].max(0) as u64;
-                if size < least || young_by_gen[g][ty] * t >= size {
-                    continue;
-                }
-                let young: std::collections::HashSet<u32> = if g == youngest {
-                    young_in_youngest.iter().copied().collect()
-                } else {
-                    Default::default()
-                };
-                let idle: Vec<u32> = self.lists[g][ty]
-                    .iter(&self.slab.nodes)
-                    .filter(|&i| {
-                        let n = &self.slab.nodes[i as usize];
-                        n.word.gen() == Some(g)
-                            && !young.contains(&i)
-                            && (mode & 8 != 0
-                                || skipped.binary_search(&self.region_of(n.page())).is_err())
-                    })
-                    .collect();
-                for i in idle {
-                    let (old, new) = self.slab.nodes[i as usize].word.inc_gen(g, oldest);
-                    if old == Some(g) && new == oldest {
-                        self.nr_pages[g][ty] -= 1;
-                        self.nr_pages[oldest][ty] += 1;
-                        self.stale_demoted += 1;
-                        let young_end = self.cfg.stale_demotion_end == 1;
-                        self.move_node(i, ty, g, oldest, young_end);
-                    }
-                }
-            }
-        }
-    }
-
-    /// [`Config::old_merge`]: drains an oldest generation that became too small to hold the
-    /// pages faulted in until their reuse into the next one.
-    fn merge_small_oldest(&mut self) {
-        let k = self.cfg.old_merge as usize;
-        if k == 0 {
-            return;
-        }
-        for ty in [PageType::File.idx(), PageType::Anon.idx()] {
-            let gens = self.max_seq + 1 - self.min_seq[ty];
-            if gens <= MIN_NR_GENS as u64 {
+            if oldest == g {
                 continue;
             }
-            if ty == PageType::Anon.idx()
-                && self.can_swap()
-                && self.min_seq[0] + 1 > self.min_seq[1]
-            {
-                continue;
-            }
-            let oldest = self.nr_pages[self.gen(self.min_seq[ty])][ty].max(0) as usize;
-            if oldest * k < self.len()
-                && self.lists[self.gen(self.min_seq[ty])][ty].len() * k < self.len()
-            {
-                self.inc_min_seq(ty);
+            let idle: Vec<u32> = self.lists[g][ty]
+                .iter(&self.slab.nodes)
+                .filter(|&i| {
+                    let n = &self.slab.nodes[i as usize];
+                    n.word.gen() == Some(g)
+                        && !young_set.contains(&i)
+                        && skipped.binary_search(&self.region_of(n.page())).is_err()
+                })
+                .collect();
+            for i in idle {
+                // `inc_gen` moves the page only if its flags still name `g`, clearing its
+                // references, as the drain of a generation does.
+                let (old, new) = self.slab.nodes[i as usize].word.inc_gen(g, oldest);
+                if old == Some(g) && new == oldest {
+                    self.nr_pages[g][ty] -= 1;
+                    self.nr_pages[oldest][ty] += 1;
+                    self.idle_demoted += 1;
+                    self.move_node(i, ty, g, oldest, true);
+                }
             }
         }
     }
@@ -1242,14 +1137,7 @@ impl Mglru {
             let next_gen = self.gen(self.min_seq[ty] + 1);
             // Youngest first onto the old end of `next_gen`, so the moved pages keep their
             // order and stay older than the pages already there.
-            let young_end = self.cfg.drain_young_end;
-            loop {
-                let next = if young_end {
-                    self.lists[old_gen][ty].tail()
-                } else {
-                    self.lists[old_gen][ty].head()
-                };
-                let Some(i) = next else { break };
+            while let Some(i) = self.lists[old_gen][ty].head() {
                 let n = &self.slab.nodes[i as usize];
                 let (old, new) = n.word.inc_gen(old_gen, next_gen);
                 if let Some(old) = old {
@@ -1259,7 +1147,7 @@ impl Mglru {
                     }
                 }
                 self.lists[old_gen][ty].unlink(&mut self.slab.nodes, i);
-                if new == next_gen && !young_end {
+                if new == next_gen {
                     self.lists[new][ty].push_tail(&mut self.slab.nodes, i);
                 } else {
                     // Promoted meanwhile: to the young end of its own generation.
@@ -1327,14 +1215,6 @@ impl Mglru {
         {
             return true;
         }
-        let pa = u64::from(self.cfg.promotion_aging);
-        if pa > 0 {
-            let youngest = self.gen(self.max_seq);
-            let moved_in: u64 = self.gen_promoted[youngest].iter().sum();
-            if moved_in * pa >= self.len() as u64 {
-                return true;
-            }
-        }
         if min_seq + n < self.max_seq && !self.cfg.young_bound_aging {
             return false;
         }
@@ -1350,21 +1230,8 @@ impl Mglru {
                 }
             }
         }
-        let yb = if self.cfg.young_bound > 0 {
-            u64::from(self.cfg.young_bound)
-        } else {
-            n
-        };
-        if young * yb > total {
+        if young * n > total {
             return true;
-        }
-        if self.cfg.old_bound_aging {
-            let oldest: u64 = (usize::from(!can_swap)..2)
-                .map(|ty| self.nr_pages[self.gen(self.min_seq[ty])][ty].max(0) as u64)
-                .sum();
-            if oldest * (n + 2) < total {
-                return true;
-            }
         }
         // The lower bound on the oldest generation only with exactly MIN_NR_GENS + 1 of them.
         min_seq + n == self.max_seq && old * (n + 2) < total
@@ -1419,24 +1286,16 @@ impl Mglru {
                 continue;
             }
             self.try_to_inc_min_seq();
-            self.merge_small_oldest();
-            if std::mem::take(&mut self.burst.3) || self.should_run_aging() {
-                self.walk_and_age(source);
-            } else if (self.cfg.settle_walk > 0
-                && (self.added - self.added_at_walk) * u64::from(self.cfg.settle_walk)
-                    >= self.len() as u64)
-                || (self.cfg.stale_demotion > 0
-                    && self.cfg.stale_probe > 0
-                    && (self.evicted - self.evicted_at_walk) * u64::from(self.cfg.stale_probe)
-                        >= self.len() as u64)
-            {
+            if self.should_run_aging() {
                 self.walk(source);
+                self.inc_max_seq();
             }
             let scanned = self.evict_batch(n, &mut victims, source);
             if scanned == 0 {
                 idle += 1;
                 if !self.try_to_inc_min_seq() {
-                    self.walk_and_age(source);
+                    self.walk(source);
+                    self.inc_max_seq();
                 }
                 if idle > 4 * MAX_NR_GENS {
                     debug_assert!(false, "eviction made no progress");
@@ -1762,7 +1621,7 @@ impl Mglru {
             refaults: self.refaults,
             aging_evicted: self.aging_ctrl.evicted,
             aging_refaulted: self.aging_ctrl.refaulted,
-            stale_demoted: self.stale_demoted,
+            idle_demoted: self.idle_demoted,
         }
     }
 

@@ -19,14 +19,17 @@
 //!   of distinct pages. Policies: `mglru` (the default `Config`: v6.1 with faulted pages in the
 //!   oldest generation and the look-twice rule for their first accessed bit), `mglru-v6.1`
 //!   (`Config::v6_1()`: faulted pages youngest, their fault's bit counted as a reuse),
-//!   `mglru-noloop` (the default without `loop_eviction`, the default before the loop mode
-//!   of 2026-11-27's third round), `mglru-nofeedback` (without `loop_eviction` and
-//!   `demotion_feedback`, the default before 2026-11-27), `mglru-noclock` (without
-//!   `loop_eviction` and `eviction_aging`, the default before issue #20),
+//!   `mglru-noidle` (the default without `idle_youngest_demotion`, the default before
+//!   2026-11-27's fourth round), `mglru-noloop` (without `idle_youngest_demotion` and
+//!   `loop_eviction`, the default before the loop mode of 2026-11-27's third round),
+//!   `mglru-nofeedback` (without those and `demotion_feedback`, the default before
+//!   2026-11-27), `mglru-noclock` (without `idle_youngest_demotion`, `loop_eviction` and
+//!   `eviction_aging`, the default before issue #20),
 //!   `active-inactive`,
 //!   `lru`, `clock`, and `ARC`, `LIRS`, `S3-FIFO` when libCacheSim is installed.
 //! - `libcachesim`: the version used, or the reason it could not run.
-//! - `goals[policy]`: for `mglru`, `mglru-noloop`, `mglru-nofeedback`, `mglru-noclock` and
+//! - `goals[policy]`: for `mglru`, `mglru-noidle`, `mglru-noloop`, `mglru-nofeedback`,
+//!   `mglru-noclock` and
 //!   `mglru-v6.1`: the worst excess over LRU in points
 //!   (`max_excess_over_lru_points`, goal <= 0.5) and where; whether it beats active-inactive on
 //!   every scan-mixed trace and capacity (`beats_active_inactive_on_scans`); and
@@ -66,8 +69,9 @@ const TRACE_DIR: &str = "../shared/data/traces";
 const FRACTIONS: [f64; 4] = [0.01, 0.05, 0.10, 0.25];
 /// Capacities of the moved-hot-set and periodic-scan traces, as shares of the hot set.
 const SET_FRACTIONS: [f64; 4] = [0.2, 0.4, 0.6, 0.8];
-const RUST_POLICIES: [&str; 8] = [
+const RUST_POLICIES: [&str; 9] = [
     "mglru",
+    "mglru-noidle",
     "mglru-noloop",
     "mglru-nofeedback",
     "mglru-noclock",
@@ -88,11 +92,17 @@ struct Workload {
 fn make(name: &str) -> anyhow::Result<Box<dyn Policy>> {
     Ok(match name {
         "mglru" => Box::new(Mglru::new(Config::default())?),
+        "mglru-noidle" => Box::new(Mglru::new(Config {
+            idle_youngest_demotion: false,
+            ..Config::default()
+        })?),
         "mglru-noloop" => Box::new(Mglru::new(Config {
+            idle_youngest_demotion: false,
             loop_eviction: 0,
             ..Config::default()
         })?),
         "mglru-nofeedback" => Box::new(Mglru::new(Config {
+            idle_youngest_demotion: false,
             loop_eviction: 0,
             demotion_feedback: false,
             ..Config::default()
@@ -111,6 +121,7 @@ fn no_clock() -> Config {
     Config {
         eviction_aging: 0,
         loop_eviction: 0,
+        idle_youngest_demotion: false,
         ..Config::default()
     }
 }
@@ -509,6 +520,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     let mut goals = Map::new();
     for pol in [
         "mglru",
+        "mglru-noidle",
         "mglru-noloop",
         "mglru-nofeedback",
         "mglru-noclock",
@@ -684,6 +696,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
     }
     for pol in [
         "mglru",
+        "mglru-noidle",
         "mglru-noloop",
         "mglru-nofeedback",
         "mglru-noclock",

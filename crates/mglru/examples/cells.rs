@@ -44,6 +44,7 @@ fn config(spec: &str) -> Result<Config, String> {
             "eviction_aging" => c.eviction_aging = n as u32,
             "demotion_feedback" => c.demotion_feedback = n != 0,
             "loop_eviction" => c.loop_eviction = n as u32,
+            "idle_youngest_demotion" => c.idle_youngest_demotion = n != 0,
             "refault_window" => c.refault_window = n,
             "look_twice" => c.look_twice = n != 0,
             "young_bound_aging" => c.young_bound_aging = n != 0,
@@ -169,6 +170,7 @@ fn main() -> Result<(), String> {
     let mut report: Option<PathBuf> = None;
     let mut only: Vec<String> = Vec::new();
     let mut show_cells = false;
+    let mut heldout = false;
     let mut variants = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -177,6 +179,7 @@ fn main() -> Result<(), String> {
             "--report" => report = Some(PathBuf::from(args.next().ok_or("--report JSON")?)),
             "--only" => only.push(args.next().ok_or("--only PREFIX")?),
             "--cells" => show_cells = true,
+            "--heldout" => heldout = true,
             v => variants.push(v.to_string()),
         }
     }
@@ -191,7 +194,11 @@ fn main() -> Result<(), String> {
         ),
         None => None,
     };
-    let all = cells(&dir)?;
+    let all = if heldout {
+        heldout_cells()
+    } else {
+        cells(&dir)?
+    };
     let all: Vec<Cell> = all
         .into_iter()
         .filter(|c| only.is_empty() || only.iter().any(|o| c.trace.starts_with(o.as_str())))
@@ -273,6 +280,71 @@ fn main() -> Result<(), String> {
         println!("{s}");
     }
     Ok(())
+}
+
+/// Traces the rules were not tuned on (`--heldout`, 2026-11-27's fourth round): moved hot
+/// sets of other sizes, skews, phase lengths, seeds and capacities; loops over 1.25x and 3x
+/// memory; periodic scans and Zipf/scan mixes of other proportions. Libcachesim's results
+/// are not in any report for these, so only LRU is the bar.
+fn heldout_cells() -> Vec<Cell> {
+    let mut out = Vec::new();
+    for (set, phase_mult, phases) in [(2_000, 3, 4), (10_000, 10, 3), (40_000, 2, 5)] {
+        for (alpha, seed) in [(0.8, 101), (1.0, 102), (1.2, 103)] {
+            let t = Rc::new(workload::moving_hot_set(
+                set,
+                alpha,
+                phase_mult * set,
+                phases,
+                seed + set as u64,
+            ));
+            for f in [0.3, 0.5, 0.7, 0.9] {
+                out.push(Cell {
+                    trace: format!("h_moved_z{alpha:.1}_{}k_x{phase_mult}", set / 1000),
+                    cap: (set as f64 * f) as usize,
+                    frac: f,
+                    pages: t.clone(),
+                });
+            }
+        }
+    }
+    for (num, den) in [(5, 4), (3, 1)] {
+        for cap in [500, 3000] {
+            out.push(Cell {
+                trace: format!("h_loop_{num}/{den}x"),
+                cap,
+                frac: 0.0,
+                pages: Rc::new(workload::looping(cap * num / den, 8)),
+            });
+        }
+    }
+    for (scan, period, seed) in [(5_000, 20_000, 31), (20_000, 60_000, 32)] {
+        let t = Rc::new(workload::zipf_with_periodic_scan(
+            8_000, 1.0, scan, period, 600_000, seed,
+        ));
+        for f in [0.3, 0.6, 0.9] {
+            out.push(Cell {
+                trace: format!("h_wss_scan_{}k", scan / 1000),
+                cap: (8_000.0 * f) as usize,
+                frac: f,
+                pages: t.clone(),
+            });
+        }
+    }
+    for (hot, scan, seed) in [(1, 2, 41), (2, 1, 42)] {
+        let t = Rc::new(workload::zipf_with_scan(
+            10_000, 1.0, hot, scan, 500_000, seed,
+        ));
+        let d = distinct(&t);
+        for f in [0.02, 0.1] {
+            out.push(Cell {
+                trace: format!("h_zipf_scan_{hot}to{scan}"),
+                cap: (d as f64 * f) as usize,
+                frac: f,
+                pages: t.clone(),
+            });
+        }
+    }
+    out
 }
 
 /// The trace families the goals name.

@@ -6,8 +6,8 @@
 //! cargo run --release -p mglru --example probe -- WORKLOAD CAPACITY WINDOW [VARIANT]
 //! ```
 //!
-//! WORKLOAD: `loop:PAGES:ROUNDS`, `moved:SET:ALPHA:SEED` (the report's `moving_hot_set`, 5 x
-//! SET requests per phase, 3 phases), `wss:SCAN:SEED` (the report's periodic scan) or a trace
+//! WORKLOAD: `loop:PAGES:ROUNDS`, `moved:SET:ALPHA:SEED[:MULT:PHASES]` (the report's
+//! `moving_hot_set`, MULT x SET requests per phase, PHASES phases: 5 and 3 by default), `wss:SCAN:SEED` (the report's periodic scan) or a trace
 //! file. VARIANT as in the `cells` example (`default`, `knob=value,...`).
 
 use mglru::replay::{parse_trace, workload};
@@ -44,11 +44,14 @@ fn main() {
         "loop" => workload::looping(w[1].parse().unwrap(), w[2].parse().unwrap()),
         "moved" => {
             let set: usize = w[1].parse().unwrap();
+            // Optional phase length (in sets) and number of phases: 5 and 3 by default.
+            let mult: usize = w.get(4).map_or(5, |v| v.parse().unwrap());
+            let phases: usize = w.get(5).map_or(3, |v| v.parse().unwrap());
             workload::moving_hot_set(
                 set,
                 w[2].parse().unwrap(),
-                5 * set,
-                3,
+                mult * set,
+                phases,
                 w[3].parse().unwrap(),
             )
         }
@@ -141,6 +144,7 @@ fn cells_config(spec: &str) -> Config {
             "eviction_aging" => c.eviction_aging = n as u32,
             "demotion_feedback" => c.demotion_feedback = n != 0,
             "loop_eviction" => c.loop_eviction = n as u32,
+            "idle_youngest_demotion" => c.idle_youngest_demotion = n != 0,
             "young_bound_aging" => c.young_bound_aging = n != 0,
             "look_twice" => c.look_twice = n != 0,
             "refault_window" => c.refault_window = n,

@@ -61,7 +61,7 @@
 //! - `NR_HIST_GENS = 1`, as in v6.1.
 //! - With swappiness 0, anon pages are still drained into the next generation when the oldest
 //!   retires (the kernel leaves them and accepts a cold/hot inversion).
-//! - **The default configuration deviates from v6.1 in five rules** ([`Config::v6_1`] keeps
+//! - **The default configuration deviates from v6.1 in six rules** ([`Config::v6_1`] keeps
 //!   v6.1's; the README gives the measurements behind each):
 //!   1. faulted pages start at the young end of the oldest generation
 //!      ([`FaultPlacement::Oldest`]), not in the youngest (v6.1's `folio_add_lru` marks pages
@@ -91,7 +91,14 @@
 //!      working set is larger than memory and reused in order, a loop), such a refault gets
 //!      no protection and is the next victim, the most recent first, so the resident pages
 //!      stay and each round misses only what does not fit (LIRS's behaviour on loops; the
-//!      kernel has no counterpart: its refault-distance rule activates every loop refault).
+//!      kernel has no counterpart: its refault-distance rule activates every loop refault);
+//!   6. [`Config::idle_youngest_demotion`]: when an aging walk finds fewer than 1/256 of the
+//!      youngest generation's pages young (and it holds at least 1/16 of memory), the pages it
+//!      did not find young move to the young end of the oldest generation at once instead of
+//!      sinking one generation per aging (not while the demotion feedback holds the clock
+//!      back). A loop over more than a memory leaves the pages one pass promoted there, unused
+//!      until the next pass; they kept a quarter to a half of memory from the pages reused
+//!      next (lirs_cs, loops over 3x memory, periodic scans).
 //!
 //!   Why: with v6.1's rules every faulted page is promoted twice for one access (placed
 //!   youngest, then promoted again for the fault's accessed bit, and look-arounds promote the

@@ -29,6 +29,12 @@ const LOOP_VICTIMS_FRACTION: usize = 8;
 /// young pages than this share of them; the eviction clock then runs until a walk finds more.
 const IDLE_FRACTION: (u64, u64) = (1, 4);
 
+/// [`Config::idle_youngest_demotion`]: the youngest generation is idle when a walk finds fewer
+/// than `1/IDLE_YOUNGEST` of its pages young...
+const IDLE_YOUNGEST: u64 = 256;
+/// ... and it is considered only when it holds at least `1/IDLE_YOUNGEST_MIN` of the pages.
+const IDLE_YOUNGEST_MIN: u64 = 16;
+
 /// Where a freshly faulted page starts (the question debated in the seed review).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultPlacement {
@@ -127,10 +133,22 @@ pub struct Config {
     /// HIR, and LIRS evicts resident HIR blocks first). The victims come from the eviction's
     /// scan otherwise. 5 by default (a deviation from v6.1, see the crate documentation).
     pub loop_eviction: u32,
+    /// Idle youngest demotion (off in v6.1): when an aging walk finds fewer than 1/256 of the
+    /// pages of the youngest generation young (and that generation holds at least 1/16 of the
+    /// resident pages), the pages of it the walk did not find young move to the young end of
+    /// the oldest generation at once, instead of sinking one generation per aging. The
+    /// eviction-time check still promotes any of them used since the walk (their first bit is
+    /// a reuse: they are not fresh). Not while [`Config::demotion_feedback`] holds the eviction
+    /// clock back (the pages demoted before came back), nor for pages in regions the walk
+    /// skipped (the bloom filter: their bits were not tested). Pages promoted once and then
+    /// not used again before the next walk are what a loop over more than a memory leaves in
+    /// the youngest generation; they kept a quarter to a half of memory from the pages the
+    /// loop reuses next. On by default (a deviation from v6.1, see the crate documentation).
+    pub idle_youngest_demotion: bool,
 }
 
 impl Default for Config {
-    /// The kernel's design with four deviations: faulted pages start in the oldest generation
+    /// The kernel's design with six deviations: faulted pages start in the oldest generation
     /// ([`FaultPlacement::Oldest`]) and their first accessed bit is the fault's own
     /// ([`Config::look_twice`]), so a faulted page earns its protection by a second access;
     /// and the aging's bound on the youngest generation applies with any number of
@@ -138,7 +156,9 @@ impl Default for Config {
     /// refill the oldest generation; and while a walk finds the protected generations idle,
     /// the aging also runs per eighth of memory evicted ([`Config::eviction_aging`]), so a hot
     /// set that moved is forgotten, unless the pages it demotes come back more than
-    /// probation's victims ([`Config::demotion_feedback`]). Everything else (4 generations,
+    /// probation's victims ([`Config::demotion_feedback`]); loop mode
+    /// ([`Config::loop_eviction`]); and a youngest generation an aging walk finds idle is
+    /// demoted at once ([`Config::idle_youngest_demotion`]). Everything else (4 generations,
     /// swappiness 60, PMD regions, bloom filter, look-around, the kernel's refault rule) is
     /// v6.1's.
     /// [`Config::v6_1`] is the v6.1 rules unchanged.
@@ -150,6 +170,7 @@ impl Default for Config {
             eviction_aging: DEFAULT_EVICTION_AGING,
             demotion_feedback: true,
             loop_eviction: DEFAULT_LOOP_EVICTION,
+            idle_youngest_demotion: true,
             ..Self::v6_1()
         }
     }
@@ -173,6 +194,7 @@ impl Config {
             eviction_aging: 0,
             demotion_feedback: false,
             loop_eviction: 0,
+            idle_youngest_demotion: false,
         }
     }
 
@@ -300,6 +322,8 @@ pub struct Stats {
     /// Refaults within a memory's worth of evictions of the victims counted in
     /// `aging_evicted`, `[probation, demoted]`.
     pub aging_refaulted: [u64; 2],
+    /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
+    pub idle_demoted: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -566,6 +590,8 @@ pub struct Mglru {
     aging_ctrl: AgingCtrl,
     /// Loop mode's refaults, the next victims, most recent last ([`Config::loop_eviction`]).
     loop_victims: VecDeque<PageId>,
+    /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
+    idle_demoted: u64,
 
     refaults: u64,
 }
@@ -603,6 +629,7 @@ impl Mglru {
             aging_fast: false,
             aging_ctrl: AgingCtrl::default(),
             loop_victims: VecDeque::new(),
+            idle_demoted: 0,
             refaults: 0,
         })
     }
@@ -959,9 +986,21 @@ impl Mglru {
             ..WalkStats::default()
         };
         let mut batch = GenBatch::default();
+        // Idle youngest demotion: the youngest generation's pages (per type) before the walk,
+        // and those the walk finds young while they are few enough for it to be idle; the
+        // regions the walk skips (their pages were not tested).
+        let demote = self.cfg.idle_youngest_demotion;
+        let youngest_before = self.nr_pages[new_gen].map(|c| c.max(0) as u64);
+        let youngest_cap: u64 = youngest_before.iter().sum::<u64>() / IDLE_YOUNGEST;
+        let mut youngest_young: Vec<u32> = Vec::new();
+        let mut youngest_young_count = [0u64; 2];
+        let mut skipped: Vec<u64> = Vec::new();
         for (region, resident) in regions {
             if use_filter && !self.filters[cur].contains(region) {
                 stats.regions_skipped += 1;
+                if demote {
+                    skipped.push(region);
+                }
                 continue;
             }
             stats.regions_scanned += 1;
@@ -972,12 +1011,21 @@ impl Mglru {
                 let slab = &self.slab;
                 let tiers = &mut self.tiers;
                 let look_twice = self.cfg.look_twice;
+                let youngest_young = &mut youngest_young;
+                let youngest_young_count = &mut youngest_young_count;
                 source.test_and_clear_young(range, &mut |p| {
                     if let Some(i) = slab.get(p) {
                         let n = &slab.nodes[i as usize];
                         let tier = n.word.tier();
                         if let Some((old, moved)) = n.word.update_gen(new_gen, look_twice) {
                             young += 1;
+                            if demote && old == new_gen {
+                                youngest_young_count[n.page_type().idx()] += 1;
+                                // Past the cap the generation is not idle: no need to know.
+                                if youngest_young.len() as u64 <= youngest_cap {
+                                    youngest_young.push(i);
+                                }
+                            }
                             if moved {
                                 batch.record(n.page_type().idx(), old, new_gen);
                                 tiers[n.page_type().idx()][tier].promoted += 1;
@@ -993,6 +1041,14 @@ impl Mglru {
         }
         batch.apply(&mut self.nr_pages, &mut self.gen_promoted);
         self.aging_fast = stats.young * IDLE_FRACTION.1 < protected * IDLE_FRACTION.0;
+        if demote {
+            self.demote_idle_youngest(
+                &youngest_before,
+                &youngest_young_count,
+                &youngest_young,
+                &skipped,
+            );
+        }
         stats.nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.walks += 1;
         self.walk_totals.nanos = self.walk_totals.nanos.saturating_add(stats.nanos);
@@ -1002,6 +1058,56 @@ impl Mglru {
         self.walk_totals.pages_scanned += stats.pages_scanned;
         self.walk_totals.young += stats.young;
         self.last_walk = stats;
+    }
+
+    /// [`Config::idle_youngest_demotion`], after a walk: if the walk found fewer than
+    /// `1/IDLE_YOUNGEST` of the youngest generation's pages young (of a type), the pages of it
+    /// that it did not find young (`young`: the slots of those it did) and that are in regions
+    /// it walked (`skipped`: sorted regions it did not) move to the young end of the oldest
+    /// generation.
+    fn demote_idle_youngest(
+        &mut self,
+        before: &[u64; 2],
+        young_count: &[u64; 2],
+        young: &[u32],
+        skipped: &[u64],
+    ) {
+        if self.cfg.demotion_feedback && self.aging_ctrl.demoted_in_use() {
+            return;
+        }
+        let g = self.gen(self.max_seq);
+        let least = (self.len() as u64 / IDLE_YOUNGEST_MIN).max(MIN_LRU_BATCH as u64);
+        let mut young_set: Option<std::collections::HashSet<u32>> = None;
+        for ty in 0..2 {
+            if before[ty] < least || young_count[ty] * IDLE_YOUNGEST >= before[ty] {
+                continue;
+            }
+            let young_set = young_set.get_or_insert_with(|| young.iter().copied().collect());
+            let oldest = self.gen(self.min_seq[ty]);
+            if oldest == g {
+                continue;
+            }
+            let idle: Vec<u32> = self.lists[g][ty]
+                .iter(&self.slab.nodes)
+                .filter(|&i| {
+                    let n = &self.slab.nodes[i as usize];
+                    n.word.gen() == Some(g)
+                        && !young_set.contains(&i)
+                        && skipped.binary_search(&self.region_of(n.page())).is_err()
+                })
+                .collect();
+            for i in idle {
+                // `inc_gen` moves the page only if its flags still name `g`, clearing its
+                // references, as the drain of a generation does.
+                let (old, new) = self.slab.nodes[i as usize].word.inc_gen(g, oldest);
+                if old == Some(g) && new == oldest {
+                    self.nr_pages[g][ty] -= 1;
+                    self.nr_pages[oldest][ty] += 1;
+                    self.idle_demoted += 1;
+                    self.move_node(i, ty, g, oldest, true);
+                }
+            }
+        }
     }
 
     /// `inc_max_seq`: opens a new youngest generation.
@@ -1515,6 +1621,7 @@ impl Mglru {
             refaults: self.refaults,
             aging_evicted: self.aging_ctrl.evicted,
             aging_refaulted: self.aging_ctrl.refaulted,
+            idle_demoted: self.idle_demoted,
         }
     }
 

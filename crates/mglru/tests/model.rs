@@ -70,6 +70,7 @@ fn config() -> impl Strategy<Value = Config> {
         (
             any::<bool>(),
             prop_oneof![Just(0u32), Just(1), Just(5), Just(8)],
+            any::<bool>(),
         ),
     )
         .prop_map(
@@ -83,7 +84,7 @@ fn config() -> impl Strategy<Value = Config> {
                 window,
                 young_bound,
                 eviction_aging,
-                (demotion_feedback, loop_eviction),
+                (demotion_feedback, loop_eviction, idle_youngest_demotion),
             )| {
                 Config {
                     max_nr_gens: gens,
@@ -99,6 +100,7 @@ fn config() -> impl Strategy<Value = Config> {
                     eviction_aging,
                     demotion_feedback,
                     loop_eviction,
+                    idle_youngest_demotion,
                 }
             },
         )

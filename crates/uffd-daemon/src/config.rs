@@ -456,6 +456,35 @@ fn size_field(v: &Option<String>, field: &str) -> anyhow::Result<Option<u64>> {
 
 /// Reads `path` (if any) and applies `o` over it.
 pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
+    let f = read_file(path)?;
+    let (limit, auto) = resolve_limit(&f, o)?;
+    let backend = resolve_backend(&f, o)?;
+    let swap_bytes = resolve_swap_bytes(&f, o)?;
+    let zswap = resolve_zswap(&f, o)?;
+    if zswap.is_none() && backend == BackendSpec::None {
+        bail!("no tier to evict to: zswap is off and the backend is none");
+    }
+    let fail_writes = resolve_fail_writes(&f)?;
+    let policy = resolve_policy(&f, o, limit)?;
+    Ok(Resolved {
+        limit,
+        auto,
+        tiers: TierConfig {
+            zswap,
+            backend,
+            swap_bytes,
+            large_folios: f.tiers.large_folios.unwrap_or(true),
+            discard: f.tiers.discard.unwrap_or(true),
+            encrypt: o.encrypt.or(f.tiers.encrypt).unwrap_or(true),
+            fail_writes,
+            tmp_dir: PathBuf::from("/var/tmp"),
+        },
+        policy,
+    })
+}
+
+/// The configuration file, parsed (empty without one).
+fn read_file(path: Option<&Path>) -> anyhow::Result<FileConfig> {
     let f: FileConfig = match path {
         Some(p) => {
             let text = std::fs::read_to_string(p)
@@ -465,6 +494,15 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
         }
         None => FileConfig::default(),
     };
+    Ok(f)
+}
+
+/// The limit in bytes (under `auto`, its ceiling) and the controller's settings under `auto`:
+/// the command line over the file's `limit` (a size, `"auto"`, or a table).
+fn resolve_limit(
+    f: &FileConfig,
+    o: &Overrides,
+) -> anyhow::Result<(u64, Option<crate::limit::AutoConfig>)> {
     let (file_size, table) = match &f.limit {
         Some(FileLimit::Size(s)) if s == "auto" => (
             None,
@@ -538,6 +576,11 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
             None => bail!("no limit: give --limit or `limit` in the configuration file"),
         }
     };
+    Ok((limit, auto))
+}
+
+/// The backing device, with the `[redis_cluster]` section applied to a cluster.
+fn resolve_backend(f: &FileConfig, o: &Overrides) -> anyhow::Result<BackendSpec> {
     let backend = match (&o.backend, &f.tiers.backend) {
         (Some(b), _) => b.clone(),
         (None, Some(s)) => {
@@ -556,6 +599,11 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
         }
         (b, _) => b,
     };
+    Ok(backend)
+}
+
+/// The swap space in bytes: at least an eviction batch, at most what 32-bit slots address.
+fn resolve_swap_bytes(f: &FileConfig, o: &Overrides) -> anyhow::Result<u64> {
     let swap_bytes = o
         .swap_size
         .or(size_field(&f.tiers.swap_size, "tiers.swap_size")?)
@@ -571,6 +619,11 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
     if swap_bytes > MAX_SWAP {
         bail!("swap size {swap_bytes} bytes is above the 16T that 32-bit slot numbers address");
     }
+    Ok(swap_bytes)
+}
+
+/// The zswap tier, unless it is off.
+fn resolve_zswap(f: &FileConfig, o: &Overrides) -> anyhow::Result<Option<ZswapTier>> {
     let zswap_on = match o.zswap {
         Some(None) => false,
         Some(Some(_)) => true,
@@ -613,9 +666,11 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
     } else {
         None
     };
-    if zswap.is_none() && backend == BackendSpec::None {
-        bail!("no tier to evict to: zswap is off and the backend is none");
-    }
+    Ok(zswap)
+}
+
+/// The test-only failure injection of `[test]`.
+fn resolve_fail_writes(f: &FileConfig) -> anyhow::Result<Option<FailWrites>> {
     let fail_writes = match size_field(&f.test.fail_writes_after, "test.fail_writes_after")? {
         None => None,
         Some(after_bytes) => Some(FailWrites {
@@ -627,6 +682,11 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
             },
         }),
     };
+    Ok(fail_writes)
+}
+
+/// The policy and the fault path's settings; the shadow entries sized from the limit.
+fn resolve_policy(f: &FileConfig, o: &Overrides, limit: u64) -> anyhow::Result<PolicyConfig> {
     let mut policy = PolicyConfig::default();
     if let Some(s) = &f.policy.name {
         policy.kind = parse_policy(s).map_err(|e| anyhow::anyhow!("policy.name: {e}"))?;
@@ -694,21 +754,7 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
     if let Some(a) = o.access {
         policy.access = a;
     }
-    Ok(Resolved {
-        limit,
-        auto,
-        tiers: TierConfig {
-            zswap,
-            backend,
-            swap_bytes,
-            large_folios: f.tiers.large_folios.unwrap_or(true),
-            discard: f.tiers.discard.unwrap_or(true),
-            encrypt: o.encrypt.or(f.tiers.encrypt).unwrap_or(true),
-            fail_writes,
-            tmp_dir: PathBuf::from("/var/tmp"),
-        },
-        policy,
-    })
+    Ok(policy)
 }
 
 #[cfg(test)]

@@ -493,6 +493,124 @@ impl Drop for AnonMap {
     }
 }
 
+/// Allocates `len` bytes of `file` from its start (`fallocate(2)`, mode 0): later writes into
+/// them cannot fail for lack of space.
+pub fn allocate_file(file: &std::fs::File, len: u64) -> io::Result<()> {
+    rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len)?;
+    Ok(())
+}
+
+/// A shared mapping of a file (a pmem device or a file standing in for one), read and written
+/// by copying bytes at checked offsets.
+#[derive(Debug)]
+pub struct SharedFileMap {
+    // INVARIANT: `ptr` is the start of a shared read-write mapping of `len` bytes that this
+    // value alone unmaps, from `new` to `drop`.
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    sync: bool,
+}
+
+// SAFETY: the mapping is plain shared memory; every access copies bytes of a range checked
+// against `len` through raw pointers (no reference into it is ever handed out), and the
+// callers (a backend whose slots are written before they are published and read only while
+// referenced) never access one range from two threads at once.
+unsafe impl Send for SharedFileMap {}
+// SAFETY: see `Send`.
+unsafe impl Sync for SharedFileMap {}
+
+impl SharedFileMap {
+    /// Maps the first `len` bytes of `file`, shared: with `MAP_SYNC` where the file is on DAX
+    /// (then `is_sync`), an ordinary shared mapping otherwise.
+    pub fn new(file: &std::fs::File, len: usize) -> io::Result<Self> {
+        use rustix::mm::{MapFlags, ProtFlags};
+        let prot = ProtFlags::READ | ProtFlags::WRITE;
+        // SAFETY: a fresh mapping of a descriptor we hold, at an address the kernel chooses:
+        // nothing else is mapped there, and only this value reaches it.
+        let synced = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                MapFlags::SHARED_VALIDATE | MapFlags::SYNC,
+                file,
+                0,
+            )
+        };
+        let (p, sync) = match synced {
+            Ok(p) => (p, true),
+            // SAFETY: as above.
+            Err(_) => (
+                unsafe {
+                    rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, file, 0)?
+                },
+                false,
+            ),
+        };
+        let ptr = std::ptr::NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
+        Ok(SharedFileMap { ptr, len, sync })
+    }
+
+    /// Whether the mapping is `MAP_SYNC` (the file is on DAX).
+    pub fn is_sync(&self) -> bool {
+        self.sync
+    }
+
+    /// The mapping's length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the mapping is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check(&self, offset: u64, n: usize) -> io::Result<usize> {
+        let off = usize::try_from(offset).unwrap_or(usize::MAX);
+        if off.checked_add(n).is_none_or(|end| end > self.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "an access of {n} bytes at {offset:#x} beyond the mapping's {} bytes",
+                    self.len
+                ),
+            ));
+        }
+        Ok(off)
+    }
+
+    /// Copies `data` into the mapping at `offset`.
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let off = self.check(offset, data.len())?;
+        // SAFETY: `off..off + len` lies in the mapping (checked), which `data`, a slice of
+        // the caller's, does not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(off), data.len())
+        };
+        Ok(())
+    }
+
+    /// Copies the mapping's bytes at `offset` into `out`.
+    pub fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        let off = self.check(offset, out.len())?;
+        // SAFETY: as in `write_at`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), out.as_mut_ptr(), out.len())
+        };
+        Ok(())
+    }
+}
+
+impl Drop for SharedFileMap {
+    fn drop(&mut self) {
+        // SAFETY: by the type's invariant the mapping is this value's alone, and no reference
+        // into it exists (accesses copy through raw pointers).
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
 /// Waits until one of `fds` (descriptors the caller holds open) is readable, hung up or in
 /// error, or until `timeout_ms` passes (negative: no limit); returns the ready mask. A signal
 /// during the wait restarts it.

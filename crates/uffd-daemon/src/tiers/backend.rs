@@ -5,7 +5,6 @@
 use std::fmt;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -195,26 +194,18 @@ impl Drop for FileBackend {
 
 /// A pmem-backed device mapped into the daemon and accessed by memory copy.
 pub struct PmemBackend {
-    base: *mut u8,
-    len: usize,
+    map: crate::sys::SharedFileMap,
     mode: &'static str,
     path: PathBuf,
     remove_at_exit: bool,
     _file: File,
 }
 
-// SAFETY: the mapping is plain shared memory owned by this value; every access copies bytes
-// of a range checked against `len`, and callers never access one slot from two threads at
-// once (a slot is written before it is published and read only while referenced).
-unsafe impl Send for PmemBackend {}
-// SAFETY: see `Send`.
-unsafe impl Sync for PmemBackend {}
-
 impl fmt::Debug for PmemBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PmemBackend")
             .field("path", &self.path)
-            .field("len", &self.len)
+            .field("len", &self.map.len())
             .field("mode", &self.mode)
             .finish()
     }
@@ -242,10 +233,7 @@ impl PmemBackend {
             (f, size, false)
         } else {
             let f = create_private(path)?;
-            // SAFETY: fallocate(2) on our own descriptor.
-            let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
-            if rc != 0 {
-                let e = io::Error::last_os_error();
+            if let Err(e) = crate::sys::allocate_file(&f, len) {
                 let _ = std::fs::remove_file(path);
                 return Err(io::Error::new(
                     e.kind(),
@@ -257,63 +245,31 @@ impl PmemBackend {
             }
             (f, len, true)
         };
-        let len = len as usize;
-        let fd = file.as_raw_fd();
-        let prot = libc::PROT_READ | libc::PROT_WRITE;
-        // SAFETY: mmap(2) of our own descriptor, a fresh mapping chosen by the kernel.
-        let mut base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
-                fd,
-                0,
-            )
-        };
-        let mut mode = if is_dax_dev {
-            "dax device"
-        } else {
-            "dax file, MAP_SYNC"
-        };
-        if base == libc::MAP_FAILED {
-            // Not DAX: the seeds' "simulated pmem", an ordinary shared mapping of the file.
-            // SAFETY: as above.
-            base = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
-            mode = "simulated (shared file mapping)";
-        }
-        if base == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            if remove {
-                let _ = std::fs::remove_file(path);
+        let map = match crate::sys::SharedFileMap::new(&file, len as usize) {
+            Ok(m) => m,
+            Err(e) => {
+                if remove {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("mapping pmem {}: {e}", path.display()),
+                ));
             }
-            return Err(io::Error::new(
-                e.kind(),
-                format!("mapping pmem {}: {e}", path.display()),
-            ));
-        }
+        };
+        // (Not DAX: the seeds' "simulated pmem", an ordinary shared mapping of the file.)
+        let mode = match (is_dax_dev, map.is_sync()) {
+            (true, _) => "dax device",
+            (false, true) => "dax file, MAP_SYNC",
+            (false, false) => "simulated (shared file mapping)",
+        };
         Ok(PmemBackend {
-            base: base.cast(),
-            len,
+            map,
             mode,
             path: path.to_path_buf(),
             remove_at_exit: remove,
             _file: file,
         })
-    }
-
-    fn check(&self, offset: u64, n: usize) -> io::Result<usize> {
-        let off = usize::try_from(offset).unwrap_or(usize::MAX);
-        if off.checked_add(n).is_none_or(|end| end > self.len) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "pmem access of {n} bytes at {offset:#x} beyond its {} bytes",
-                    self.len
-                ),
-            ));
-        }
-        Ok(off)
     }
 }
 
@@ -328,23 +284,15 @@ impl Backend for PmemBackend {
         format!("pmem {} ({})", self.path.display(), self.mode)
     }
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        let off = self.check(offset, data.len())?;
-        // SAFETY: `off..off + len` lies in the mapping (checked); `data` does not overlap it.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(off), data.len()) };
-        Ok(())
+        self.map.write_at(offset, data)
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        let off = self.check(offset, out.len())?;
-        // SAFETY: as in `write`.
-        unsafe { std::ptr::copy_nonoverlapping(self.base.add(off), out.as_mut_ptr(), out.len()) };
-        Ok(())
+        self.map.read_at(offset, out)
     }
 }
 
 impl Drop for PmemBackend {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `open`, unmapped once.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
         if self.remove_at_exit {
             let _ = std::fs::remove_file(&self.path);
         }

@@ -493,6 +493,103 @@ impl Drop for AnonMap {
     }
 }
 
+/// Memory for secrets (a key): a private anonymous mapping, locked (never written to swap),
+/// left out of core dumps and of children forked before they exec. Unlocked and unmapped on
+/// drop; the owner wipes it first.
+#[derive(Debug)]
+pub struct SecretPages {
+    // INVARIANT: `ptr` is the start of a private anonymous read-write mapping of `len` bytes,
+    // locked, that this value alone unmaps.
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; what is stored there, and who may
+// reach it, is the owner's business (it hands out only a raw pointer).
+unsafe impl Send for SecretPages {}
+// SAFETY: see `Send`.
+unsafe impl Sync for SecretPages {}
+
+impl SecretPages {
+    /// Maps and locks `len` bytes (a multiple of the page size), zero-filled. An `mlock`
+    /// failure names `RLIMIT_MEMLOCK`. `MADV_DONTDUMP` and `MADV_DONTFORK` are best effort
+    /// (both exist since Linux 3.4 and cannot fail on such a mapping).
+    pub fn new(len: usize) -> io::Result<Self> {
+        use rustix::mm::{Advice, MapFlags, ProtFlags};
+        // SAFETY: a fresh private anonymous mapping at an address the kernel chooses.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }?;
+        let ptr = std::ptr::NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
+        let pages = SecretPages { ptr, len };
+        // SAFETY: mlock and madvise of the mapping just made, which only `pages` reaches.
+        unsafe {
+            rustix::mm::mlock(p, len).map_err(|e| {
+                io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!(
+                        "mlock of {len} bytes: {e}; raise RLIMIT_MEMLOCK (ulimit -l) or turn \
+                         encryption off (--encrypt off)"
+                    ),
+                )
+            })?;
+            let _ = rustix::mm::madvise(p, len, Advice::LinuxDontDump);
+            let _ = rustix::mm::madvise(p, len, Advice::LinuxDontFork);
+        }
+        Ok(pages)
+    }
+
+    /// The start of the mapping (valid for reads and writes of `len` bytes while `self` lives).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The mapping's length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the mapping is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the mapping's first page is resident (`mincore`).
+    pub fn first_page_resident(&self) -> io::Result<bool> {
+        let mut vec = [0u8; 1];
+        // SAFETY: mincore(2) on this value's mapping (at least a page), one byte of output.
+        let rc = unsafe {
+            libc::mincore(
+                self.ptr.as_ptr().cast(),
+                PAGE_SIZE.min(self.len),
+                vec.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(vec[0] & 1 == 1)
+    }
+}
+
+impl Drop for SecretPages {
+    fn drop(&mut self) {
+        let p = self.ptr.as_ptr().cast();
+        // SAFETY: by the type's invariant the mapping is this value's alone; the owner keeps
+        // no reference into it past its own drop, which runs before this one.
+        unsafe {
+            let _ = rustix::mm::munlock(p, self.len);
+            let _ = rustix::mm::munmap(p, self.len);
+        }
+    }
+}
+
 /// Allocates `len` bytes of `file` from its start (`fallocate(2)`, mode 0): later writes into
 /// them cannot fail for lack of space.
 pub fn allocate_file(file: &std::fs::File, len: u64) -> io::Result<()> {

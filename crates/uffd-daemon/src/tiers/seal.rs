@@ -51,7 +51,6 @@ use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::mem::{size_of, MaybeUninit};
-use std::ptr::NonNull;
 use std::sync::atomic::{compiler_fence, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
@@ -305,24 +304,6 @@ fn scrub_stack() {
     std::hint::black_box(&mut buf);
 }
 
-fn fill_random(buf: &mut [u8]) -> io::Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        let rest = &mut buf[done..];
-        // SAFETY: getrandom(2) writes at most `rest.len()` bytes into `rest`.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(io::Error::new(e.kind(), format!("getrandom: {e}")));
-        }
-        done += n as usize;
-    }
-    Ok(())
-}
-
 /// The page holding the key: the raw bytes (wiped once the key schedule is built from them)
 /// and the key schedule itself.
 #[repr(C)]
@@ -337,63 +318,25 @@ const KEY_MAP_BYTES: usize = size_of::<KeyPage>().next_multiple_of(PAGE_SIZE);
 /// The daemon's sealing key, in memory of its own: locked, out of core dumps and children,
 /// wiped on drop.
 struct LockedKey {
-    // INVARIANT: `page` is a private anonymous mapping of `KEY_MAP_BYTES` owned by this value,
-    // locked in memory; `key` is initialised once `ready` is true, and never written after.
-    page: NonNull<KeyPage>,
+    // INVARIANT: `pages` holds a `KeyPage` at its start (`KEY_MAP_BYTES`, page aligned, zero
+    // filled when mapped); its `key` is initialised once `ready` is true, and never written
+    // after. The key is only read (through `&LessSafeKey`, which is `Sync`) once built, and
+    // `LessSafeKey` is `Send`, so `SecretPages`' own `Send` and `Sync` hold for this value.
+    pages: crate::sys::SecretPages,
     ready: bool,
 }
-
-// SAFETY: the mapping is owned by this value and only read (through `&LessSafeKey`, which is
-// `Sync`) once built; `LessSafeKey` is `Send`.
-unsafe impl Send for LockedKey {}
-// SAFETY: see `Send`.
-unsafe impl Sync for LockedKey {}
 
 impl LockedKey {
     /// A fresh random key.
     fn generate() -> io::Result<Self> {
-        // SAFETY: mmap(2) of a fresh private anonymous mapping chosen by the kernel.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                KEY_MAP_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(e.kind(), format!("mapping the key: {e}")));
-        }
-        // SAFETY: mlock(2) of the mapping just made.
-        if unsafe { libc::mlock(p, KEY_MAP_BYTES) } != 0 {
-            let e = io::Error::last_os_error();
-            // SAFETY: the mapping just made, unused.
-            unsafe { libc::munmap(p, KEY_MAP_BYTES) };
-            return Err(io::Error::new(
-                e.kind(),
-                format!(
-                    "locking the key's memory (mlock of {KEY_MAP_BYTES} bytes): {e}; raise \
-                     RLIMIT_MEMLOCK (ulimit -l) or turn encryption off (--encrypt off)"
-                ),
-            ));
-        }
-        // Out of core dumps, and out of children forked before they exec. Best effort: both
-        // exist since Linux 3.4 and cannot fail on a private anonymous mapping.
-        // SAFETY: madvise(2) on the mapping just made.
-        unsafe {
-            libc::madvise(p, KEY_MAP_BYTES, libc::MADV_DONTDUMP);
-            libc::madvise(p, KEY_MAP_BYTES, libc::MADV_DONTFORK);
-        }
+        let pages = crate::sys::SecretPages::new(KEY_MAP_BYTES)
+            .map_err(|e| io::Error::new(e.kind(), format!("the key's memory: {e}")))?;
         let mut key = LockedKey {
-            // SAFETY: mmap does not return null on success.
-            page: unsafe { NonNull::new_unchecked(p.cast()) },
+            pages,
             ready: false,
         };
         // (On an error from here on, dropping `key` wipes and unmaps the page.)
-        Self::build(key.page.as_ptr())?;
+        Self::build(key.page())?;
         key.ready = true;
         scrub_stack();
         Ok(key)
@@ -406,7 +349,8 @@ impl LockedKey {
         // SAFETY: `page` is the zero-filled mapping of `generate`, large enough for a
         // `KeyPage` and aligned to a page; `raw` is plain bytes, valid whatever they hold.
         let raw = unsafe { &mut (*page).raw };
-        fill_random(raw).map_err(|e| io::Error::new(e.kind(), format!("drawing the key: {e}")))?;
+        crate::sys::random_bytes(raw)
+            .map_err(|e| io::Error::new(e.kind(), format!("drawing the key: {e}")))?;
         let built = UnboundKey::new(&AES_256_GCM, raw)
             .map(LessSafeKey::new)
             .map_err(|_| io::Error::other("AES-256-GCM refused a 32-byte key"));
@@ -417,26 +361,28 @@ impl LockedKey {
         Ok(())
     }
 
+    fn page(&self) -> *mut KeyPage {
+        self.pages.as_ptr().cast()
+    }
+
     fn get(&self) -> &LessSafeKey {
         debug_assert!(self.ready);
         // SAFETY: `ready` (only a built key is handed out of `generate`): the key is
         // initialised and never written again while `self` lives.
-        unsafe { (*self.page.as_ptr()).key.assume_init_ref() }
+        unsafe { (*self.page()).key.assume_init_ref() }
     }
 }
 
 impl Drop for LockedKey {
     fn drop(&mut self) {
-        let p = self.page.as_ptr();
+        let p = self.page();
         // SAFETY: the mapping is ours (INVARIANT); the key is dropped only if it was built,
-        // then every byte of the mapping is wiped, unlocked and unmapped, once.
+        // then every byte of the mapping is wiped, once (`pages` unlocks and unmaps it next).
         unsafe {
             if self.ready {
                 (*p).key.assume_init_drop();
             }
             wipe(p.cast(), KEY_MAP_BYTES);
-            libc::munlock(p.cast(), KEY_MAP_BYTES);
-            libc::munmap(p.cast(), KEY_MAP_BYTES);
         }
     }
 }
@@ -935,15 +881,11 @@ mod tests {
     #[test]
     fn the_key_page_is_locked_and_wiped() {
         let key = LockedKey::generate().unwrap();
-        let p = key.page.as_ptr().cast::<u8>();
+        let p = key.pages.as_ptr();
         // SAFETY: the mapping lives as long as `key`; reading its bytes.
         let raw = unsafe { std::slice::from_raw_parts(p, KEY_LEN) };
         assert!(raw.iter().all(|&x| x == 0), "the raw key is wiped");
-        let mut vec = [0u8; 1];
-        // SAFETY: mincore on our mapping's first page, one byte of output.
-        let rc = unsafe { libc::mincore(p.cast(), PAGE_SIZE, vec.as_mut_ptr()) };
-        assert_eq!(rc, 0);
-        assert_eq!(vec[0] & 1, 1, "resident");
+        assert!(key.pages.first_page_resident().unwrap(), "resident");
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let locked_kb: u64 = status
             .lines()

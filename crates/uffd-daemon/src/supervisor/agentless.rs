@@ -225,16 +225,7 @@ fn adopt_stopped(shared: &Arc<Shared>, pid: i32, stop: &mut Stop) -> Result<(), 
     uffd.register(scratch_of(probe), BATCH_PAGES as u64 * PAGE_SIZE_U64, false)
         .map_err(gone)?;
     // An exec replaced the address space: the old one (same pid) is gone.
-    let old: Vec<Arc<Mm>> = shared
-        .mms
-        .lock()
-        .iter()
-        .filter(|m| m.pid() == Some(pid))
-        .cloned()
-        .collect();
-    for m in old {
-        space::retire(shared, &m);
-    }
+    space::retire_pid(shared, pid);
     let mm = Arc::new(Mm::new(
         shared.new_id(),
         uffd,

@@ -8,7 +8,7 @@ use crate::sys::PidFd;
 use crate::sys::Uffd;
 use requests::answer_request;
 use requests::{leave_management, lock_request, release_to_program, step_out};
-use space::{live_mm, retire};
+use space::live_mm;
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
@@ -457,16 +457,7 @@ fn new_address_space(
         return;
     }
     // An exec replaces the address space: the old one (same pid) is gone.
-    let old: Vec<Arc<Mm>> = shared
-        .mms
-        .lock()
-        .iter()
-        .filter(|m| m.pid() == Some(pid))
-        .cloned()
-        .collect();
-    for m in old {
-        retire(shared, &m);
-    }
+    space::retire_pid(shared, pid);
     let region = (hello.region_start, hello.region_start + hello.region_len);
     let Ok(mm) = Mm::new(
         shared.new_id(),

@@ -12,6 +12,20 @@ use crate::shared::Shared;
 use crate::stats::Stats;
 use crate::sys::{Fill, PAGE_SIZE, PAGE_SIZE_U64};
 
+/// Retires every address space of `pid` (an exec replaced it).
+pub(crate) fn retire_pid(shared: &Shared, pid: i32) {
+    let old: Vec<Arc<Mm>> = shared
+        .mms
+        .lock()
+        .iter()
+        .filter(|m| m.pid() == Some(pid))
+        .cloned()
+        .collect();
+    for m in old {
+        retire(shared, &m);
+    }
+}
+
 /// Releases everything an address space held: its handler, its stored pages, its counts.
 pub fn retire(shared: &Shared, mm: &Arc<Mm>) {
     if mm.retired.swap(true, Ordering::AcqRel) {

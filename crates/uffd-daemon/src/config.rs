@@ -297,6 +297,7 @@ struct FileFault {
 struct FileTest {
     fail_writes_after: Option<String>,
     fail_errno: Option<String>,
+    fail_writeback_after: Option<String>,
     drop_timeout_ms: Option<u64>,
 }
 
@@ -477,6 +478,10 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
             discard: f.tiers.discard.unwrap_or(true),
             encrypt: o.encrypt.or(f.tiers.encrypt).unwrap_or(true),
             fail_writes,
+            fail_writeback_after: size_field(
+                &f.test.fail_writeback_after,
+                "test.fail_writeback_after",
+            )?,
             tmp_dir: PathBuf::from("/var/tmp"),
         },
         policy,

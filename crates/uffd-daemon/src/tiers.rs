@@ -42,10 +42,12 @@ use crate::sys::{PAGE_SIZE, PAGE_SIZE_U64};
 
 mod backend;
 mod config;
+mod readers;
 mod redis_cluster;
 mod seal;
 mod shrinkers;
 mod stats;
+mod writeback;
 
 use backend::{ArcBackend, Discarder, Failing};
 pub use backend::{Backend, FileBackend, PmemBackend};
@@ -154,6 +156,8 @@ pub struct Tiers {
     cfg: TierConfig,
     write_error_logged: AtomicBool,
     writeback_error_logged: Arc<AtomicBool>,
+    /// Parallel reads of a disk-backed device (a swap file).
+    readers: Option<readers::Readers>,
 }
 
 impl fmt::Debug for Tiers {
@@ -180,6 +184,14 @@ fn build_backend(
     use anyhow::Context;
     let backend: Option<Arc<dyn Backend>> = match &cfg.backend {
         BackendSpec::None => None,
+        BackendSpec::File(path) if cfg.fail_writeback_after.is_some() => {
+            let after = cfg.fail_writeback_after.unwrap_or(0);
+            let b = FileBackend::with_device(path.as_deref(), &cfg.tmp_dir, |f| {
+                backend::LosingSwapFile::boxed(f, after)
+            })
+            .context("creating the swap file")?;
+            Some(Arc::new(b))
+        }
         BackendSpec::File(path) => {
             let b = FileBackend::create(path.as_deref(), &cfg.tmp_dir)
                 .or_else(|e| {
@@ -320,6 +332,7 @@ fn register_shrinkers(
 impl Tiers {
     /// Sets up the tiers.
     pub fn new(cfg: TierConfig) -> anyhow::Result<Self> {
+        use anyhow::Context;
         let nslots = (cfg.swap_bytes / PAGE_SIZE_U64).clamp(1024, u64::from(ZERO_SLOT - 1));
         let swap_bytes = nslots * PAGE_SIZE_U64;
         // A sealed page takes its tag with it on the device (`seal::SEALED_PAGE_BYTES`).
@@ -334,7 +347,15 @@ impl Tiers {
         let stats = Arc::new(TierStats::default());
         let logged = Arc::new(AtomicBool::new(false));
         let (registry, shrinkers) = register_shrinkers(&zswap, &backend, &stats, &logged)?;
+        let readers = match (&backend, &cfg.backend) {
+            (Some(b), BackendSpec::File(_)) => Some(
+                readers::Readers::new(Arc::clone(b), readers::READERS)
+                    .context("starting the swap file's reader threads")?,
+            ),
+            _ => None,
+        };
         Ok(Tiers {
+            readers,
             dev,
             zswap,
             backend,
@@ -601,6 +622,40 @@ impl Tiers {
         self.read_run(slot, 1, out).map(|(_, t)| t)
     }
 
+    /// Whether the page of `slot` is on a disk-backed device only (not in zswap), where
+    /// reading several at once pays ([`Tiers::read_many`]).
+    pub fn on_disk(&self, slot: u32) -> bool {
+        self.readers.is_some()
+            && !self
+                .zswap
+                .as_ref()
+                .is_some_and(|z| z.contains(u64::from(slot)))
+    }
+
+    /// Reads the pages of `slots`, each on the disk-backed device ([`Tiers::on_disk`]), all
+    /// at once: the pages read, in no particular order (a failed read is left out; reading
+    /// that slot again reports it). Not counted as swap-ins until used
+    /// ([`Tiers::count_backend_read`]).
+    pub fn read_many(&self, slots: &[u32]) -> Vec<(u32, Vec<u8>)> {
+        let Some(r) = &self.readers else {
+            return Vec::new();
+        };
+        self.stats
+            .batch_reads
+            .fetch_add(slots.len() as u64, Ordering::Relaxed);
+        r.read(slots)
+            .into_iter()
+            .filter_map(|(s, r)| r.ok().map(|p| (s, p)))
+            .collect()
+    }
+
+    /// A page [`Tiers::read_many`] read was used by a fault: a swap-in from the backend.
+    pub fn count_backend_read(&self) {
+        self.stats.batch_reads_used.fetch_add(1, Ordering::Relaxed);
+        self.stats.pswpin.fetch_add(1, Ordering::Relaxed);
+        self.stats.backend_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Reads the pages of the consecutive slots `slot..slot + n` into `out` (`n` pages), as
     /// far as it can: pages in zswap one by one, and each stretch of slots the backend holds
     /// with one read (an order-4 folio written as one unit comes back with one `pread`, not
@@ -785,6 +840,14 @@ impl Tiers {
         self.sealer.is_some()
     }
 
+    /// Waits until every page stored on the backend so far is on its device (a file's
+    /// writeback is asynchronous), or known failed and held in memory.
+    pub fn flush(&self) {
+        if let Some(b) = &self.backend {
+            b.flush();
+        }
+    }
+
     /// Pages read back from the backend that failed authentication.
     pub fn backend_auth_failures(&self) -> u64 {
         self.sealer.as_ref().map_or(0, |s| s.auth_failures())
@@ -851,6 +914,8 @@ impl Tiers {
         v["zswap_rejected"] = ld(&s.zswap_rejected).into();
         v["backend_write_errors"] = ld(&s.backend_write_errors).into();
         v["backend_read_errors"] = ld(&s.backend_read_errors).into();
+        v["backend_batch_reads"] = ld(&s.batch_reads).into();
+        v["backend_batch_reads_used"] = ld(&s.batch_reads_used).into();
         v["writeback_errors"] = ld(&s.writeback_errors).into();
         // Encryption at rest: whether the backend's pages are sealed, with what, pages that
         // failed authentication when read back, and the bytes of the side table of nonce
@@ -945,6 +1010,7 @@ mod tests {
             discard: true,
             encrypt: true,
             fail_writes: None,
+            fail_writeback_after: None,
             tmp_dir: std::env::temp_dir(),
         }
     }
@@ -1301,6 +1367,7 @@ mod tests {
             let f = t.store_units(&[(4, &folio[..])]).pop().unwrap().unwrap();
             let p = secret_page(99);
             let s = t.store_units(&[(0, &p[..])]).pop().unwrap().unwrap()[0];
+            t.flush();
             let dev = std::fs::OpenOptions::new()
                 .write(true)
                 .read(true)
@@ -1351,6 +1418,7 @@ mod tests {
         let (a, b) = (secret_page(1), secret_page(2));
         let sa = t.store_units(&[(0, &a[..])]).pop().unwrap().unwrap()[0];
         let sb = t.store_units(&[(0, &b[..])]).pop().unwrap().unwrap()[0];
+        t.flush();
         let dev = std::fs::OpenOptions::new()
             .write(true)
             .read(true)

@@ -358,6 +358,7 @@ fn the_cluster_holds_only_ciphertext() {
             discard: true,
             encrypt,
             fail_writes: None,
+            fail_writeback_after: None,
             tmp_dir: std::env::temp_dir(),
         })
         .unwrap();

@@ -13,6 +13,7 @@
 //!                        copy) or kept (protection lifted): a racing write is never lost
 //! REMOVE / UNMAP ─▶ forget the pages (they read as zeros or are gone); scratch: ignore
 //! REMAP ─▶ move the states; FORK ─▶ a child address space sharing the stored pages
+//! a batch of faults on pages on the disk ─▶ read at once first (prefetch.rs), then served
 //! ```
 //!
 //! Why one reader per uffd: events and faults must be applied in the order the kernel queued
@@ -36,6 +37,7 @@ use crate::sys::{self, RawUffdMsg, UffdEvent, PAGE_SIZE, PAGE_SIZE_U64};
 use crate::tiers::FOLIO_PAGES;
 
 mod events;
+mod prefetch;
 mod serve;
 mod tuning;
 
@@ -144,12 +146,15 @@ fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
         };
         let faulted = h.apply(shared, mm, n, deferred);
         h.handling.set(mm, false);
+        prefetch::forget();
         // Retry what an event blocked, now that the event has been read.
         if !deferred.is_empty() {
             let again = std::mem::take(deferred);
+            prefetch::read_ahead_of_faults(shared, mm, again.iter().map(|p| p.address));
             for p in again {
                 h.serve(shared, mm, p, deferred);
             }
+            prefetch::forget();
         }
         if faulted {
             if let Some(p) = &shared.idle_poll {
@@ -259,6 +264,21 @@ impl Handler {
     ) -> bool {
         let now = Instant::now();
         let mut faulted = false;
+        // The faults read before the first event, whose pages all wait on the disk: read at
+        // once (an event may change what the later ones find).
+        let first_event = (0..n)
+            .find(|&i| !matches!(self.msgs[i].decode(), UffdEvent::PageFault { .. }))
+            .unwrap_or(n);
+        prefetch::read_ahead_of_faults(
+            shared,
+            mm,
+            self.msgs[..first_event]
+                .iter()
+                .filter_map(|m| match m.decode() {
+                    UffdEvent::PageFault { address, .. } => Some(address),
+                    _ => None,
+                }),
+        );
         for i in 0..n {
             match self.msgs[i].decode() {
                 UffdEvent::PageFault {
@@ -295,6 +315,7 @@ impl Handler {
                             !stale
                         });
                     }
+                    prefetch::forget();
                     handle_event(shared, mm, event)
                 }
             }

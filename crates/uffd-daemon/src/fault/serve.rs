@@ -535,6 +535,16 @@ fn restore_run(
         {
             m += 1;
         }
+        // The faulting page, read with the others of its batch (`prefetch.rs`).
+        if n == 0 {
+            if let Some(p) = super::prefetch::take(addr, s) {
+                page[..PAGE_SIZE].copy_from_slice(&p);
+                shared.tiers.count_backend_read();
+                t = Some(Tier::Backend);
+                n = 1;
+                continue;
+            }
+        }
         match shared.tiers.read_run(s, m - n, &mut page[n * PAGE_SIZE..]) {
             Ok((k, tier)) => {
                 t.get_or_insert(tier);

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use swap_alloc::{DeviceId, DiscardHook};
 
+use super::writeback::{self, Device, Writeback};
 use super::FailWrites;
 use crate::sys::PAGE_SIZE_U64;
 
@@ -40,6 +41,9 @@ pub trait Backend: Send + Sync + fmt::Debug {
     }
     /// The slots `[offset, offset + len)` are free: the backend may drop their contents.
     fn discard(&self, _offset: u64, _len: u64) {}
+    /// Waits until every write returned so far is on the device itself (or known failed and
+    /// held), not only accepted (a file's asynchronous writeback).
+    fn flush(&self) {}
     /// The run is over: drop what the device holds for it (a network store's keys). Nothing is
     /// read or written after.
     fn close(&self) {}
@@ -58,29 +62,105 @@ fn create_private(path: &Path) -> io::Result<File> {
         .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", path.display())))
 }
 
-/// A swap file, read and written with `pread`/`pwrite` and kept out of the page cache: every
-/// write goes through to the disk before it returns (`sync_file_range`), and the pages it went
-/// through, and those a read brought in, are dropped from the page cache at once
-/// (`POSIX_FADV_DONTNEED`; file readahead is off, `POSIX_FADV_RANDOM`). Through the page cache
-/// alone, evicted pages stayed in RAM as the file's dirty cache (522 MB `Dirty` with no disk
-/// write done, in the measurement): the limit moved memory, it did not free it. The
-/// kernel's swap writes around the page cache too. A write the disk fails is an error of
-/// `write`, where the caller keeps the pages resident, and never one that writeback finds later,
-/// when they would be gone.
+/// A swap file, read and written with `pread`/`pwrite`, whose evicted pages reach the disk and
+/// leave RAM. A write copies the pages into the page cache, starts their writeback
+/// (`sync_file_range` with `WRITE`) and returns; the [`Writeback`] completer waits for the disk
+/// and then drops the pages from the page cache (`POSIX_FADV_DONTNEED`; file readahead is off,
+/// `POSIX_FADV_RANDOM`). Through the page cache alone, evicted pages stayed in RAM as the
+/// file's dirty cache (522 MB `Dirty` with no disk write done, in the measurement):
+/// the limit moved memory, it did not free it. Waiting for the disk inside each write made
+/// reclaim as slow as the disk (a 32-thread program 2.3x slower); the kernel's swap writes
+/// asynchronously too.
 ///
-/// Writes are serialised (`io`): a device error is reported once per file, to whichever wait
-/// looks first, so only one batch of writes may be waited for at a time for the error to be
-/// its own.
+/// `Ok` from a write means the backend holds the bytes: in the page cache with the daemon's
+/// copy beside them until the disk confirms, or, if the disk fails the write, in the daemon's
+/// memory (held, served to reads, counted); see [`Writeback`].
 #[derive(Debug)]
 pub struct FileBackend {
-    file: File,
+    file: Arc<File>,
     path: Option<PathBuf>,
-    io: parking_lot::Mutex<()>,
+    writeback: Writeback,
+}
+
+/// The swap file as the completer sees it.
+struct SwapFile(Arc<File>);
+
+impl Device for SwapFile {
+    fn wait(&self, offset: u64, len: u64) -> io::Result<()> {
+        crate::sys::write_through(&self.0, offset, len)
+    }
+    fn uncache(&self, offset: u64, len: u64) {
+        uncache(&self.0, offset, len);
+    }
+}
+
+/// Drops the pages `[offset, offset + len)` covers whole from the page cache (what the
+/// kernel's `POSIX_FADV_DONTNEED` does: clean pages only, and the range has been written
+/// through or only read). Pages it covers in part stay: the sealed layout's pages of tags,
+/// written 16 bytes a slot, which would otherwise be read back from the disk before each
+/// such write; they are a 256th of the pages written.
+fn uncache(file: &File, offset: u64, len: u64) {
+    let start = offset.next_multiple_of(PAGE_SIZE_U64);
+    let end = (offset + len) & !(PAGE_SIZE_U64 - 1);
+    if end > start {
+        let _ = rustix::fs::fadvise(
+            file,
+            start,
+            std::num::NonZeroU64::new(end - start),
+            rustix::fs::Advice::DontNeed,
+        );
+    }
+}
+
+/// The swap file of the failure tests (`[test] fail_writeback_after`): its writeback fails
+/// after a number of bytes, and the failed range reads back as `0xEE` bytes, as a write the
+/// disk lost would.
+pub(super) struct LosingSwapFile {
+    file: Arc<File>,
+    after: u64,
+    done: AtomicU64,
+}
+
+impl LosingSwapFile {
+    pub(super) fn boxed(file: Arc<File>, after: u64) -> Box<dyn Device> {
+        Box::new(LosingSwapFile {
+            file,
+            after,
+            done: AtomicU64::new(0),
+        })
+    }
+}
+
+impl Device for LosingSwapFile {
+    fn wait(&self, offset: u64, len: u64) -> io::Result<()> {
+        crate::sys::write_through(&self.file, offset, len)?;
+        if self.done.fetch_add(len, Ordering::Relaxed) + len <= self.after {
+            return Ok(());
+        }
+        self.file
+            .write_all_at(&vec![0xEE; len as usize], offset)
+            .and_then(|()| crate::sys::write_through(&self.file, offset, len))?;
+        uncache(&self.file, offset, len);
+        Err(io::Error::from_raw_os_error(libc::EIO))
+    }
+    fn uncache(&self, offset: u64, len: u64) {
+        uncache(&self.file, offset, len);
+    }
 }
 
 impl FileBackend {
     /// Creates `path` (must not exist) with mode 0600, or an unnamed `O_TMPFILE` in `dir`.
     pub fn create(path: Option<&Path>, dir: &Path) -> io::Result<Self> {
+        Self::with_device(path, dir, |f| Box::new(SwapFile(f)))
+    }
+
+    /// As [`FileBackend::create`], with the writeback's view of the file given by `device`
+    /// (tests give one whose waits fail).
+    pub(super) fn with_device(
+        path: Option<&Path>,
+        dir: &Path,
+        device: impl FnOnce(Arc<File>) -> Box<dyn Device>,
+    ) -> io::Result<Self> {
         let file = match path {
             Some(p) => create_private(p)?,
             None => std::fs::OpenOptions::new()
@@ -99,29 +179,14 @@ impl FileBackend {
         // No readahead: slots are read where faults are, and a neighbour read ahead would only
         // sit in the page cache (the daemon reads runs of slots itself when it wants them).
         let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Random);
+        let file = Arc::new(file);
+        let writeback = Writeback::new(device(Arc::clone(&file)), writeback::DEFAULT_CAP)
+            .map_err(|e| io::Error::new(e.kind(), format!("starting the writeback thread: {e}")))?;
         Ok(FileBackend {
             file,
             path: path.map(Path::to_path_buf),
-            io: parking_lot::Mutex::new(()),
+            writeback,
         })
-    }
-
-    /// Drops the pages `[offset, offset + len)` covers whole from the page cache (what the
-    /// kernel's `POSIX_FADV_DONTNEED` does: clean pages only, and the range has been written
-    /// through or only read). Pages it covers in part stay: the sealed layout's pages of tags,
-    /// written 16 bytes a slot, which would otherwise be read back from the disk before each
-    /// such write; they are a 256th of the pages written.
-    fn uncache(&self, offset: u64, len: usize) {
-        let start = offset.next_multiple_of(PAGE_SIZE_U64);
-        let end = (offset + len as u64) & !(PAGE_SIZE_U64 - 1);
-        if end > start {
-            let _ = rustix::fs::fadvise(
-                &self.file,
-                start,
-                std::num::NonZeroU64::new(end - start),
-                rustix::fs::Advice::DontNeed,
-            );
-        }
     }
 }
 
@@ -135,52 +200,62 @@ impl Backend for FileBackend {
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.write_all(&[(offset, data)]).pop().unwrap_or(Ok(()))
     }
-    /// Every write copied into the page cache and its writeback started, then each waited for
-    /// (the disk has them all in flight at once), then the pages dropped. An error a wait
-    /// reports cannot be told apart between the batch's writes: all of them fail then.
+    /// Every write copied into the table and the page cache, and its writeback started; the
+    /// disk then has them all in flight at once, and the completer waits for them.
     fn write_all(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
-        let _io = self.io.lock();
-        let mut out: Vec<io::Result<()>> = writes
+        let admitted = match self.writeback.admit(writes) {
+            Ok(a) => a,
+            Err(e) => {
+                return writes
+                    .iter()
+                    .map(|_| Err(io::Error::new(e.kind(), e.to_string())))
+                    .collect()
+            }
+        };
+        writes
             .iter()
-            .map(|&(offset, data)| {
-                self.file.write_all_at(data, offset)?;
-                crate::sys::start_writeback(&self.file, offset, data.len() as u64)
-            })
-            .collect();
-        let mut failed = None;
-        for (&(offset, data), r) in writes.iter().zip(&out) {
-            if r.is_ok() {
-                if let Err(e) = crate::sys::write_through(&self.file, offset, data.len() as u64) {
-                    failed = Some(e);
-                    break;
+            .zip(admitted)
+            .map(|(&(offset, data), w)| {
+                let r = self.file.write_all_at(data, offset).and_then(|()| {
+                    crate::sys::start_writeback(&self.file, offset, data.len() as u64)
+                });
+                match r {
+                    Ok(()) => self.writeback.started(w),
+                    Err(_) => self.writeback.abandon(w),
                 }
-            }
-        }
-        if let Some(e) = failed {
-            for r in out.iter_mut().filter(|r| r.is_ok()) {
-                *r = Err(io::Error::new(e.kind(), e.to_string()));
-            }
-            return out;
-        }
-        for (&(offset, data), r) in writes.iter().zip(&out) {
-            if r.is_ok() {
-                self.uncache(offset, data.len());
-            }
-        }
-        out
+                r
+            })
+            .collect()
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
         self.file.read_exact_at(out, offset)?;
-        self.uncache(offset, out.len());
+        self.writeback.overlay(offset, out);
+        uncache(&self.file, offset, out.len() as u64);
         Ok(())
     }
     fn discard(&self, offset: u64, len: u64) {
+        self.writeback.discard(offset, len);
         let _ = rustix::fs::fallocate(
-            &self.file,
+            &*self.file,
             rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
             offset,
             len,
         );
+    }
+    fn flush(&self) {
+        self.writeback.drain();
+    }
+    fn counters(&self, v: &mut serde_json::Value) {
+        let c = self.writeback.counters();
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (in_flight, held) = self.writeback.bytes();
+        v["file_writeback_bytes"] = in_flight.into();
+        v["file_writeback_held_bytes"] = held.into();
+        v["file_writeback_completed"] = ld(&c.completed).into();
+        v["file_writeback_errors"] = ld(&c.errors).into();
+        v["file_writes_refused"] = ld(&c.refused).into();
+        v["file_writeback_throttled"] = ld(&c.throttled).into();
+        v["file_writeback_throttled_ns"] = ld(&c.throttled_ns).into();
     }
 }
 
@@ -332,6 +407,9 @@ impl Backend for Failing {
     fn discard(&self, offset: u64, len: u64) {
         self.inner.discard(offset, len)
     }
+    fn flush(&self) {
+        self.inner.flush()
+    }
     fn close(&self) {
         self.inner.close()
     }
@@ -368,6 +446,9 @@ impl Backend for ArcBackend {
     }
     fn discard(&self, offset: u64, len: u64) {
         self.0.discard(offset, len)
+    }
+    fn flush(&self) {
+        self.0.flush()
     }
     fn close(&self) {
         self.0.close()

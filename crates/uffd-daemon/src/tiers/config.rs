@@ -186,6 +186,10 @@ pub struct TierConfig {
     pub encrypt: bool,
     /// Failure injection (tests).
     pub fail_writes: Option<FailWrites>,
+    /// Failure injection (tests): once this many bytes of the swap file are on the disk, every
+    /// later wait for its writeback reports `EIO`, and the range reads back as `0xEE` bytes
+    /// (what a write the disk lost reads as).
+    pub fail_writeback_after: Option<u64>,
     /// Directory for an unnamed swap file.
     pub tmp_dir: PathBuf,
 }

@@ -675,6 +675,9 @@ impl<B: Backend> Backend for SealedBackend<B> {
     fn counters(&self, v: &mut serde_json::Value) {
         self.inner.counters(v)
     }
+    fn flush(&self) {
+        self.inner.flush()
+    }
 
     fn discard(&self, offset: u64, len: u64) {
         let (first, n) = (offset / PAGE_SIZE_U64, len / PAGE_SIZE_U64);

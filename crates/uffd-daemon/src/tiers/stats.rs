@@ -27,6 +27,11 @@ pub struct TierStats {
     pub zswap_rejected: AtomicU64,
     /// Backend writes that failed (pages stayed resident or in zswap).
     pub backend_write_errors: AtomicU64,
+    /// Pages read by batches of faults all waiting on the disk, in parallel
+    /// (`Tiers::read_many`); some may go unused (the fault was throttled or the page changed).
+    pub batch_reads: AtomicU64,
+    /// Of those, the pages a fault used.
+    pub batch_reads_used: AtomicU64,
     /// Backend reads that failed.
     pub backend_read_errors: AtomicU64,
     /// Writeback attempts that failed (entries stayed in zswap).

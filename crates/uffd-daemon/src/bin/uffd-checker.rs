@@ -87,222 +87,264 @@ fn report(step: &str, bad: usize, failures: &mut usize) {
     let _ = std::io::stdout().flush();
 }
 
+/// The regions the steps work on, and the failures so far.
+struct Checker {
+    a: Region,
+    scratch: Region,
+    failures: usize,
+}
+
+/// Every step in order; 0 when every page of every step matched.
 fn all() -> i32 {
-    let mut failures = 0;
-    let mut a = Region::new("A", 32 * MIB);
-    let mut scratch = Region::new("scratch", 16 * MIB);
-    for i in 0..a.pages {
-        a.write(i, i as u64, 0);
-    }
-    pressure(&mut scratch, 0);
-    report("fill", a.verify("fill"), &mut failures);
+    let mut c = Checker::fill();
+    c.kernel_mode_faults();
+    c.fork();
+    let (mut moved, mut grown) = c.mremap();
+    c.munmap();
+    c.dontneed();
+    c.readahead();
+    c.finally(&mut moved, &mut grown)
+}
 
-    // 1. Kernel-mode faults: write(2) reads an evicted page, read(2) writes into one.
-    pressure(&mut scratch, 1);
-    let mut fds = [0; 2];
-    // SAFETY: pipe with a valid array.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: page 3 and page 5 of A are valid for PAGE bytes; the pipe holds one page.
-    unsafe {
-        assert_eq!(
-            libc::write(fds[1], a.page(3).as_ptr().cast(), PAGE),
-            PAGE as isize
-        );
-        assert_eq!(
-            libc::read(fds[0], a.page_mut(5).as_mut_ptr().cast(), PAGE),
-            PAGE as isize
-        );
-        libc::close(fds[0]);
-        libc::close(fds[1]);
-    }
-    a.want[5] = a.want[3];
-    report(
-        "kernel-mode faults",
-        a.verify("kernel-mode faults"),
-        &mut failures,
-    );
-
-    // 2. Fork: the child must see the snapshot taken at fork, whatever the parent does next.
-    pressure(&mut scratch, 2);
-    let snapshot = a.want.clone();
-    let mut go = [0; 2];
-    // SAFETY: pipe with a valid array.
-    assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0);
-    // SAFETY: fork; the child only touches its own copy of memory and exits with _exit.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        let mut b = [0u8; 1];
-        // SAFETY: read one byte into a live buffer: wait for the parent to finish writing.
-        unsafe { libc::read(go[0], b.as_mut_ptr().cast(), 1) };
-        a.want = snapshot;
-        let mut bad = a.verify("fork child (snapshot)");
-        for i in (0..a.pages).step_by(2) {
-            a.write(i, i as u64, 7);
+impl Checker {
+    /// A (32 MiB) filled, then pushed out by the scratch region.
+    fn fill() -> Self {
+        let mut c = Checker {
+            a: Region::new("A", 32 * MIB),
+            scratch: Region::new("scratch", 16 * MIB),
+            failures: 0,
+        };
+        for i in 0..c.a.pages {
+            c.a.write(i, i as u64, 0);
         }
-        pressure(&mut scratch, 9);
-        bad += a.verify("fork child (own writes)");
-        // SAFETY: _exit in the child.
-        unsafe { libc::_exit(if bad == 0 { 0 } else { 1 }) };
-    }
-    assert!(pid > 0, "fork failed");
-    for i in 0..a.pages / 2 {
-        a.write(i, i as u64, 3); // parent writes after the fork, before the child reads
-    }
-    // SAFETY: write one byte from a live buffer.
-    unsafe { libc::write(go[1], b"g".as_ptr().cast(), 1) };
-    let mut status = 0;
-    // SAFETY: waitpid for our child with a valid status pointer.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    let child_ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-    report(
-        "fork (child saw its snapshot and its own writes)",
-        usize::from(!child_ok),
-        &mut failures,
-    );
-    pressure(&mut scratch, 3);
-    report(
-        "fork (parent kept its own writes)",
-        a.verify("fork parent"),
-        &mut failures,
-    );
-
-    // 3. mremap: move 8 MiB of A elsewhere, then grow a region.
-    pressure(&mut scratch, 4);
-    let moved_pages = 8 * MIB / PAGE;
-    let first = 8 * MIB / PAGE;
-    let target = map(8 * MIB);
-    // SAFETY: moving part of A onto `target` (MREMAP_FIXED replaces that reservation).
-    let newp = unsafe {
-        libc::mremap(
-            a.base.add(first * PAGE).cast(),
-            8 * MIB,
-            8 * MIB,
-            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-            target.cast::<libc::c_void>(),
-        )
-    };
-    assert_eq!(
-        newp.cast::<u8>(),
-        target,
-        "mremap failed: {}",
-        std::io::Error::last_os_error()
-    );
-    let mut moved = Region {
-        base: target,
-        pages: moved_pages,
-        want: a.want[first..first + moved_pages].to_vec(),
-        name: "A-moved",
-    };
-    // The old range is unmapped now: stop tracking it in A.
-    for w in &mut a.want[first..first + moved_pages] {
-        *w = Window::Unmapped.into();
-    }
-    pressure(&mut scratch, 5);
-    report("mremap move", moved.verify("mremap move"), &mut failures);
-    let mut c = Region::new("C", 4 * MIB);
-    for i in 0..c.pages {
-        c.write(i, 500_000 + i as u64, 0);
-    }
-    pressure(&mut scratch, 6);
-    // SAFETY: growing C; MAYMOVE lets the kernel move it.
-    let grown = unsafe { libc::mremap(c.base.cast(), 4 * MIB, 8 * MIB, libc::MREMAP_MAYMOVE) };
-    assert_ne!(grown, libc::MAP_FAILED, "mremap grow failed");
-    c.base = grown.cast();
-    c.pages = 8 * MIB / PAGE;
-    c.want.resize(c.pages, Want::Zero);
-    pressure(&mut scratch, 7);
-    report("mremap grow", c.verify("mremap grow"), &mut failures);
-    for i in 0..moved.pages {
-        moved.write(i, 800_000 + i as u64, 1);
+        c.pressure(0);
+        c.report("fill", c.a.verify("fill"));
+        c
     }
 
-    // 4. munmap part of A with evicted pages, map fresh memory there: it must read zeros.
-    pressure(&mut scratch, 8);
-    let un = 16 * MIB / PAGE;
-    let un_pages = 4 * MIB / PAGE;
-    // SAFETY: unmapping and remapping a part of A that we own; nothing references it.
-    unsafe {
-        assert_eq!(libc::munmap(a.base.add(un * PAGE).cast(), 4 * MIB), 0);
-        let p = libc::mmap(
-            a.base.add(un * PAGE).cast(),
-            4 * MIB,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
-        );
-        assert_eq!(p.cast::<u8>(), a.base.add(un * PAGE));
+    fn pressure(&mut self, round: u64) {
+        pressure(&mut self.scratch, round);
     }
-    for w in &mut a.want[un..un + un_pages] {
-        *w = Want::Zero;
-    }
-    report(
-        "munmap + new mapping reads zeros",
-        a.verify("munmap"),
-        &mut failures,
-    );
 
-    // 5. MADV_DONTNEED over evicted and resident pages: zeros there, the rest intact.
-    pressure(&mut scratch, 9);
-    let dn = 20 * MIB / PAGE;
-    for i in dn..dn + 64 {
-        a.write(i, i as u64, 11); // some of the range resident, the rest evicted
+    fn report(&mut self, step: &str, bad: usize) {
+        report(step, bad, &mut self.failures);
     }
-    // SAFETY: madvise on a part of A that we own.
-    let rc = unsafe { libc::madvise(a.base.add(dn * PAGE).cast(), 4 * MIB, libc::MADV_DONTNEED) };
-    assert_eq!(rc, 0);
-    for w in &mut a.want[dn..dn + 4 * MIB / PAGE] {
-        *w = Want::Zero;
-    }
-    pressure(&mut scratch, 10);
-    report(
-        "MADV_DONTNEED reads zeros",
-        a.verify("dontneed"),
-        &mut failures,
-    );
 
-    // 6. Readahead. On a sequential run of faults the daemon restores the evicted pages after
-    // the faulting one with it (a window growing to 16 pages). Here the woken thread at once
-    // writes the next page and drops the one after it (MADV_DONTNEED): pages that readahead
-    // restored, or that a daemon copying a run in two steps would still be copying. The
-    // writes must stay, the dropped pages read zeros, the others keep their contents. A's
-    // last quarter still holds its first fill.
-    let ra = 24 * MIB / PAGE;
-    for round in 0..3u64 {
-        pressure(&mut scratch, 20 + round);
-        let mut i = ra;
-        while i + 4 <= a.pages {
-            // SAFETY: page `i` of A is mapped; a volatile read so that it really faults.
-            unsafe { std::ptr::read_volatile(a.page(i).as_ptr()) };
-            a.write(i + 1, i as u64 + 1, 30 + round);
-            // SAFETY: madvise on a page of A that we own.
-            let rc = unsafe {
-                libc::madvise(a.base.add((i + 2) * PAGE).cast(), PAGE, libc::MADV_DONTNEED)
-            };
-            assert_eq!(rc, 0);
-            a.want[i + 2] = Want::Zero;
-            i += 4;
+    /// 1. Kernel-mode faults: write(2) reads an evicted page, read(2) writes into one.
+    fn kernel_mode_faults(&mut self) {
+        let a = &mut self.a;
+        pressure(&mut self.scratch, 1);
+        let mut fds = [0; 2];
+        // SAFETY: pipe with a valid array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: page 3 and page 5 of A are valid for PAGE bytes; the pipe holds one page.
+        unsafe {
+            assert_eq!(
+                libc::write(fds[1], a.page(3).as_ptr().cast(), PAGE),
+                PAGE as isize
+            );
+            assert_eq!(
+                libc::read(fds[0], a.page_mut(5).as_mut_ptr().cast(), PAGE),
+                PAGE as isize
+            );
+            libc::close(fds[0]);
+            libc::close(fds[1]);
         }
-        report(
-            "readahead: writes and drops next to restored runs",
-            a.verify("readahead"),
-            &mut failures,
-        );
+        a.want[5] = a.want[3];
+        let bad = a.verify("kernel-mode faults");
+        self.report("kernel-mode faults", bad);
     }
 
-    // 7. Everything, once more, after more pressure.
-    pressure(&mut scratch, 11);
-    let bad = a.verify("final A")
-        + moved.verify("final moved")
-        + c.verify("final C")
-        + scratch.verify("final scratch");
-    report("final", bad, &mut failures);
-    if failures == 0 {
-        println!("checker: ALL OK");
-        0
-    } else {
-        println!("checker: {failures} failures");
-        1
+    /// 2. Fork: the child must see the snapshot taken at fork, whatever the parent does next.
+    fn fork(&mut self) {
+        self.pressure(2);
+        let a = &mut self.a;
+        let snapshot = a.want.clone();
+        let mut go = [0; 2];
+        // SAFETY: pipe with a valid array.
+        assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0);
+        // SAFETY: fork; the child only touches its own copy of memory and exits with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let mut b = [0u8; 1];
+            // SAFETY: read one byte into a live buffer: wait for the parent to finish writing.
+            unsafe { libc::read(go[0], b.as_mut_ptr().cast(), 1) };
+            a.want = snapshot;
+            let mut bad = a.verify("fork child (snapshot)");
+            for i in (0..a.pages).step_by(2) {
+                a.write(i, i as u64, 7);
+            }
+            pressure(&mut self.scratch, 9);
+            bad += a.verify("fork child (own writes)");
+            // SAFETY: _exit in the child.
+            unsafe { libc::_exit(if bad == 0 { 0 } else { 1 }) };
+        }
+        assert!(pid > 0, "fork failed");
+        for i in 0..a.pages / 2 {
+            a.write(i, i as u64, 3); // parent writes after the fork, before the child reads
+        }
+        // SAFETY: write one byte from a live buffer.
+        unsafe { libc::write(go[1], b"g".as_ptr().cast(), 1) };
+        let mut status = 0;
+        // SAFETY: waitpid for our child with a valid status pointer.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        let child_ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        self.report(
+            "fork (child saw its snapshot and its own writes)",
+            usize::from(!child_ok),
+        );
+        self.pressure(3);
+        let bad = self.a.verify("fork parent");
+        self.report("fork (parent kept its own writes)", bad);
+    }
+
+    /// 3. mremap: move 8 MiB of A elsewhere, then grow a region. Returns the moved part and
+    /// the grown region.
+    fn mremap(&mut self) -> (Region, Region) {
+        self.pressure(4);
+        let a = &mut self.a;
+        let moved_pages = 8 * MIB / PAGE;
+        let first = 8 * MIB / PAGE;
+        let target = map(8 * MIB);
+        // SAFETY: moving part of A onto `target` (MREMAP_FIXED replaces that reservation).
+        let newp = unsafe {
+            libc::mremap(
+                a.base.add(first * PAGE).cast(),
+                8 * MIB,
+                8 * MIB,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                target.cast::<libc::c_void>(),
+            )
+        };
+        assert_eq!(
+            newp.cast::<u8>(),
+            target,
+            "mremap failed: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut moved = Region {
+            base: target,
+            pages: moved_pages,
+            want: a.want[first..first + moved_pages].to_vec(),
+            name: "A-moved",
+        };
+        // The old range is unmapped now: stop tracking it in A.
+        for w in &mut a.want[first..first + moved_pages] {
+            *w = Window::Unmapped.into();
+        }
+        self.pressure(5);
+        let bad = moved.verify("mremap move");
+        self.report("mremap move", bad);
+        let mut c = Region::new("C", 4 * MIB);
+        for i in 0..c.pages {
+            c.write(i, 500_000 + i as u64, 0);
+        }
+        self.pressure(6);
+        // SAFETY: growing C; MAYMOVE lets the kernel move it.
+        let grown = unsafe { libc::mremap(c.base.cast(), 4 * MIB, 8 * MIB, libc::MREMAP_MAYMOVE) };
+        assert_ne!(grown, libc::MAP_FAILED, "mremap grow failed");
+        c.base = grown.cast();
+        c.pages = 8 * MIB / PAGE;
+        c.want.resize(c.pages, Want::Zero);
+        self.pressure(7);
+        let bad = c.verify("mremap grow");
+        self.report("mremap grow", bad);
+        for i in 0..moved.pages {
+            moved.write(i, 800_000 + i as u64, 1);
+        }
+        (moved, c)
+    }
+
+    /// 4. munmap part of A with evicted pages, map fresh memory there: it must read zeros.
+    fn munmap(&mut self) {
+        self.pressure(8);
+        let a = &mut self.a;
+        let un = 16 * MIB / PAGE;
+        let un_pages = 4 * MIB / PAGE;
+        // SAFETY: unmapping and remapping a part of A that we own; nothing references it.
+        unsafe {
+            assert_eq!(libc::munmap(a.base.add(un * PAGE).cast(), 4 * MIB), 0);
+            let p = libc::mmap(
+                a.base.add(un * PAGE).cast(),
+                4 * MIB,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+            assert_eq!(p.cast::<u8>(), a.base.add(un * PAGE));
+        }
+        for w in &mut a.want[un..un + un_pages] {
+            *w = Want::Zero;
+        }
+        let bad = a.verify("munmap");
+        self.report("munmap + new mapping reads zeros", bad);
+    }
+
+    /// 5. MADV_DONTNEED over evicted and resident pages: zeros there, the rest intact.
+    fn dontneed(&mut self) {
+        self.pressure(9);
+        let a = &mut self.a;
+        let dn = 20 * MIB / PAGE;
+        for i in dn..dn + 64 {
+            a.write(i, i as u64, 11); // some of the range resident, the rest evicted
+        }
+        // SAFETY: madvise on a part of A that we own.
+        let rc =
+            unsafe { libc::madvise(a.base.add(dn * PAGE).cast(), 4 * MIB, libc::MADV_DONTNEED) };
+        assert_eq!(rc, 0);
+        for w in &mut a.want[dn..dn + 4 * MIB / PAGE] {
+            *w = Want::Zero;
+        }
+        self.pressure(10);
+        let bad = self.a.verify("dontneed");
+        self.report("MADV_DONTNEED reads zeros", bad);
+    }
+
+    /// 6. Readahead. On a sequential run of faults the daemon restores the evicted pages after
+    /// the faulting one with it (a window growing to 16 pages). Here the woken thread at once
+    /// writes the next page and drops the one after it (MADV_DONTNEED): pages that readahead
+    /// restored, or that a daemon copying a run in two steps would still be copying. The
+    /// writes must stay, the dropped pages read zeros, the others keep their contents. A's
+    /// last quarter still holds its first fill.
+    fn readahead(&mut self) {
+        let ra = 24 * MIB / PAGE;
+        for round in 0..3u64 {
+            self.pressure(20 + round);
+            let a = &mut self.a;
+            let mut i = ra;
+            while i + 4 <= a.pages {
+                // SAFETY: page `i` of A is mapped; a volatile read so that it really faults.
+                unsafe { std::ptr::read_volatile(a.page(i).as_ptr()) };
+                a.write(i + 1, i as u64 + 1, 30 + round);
+                // SAFETY: madvise on a page of A that we own.
+                let rc = unsafe {
+                    libc::madvise(a.base.add((i + 2) * PAGE).cast(), PAGE, libc::MADV_DONTNEED)
+                };
+                assert_eq!(rc, 0);
+                a.want[i + 2] = Want::Zero;
+                i += 4;
+            }
+            let bad = self.a.verify("readahead");
+            self.report("readahead: writes and drops next to restored runs", bad);
+        }
+    }
+
+    /// 7. Everything, once more, after more pressure; the exit status.
+    fn finally(&mut self, moved: &mut Region, grown: &mut Region) -> i32 {
+        self.pressure(11);
+        let bad = self.a.verify("final A")
+            + moved.verify("final moved")
+            + grown.verify("final C")
+            + self.scratch.verify("final scratch");
+        self.report("final", bad);
+        if self.failures == 0 {
+            println!("checker: ALL OK");
+            0
+        } else {
+            println!("checker: {} failures", self.failures);
+            1
+        }
     }
 }
 

@@ -198,8 +198,8 @@ impl Checker {
         self.report("fork (parent kept its own writes)", bad);
     }
 
-    /// 3. mremap: move 8 MiB of A elsewhere, then grow a region. Returns the moved part and
-    /// the grown region.
+    /// 3. mremap: move 8 MiB of A elsewhere, then grow a region; the moved part and the
+    /// grown region, to be checked at the end.
     fn mremap(&mut self) -> (Region, Region) {
         self.pressure(4);
         let a = &mut self.a;

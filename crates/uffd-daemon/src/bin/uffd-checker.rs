@@ -130,7 +130,7 @@ impl Checker {
         report(step, bad, &mut self.failures);
     }
 
-    /// 1. Kernel-mode faults: write(2) reads an evicted page, read(2) writes into one.
+    /// Step 1: Kernel-mode faults: write(2) reads an evicted page, read(2) writes into one.
     fn kernel_mode_faults(&mut self) {
         let a = &mut self.a;
         pressure(&mut self.scratch, 1);
@@ -155,7 +155,7 @@ impl Checker {
         self.report("kernel-mode faults", bad);
     }
 
-    /// 2. Fork: the child must see the snapshot taken at fork, whatever the parent does next.
+    /// Step 2: Fork: the child must see the snapshot taken at fork, whatever the parent does next.
     fn fork(&mut self) {
         self.pressure(2);
         let a = &mut self.a;
@@ -198,7 +198,7 @@ impl Checker {
         self.report("fork (parent kept its own writes)", bad);
     }
 
-    /// 3. mremap: move 8 MiB of A elsewhere, then grow a region; the moved part and the
+    /// Step 3: mremap: move 8 MiB of A elsewhere, then grow a region; the moved part and the
     /// grown region, to be checked at the end.
     fn mremap(&mut self) -> (Region, Region) {
         self.pressure(4);
@@ -255,7 +255,7 @@ impl Checker {
         (moved, c)
     }
 
-    /// 4. munmap part of A with evicted pages, map fresh memory there: it must read zeros.
+    /// Step 4: munmap part of A with evicted pages, map fresh memory there: it must read zeros.
     fn munmap(&mut self) {
         self.pressure(8);
         let a = &mut self.a;
@@ -281,7 +281,7 @@ impl Checker {
         self.report("munmap + new mapping reads zeros", bad);
     }
 
-    /// 5. MADV_DONTNEED over evicted and resident pages: zeros there, the rest intact.
+    /// Step 5: MADV_DONTNEED over evicted and resident pages: zeros there, the rest intact.
     fn dontneed(&mut self) {
         self.pressure(9);
         let a = &mut self.a;
@@ -301,7 +301,7 @@ impl Checker {
         self.report("MADV_DONTNEED reads zeros", bad);
     }
 
-    /// 6. Readahead. On a sequential run of faults the daemon restores the evicted pages after
+    /// Step 6: Readahead. On a sequential run of faults the daemon restores the evicted pages after
     /// the faulting one with it (a window growing to 16 pages). Here the woken thread at once
     /// writes the next page and drops the one after it (MADV_DONTNEED): pages that readahead
     /// restored, or that a daemon copying a run in two steps would still be copying. The
@@ -330,7 +330,7 @@ impl Checker {
         }
     }
 
-    /// 7. Everything, once more, after more pressure; the exit status.
+    /// Step 7: Everything, once more, after more pressure; the exit status.
     fn finally(&mut self, moved: &mut Region, grown: &mut Region) -> i32 {
         self.pressure(11);
         let bad = self.a.verify("final A")

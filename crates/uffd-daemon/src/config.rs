@@ -18,6 +18,8 @@
 //! discard = true                 # punch freed clusters out of a swap file
 //! encrypt = true                 # seal every page on the backend with AES-256-GCM under a key
 //!                                # held only in the daemon's locked memory (--encrypt on|off)
+//! checksums = true               # without encryption: check each page read back from the
+//!                                # backend against its CRC-32C, kept in memory
 //!
 //! [redis_cluster]                # with backend = "redis-cluster:HOST:PORT[,HOST:PORT...]"
 //! password = "..."               # AUTH (requirepass or an ACL user's); none by default
@@ -174,6 +176,7 @@ struct FileTiers {
     large_folios: Option<bool>,
     discard: Option<bool>,
     encrypt: Option<bool>,
+    checksums: Option<bool>,
 }
 
 #[derive(Default, Deserialize)]
@@ -477,6 +480,7 @@ pub fn resolve(path: Option<&Path>, o: &Overrides) -> anyhow::Result<Resolved> {
             large_folios: f.tiers.large_folios.unwrap_or(true),
             discard: f.tiers.discard.unwrap_or(true),
             encrypt: o.encrypt.or(f.tiers.encrypt).unwrap_or(true),
+            checksums: f.tiers.checksums.unwrap_or(true),
             fail_writes,
             fail_writeback_after: size_field(
                 &f.test.fail_writeback_after,

@@ -41,6 +41,7 @@ use zswap::{LoadError, StoreError, Zswap};
 use crate::sys::{PAGE_SIZE, PAGE_SIZE_U64};
 
 mod backend;
+mod checksum;
 mod config;
 mod readers;
 mod redis_cluster;
@@ -51,6 +52,7 @@ mod writeback;
 
 use backend::{ArcBackend, Discarder, Failing};
 pub use backend::{Backend, FileBackend, PmemBackend};
+use checksum::ChecksummedBackend;
 pub use config::{BackendSpec, FailWrites, RedisClusterConfig, TierConfig, ZswapTier};
 pub use redis_cluster::{key_slot, ClusterStats, RedisClusterBackend, STRIPE_PAGES};
 pub use seal::SealedBackend;
@@ -149,6 +151,9 @@ pub struct Tiers {
     backend: Option<Arc<dyn Backend>>,
     /// The backend's sealing layer (the same object as `backend`) when encryption is on.
     sealer: Option<Arc<SealedBackend<ArcBackend>>>,
+    /// The backend's checksumming layer (the same object as `backend`) when encryption is off
+    /// and checksums on.
+    checksums: Option<Arc<ChecksummedBackend<ArcBackend>>>,
     registry: shrinker::ShrinkerRegistry,
     _shrinkers: Vec<ShrinkerHandle>,
     /// Counters.
@@ -170,17 +175,17 @@ impl fmt::Debug for Tiers {
     }
 }
 
+/// The backend as the tiers use it, and the layers in it whose counters they report.
+struct Layers {
+    backend: Option<Arc<dyn Backend>>,
+    sealer: Option<Arc<SealedBackend<ArcBackend>>>,
+    checksums: Option<Arc<ChecksummedBackend<ArcBackend>>>,
+}
+
 /// The backing device below zswap, sealed (encryption at rest: everything below this layer,
-/// and the device, sees only sealed pages) and wrapped in failure injection if asked; and the
-/// sealing layer, whose counters the tiers report.
-#[allow(clippy::type_complexity)]
-fn build_backend(
-    cfg: &TierConfig,
-    device_bytes: u64,
-) -> anyhow::Result<(
-    Option<Arc<dyn Backend>>,
-    Option<Arc<SealedBackend<ArcBackend>>>,
-)> {
+/// and the device, sees only sealed pages) or, without encryption, checksummed, and wrapped in
+/// failure injection if asked.
+fn build_backend(cfg: &TierConfig, device_bytes: u64) -> anyhow::Result<Layers> {
     use anyhow::Context;
     let backend: Option<Arc<dyn Backend>> = match &cfg.backend {
         BackendSpec::None => None,
@@ -227,6 +232,15 @@ fn build_backend(
         }
         b => (b, None),
     };
+    // Without encryption, checksums: a page the device lost is a failed read, not wrong bytes.
+    let (backend, checksums) = match backend {
+        Some(b) if !cfg.encrypt && cfg.checksums => {
+            let c = Arc::new(ChecksummedBackend::new(ArcBackend(b)));
+            let dyn_c: Arc<dyn Backend> = Arc::clone(&c) as Arc<dyn Backend>;
+            (Some(dyn_c), Some(c))
+        }
+        b => (b, None),
+    };
     // Failure injection outermost: its byte count is of pages, sealed or not.
     let backend: Option<Arc<dyn Backend>> = match (backend, cfg.fail_writes) {
         (Some(b), Some(fail)) => {
@@ -239,7 +253,11 @@ fn build_backend(
         }
         (b, _) => b,
     };
-    Ok((backend, sealer))
+    Ok(Layers {
+        backend,
+        sealer,
+        checksums,
+    })
 }
 
 /// The swap slot device: discards passed to the backend if asked; partly used clusters
@@ -341,7 +359,11 @@ impl Tiers {
         } else {
             swap_bytes
         };
-        let (backend, sealer) = build_backend(&cfg, device_bytes)?;
+        let Layers {
+            backend,
+            sealer,
+            checksums,
+        } = build_backend(&cfg, device_bytes)?;
         let dev = build_device(&cfg, nslots, backend.as_ref())?;
         let zswap = build_zswap(&cfg)?;
         let stats = Arc::new(TierStats::default());
@@ -360,6 +382,7 @@ impl Tiers {
             zswap,
             backend,
             sealer,
+            checksums,
             registry,
             _shrinkers: shrinkers,
             stats,
@@ -608,9 +631,7 @@ impl Tiers {
     fn put_fresh(&self, slots: &[u32]) {
         for &s in slots {
             // (Part of a unit may have reached the device before another part failed.)
-            if let Some(sealer) = &self.sealer {
-                sealer.forget(u64::from(s));
-            }
+            self.forget_seal(s);
             if let Err(e) = self.dev.put(self.entry(s)) {
                 tracing::error!("BUG: freeing fresh slot {s}: {e}");
             }
@@ -782,9 +803,7 @@ impl Tiers {
                         z.invalidate(u64::from(slot), 1);
                     }
                     // Still pinned: the slot cannot be sealed anew before its seal is gone.
-                    if let Some(s) = &self.sealer {
-                        s.forget(u64::from(slot));
-                    }
+                    self.forget_seal(slot);
                 }
             }
         }
@@ -830,9 +849,20 @@ impl Tiers {
         )
     }
 
-    /// Heap bytes of the side table of seals (0 without encryption).
+    /// The slot is free: its seal or checksum goes.
+    fn forget_seal(&self, slot: u32) {
+        if let Some(s) = &self.sealer {
+            s.forget(u64::from(slot));
+        }
+        if let Some(c) = &self.checksums {
+            c.forget(u64::from(slot));
+        }
+    }
+
+    /// Heap bytes of the side table of seals, or of checksums without encryption.
     pub fn seal_metadata_bytes(&self) -> usize {
         self.sealer.as_ref().map_or(0, |s| s.metadata_bytes())
+            + self.checksums.as_ref().map_or(0, |c| c.metadata_bytes())
     }
 
     /// Whether pages written to the backend are sealed (encryption on, and a backend).
@@ -851,6 +881,11 @@ impl Tiers {
     /// Pages read back from the backend that failed authentication.
     pub fn backend_auth_failures(&self) -> u64 {
         self.sealer.as_ref().map_or(0, |s| s.auth_failures())
+    }
+
+    /// Pages read back from the backend whose checksum did not match (no encryption).
+    pub fn backend_checksum_failures(&self) -> u64 {
+        self.checksums.as_ref().map_or(0, |c| c.failures())
     }
 
     /// Slots in use.
@@ -928,6 +963,13 @@ impl Tiers {
         }
         .into();
         v["backend_auth_failures"] = self.backend_auth_failures().into();
+        v["backend_checksums"] = if self.checksums.is_some() {
+            checksum::CHECKSUM
+        } else {
+            "none"
+        }
+        .into();
+        v["backend_checksum_failures"] = self.backend_checksum_failures().into();
         v["backend_seal_metadata_bytes"] = self.seal_metadata_bytes().into();
         if let Some(b) = &self.backend {
             b.counters(v);
@@ -1009,6 +1051,7 @@ mod tests {
             large_folios: true,
             discard: true,
             encrypt: true,
+            checksums: true,
             fail_writes: None,
             fail_writeback_after: None,
             tmp_dir: std::env::temp_dir(),
@@ -1408,6 +1451,43 @@ mod tests {
                 "{name}: {v}"
             );
         }
+    }
+
+    /// Without encryption, a page the device lost (it reads back as zeros) or altered fails
+    /// its read by its checksum; its neighbours read back; a freed slot's checksum goes.
+    #[test]
+    fn without_encryption_a_page_lost_on_the_device_fails_its_read() {
+        let mut c = cfg(None, BackendSpec::File(Some(tmp("crc"))));
+        c.encrypt = false;
+        let (c, path) = named(c);
+        let t = Tiers::new(c).unwrap();
+        let (a, b) = (secret_page(1), secret_page(2));
+        let sa = t.store_units(&[(0, &a[..])]).pop().unwrap().unwrap()[0];
+        let sb = t.store_units(&[(0, &b[..])]).pop().unwrap().unwrap()[0];
+        t.flush();
+        let dev = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        dev.write_all_at(&[0u8; PAGE_SIZE], u64::from(sb) * PAGE_SIZE_U64)
+            .unwrap();
+        let mut out = vec![0xa5u8; PAGE_SIZE];
+        let e = t.read(sb, &mut out).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        assert!(e.to_string().contains("checksum"), "{e}");
+        assert!(out.iter().all(|&x| x == 0), "bytes of a failed read");
+        t.read(sa, &mut out).unwrap();
+        assert_eq!(out, a);
+        let mut v = serde_json::json!({});
+        t.to_json(&mut v);
+        assert_eq!(v["backend_checksum_failures"].as_u64(), Some(1), "{v}");
+        assert_eq!(v["backend_checksums"].as_str(), Some("crc32c"), "{v}");
+        assert_eq!(v["backend_encrypted"].as_bool(), Some(false), "{v}");
+        assert!(t.seal_metadata_bytes() > seal::EMPTY_TABLE_BYTES);
+        t.put(sa).unwrap();
+        t.put(sb).unwrap();
+        assert_eq!(
+            t.seal_metadata_bytes(),
+            seal::EMPTY_TABLE_BYTES,
+            "checksums given back"
+        );
     }
 
     /// A page's ciphertext copied to another slot's offset is refused there.

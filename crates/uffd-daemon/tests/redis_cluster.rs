@@ -357,6 +357,7 @@ fn the_cluster_holds_only_ciphertext() {
             large_folios: true,
             discard: true,
             encrypt,
+            checksums: true,
             fail_writes: None,
             fail_writeback_after: None,
             tmp_dir: std::env::temp_dir(),

@@ -180,8 +180,12 @@ impl FileBackend {
         // sit in the page cache (the daemon reads runs of slots itself when it wants them).
         let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Random);
         let file = Arc::new(file);
-        let writeback = Writeback::new(device(Arc::clone(&file)), writeback::DEFAULT_CAP)
-            .map_err(|e| io::Error::new(e.kind(), format!("starting the writeback thread: {e}")))?;
+        let writeback = Writeback::new(
+            device(Arc::clone(&file)),
+            writeback::DEFAULT_CAP,
+            writeback::DEFAULT_SETTLE,
+        )
+        .map_err(|e| io::Error::new(e.kind(), format!("starting the writeback thread: {e}")))?;
         Ok(FileBackend {
             file,
             path: path.map(Path::to_path_buf),
@@ -251,6 +255,7 @@ impl Backend for FileBackend {
         let (in_flight, held) = self.writeback.bytes();
         v["file_writeback_bytes"] = in_flight.into();
         v["file_writeback_held_bytes"] = held.into();
+        v["file_writeback_settling_bytes"] = self.writeback.settling_bytes().into();
         v["file_writeback_completed"] = ld(&c.completed).into();
         v["file_writeback_errors"] = ld(&c.errors).into();
         v["file_writes_refused"] = ld(&c.refused).into();

@@ -184,6 +184,10 @@ pub struct TierConfig {
     /// Seal every page written to the backend with AES-256-GCM under a key held only in the
     /// daemon's locked memory (`SealedBackend`). No effect without a backend.
     pub encrypt: bool,
+    /// Without encryption: check every page read back from the backend against the CRC-32C
+    /// it was written with (`ChecksummedBackend`). No effect without a backend, or with
+    /// encryption (its tags authenticate every page).
+    pub checksums: bool,
     /// Failure injection (tests).
     pub fail_writes: Option<FailWrites>,
     /// Failure injection (tests): once this many bytes of the swap file are on the disk, every

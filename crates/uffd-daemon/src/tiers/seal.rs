@@ -113,14 +113,15 @@ const SHARDS: usize = 16;
 const COUNTER_LIMIT: u64 = 1 << 63;
 
 /// What the daemon keeps to open a sealed slot: the counter value its nonce was made from
-/// (0: the slot holds nothing sealed).
+/// (0: the slot holds nothing sealed). The checksumming backend (`checksum.rs`) keeps its
+/// checksums in the same table, as nonzero values of their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Seal {
-    counter: u64,
+pub(in crate::tiers) struct Seal {
+    pub(in crate::tiers) counter: u64,
 }
 
 impl Seal {
-    const EMPTY: Seal = Seal { counter: 0 };
+    pub(in crate::tiers) const EMPTY: Seal = Seal { counter: 0 };
 }
 
 /// The seals of 64 consecutive slots.
@@ -154,7 +155,7 @@ type ChunkMap = HashMap<u32, Box<Chunk>, BuildHasherDefault<ChunkHasher>>;
 
 /// The side table: the seal of every sealed slot, in chunks that exist only while one of
 /// their slots is sealed. A shard's lock is held only to copy seals in or out.
-struct SealTable {
+pub(in crate::tiers) struct SealTable {
     shards: Box<[CachePadded<Mutex<ChunkMap>>]>,
 }
 
@@ -173,7 +174,7 @@ fn locate(slot: u64) -> (usize, u32, usize) {
 }
 
 impl SealTable {
-    fn new() -> Self {
+    pub(in crate::tiers) fn new() -> Self {
         SealTable {
             shards: (0..SHARDS)
                 .map(|_| CachePadded::new(Mutex::new(ChunkMap::default())))
@@ -213,7 +214,7 @@ impl SealTable {
     }
 
     /// Records the seals of `first..first + seals.len()`.
-    fn record(&self, first: u64, seals: &[Seal]) {
+    pub(in crate::tiers) fn record(&self, first: u64, seals: &[Seal]) {
         self.each_chunk(first, seals.len(), true, |chunk, idx, at, k| {
             let Some(c) = chunk else { return };
             for (dst, src) in c.seals[idx..idx + k].iter_mut().zip(&seals[at..at + k]) {
@@ -227,7 +228,7 @@ impl SealTable {
 
     /// Copies out the seals of `first..first + out.len()`; the first slot without one is the
     /// error.
-    fn lookup(&self, first: u64, out: &mut [Seal]) -> Result<(), u64> {
+    pub(in crate::tiers) fn lookup(&self, first: u64, out: &mut [Seal]) -> Result<(), u64> {
         let mut missing = None;
         self.each_chunk(first, out.len(), false, |chunk, idx, at, k| {
             match chunk {
@@ -245,7 +246,7 @@ impl SealTable {
     }
 
     /// Forgets a slot's seal (the slot is free); frees its chunk with the chunk's last seal.
-    fn forget(&self, slot: u64) {
+    pub(in crate::tiers) fn forget(&self, slot: u64) {
         let (shard, key, idx) = locate(slot);
         let mut map = self.shards[shard].lock();
         let Some(c) = map.get_mut(&key) else { return };
@@ -267,7 +268,7 @@ impl SealTable {
     }
 
     /// Heap bytes: the shards, each map's table (from its capacity) and the chunks.
-    fn heap_bytes(&self) -> usize {
+    pub(in crate::tiers) fn heap_bytes(&self) -> usize {
         let entry = size_of::<(u32, Box<Chunk>)>() + 1; // + hashbrown's control byte
         EMPTY_TABLE_BYTES
             + self
@@ -440,7 +441,7 @@ impl<B: fmt::Debug> fmt::Debug for SealedBackend<B> {
 }
 
 /// The slots `offset..offset + len` covers.
-fn slots_of(offset: u64, len: usize) -> io::Result<(u64, usize)> {
+pub(in crate::tiers) fn slots_of(offset: u64, len: usize) -> io::Result<(u64, usize)> {
     if offset % PAGE_SIZE_U64 != 0 || len % PAGE_SIZE != 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,

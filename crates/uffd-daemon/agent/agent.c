@@ -1265,7 +1265,8 @@ static int register_new_mapping(void *addr, size_t len, int prot, int flags)
 	struct agent *ag = g_agent;
 	if (!ag || addr == MAP_FAILED || len < 16 * PAGE || ag->tid <= 0 || !ag->agent_running || ag->filtered)
 		return -1;
-	if ((flags & (MAP_PRIVATE | MAP_ANONYMOUS)) != (MAP_PRIVATE | MAP_ANONYMOUS) || (flags & MAP_HUGETLB) ||
+	/* Private or shared (MAP_SHARED|MAP_ANONYMOUS: the daemon pages it by identity) anonymous. */
+	if (!(flags & MAP_ANONYMOUS) || !(flags & (MAP_PRIVATE | MAP_SHARED)) || (flags & MAP_HUGETLB) ||
 	    (prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE))
 		return -1;
 	int saved = errno;
@@ -1294,7 +1295,7 @@ __attribute__((visibility("default"))) void *mmap(void *addr, size_t len, int pr
 	 * (MADV_POPULATE_WRITE), which the daemon serves and throttles like any other. */
 	/* Locked mappings (MAP_LOCKED, or any after mlockall(MCL_FUTURE)) are the program's to keep
 	 * in RAM: not registered here (the census leaves them alone). */
-	int managed = g_agent && !g_agent->filtered && (flags & (MAP_PRIVATE | MAP_ANONYMOUS)) == (MAP_PRIVATE | MAP_ANONYMOUS) &&
+	int managed = g_agent && !g_agent->filtered && (flags & MAP_ANONYMOUS) && (flags & (MAP_PRIVATE | MAP_SHARED)) &&
 		      !(flags & (MAP_HUGETLB | MAP_LOCKED)) && !g_agent->lock_future &&
 		      (prot & (PROT_READ | PROT_WRITE)) == (PROT_READ | PROT_WRITE);
 	int populate = managed && (flags & MAP_POPULATE);

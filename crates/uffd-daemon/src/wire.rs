@@ -96,6 +96,11 @@ pub const UFFD_FEATURE_EVENT_UNMAP: u64 = 1 << 6;
 pub const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
 /// See [`UFFD_FEATURE_PAGEFAULT_FLAG_WP`].
 pub const UFFD_FEATURE_MOVE: u64 = 1 << 16;
+/// Missing faults on shared memory (shmem): registering a `MAP_SHARED` anonymous mapping
+/// (Linux 4.11).
+pub const UFFD_FEATURE_MISSING_SHMEM: u64 = 1 << 5;
+/// Write-protection of shared memory (shmem, hugetlbfs; Linux 5.19).
+pub const UFFD_FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
 
 /// The features the agent asks for and the daemon relies on.
 pub const REQUIRED_FEATURES: u64 = UFFD_FEATURE_PAGEFAULT_FLAG_WP
@@ -104,7 +109,9 @@ pub const REQUIRED_FEATURES: u64 = UFFD_FEATURE_PAGEFAULT_FLAG_WP
     | UFFD_FEATURE_EVENT_REMOVE
     | UFFD_FEATURE_EVENT_UNMAP
     | UFFD_FEATURE_THREAD_ID
-    | UFFD_FEATURE_MOVE;
+    | UFFD_FEATURE_MOVE
+    | UFFD_FEATURE_MISSING_SHMEM
+    | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
 
 /// Exit status of a client whose daemon died: its evicted pages can never come back.
 pub const EXIT_DAEMON_LOST: i32 = 86;

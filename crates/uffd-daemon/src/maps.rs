@@ -53,6 +53,18 @@ impl Vma {
     }
 }
 
+impl Vma {
+    /// A shared mapping of a shared anonymous inode, whatever its permissions (a read-only or
+    /// `PROT_NONE` one is never registered, and a read of a hole through it fills the hole):
+    /// what the census must find registered before the inode may be evicted from.
+    pub fn maps_shared_anon_inode(&self) -> bool {
+        self.perms.as_bytes().get(3) == Some(&b's')
+            && self.dev.0 == 0
+            && self.inode != 0
+            && self.path == SHARED_ANON_NAME
+    }
+}
+
 /// [`Vma::is_shared_anon`] on the fields of a maps line or a `PROCMAP_QUERY` answer.
 pub fn is_shared_anon(perms: &str, dev: (u32, u32), inode: u64, path: &str) -> bool {
     let p = perms.as_bytes();
@@ -438,6 +450,9 @@ mod tests {
         let v = parse_maps(text);
         let shared: Vec<bool> = v.iter().map(Vma::is_shared_anon).collect();
         assert_eq!(shared, [true, true, false, false, false, false, false]);
+        // (The read-only mapping of an inode is one the census must find registered.)
+        let of_inode: Vec<bool> = v.iter().map(Vma::maps_shared_anon_inode).collect();
+        assert_eq!(of_inode, [true, true, false, false, false, true, false]);
         assert_eq!((v[1].dev, v[1].inode, v[1].offset), ((0, 1), 2072, 0x10000));
         assert_eq!(v[3].dev, (0, 0x1a));
         assert!(v[6].is_managed() && !v[0].is_managed());

@@ -667,14 +667,18 @@ pub fn evict_batch(shared: &Shared, inode: &ShmemInode, max: usize) -> usize {
     let keys: Vec<u64> = stored.iter().map(|&(k, _)| k).collect();
     let stored_runs = runs_of(&keys);
     for &(k, n) in &stored_runs {
-        if let Err(e) = sys::punch_hole(&fd, k, u64::from(n) * PAGE_SIZE_U64) {
-            // Nothing punched in this run (or part of it): its pages are still there, and
-            // stay resident (their slots let go).
+        let len = u64::from(n) * PAGE_SIZE_U64;
+        if let Err(e) = sys::punch_hole(&fd, k, len) {
+            // The run may be punched in part: a page still present stays resident (its slot
+            // let go below), a hole is evicted (its stored copy serves the next fault).
             tracing::warn!("shared inode {:?}: punch at {k:#x}: {e}", inode.key);
+            let present = sys::data_extents(&fd, k + len).unwrap_or_else(|_| vec![(k, k + len)]);
             let mut st = inode.st.lock();
             for i in 0..u64::from(n) {
                 let a = k + i * PAGE_SIZE_U64;
-                if st.pages.pages.get(a) == Some(Page::Evicting { batch }) {
+                if st.pages.pages.get(a) == Some(Page::Evicting { batch })
+                    && present.iter().any(|&(s, e)| s <= a && a < e)
+                {
                     st.pages.back_to_resident(a);
                 }
             }
@@ -766,7 +770,7 @@ pub fn census(shared: &Shared, root: i32) -> u64 {
             continue;
         };
         let mut keys = Vec::new();
-        for v in vmas.iter().filter(|v| v.is_shared_anon()) {
+        for v in vmas.iter().filter(|v| v.maps_shared_anon_inode()) {
             let key = (makedev(v.dev.0, v.dev.1), v.inode);
             seen.entry(key).or_default().push((pid, v.start, v.end));
             keys.push(key);

@@ -69,7 +69,7 @@ pub(super) fn serve_fault(
         return serve_agent_region(shared, mm, p);
     }
     if let Some(t) = super::shmem::target(shared, mm, p.address) {
-        return super::shmem::serve_shared(shared, mm, p, &t, page, zeros);
+        return super::shmem::serve_shared(shared, mm, p, &t, page, zeros, ra);
     }
     if p.flags & sys::UFFD_PAGEFAULT_FLAG_WP != 0 {
         return serve_write_protect(shared, mm, p, &mut ra[0]);

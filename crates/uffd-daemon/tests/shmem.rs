@@ -98,7 +98,8 @@ fn shared_anon_fault_served_by_identity() {
         run.stdout
     );
     assert!(
-        run.stdout.contains("identity parent: 0 bad words, child status 0"),
+        run.stdout
+            .contains("identity parent: 0 bad words, child status 0"),
         "{}",
         run.stdout
     );

@@ -147,7 +147,13 @@ pub(super) fn serve_shared(
     }
     let cap = (1usize << shared.policy.page_cluster)
         .min(page.len() / PAGE_SIZE)
-        .min(shared.limit.pages().saturating_sub(shared.resident()).max(1));
+        .min(
+            shared
+                .limit
+                .pages()
+                .saturating_sub(shared.resident())
+                .max(1),
+        );
     let max = if restore {
         ra[0].window(addr, cap)
     } else if prior.is_none() {
@@ -221,8 +227,7 @@ pub(super) fn serve_shared(
         // (Pages read ahead arrive young, not cold: a sequential reader comes to them next,
         // and as cold arrivals reclaim took them first, before any use: 288,429 of 307,321
         // read ahead went unused in the 602 MiB fill under 128M.)
-        st.pages
-            .make_resident(shared, k, Arrival::Fault, i == 0);
+        st.pages.make_resident(shared, k, Arrival::Fault, i == 0);
     }
     if restore {
         Stats::add(&stats.shmem_swapins, filled as u64);

@@ -112,6 +112,8 @@ pub struct InodeState {
     pub pinned: bool,
     /// Next eviction batch id.
     pub next_batch: u32,
+    /// A batch is between its pick and its settling.
+    pub evicting: bool,
 }
 
 /// One shared anonymous inode.
@@ -328,6 +330,7 @@ impl ShmemTable {
                         verified: false,
                         pinned: false,
                         next_batch: 1,
+                        evicting: false,
                     }),
                 });
                 t.inodes.insert(key, Arc::clone(&inode));
@@ -359,6 +362,106 @@ impl ShmemTable {
             return;
         }
         self.table.lock().cut(shared, mm.id, start, end, true);
+    }
+
+    /// `madvise(MADV_REMOVE)` of `[start, end)` in `mm` (a REMOVE event the agent announced):
+    /// the pages of the inodes mapped there are holes now (the kernel punches them after the
+    /// event is read), so their states and stored copies are dropped: the next fault reads
+    /// zeros. A batch evicting one of them finds it gone and lets its slot go. Returns the
+    /// pages dropped.
+    pub fn remove(&self, shared: &Shared, mm: &Mm, start: u64, end: u64) -> usize {
+        if !mm.has_shmem.load(Ordering::Acquire) {
+            return 0;
+        }
+        let refs: Vec<MapRef> = {
+            let t = self.table.lock();
+            t.by_mm
+                .get(&mm.id)
+                .map(|v| {
+                    v.iter()
+                        .filter(|r| r.start < end && r.end > start)
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut n = 0;
+        for r in refs {
+            let (s, e) = (r.start.max(start), r.end.min(end));
+            let lo = r.pgoff + (s - r.start) / PAGE_SIZE_U64;
+            let hi = lo + (e - s) / PAGE_SIZE_U64;
+            n += r
+                .inode
+                .st
+                .lock()
+                .pages
+                .forget_range(shared, lo << 12, hi << 12);
+        }
+        n
+    }
+
+    /// `[start, end)` of `mm` goes to a userfaultfd of the program's own (its `UFFDIO_REGISTER`
+    /// met the daemon's registration): every page the daemon evicted of the inodes mapped there
+    /// is written back into the inode (`pwrite`: the program's handler must never see a hole
+    /// where a page has data); the caller unregisters the range, then [`ShmemTable::unmap`]s
+    /// it. Its inodes are evicted from no more: the census finds their mapping there no mapper.
+    /// Returns the pages written back.
+    pub fn step_aside(
+        &self,
+        shared: &Shared,
+        mm: &Mm,
+        start: u64,
+        end: u64,
+    ) -> std::io::Result<u64> {
+        if !mm.has_shmem.load(Ordering::Acquire) {
+            return Ok(0);
+        }
+        let inodes: Vec<Arc<ShmemInode>> = {
+            let t = self.table.lock();
+            let mut v: Vec<Arc<ShmemInode>> = Vec::new();
+            for r in t.by_mm.get(&mm.id).into_iter().flatten() {
+                if r.start < end && r.end > start && !v.iter().any(|i| Arc::ptr_eq(i, &r.inode)) {
+                    v.push(Arc::clone(&r.inode));
+                }
+            }
+            v
+        };
+        let mut restored = 0;
+        let mut buf = vec![0u8; PAGE_SIZE];
+        for inode in inodes {
+            // Once no batch is in flight (the reclaim thread ends each within its stores),
+            // and none can start: the inode is not verified from now on.
+            let mut st = loop {
+                let mut st = inode.st.lock();
+                if !st.evicting {
+                    st.verified = false;
+                    st.gen += 1;
+                    break st;
+                }
+                drop(st);
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            let evicted: Vec<(u64, Page)> = st
+                .pages
+                .pages
+                .iter()
+                .filter(|(_, p)| matches!(p, Page::Evicted { .. }))
+                .collect();
+            for (k, p) in evicted {
+                if let Some(slot) = p.slot().filter(|&s| s != ZERO_SLOT) {
+                    shared.tiers.read_run(slot, 1, &mut buf)?;
+                } else {
+                    buf.fill(0);
+                }
+                sys::shmem_write(&st.fd, k, &buf)?;
+                st.pages.pages.remove(k);
+                st.pages.release(shared, k, p);
+                st.pages
+                    .make_resident(shared, k, mglru::Arrival::Cold, false);
+                restored += 1;
+            }
+        }
+        Ok(restored)
     }
 
     /// `mm` is gone (exit, exec): it maps nothing any more.
@@ -491,6 +594,15 @@ pub fn note_filled_behind(shared: &Shared, key: InodeKey, offset: u64) {
     }
 }
 
+/// [`handler_settled`], waiting as long as it takes (up to 5 s: a handler stopped for good).
+pub fn wait_handler_settled(mm: &Mm) {
+    for _ in 0..100 {
+        if handler_settled(mm) {
+            return;
+        }
+    }
+}
+
 /// Waits until the handler of `mm` is not between a read of its uffd and the end of applying
 /// what it read (`Mm::handling` even, or past the read in progress): every event it read by
 /// now is applied. False if that took more than 50 ms.
@@ -519,8 +631,11 @@ fn protect_in(m: &Mapper, runs: &[(u64, u32)], wp: bool) -> bool {
         let mut tries = 0;
         loop {
             match m.mm.uffd.writeprotect(a, np * PAGE_SIZE_U64, wp) {
-                // (Gone: the mapping or its process went away; an UNMAP follows.)
-                Ok(Fill::Filled | Fill::Exists | Fill::Gone) => break,
+                Ok(Fill::Filled | Fill::Exists) => break,
+                // Not registered there (any more): protecting, no mapper may be unknown, so
+                // the batch is given up (the mapping went away and its UNMAP is on its way, or
+                // it went to another userfaultfd); lifting, nothing is left to lift.
+                Ok(Fill::Gone) if !wp => break,
                 Ok(Fill::Again) if tries < 200 => {
                     tries += 1;
                     std::thread::sleep(Duration::from_micros(50));
@@ -569,6 +684,12 @@ fn abort(shared: &Shared, inode: &ShmemInode, batch: u32, victims: &[u64], snaps
 /// Evicts up to `max` pages of `inode` (the six steps of the module's docs). Returns the pages
 /// evicted. Reclaim thread only.
 pub fn evict_batch(shared: &Shared, inode: &ShmemInode, max: usize) -> usize {
+    let n = evict_batch_inner(shared, inode, max);
+    inode.st.lock().evicting = false;
+    n
+}
+
+fn evict_batch_inner(shared: &Shared, inode: &ShmemInode, max: usize) -> usize {
     let stats = &shared.stats;
     // 1. Pick, under the lock, with the mappers as they are now.
     let (batch, victims, snapshot, gen, fd) = {
@@ -589,6 +710,7 @@ pub fn evict_batch(shared: &Shared, inode: &ShmemInode, max: usize) -> usize {
         if victims.is_empty() {
             return 0;
         }
+        st.evicting = true;
         (
             batch,
             victims,

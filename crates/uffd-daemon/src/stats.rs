@@ -56,8 +56,12 @@ counters! {
     /// Shared pages found present while held evicted (filled behind the daemon's back): never
     /// expected.
     shmem_filled_behind_pages,
-    /// REMOVE events (MADV_DONTNEED, MADV_REMOVE) on shared anonymous mappings.
-    shmem_remove_events,
+    /// Pages of shared anonymous memory dropped by an announced `MADV_REMOVE` (they read as
+    /// zeros).
+    shmem_removed_pages,
+    /// REMOVE events on shared anonymous memory no `MADV_REMOVE` was announced for: taken as
+    /// `MADV_DONTNEED` (stored copies kept).
+    shmem_remove_unannounced,
     /// Pages evicted (stored and dropped from the client; the kernel's pswpout).
     evicted_pages,
     /// Evicted pages that were all zeros and took no space in the store.

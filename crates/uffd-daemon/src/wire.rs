@@ -46,6 +46,11 @@ pub const KIND_HOLD: u16 = 10;
 /// Message kind: the daemon has read back what the last DROP moved into the scratch; the
 /// agent frees it.
 pub const KIND_FREE: u16 = 11;
+/// Message kind: a program thread is about to call `madvise(MADV_REMOVE)` on a range, or
+/// ([`SHMEM_REMOVE_DONE`]) has returned from it: the daemon tells its REMOVE events, which
+/// `MADV_DONTNEED` raises alike, apart (shared memory: the stored copies of the range become
+/// zeros for the first, stay valid for the second).
+pub const KIND_SHMEM_REMOVE: u16 = 12;
 
 /// HELLO flag: the sender is a forked child whose uffd the daemon already holds.
 pub const HELLO_FORK_CHILD: u32 = 1;
@@ -71,6 +76,8 @@ pub const DROP_RUN_UNSHARE: u32 = 1;
 
 /// LOCK flag: the range is about to be locked (clear: a lock asked for did not happen).
 pub const LOCK_ON: u32 = 1;
+/// SHMEM_REMOVE flag: the `madvise` call has returned (the announcement ends).
+pub const SHMEM_REMOVE_DONE: u32 = 1;
 
 /// HOLD reason: the sender is about to dump core (a core-dumping signal it left at its
 /// default action); the hold lasts until it exits.

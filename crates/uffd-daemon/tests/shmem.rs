@@ -195,3 +195,44 @@ fn memfd_is_counted_unmanaged_and_shared_anon_is_not() {
     assert_eq!(run.get("unmanaged_shared_fd_bytes"), 0);
     assert!(run.get("shmem_evicted_pages") > 0);
 }
+
+/// Step 6: `MADV_REMOVE` of shared memory whose pages were evicted: they read as zeros (the
+/// agent announces the call; the stored copies are dropped). Taken as `MADV_DONTNEED`, the
+/// stored copies came back instead.
+#[test]
+fn shared_madv_remove_reads_zeros() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = shmem("16M", "shmem-remove", &["remove", "64"]);
+    assert_eq!(run.status, 0, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("remove: 64 MiB, 0 bad words"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.get("shmem_evicted_pages") > 0);
+    assert!(run.get("shmem_removed_pages") > 0);
+}
+
+/// Step 6: `MADV_DONTNEED` of shared memory whose pages were evicted keeps their contents (the
+/// page cache keeps them; the stored copies stay valid), unlike private memory, where a REMOVE
+/// event forgets the pages.
+#[test]
+fn shared_madv_dontneed_keeps_data() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = shmem("16M", "shmem-dontneed", &["dontneed", "64"]);
+    assert_eq!(run.status, 0, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("dontneed: 64 MiB, 0 bad words"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.get("shmem_evicted_pages") > 0);
+    assert!(run.get("shmem_remove_unannounced") > 0);
+    assert_eq!(run.get("shmem_removed_pages"), 0);
+}

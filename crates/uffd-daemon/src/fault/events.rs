@@ -20,13 +20,24 @@ pub(super) fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent)
             }
             Stats::add(&stats.remove_events, 1);
             mm.state.lock().forget_range(shared, start, end);
-            if shared.shmem.lookup(mm, start).is_some() {
+            if mm.has_shmem.load(std::sync::atomic::Ordering::Acquire) {
                 // MADV_DONTNEED and MADV_REMOVE raise the same event (probe p1/p2): the first
-                // keeps the page cache, so stored copies stay valid; the second punches. Taken
-                // as the first: resident pages the second punched read back as zeros at their
-                // next fault or eviction; evicted ones keep their stored copies (see
-                // docs/experiments/2026-11-27-shmem-paging.md, step 6, not built).
-                Stats::add(&stats.shmem_remove_events, 1);
+                // keeps the page cache, so stored copies stay valid; the second punches, so
+                // they become zeros. The agent announces MADV_REMOVE (`shmem_removes`); an
+                // unannounced event (a raw syscall, a process without the agent) is taken as
+                // MADV_DONTNEED: evicted pages keep their stored copies (counted in
+                // shmem_remove_unannounced).
+                let announced = mm
+                    .shmem_removes
+                    .lock()
+                    .iter()
+                    .any(|&(s, e)| s <= start && end <= e);
+                if announced {
+                    let n = shared.shmem.remove(shared, mm, start, end);
+                    Stats::add(&stats.shmem_removed_pages, n as u64);
+                } else if shared.shmem.lookup(mm, start).is_some() {
+                    Stats::add(&stats.shmem_remove_unannounced, 1);
+                }
             }
         }
         UffdEvent::Unmap { start, end } => {

@@ -18,6 +18,10 @@
  *                               a moment (for the census)
  *   shmem release MIB           a child maps and fills MIB MiB, holds it a moment and exits; the
  *                               parent prints meminfo's Shmem before and after
+ *   shmem remove MIB            fill MIB MiB (more than the limit: its first pages are evicted),
+ *                               madvise(MADV_REMOVE) its first half: that half must read zeros,
+ *                               the rest its words
+ *   shmem dontneed MIB          the same with MADV_DONTNEED: every word must read as written
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -307,6 +311,21 @@ int main(int argc, char **argv)
 		printf("release: Shmem before %ld kB, after %ld kB, child status %d\n", before,
 		       meminfo_kb("Shmem:"), WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
 		return !WIFEXITED(st) || WEXITSTATUS(st);
+	}
+	if (!strcmp(mode, "remove") || !strcmp(mode, "dontneed")) {
+		int remove = !strcmp(mode, "remove");
+		uint64_t *m = map_shared(bytes);
+		for (size_t i = 0; i < words; i++)
+			m[i] = word(i, 0) | 1;
+		if (madvise(m, bytes / 2, remove ? MADV_REMOVE : MADV_DONTNEED)) {
+			perror("madvise");
+			return 2;
+		}
+		long bad = 0;
+		for (size_t i = 0; i < words; i++)
+			bad += m[i] != (remove && i < words / 2 ? 0 : (word(i, 0) | 1));
+		printf("%s: %zu MiB, %ld bad words\n", mode, bytes >> 20, bad);
+		return bad != 0;
 	}
 	fprintf(stderr, "unknown mode %s\n", mode);
 	return 2;

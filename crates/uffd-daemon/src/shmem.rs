@@ -729,6 +729,16 @@ fn evict_batch_inner(shared: &Shared, inode: &ShmemInode, max: usize) -> usize {
         let st = inode.st.lock();
         st.gen == gen && st.verified && !st.pinned
     };
+    // No mapper's process can hold a pin now (invariant 6): a pin taken from here on waits in
+    // the write-protect fault (a FOLL_WRITE GUP, probe p3), and one taken before needed an
+    // io_uring, an O_DIRECT descriptor or an RDMA device, which it still has. Checked per
+    // batch, after the protection: the census alone, every 100 ms, let a fixed buffer
+    // registered between two of its rounds be punched (the p5 loss, in the test
+    // `shared_anon_io_uring_fixed_buffer`).
+    if ok && snapshot.iter().any(|m| m.mm.pid().is_none_or(may_pin)) {
+        inode.st.lock().pinned = true;
+        ok = false;
+    }
     if !ok {
         abort(shared, inode, batch, &victims, &snapshot);
         return 0;
@@ -843,7 +853,7 @@ pub fn resident(inode: &ShmemInode) -> usize {
 }
 
 /// Whether a descriptor of `pid` may pin memory for I/O: an io_uring, a file opened with
-/// `O_DIRECT`, an RDMA device.
+/// `O_DIRECT`, an RDMA or VFIO device.
 pub fn may_pin(pid: i32) -> bool {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return false;
@@ -853,7 +863,10 @@ pub fn may_pin(pid: i32) -> bool {
             continue;
         };
         let t = t.to_string_lossy();
-        if t == "anon_inode:[io_uring]" || t.starts_with("/dev/infiniband") {
+        if t == "anon_inode:[io_uring]"
+            || t.starts_with("/dev/infiniband")
+            || t.starts_with("/dev/vfio")
+        {
             return true;
         }
         if t.starts_with('/') {

@@ -236,3 +236,31 @@ fn shared_madv_dontneed_keeps_data() {
     assert!(run.get("shmem_remove_unannounced") > 0);
     assert_eq!(run.get("shmem_removed_pages"), 0);
 }
+
+/// Step 7: an io_uring fixed buffer in shared anonymous memory (a long-term pin), filled by
+/// `READ_FIXED` round after round while other memory pages: a punch would take a pinned page
+/// out of the page cache and the device's later writes would land in a page nobody sees (probe
+/// p5). The process has an io_uring, so its inode is left out of eviction (counted in
+/// `unmanaged_shared_pinned_bytes`); every word is right. Likewise `O_DIRECT` reads in flight.
+#[test]
+fn shared_anon_io_uring_fixed_buffer() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client("pinned").to_string_lossy().into_owned();
+    for (mode, rounds) in [("fixed-shared", "40"), ("direct-shared", "100")] {
+        let argv = [exe.as_str(), mode, "8", "64", rounds];
+        let run = run_with(&["--limit", "24M"], &format!("shmem-{mode}"), &argv);
+        let want = format!("{mode}: {rounds} rounds, 8 MiB buffer, 0 bad words, 0 failed reads");
+        assert!(
+            run.stdout.contains(&want) && run.stdout.contains("other: 64 MiB, 0 bad words"),
+            "writes through a pin were lost: {}{}",
+            run.stdout,
+            run.stderr
+        );
+        assert_eq!(run.status, 0);
+        assert!(run.get("unmanaged_shared_pinned_bytes") > 0, "not counted");
+        assert!(run.get("evicted_pages") > 0, "nothing paged");
+    }
+}

@@ -413,6 +413,23 @@ impl ShmemTable {
         start: u64,
         end: u64,
     ) -> std::io::Result<u64> {
+        self.write_back(shared, mm, start, end, true)
+    }
+
+    /// Every page the daemon evicted of the inodes `[start, end)` of `mm` maps, written back
+    /// into the inode (`pwrite`, once no batch of the inode is in flight); with `unverify`,
+    /// the inodes are evicted from no more until the census verifies them again. A hold
+    /// (`supervisor/hold.rs`: a core dump or a debugger reads memory without a userfault)
+    /// writes back everything its process maps: no batch of an inode starts while a mapper
+    /// is held.
+    pub fn write_back(
+        &self,
+        shared: &Shared,
+        mm: &Mm,
+        start: u64,
+        end: u64,
+        unverify: bool,
+    ) -> std::io::Result<u64> {
         if !mm.has_shmem.load(Ordering::Acquire) {
             return Ok(0);
         }
@@ -434,13 +451,16 @@ impl ShmemTable {
             let mut st = loop {
                 let mut st = inode.st.lock();
                 if !st.evicting {
-                    st.verified = false;
-                    st.gen += 1;
+                    if unverify {
+                        st.verified = false;
+                        st.gen += 1;
+                    }
                     break st;
                 }
                 drop(st);
                 std::thread::sleep(Duration::from_millis(1));
             };
+            let mut back = Vec::new();
             let evicted: Vec<(u64, Page)> = st
                 .pages
                 .pages
@@ -459,6 +479,13 @@ impl ShmemTable {
                 st.pages
                     .make_resident(shared, k, mglru::Arrival::Cold, false);
                 restored += 1;
+                back.push(k);
+            }
+            // The eviction's write-protect markers lifted in every mapper: a debugger's write
+            // through /proc/PID/mem to a protected page fails (probe p3).
+            let runs = runs_of(&back);
+            for m in st.mappers.iter() {
+                protect_in(m, &runs, false);
             }
         }
         Ok(restored)

@@ -264,3 +264,46 @@ fn shared_anon_io_uring_fixed_buffer() {
         assert!(run.get("evicted_pages") > 0, "nothing paged");
     }
 }
+
+/// Step 2's bookkeeping: a shared mapping moved by `mremap` while its pages are evicted keeps
+/// its pages (their offsets move with it), a part unmapped leaves the inode's other pages
+/// alone, and a child forked after both reads the same words.
+#[test]
+fn shared_anon_mremap_and_unmap_keep_data() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = shmem("16M", "shmem-remap", &["remap", "64"]);
+    assert_eq!(run.status, 0, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains("remap: 64 MiB, 0 bad words, child status 0"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.get("remap_events") > 0);
+    assert!(run.get("shmem_evicted_pages") > 0);
+    assert_eq!(run.get("shmem_filled_behind_pages"), 0);
+}
+
+/// Holds: a process reading its own memory file (`/proc/self/mem`) is held, and the kernel
+/// reads memory for it without a userfault: the shared pages evicted before are written back
+/// into the inode first, and none is evicted while it is held. Before, 50 of the 64 reads of
+/// 1 MiB failed (`EIO`).
+#[test]
+fn shared_anon_read_through_proc_self_mem() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = shmem("16M", "shmem-selfmem", &["selfmem", "64"]);
+    assert_eq!(run.status, 0, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains("selfmem: 64 MiB, 0 bad words, 0 failed reads"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.get("shmem_evicted_pages") > 0);
+}

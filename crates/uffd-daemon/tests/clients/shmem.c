@@ -22,6 +22,12 @@
  *                               madvise(MADV_REMOVE) its first half: that half must read zeros,
  *                               the rest its words
  *   shmem dontneed MIB          the same with MADV_DONTNEED: every word must read as written
+ *   shmem remap MIB             fill MIB MiB, mremap it elsewhere (its pages partly evicted),
+ *                               check and rewrite every word there, unmap its second half,
+ *                               check the first; fork a child that checks it too
+ *   shmem selfmem MIB           fill MIB MiB (partly evicted), read it back through
+ *                               /proc/self/mem (the kernel reads it without a userfault: the
+ *                               daemon holds the process and brings its pages back first)
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -326,6 +332,56 @@ int main(int argc, char **argv)
 			bad += m[i] != (remove && i < words / 2 ? 0 : (word(i, 0) | 1));
 		printf("%s: %zu MiB, %ld bad words\n", mode, bytes >> 20, bad);
 		return bad != 0;
+	}
+	if (!strcmp(mode, "remap")) {
+		uint64_t *m = map_shared(bytes);
+		for (size_t i = 0; i < words; i++)
+			m[i] = word(i, 0);
+		void *dst = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		uint64_t *n = mremap(m, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, dst);
+		if (dst == MAP_FAILED || n == MAP_FAILED) {
+			perror("mremap");
+			return 2;
+		}
+		long bad = check_and_rewrite(n, words, 0, 1);
+		munmap(n + words / 2, bytes / 2);
+		pid_t c = fork();
+		if (c == 0) {
+			long cbad = 0;
+			for (size_t i = 0; i < words / 2; i++)
+				cbad += n[i] != word(i, 1);
+			return cbad != 0;
+		}
+		int st;
+		waitpid(c, &st, 0);
+		for (size_t i = 0; i < words / 2; i++)
+			bad += n[i] != word(i, 1);
+		printf("remap: %zu MiB, %ld bad words, child status %d\n", bytes >> 20, bad,
+		       WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+		return bad || !WIFEXITED(st) || WEXITSTATUS(st);
+	}
+	if (!strcmp(mode, "selfmem")) {
+		uint64_t *m = map_shared(bytes);
+		for (size_t i = 0; i < words; i++)
+			m[i] = word(i, 0);
+		int fd = open("/proc/self/mem", O_RDONLY);
+		if (fd < 0) {
+			perror("open /proc/self/mem");
+			return 2;
+		}
+		uint64_t *chunk = malloc(1 << 20);
+		long bad = 0, failed = 0;
+		for (size_t off = 0; off < bytes; off += 1 << 20) {
+			if (pread(fd, chunk, 1 << 20, (off_t)((uintptr_t)m + off)) != 1 << 20) {
+				failed++;
+				continue;
+			}
+			for (size_t i = 0; i < (1 << 20) / 8; i++)
+				bad += chunk[i] != word(off / 8 + i, 0);
+		}
+		close(fd);
+		printf("selfmem: %zu MiB, %ld bad words, %ld failed reads\n", bytes >> 20, bad, failed);
+		return bad || failed;
 	}
 	fprintf(stderr, "unknown mode %s\n", mode);
 	return 2;

@@ -7,6 +7,7 @@
  *                               mapping's smaps VmFlags ("anon-flags: ...", "zero-flags: ...")
  *   shmem fill MIB ROUNDS       fill MIB MiB MAP_SHARED|MAP_ANONYMOUS, then ROUNDS times check
  *                               every word and rewrite it; print the peak RssShmem seen
+ *   shmem fill-private MIB ROUNDS  the same in MAP_PRIVATE memory (the comparison)
  *   shmem identity MIB          fill MIB MiB in the parent, fork: the child checks every word
  *                               (pages the parent's fill had evicted come back through the
  *                               child's faults) and rewrites them; the parent checks the child's
@@ -195,9 +196,13 @@ int main(int argc, char **argv)
 		printf("anon-flags:%s\nzero-flags:%s\nflags: %ld bad bytes\n", fa, fb, bad);
 		return bad != 0;
 	}
-	if (!strcmp(mode, "fill")) {
+	if (!strcmp(mode, "fill") || !strcmp(mode, "fill-private")) {
 		int rounds = argc > 3 ? atoi(argv[3]) : 2;
-		uint64_t *m = map_shared(bytes);
+		uint64_t *m = strcmp(mode, "fill")
+				      ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+				      : map_shared(bytes);
+		if (m == MAP_FAILED)
+			return 2;
 		long peak = 0, bad = 0;
 		for (size_t i = 0; i < words; i++) {
 			m[i] = word(i, 0);

@@ -311,6 +311,7 @@ impl ShmemTable {
     ) -> std::io::Result<()> {
         let mut t = self.table.lock();
         t.cut(shared, mm.id, start, end, true);
+        let created = !t.inodes.contains_key(&key);
         let inode = match t.inodes.get(&key) {
             Some(i) => Arc::clone(i),
             None => {
@@ -353,6 +354,12 @@ impl ShmemTable {
         drop(t);
         Stats::add(&shared.stats.shmem_mappers, 1);
         sync_present(shared, &inode);
+        if created {
+            // Verified now rather than at the scanner's next census, up to 100 ms away: a
+            // program filling its new mapping meanwhile went past the limit by 22 MiB (the
+            // faults go through while reclaim cannot evict).
+            census(shared, sys::getpid());
+        }
         Ok(())
     }
 
@@ -663,7 +670,10 @@ fn protect_in(m: &Mapper, runs: &[(u64, u32)], wp: bool) -> bool {
                 // the batch is given up (the mapping went away and its UNMAP is on its way, or
                 // it went to another userfaultfd); lifting, nothing is left to lift.
                 Ok(Fill::Gone) if !wp => break,
-                Ok(Fill::Again) if tries < 200 => {
+                // (An event pending: its handler reads it within microseconds. Protecting, a
+                // batch gives up after 10 ms; lifting, it keeps trying for 5 s, since writers
+                // may be waiting on the protection.)
+                Ok(Fill::Again) if tries < if wp { 200 } else { 100_000 } => {
                     tries += 1;
                     std::thread::sleep(Duration::from_micros(50));
                 }
@@ -703,7 +713,15 @@ fn abort(shared: &Shared, inode: &ShmemInode, batch: u32, victims: &[u64], snaps
     };
     let runs = runs_of(victims);
     for m in &mappers {
-        protect_in(m, &runs, false);
+        if !protect_in(m, &runs, false) {
+            // Writers held on the protection wake and retry: a write-protect fault then
+            // finds the page resident and lifts it.
+            for &(k, n) in &runs {
+                if let Some((a, np)) = m.span(k >> 12, u64::from(n)) {
+                    let _ = m.mm.uffd.wake(a, np * PAGE_SIZE_U64);
+                }
+            }
+        }
     }
     Stats::add(&shared.stats.shmem_evict_aborts, 1);
 }
@@ -782,29 +800,29 @@ fn evict_batch_inner(shared: &Shared, inode: &ShmemInode, max: usize) -> usize {
         }
         at += len;
     }
-    // 5. Store: zero pages take no slot; a page no tier takes stays.
+    // 5. Store: zero pages take no slot; aligned runs of 16 offsets go as one order-4 unit
+    //    (one backend write, one read back); a page no tier takes stays.
     let mut slots = vec![ZERO_SLOT; victims.len()];
-    let nonzero: Vec<usize> = (0..victims.len())
-        .filter(|&i| {
-            data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
-                .iter()
-                .any(|&b| b != 0)
-        })
+    let zero: Vec<bool> = data
+        .chunks_exact(PAGE_SIZE)
+        .map(|p| p.iter().all(|&b| b == 0))
         .collect();
+    let units = crate::reclaim::units_of(&victims, &zero, shared.tiers.large_folios());
     let mut refused = Vec::new();
-    if !nonzero.is_empty() {
-        let spans: Vec<(u32, &[u8])> = nonzero
+    if !units.is_empty() {
+        let spans: Vec<(u32, &[u8])> = units
             .iter()
-            .map(|&i| (0, &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]))
+            .map(|&(i, order)| (order, &data[i * PAGE_SIZE..(i + (1 << order)) * PAGE_SIZE]))
             .collect();
         let mut failures = Vec::new();
-        for (&i, r) in nonzero.iter().zip(shared.tiers.store_units(&spans)) {
+        for (&(i, order), r) in units.iter().zip(shared.tiers.store_units(&spans)) {
+            let n = 1usize << order;
             match r {
-                Ok(s) => slots[i] = s[0],
+                Ok(s) => slots[i..i + n].copy_from_slice(&s),
                 Err(e) => {
                     Stats::add(&stats.backend_errors, 1);
-                    refused.push(victims[i]);
-                    failures.push((e, 1));
+                    refused.extend_from_slice(&victims[i..i + n]);
+                    failures.push((e, n));
                 }
             }
         }

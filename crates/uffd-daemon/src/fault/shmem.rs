@@ -174,26 +174,52 @@ pub(super) fn serve_shared(
             _ => break,
         }
     }
+    // Stretches of consecutive slots are read together (one backend read, as for private
+    // memory: a page at a time, the restores of the 602 MiB fill went to the disk page by
+    // page).
+    let slot_of = |q: Option<Page>| match q {
+        Some(Page::Evicted { slot }) if slot != ZERO_SLOT => Some(slot),
+        _ => None,
+    };
     let mut n = run.len();
-    for (i, &(k, q)) in run.iter().enumerate() {
-        let buf = &mut page[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
-        match q {
-            Some(Page::Evicted { slot }) if slot != ZERO_SLOT => {
-                if let Err(e) = shared.tiers.read_run(slot, 1, buf) {
-                    if i > 0 {
-                        n = i; // the run ends before it: its own fault reports it
-                        break;
-                    }
-                    tracing::error!(
-                        "cannot read back shared page {k:#x} of inode {:?} from slot {slot}: \
-                         {e}; stopping the process",
-                        t.inode.key
-                    );
-                    mm.kill();
-                    return true;
+    let mut i = 0;
+    while i < n {
+        let Some(s0) = slot_of(run[i].1) else {
+            page[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].fill(0);
+            i += 1;
+            continue;
+        };
+        let mut len = 1;
+        while i + len < n && slot_of(run[i + len].1) == Some(s0 + len as u32) {
+            len += 1;
+        }
+        match shared
+            .tiers
+            .read_run(s0, len, &mut page[i * PAGE_SIZE..(i + len) * PAGE_SIZE])
+        {
+            Ok((got, _)) if got >= 1 => {
+                if got < len {
+                    n = i + got; // the run ends after what was read
                 }
+                i += got;
             }
-            _ => buf.fill(0),
+            Ok(_) | Err(_) if i > 0 => {
+                n = i; // the run ends before it: its own fault reports it
+                break;
+            }
+            r => {
+                let e = r
+                    .err()
+                    .map_or_else(|| "nothing read".to_string(), |e| e.to_string());
+                tracing::error!(
+                    "cannot read back shared page {:#x} of inode {:?} from slot {s0}: {e}; \
+                     stopping the process",
+                    run[i].0,
+                    t.inode.key
+                );
+                mm.kill();
+                return true;
+            }
         }
     }
     let (r, filled) = mm.uffd.copy_run(addr, &page[..n * PAGE_SIZE]);
@@ -229,9 +255,12 @@ pub(super) fn serve_shared(
         // read ahead went unused in the 602 MiB fill under 128M.)
         st.pages.make_resident(shared, k, Arrival::Fault, i == 0);
     }
+    // This run is its stream's last (the next fault's window grows from it).
+    ra[usize::from(!restore)].restored(addr, filled);
     if restore {
-        Stats::add(&stats.shmem_swapins, filled as u64);
-        Stats::add(&stats.swapins, filled as u64);
+        Stats::add(&stats.shmem_swapins, 1);
+        Stats::add(&stats.swapins, 1);
+        Stats::add(&stats.readahead_pages, filled as u64 - 1);
         // The other mappers keep a write-protect marker from the eviction: lift it now (under
         // the lock, so no new batch protects meanwhile) rather than make each one's first
         // write a round trip, and a debugger's write through /proc/PID/mem fail.
@@ -243,8 +272,9 @@ pub(super) fn serve_shared(
             }
         }
     } else {
-        Stats::add(&stats.shmem_zero_fills, filled as u64);
-        Stats::add(&stats.zero_fills, filled as u64);
+        Stats::add(&stats.shmem_zero_fills, 1);
+        Stats::add(&stats.zero_fills, 1);
+        Stats::add(&stats.fault_around_pages, filled as u64 - 1);
     }
     Stats::add(&stats.faults, 1);
     drop(st);

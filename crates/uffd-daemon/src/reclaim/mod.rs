@@ -70,7 +70,7 @@ fn pick_victims(shared: &Shared, mm: &Mm, batch: u32, max: usize) -> Vec<u64> {
 /// Cuts the victims (sorted) into store units: an aligned run of 16 pages none of which is
 /// all zeros becomes one order-4 folio, any other nonzero page an order-0 unit. Returns
 /// `(first victim index, order)` for each unit; zero pages are in no unit.
-fn units_of(victims: &[u64], zero: &[bool], large: bool) -> Vec<(usize, u32)> {
+pub(crate) fn units_of(victims: &[u64], zero: &[bool], large: bool) -> Vec<(usize, u32)> {
     let mut units = Vec::new();
     let mut i = 0;
     while i < victims.len() {

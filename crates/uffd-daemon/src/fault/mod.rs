@@ -168,16 +168,23 @@ fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
     }
 }
 
-/// A handler thread's working state between reads.
-struct Handler {
-    msgs: [RawUffdMsg; 64],
+/// What serving a fault works with, kept by the handler thread from one fault to the next.
+pub(super) struct Work {
     /// A folio's worth of room for the pages a restore reads.
     page: Vec<u8>,
+    /// A folio's worth of zeros (fault-around, zero fills).
     zeros: Vec<u8>,
+    /// Faults served (every 256th samples where its thread ran).
     served: u64,
     /// Readahead of evicted pages, and fault-around of never-written ones (which judges no
     /// outcomes: its window follows position alone).
     ra: [Readahead; 2],
+}
+
+/// A handler thread's working state between reads.
+struct Handler {
+    msgs: [RawUffdMsg; 64],
+    work: Work,
     spin: Spin,
     /// When the handling of the last batch ended, if it held a fault.
     after_fault: Option<Instant>,
@@ -188,10 +195,12 @@ impl Handler {
     fn new(shared: &Shared) -> Self {
         Handler {
             msgs: [RawUffdMsg::default(); 64],
-            page: vec![0u8; FOLIO_PAGES * PAGE_SIZE],
-            zeros: vec![0u8; FOLIO_PAGES * PAGE_SIZE],
-            served: 0,
-            ra: [Readahead::default(), Readahead::default()],
+            work: Work {
+                page: vec![0u8; FOLIO_PAGES * PAGE_SIZE],
+                zeros: vec![0u8; FOLIO_PAGES * PAGE_SIZE],
+                served: 0,
+                ra: [Readahead::default(), Readahead::default()],
+            },
             spin: Spin::new(shared.policy.fault_spin),
             after_fault: None,
             handling: Handling(false),
@@ -332,15 +341,7 @@ impl Handler {
         mut p: Pending,
         deferred: &mut Vec<Pending>,
     ) {
-        let done = serve_fault(
-            shared,
-            mm,
-            &mut p,
-            &mut self.page,
-            &self.zeros,
-            &mut self.served,
-            &mut self.ra,
-        );
+        let done = serve_fault(shared, mm, &mut p, &mut self.work);
         if done {
             p.done(shared);
         } else {

@@ -60,21 +60,18 @@ pub(super) fn serve_fault(
     shared: &Shared,
     mm: &std::sync::Arc<Mm>,
     p: &mut Pending,
-    page: &mut [u8],
-    zeros: &[u8],
-    served: &mut u64,
-    ra: &mut [Readahead; 2],
+    w: &mut Work,
 ) -> bool {
     if mm.in_agent_region(p.address) {
         return serve_agent_region(shared, mm, p);
     }
     if let Some(t) = super::shmem::target(shared, mm, p.address) {
-        return super::shmem::serve_shared(shared, mm, p, &t, page, zeros, ra);
+        return super::shmem::serve_shared(shared, mm, p, &t, w);
     }
     if p.flags & sys::UFFD_PAGEFAULT_FLAG_WP != 0 {
-        return serve_write_protect(shared, mm, p, &mut ra[0]);
+        return serve_write_protect(shared, mm, p, &mut w.ra[0]);
     }
-    serve_missing(shared, mm, p, page, zeros, served, ra)
+    serve_missing(shared, mm, p, w)
 }
 
 /// A fault in the agent's region: the probe page (a forked child naming itself, `bind.rs`: it
@@ -199,15 +196,7 @@ fn gate(shared: &Shared, mm: &Mm, p: &Pending, prior: Option<Page>, agent: bool)
 }
 
 /// A missing fault: gate, readahead feedback, fill, commit, account.
-fn serve_missing(
-    shared: &Shared,
-    mm: &Mm,
-    p: &mut Pending,
-    page: &mut [u8],
-    zeros: &[u8],
-    served: &mut u64,
-    ra: &mut [Readahead; 2],
-) -> bool {
+fn serve_missing(shared: &Shared, mm: &Mm, p: &mut Pending, w: &mut Work) -> bool {
     let addr = p.address;
     let agent = p.ptid == mm.agent_tid.load(Ordering::Relaxed);
     if agent {
@@ -241,14 +230,14 @@ fn serve_missing(
         p.stall(shared);
     }
     let max = 1usize << shared.policy.page_cluster;
-    readahead_feedback(shared, &mut st, &mut ra[0], addr, prior, max, restore);
-    let filled = match fill(shared, mm, &st, p, prior, page, zeros, ra, max) {
+    readahead_feedback(shared, &mut st, &mut w.ra[0], addr, prior, max, restore);
+    let filled = match fill(shared, mm, &st, p, prior, w, max) {
         Ok(f) => f,
         Err(answer) => return answer,
     };
     commit(shared, &mut st, addr, prior, &filled);
     drop(st);
-    account(shared, mm, p, &filled, served, ra);
+    account(shared, mm, p, &filled, w);
     shared.maybe_kick_reclaim();
     true
 }
@@ -307,18 +296,18 @@ struct Filled {
 /// Fills the faulting page (and its readahead or fault-around run). `Err` is the fault's
 /// answer when nothing is to be committed: false to retry it, true when it is done (stale,
 /// gone, or its process stopped).
-#[allow(clippy::too_many_arguments)]
 fn fill(
     shared: &Shared,
     mm: &Mm,
     st: &crate::mm::MmState,
     p: &Pending,
     prior: Option<Page>,
-    page: &mut [u8],
-    zeros: &[u8],
-    ra: &mut [Readahead; 2],
+    w: &mut Work,
     max: usize,
 ) -> Result<Filled, bool> {
+    let Work {
+        page, zeros, ra, ..
+    } = w;
     let addr = p.address;
     let write = p.flags & sys::UFFD_PAGEFAULT_FLAG_WRITE != 0;
     let mut filled = Filled {
@@ -608,14 +597,8 @@ fn commit(
 
 /// Counts a served fault: what it moved, from which tier, how long it took, and (1 in 256)
 /// where its thread ran.
-fn account(
-    shared: &Shared,
-    mm: &Mm,
-    p: &Pending,
-    f: &Filled,
-    served: &mut u64,
-    ra: &mut [Readahead; 2],
-) {
+fn account(shared: &Shared, mm: &Mm, p: &Pending, f: &Filled, w: &mut Work) {
+    let Work { served, ra, .. } = w;
     let stats = &shared.stats;
     let addr = p.address;
     let ns = p.read_at.elapsed().as_nanos() as u64;

@@ -17,8 +17,8 @@ use std::sync::atomic::Ordering;
 
 use mglru::Arrival;
 
+use super::Work;
 use crate::mm::{Mm, Page, ZERO_SLOT};
-use crate::readahead::Readahead;
 use crate::shared::Shared;
 use crate::shmem::Target;
 use crate::stats::Stats;
@@ -74,10 +74,11 @@ pub(super) fn serve_shared(
     mm: &Mm,
     p: &mut Pending,
     t: &Target,
-    page: &mut [u8],
-    zeros: &[u8],
-    ra: &mut [Readahead; 2],
+    w: &mut Work,
 ) -> bool {
+    let Work {
+        page, zeros, ra, ..
+    } = w;
     let stats = &shared.stats;
     let addr = p.address & !(PAGE_SIZE_U64 - 1);
     let key = t.pgoff << 12;

@@ -871,7 +871,8 @@ impl Tiers {
     }
 
     /// Waits until every page stored on the backend so far is on its device (a file's
-    /// writeback is asynchronous), or known failed and held in memory.
+    /// writeback is asynchronous), or known failed and held in memory; reads then see what the
+    /// device holds (tests that alter it).
     pub fn flush(&self) {
         if let Some(b) = &self.backend {
             b.flush();

@@ -42,7 +42,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// The slots `[offset, offset + len)` are free: the backend may drop their contents.
     fn discard(&self, _offset: u64, _len: u64) {}
     /// Waits until every write returned so far is on the device itself (or known failed and
-    /// held), not only accepted (a file's asynchronous writeback).
+    /// held), not only accepted (a file's asynchronous writeback), and lets go of the copies
+    /// of confirmed writes, so that reads see what the device holds.
     fn flush(&self) {}
     /// The run is over: drop what the device holds for it (a network store's keys). Nothing is
     /// read or written after.
@@ -248,6 +249,7 @@ impl Backend for FileBackend {
     }
     fn flush(&self) {
         self.writeback.drain();
+        self.writeback.forget_settled();
     }
     fn counters(&self, v: &mut serde_json::Value) {
         let c = self.writeback.counters();

@@ -368,6 +368,15 @@ impl Writeback {
         }
     }
 
+    /// Forgets the copies of confirmed writes: reads see what the device holds (tests that
+    /// alter the device behind the daemon's back).
+    pub fn forget_settled(&self) {
+        let mut st = self.inner.state.lock();
+        while let Some((o, len, s)) = st.settling.pop_front() {
+            st.remove(o, o + len, s, Stage::Settling);
+        }
+    }
+
     /// Bytes in flight and held.
     pub fn bytes(&self) -> (u64, u64) {
         let st = self.inner.state.lock();

@@ -114,7 +114,6 @@ mod readahead;
 mod reclaim;
 mod rundir;
 mod shared;
-mod shmem;
 pub mod stats;
 mod supervisor;
 pub mod sys;

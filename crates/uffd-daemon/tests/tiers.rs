@@ -745,22 +745,7 @@ fn threads_faulting_on_the_swap_file_together_lose_nothing() {
     if !can_run() || !have("cc") {
         return;
     }
-    let exe = std::env::temp_dir().join(format!("uffd-test-stripes-{}", std::process::id()));
-    let src =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/stripes_dontneed.c");
-    let cc = Command::new("cc")
-        .args(["-O2", "-Wall", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("running cc");
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    let exe = TempFile(exe);
-    let prog = exe.0.to_string_lossy().into_owned();
+    let prog = c_client("stripes_dontneed").to_string_lossy().into_owned();
     // 96 MiB under 32M (a third), 32 threads: more threads than CPUs, most pages on the disk.
     let run = run_with(
         &["--limit", "32M", "--zswap", "off", "--backend", "file"],

@@ -14,7 +14,7 @@ mod wire;
 /// needs and this list lacks fails the agent's.
 fn write_protocol_header(path: &Path) {
     use wire::*;
-    let defs: [(&str, u64); 29] = [
+    let defs: [(&str, u64); 31] = [
         ("MAGIC", MAGIC.into()),
         ("VERSION", VERSION.into()),
         ("HEADER_LEN", HEADER_LEN as u64),
@@ -32,6 +32,8 @@ fn write_protocol_header(path: &Path) {
         ("KIND_STEP_OUT", KIND_STEP_OUT.into()),
         ("KIND_HOLD", KIND_HOLD.into()),
         ("KIND_FREE", KIND_FREE.into()),
+        ("KIND_SHMEM_REMOVE", KIND_SHMEM_REMOVE.into()),
+        ("SHMEM_REMOVE_DONE", SHMEM_REMOVE_DONE.into()),
         ("HELLO_FORK_CHILD", HELLO_FORK_CHILD.into()),
         ("HELLO_NEED_UFFD", HELLO_NEED_UFFD.into()),
         ("HELLO_API_BY_DAEMON", HELLO_API_BY_DAEMON.into()),

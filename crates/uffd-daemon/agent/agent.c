@@ -1265,7 +1265,8 @@ static int register_new_mapping(void *addr, size_t len, int prot, int flags)
 	struct agent *ag = g_agent;
 	if (!ag || addr == MAP_FAILED || len < 16 * PAGE || ag->tid <= 0 || !ag->agent_running || ag->filtered)
 		return -1;
-	if ((flags & (MAP_PRIVATE | MAP_ANONYMOUS)) != (MAP_PRIVATE | MAP_ANONYMOUS) || (flags & MAP_HUGETLB) ||
+	/* Private or shared (MAP_SHARED|MAP_ANONYMOUS: the daemon pages it by identity) anonymous. */
+	if (!(flags & MAP_ANONYMOUS) || !(flags & (MAP_PRIVATE | MAP_SHARED)) || (flags & MAP_HUGETLB) ||
 	    (prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE))
 		return -1;
 	int saved = errno;
@@ -1294,7 +1295,7 @@ __attribute__((visibility("default"))) void *mmap(void *addr, size_t len, int pr
 	 * (MADV_POPULATE_WRITE), which the daemon serves and throttles like any other. */
 	/* Locked mappings (MAP_LOCKED, or any after mlockall(MCL_FUTURE)) are the program's to keep
 	 * in RAM: not registered here (the census leaves them alone). */
-	int managed = g_agent && !g_agent->filtered && (flags & (MAP_PRIVATE | MAP_ANONYMOUS)) == (MAP_PRIVATE | MAP_ANONYMOUS) &&
+	int managed = g_agent && !g_agent->filtered && (flags & MAP_ANONYMOUS) && (flags & (MAP_PRIVATE | MAP_SHARED)) &&
 		      !(flags & (MAP_HUGETLB | MAP_LOCKED)) && !g_agent->lock_future &&
 		      (prot & (PROT_READ | PROT_WRITE)) == (PROT_READ | PROT_WRITE);
 	int populate = managed && (flags & MAP_POPULATE);
@@ -2706,6 +2707,40 @@ static void lock_ask(uint64_t start, uint64_t len, uint32_t flags)
 	put32(p + 16, flags);
 	put32(p + 20, 0);
 	(void)ask_daemon(KIND_LOCK, p, sizeof p);
+}
+
+/*
+ * madvise(MADV_REMOVE) on shared anonymous memory punches its pages (they read as zeros after),
+ * MADV_DONTNEED only unmaps them (they keep their contents), and both raise the same REMOVE
+ * event: the daemon, which may hold pages of the range evicted, is told which one this is before
+ * the call and that it returned after it. Other advice goes straight to the kernel.
+ */
+static void shmem_remove_ask(const void *addr, size_t len, uint32_t flags)
+{
+	uint64_t s = (uint64_t)addr & ~(uint64_t)(PAGE - 1);
+	uint64_t e = ((uint64_t)addr + len + PAGE - 1) & ~(uint64_t)(PAGE - 1);
+	if (!g_agent || g_agent->filtered || e <= s || e > USER_END)
+		return;
+	uint8_t p[24];
+	put64(p, s);
+	put64(p + 8, e - s);
+	put32(p + 16, flags);
+	put32(p + 20, 0);
+	(void)ask_daemon(KIND_SHMEM_REMOVE, p, sizeof p);
+}
+
+__attribute__((visibility("default"))) int madvise(void *addr, size_t len, int advice)
+{
+	if (advice != MADV_REMOVE)
+		return (int)syscall(SYS_madvise, addr, len, advice);
+	int saved = errno;
+	shmem_remove_ask(addr, len, 0);
+	errno = saved;
+	long r = syscall(SYS_madvise, addr, len, advice);
+	saved = errno;
+	shmem_remove_ask(addr, len, SHMEM_REMOVE_DONE);
+	errno = saved;
+	return (int)r;
 }
 
 static void lock_range_ask(const void *addr, size_t len, int on)

@@ -114,6 +114,7 @@ mod readahead;
 mod reclaim;
 mod rundir;
 mod shared;
+mod shmem;
 pub mod stats;
 mod supervisor;
 pub mod sys;

@@ -19,6 +19,11 @@ pub struct Vma {
     pub perms: String,
     /// Inode (0 for anonymous memory).
     pub inode: u64,
+    /// Offset in the mapped file, in bytes (a shared anonymous mapping's page offset: a part
+    /// of it moved by `mremap` keeps its pages' offsets).
+    pub offset: u64,
+    /// Device of the mapped inode (`major`, `minor`).
+    pub dev: (u32, u32),
     /// Path or pseudo-path (`[heap]`, `[stack]`, `[anon:name]`), empty for plain anonymous.
     pub path: String,
 }
@@ -36,7 +41,44 @@ impl Vma {
             && self.inode == 0
             && (self.path.is_empty() || self.path == "[heap]" || self.path.starts_with("[anon:"))
     }
+
+    /// Shared anonymous memory the daemon can page (`shmem.rs`): a writable `MAP_SHARED`
+    /// mapping of the unnamed shmem inode that `MAP_SHARED|MAP_ANONYMOUS` and a shared mapping
+    /// of `/dev/zero` create (`shmem_zero_setup`: `/dev/zero (deleted)` on the kernel's
+    /// internal shm mount). Not memfd (`/memfd:NAME (deleted)`), POSIX shm (`/dev/shm/NAME`),
+    /// System V (`/SYSV... (deleted)`) or tmpfs files: any process can reach those through a
+    /// file descriptor, and a read or write through one sees a hole where a page was evicted.
+    pub fn is_shared_anon(&self) -> bool {
+        is_shared_anon(&self.perms, self.dev, self.inode, &self.path)
+    }
 }
+
+impl Vma {
+    /// A shared mapping of a shared anonymous inode, whatever its permissions (a read-only or
+    /// `PROT_NONE` one is never registered, and a read of a hole through it fills the hole):
+    /// what the census must find registered before the inode may be evicted from.
+    pub fn maps_shared_anon_inode(&self) -> bool {
+        self.perms.as_bytes().get(3) == Some(&b's')
+            && self.dev.0 == 0
+            && self.inode != 0
+            && self.path == SHARED_ANON_NAME
+    }
+}
+
+/// [`Vma::is_shared_anon`] on the fields of a maps line or a `PROCMAP_QUERY` answer.
+pub fn is_shared_anon(perms: &str, dev: (u32, u32), inode: u64, path: &str) -> bool {
+    let p = perms.as_bytes();
+    p.len() == 4
+        && p[0] == b'r'
+        && p[1] == b'w'
+        && p[3] == b's'
+        && dev.0 == 0
+        && inode != 0
+        && path == SHARED_ANON_NAME
+}
+
+/// What `/proc/PID/maps` names a shared anonymous mapping by.
+pub const SHARED_ANON_NAME: &str = "/dev/zero (deleted)";
 
 /// Parses `/proc/PID/maps` text; malformed lines are skipped.
 pub fn parse_maps(text: &str) -> Vec<Vma> {
@@ -47,8 +89,12 @@ fn parse_line(line: &str) -> Option<Vma> {
     let mut it = line.split_ascii_whitespace();
     let range = it.next()?;
     let perms = it.next()?.to_string();
-    let _offset = it.next()?;
-    let _dev = it.next()?;
+    let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+    let (major, minor) = it.next()?.split_once(':')?;
+    let dev = (
+        u32::from_str_radix(major, 16).ok()?,
+        u32::from_str_radix(minor, 16).ok()?,
+    );
     let inode = it.next()?.parse().ok()?;
     let path = it.collect::<Vec<_>>().join(" ");
     let (s, e) = range.split_once('-')?;
@@ -59,6 +105,8 @@ fn parse_line(line: &str) -> Option<Vma> {
         end,
         perms,
         inode,
+        offset,
+        dev,
         path,
     })
 }
@@ -223,6 +271,43 @@ pub fn parse_smaps_flags(text: &str) -> Vec<(u64, u64, VmFlags)> {
     out
 }
 
+/// Resident bytes of the shared mappings of `pid` that are not registered shared anonymous
+/// memory (`Rss` of each `MAP_SHARED` mapping in `/proc/PID/smaps` but those that
+/// [`Vma::is_shared_anon`] and carry `um`): memfd, POSIX and System V shared memory, tmpfs
+/// files. A walk of the page tables: read only when `RssShmem` is not 0.
+pub fn shared_fd_rss(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    Some(parse_shared_fd_rss(&text))
+}
+
+/// [`shared_fd_rss`] on smaps text.
+pub fn parse_shared_fd_rss(text: &str) -> u64 {
+    let mut total = 0;
+    let mut cur: Option<(Vma, u64)> = None;
+    for line in text.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if let Some((v, rss)) = cur.take() {
+                let registered = flags.split_ascii_whitespace().any(|f| f == "um");
+                if v.perms.as_bytes().get(3) == Some(&b's') && !(v.is_shared_anon() && registered) {
+                    total += rss;
+                }
+            }
+        } else if let Some(kb) = line.strip_prefix("Rss:") {
+            if let Some(c) = cur.as_mut() {
+                c.1 = kb
+                    .split_ascii_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+                    * 1024;
+            }
+        } else if let Some(v) = parse_line(line) {
+            cur = Some((v, 0));
+        }
+    }
+    total
+}
+
 /// Whether a descriptor of process `pid` names a memory file of `/proc` (`/proc/N/mem`,
 /// `/proc/N/task/T/mem`): a process that opened its own keeps it held (`hold.rs`).
 pub fn has_mem_file_open(pid: i32) -> bool {
@@ -349,6 +434,47 @@ mod tests {
         assert_eq!(own_ns_tid(me, tid), Some(tid));
         assert!(thread_by_own_ns_tid(me, tid).is_some());
         assert_eq!(thread_by_own_ns_tid(me, -5), None);
+    }
+
+    /// Only `MAP_SHARED|MAP_ANONYMOUS` and shared `/dev/zero` are shared anonymous memory: not
+    /// memfd, POSIX or System V shared memory, private mappings, or read-only ones.
+    #[test]
+    fn shared_anonymous_mappings_are_told_from_fd_reachable_ones() {
+        let text = "7f0000000000-7f0000100000 rw-s 00000000 00:01 2071 /dev/zero (deleted)\n\
+                    7f0000100000-7f0000200000 rw-s 00010000 00:01 2072 /dev/zero (deleted)\n\
+                    7f0000200000-7f0000300000 rw-s 00000000 00:01 2073 /memfd:heap (deleted)\n\
+                    7f0000300000-7f0000400000 rw-s 00000000 00:1a 17 /dev/shm/seg\n\
+                    7f0000400000-7f0000500000 rw-s 00000000 00:01 5 /SYSV00000000 (deleted)\n\
+                    7f0000500000-7f0000600000 r--s 00000000 00:01 2074 /dev/zero (deleted)\n\
+                    7f0000600000-7f0000700000 rw-p 00000000 00:00 0 \n";
+        let v = parse_maps(text);
+        let shared: Vec<bool> = v.iter().map(Vma::is_shared_anon).collect();
+        assert_eq!(shared, [true, true, false, false, false, false, false]);
+        // (The read-only mapping of an inode is one the census must find registered.)
+        let of_inode: Vec<bool> = v.iter().map(Vma::maps_shared_anon_inode).collect();
+        assert_eq!(of_inode, [true, true, false, false, false, true, false]);
+        assert_eq!((v[1].dev, v[1].inode, v[1].offset), ((0, 1), 2072, 0x10000));
+        assert_eq!(v[3].dev, (0, 0x1a));
+        assert!(v[6].is_managed() && !v[0].is_managed());
+    }
+
+    /// Registered shared anonymous memory is managed; a memfd and an unregistered shared
+    /// anonymous mapping are not.
+    #[test]
+    fn shared_fd_rss_leaves_out_registered_shared_anonymous_memory() {
+        let text = "7f0000000000-7f0000100000 rw-s 00000000 00:01 2071 /dev/zero (deleted)\n\
+                    Rss:                1024 kB\n\
+                    VmFlags: rd wr sh mr mw me ms um uw \n\
+                    7f0000100000-7f0000200000 rw-s 00000000 00:01 2073 /memfd:heap (deleted)\n\
+                    Rss:                 512 kB\n\
+                    VmFlags: rd wr sh mr mw me ms \n\
+                    7f0000200000-7f0000300000 rw-s 00000000 00:01 2074 /dev/zero (deleted)\n\
+                    Rss:                  64 kB\n\
+                    VmFlags: rd wr sh mr mw me ms \n\
+                    7f0000300000-7f0000400000 rw-p 00000000 00:00 0 \n\
+                    Rss:                 128 kB\n\
+                    VmFlags: rd wr mr mw me ac um uw \n";
+        assert_eq!(parse_shared_fd_rss(text), (512 + 64) << 10);
     }
 
     #[test]

@@ -209,6 +209,12 @@ pub struct Mm {
     pub hold: Mutex<HoldState>,
     /// A thread of the scanner's is bringing the pages of a traced process back.
     pub holding: AtomicBool,
+    /// It maps shared anonymous memory the daemon manages (`shmem.rs`): its faults are looked
+    /// up there first.
+    pub has_shmem: AtomicBool,
+    /// Ranges a program thread is removing with `madvise(MADV_REMOVE)` (announced by the
+    /// agent): a REMOVE event of shared memory there drops the stored copies.
+    pub shmem_removes: Mutex<Vec<(u64, u64)>>,
 }
 
 /// What binds a forked child to its pid: 16 random bytes the daemon puts into the child's
@@ -323,6 +329,8 @@ impl Mm {
             held: AtomicU32::new(0),
             hold: Mutex::new(HoldState::default()),
             holding: AtomicBool::new(false),
+            has_shmem: AtomicBool::new(false),
+            shmem_removes: Mutex::new(Vec::new()),
         })
     }
 

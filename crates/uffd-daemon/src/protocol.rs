@@ -41,7 +41,8 @@ pub use crate::wire::{
     DROP_RUN_UNSHARE, HEADER_LEN, HELLO_AGENT_RESTART, HELLO_API_BY_DAEMON, HELLO_FORK_CHILD,
     HELLO_NEED_UFFD, HOLD_DUMP, HOLD_SELF_MEM, HOLD_TRACE, KIND_DROP, KIND_DROP_DONE, KIND_ERROR,
     KIND_FREE, KIND_HELLO, KIND_HELLO_ACK, KIND_HOLD, KIND_LEAVE, KIND_LOCK, KIND_RELEASE,
-    KIND_STEP_OUT, LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS, VERSION,
+    KIND_SHMEM_REMOVE, KIND_STEP_OUT, LOCK_ON, MAGIC, MAX_DROP_PAGES, MAX_PACKET, MAX_RUNS,
+    SHMEM_REMOVE_DONE, VERSION,
 };
 
 /// The agent's greeting.
@@ -132,6 +133,19 @@ pub enum Message {
         /// Length in bytes, page-aligned, not zero.
         len: u64,
         /// `LOCK_*` flags.
+        flags: u32,
+    },
+    /// From a program thread of a managed process, on a connection of its own, before its
+    /// `madvise(MADV_REMOVE)` of a range and (flag [`SHMEM_REMOVE_DONE`]) after it returned:
+    /// REMOVE events of shared anonymous memory in the range meanwhile are that call's (its
+    /// pages become zeros), not an `MADV_DONTNEED`'s (its pages keep their contents). Answered
+    /// with `HelloAck`; after the call, once the REMOVE events it raised are applied.
+    ShmemRemove {
+        /// Page-aligned start.
+        start: u64,
+        /// Length in bytes, page-aligned, not zero.
+        len: u64,
+        /// `SHMEM_REMOVE_*` flags.
         flags: u32,
     },
     /// From a program thread of a managed process, on a connection of its own: the process
@@ -266,6 +280,13 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
             p.extend_from_slice(&0u32.to_le_bytes());
             KIND_LOCK
         }
+        Message::ShmemRemove { start, len, flags } => {
+            p.extend_from_slice(&start.to_le_bytes());
+            p.extend_from_slice(&len.to_le_bytes());
+            p.extend_from_slice(&flags.to_le_bytes());
+            p.extend_from_slice(&0u32.to_le_bytes());
+            KIND_SHMEM_REMOVE
+        }
         Message::Hold { pid, reason } => {
             p.extend_from_slice(&pid.to_le_bytes());
             p.extend_from_slice(&reason.to_le_bytes());
@@ -339,6 +360,7 @@ pub fn decode(pkt: &[u8]) -> Result<(Message, u32), ProtocolError> {
         KIND_STEP_OUT => empty(p, "STEP_OUT", Message::StepOut)?,
         KIND_FREE => empty(p, "FREE", Message::Free)?,
         KIND_LOCK => decode_lock(p)?,
+        KIND_SHMEM_REMOVE => decode_shmem_remove(p)?,
         KIND_HOLD => decode_hold(p)?,
         other => return Err(ProtocolError::Kind(other)),
     };
@@ -521,6 +543,30 @@ fn decode_release(p: &[u8]) -> Result<Message, ProtocolError> {
     Ok(Message::Release { start, len })
 }
 
+/// A SHMEM_REMOVE of a page-aligned range (or its end).
+fn decode_shmem_remove(p: &[u8]) -> Result<Message, ProtocolError> {
+    if p.len() != 24 {
+        return Err(payload_err("SHMEM_REMOVE", p.len(), "expected 24 bytes"));
+    }
+    let (start, len, flags) = (u64_at(p, 0), u64_at(p, 8), u32_at(p, 16));
+    let page = crate::sys::PAGE_SIZE_U64;
+    if start % page != 0 || len % page != 0 || len == 0 || start.checked_add(len).is_none() {
+        return Err(payload_err(
+            "SHMEM_REMOVE",
+            p.len(),
+            format!("range {start:#x}+{len:#x} is not page aligned, empty or wraps"),
+        ));
+    }
+    if flags & !SHMEM_REMOVE_DONE != 0 {
+        return Err(payload_err(
+            "SHMEM_REMOVE",
+            p.len(),
+            format!("unknown flags {flags:#x}"),
+        ));
+    }
+    Ok(Message::ShmemRemove { start, len, flags })
+}
+
 /// A LOCK of a page-aligned range (or its undoing).
 fn decode_lock(p: &[u8]) -> Result<Message, ProtocolError> {
     if p.len() != 24 {
@@ -627,6 +673,13 @@ mod tests {
                 start,
                 len: pages * 4096,
                 flags
+            }),
+            (page_addr(), 1u64..1024, 0u32..2).prop_map(|(start, pages, flags)| {
+                Message::ShmemRemove {
+                    start,
+                    len: pages * 4096,
+                    flags,
+                }
             }),
             (
                 0u32..1 << 22,

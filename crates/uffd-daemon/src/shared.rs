@@ -84,6 +84,9 @@ pub struct Shared {
     pub adopt_queue: Mutex<Vec<i32>>,
     /// Exit statuses the monitor's ptrace waits reaped (a tracee that exited mid-stop).
     pub reaped: Mutex<Vec<(i32, i32)>>,
+    /// Shared anonymous inodes and their mappers (`shmem.rs`): their resident pages are in
+    /// the resident count once each.
+    pub shmem: crate::shmem::ShmemTable,
 }
 
 impl crate::mm::Ledger for Shared {
@@ -150,6 +153,7 @@ impl Shared {
             agentless_refusals: Mutex::new(std::collections::HashMap::new()),
             adopt_queue: Mutex::new(Vec::new()),
             reaped: Mutex::new(Vec::new()),
+            shmem: crate::shmem::ShmemTable::default(),
         }
     }
 

@@ -31,6 +31,37 @@ counters! {
     swapins,
     /// Write-protect faults (writes that raced with an eviction and waited for it).
     wp_faults,
+    /// Shared anonymous inodes managed (`shmem.rs`), and those released (their last mapping
+    /// gone, their fd closed).
+    shmem_inodes,
+    /// See [`Stats::shmem_inodes`].
+    shmem_inodes_released,
+    /// Mappings of shared anonymous inodes added (scan, fault, fork).
+    shmem_mappers,
+    /// Faults on shared anonymous memory (missing and write-protect).
+    shmem_faults,
+    /// ... of which missing faults served from the store.
+    shmem_swapins,
+    /// ... of which missing faults served with zeros (never-written pages, or present ones
+    /// another mapper's handler filled first: `EEXIST`, then a wake).
+    shmem_zero_fills,
+    /// ... of which write-protect faults.
+    shmem_wp_faults,
+    /// Shared anonymous pages evicted (write-protected in every mapper, read through the
+    /// inode, stored, punched).
+    shmem_evicted_pages,
+    /// Shared batches given up (a mapper changed or an event was pending while protecting, a
+    /// read failed, no tier took a page).
+    shmem_evict_aborts,
+    /// Shared pages found present while held evicted (filled behind the daemon's back): never
+    /// expected.
+    shmem_filled_behind_pages,
+    /// Pages of shared anonymous memory dropped by an announced `MADV_REMOVE` (they read as
+    /// zeros).
+    shmem_removed_pages,
+    /// REMOVE events on shared anonymous memory no `MADV_REMOVE` was announced for: taken as
+    /// `MADV_DONTNEED` (stored copies kept).
+    shmem_remove_unannounced,
     /// Pages evicted (stored and dropped from the client; the kernel's pswpout).
     evicted_pages,
     /// Evicted pages that were all zeros and took no space in the store.
@@ -68,8 +99,16 @@ counters! {
     unmanaged_setuid_bytes,
     /// ... of other processes without an agent.
     unmanaged_no_agent_bytes,
-    /// ... shared memory of managed processes (`RssShmem`: MAP_SHARED anonymous, shm).
+    /// ... shared memory of managed processes that the daemon does not page (`RssShmem` of
+    /// the mappings that are not managed shared anonymous memory): the sum of the two below.
     unmanaged_shared_bytes,
+    /// ... shared memory reachable through a file descriptor (memfd, POSIX and System V shm,
+    /// tmpfs files, shared anonymous memory not registered): a read or write through the
+    /// descriptor would see a hole where a page was evicted.
+    unmanaged_shared_fd_bytes,
+    /// ... shared anonymous memory of an inode a process mapping it may pin for I/O
+    /// (io_uring, O_DIRECT, RDMA): a punch would lose a device's write through the pin.
+    unmanaged_shared_pinned_bytes,
     /// ... locked memory of managed processes (`VmLck`: mlock, mlockall), which the daemon
     /// leaves alone: never registered, or unregistered once resident.
     unmanaged_locked_bytes,

@@ -50,8 +50,9 @@ pub const UFFD_PAGEFAULT_FLAG_WP: u64 = 1 << 1;
 
 pub use crate::wire::{
     REQUIRED_FEATURES, UFFD_FEATURE_EVENT_FORK, UFFD_FEATURE_EVENT_REMAP,
-    UFFD_FEATURE_EVENT_REMOVE, UFFD_FEATURE_EVENT_UNMAP, UFFD_FEATURE_MOVE,
-    UFFD_FEATURE_PAGEFAULT_FLAG_WP, UFFD_FEATURE_THREAD_ID,
+    UFFD_FEATURE_EVENT_REMOVE, UFFD_FEATURE_EVENT_UNMAP, UFFD_FEATURE_MISSING_SHMEM,
+    UFFD_FEATURE_MOVE, UFFD_FEATURE_PAGEFAULT_FLAG_WP, UFFD_FEATURE_THREAD_ID,
+    UFFD_FEATURE_WP_HUGETLBFS_SHMEM,
 };
 
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1 << 0;
@@ -1390,6 +1391,135 @@ pub fn vma_covering(maps: &std::fs::File, addr: u64) -> io::Result<Option<(u64, 
         Some(libc::ENOENT) => Ok(None),
         _ => Err(e),
     }
+}
+
+/// What `PROCMAP_QUERY` tells of one mapping: enough to name a shared page by identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmaInfo {
+    /// Start address.
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// `MAP_SHARED` (`PROCMAP_QUERY_VMA_SHARED`).
+    pub shared: bool,
+    /// Readable and writable.
+    pub rw: bool,
+    /// Offset in the mapped file, in bytes.
+    pub offset: u64,
+    /// Device of the mapped inode (`major`, `minor`).
+    pub dev: (u32, u32),
+    /// Inode number (0 for private anonymous memory).
+    pub inode: u64,
+    /// The mapping's name as `/proc/PID/maps` shows it (`/dev/zero (deleted)`, `[heap]`).
+    pub name: String,
+}
+
+/// The mapping covering `addr` with its identity (inode, offset, name): one `PROCMAP_QUERY`
+/// (Linux 6.11); `Ok(None)` when no mapping covers it, `ENOTTY` on older kernels.
+pub fn vma_info(maps: &std::fs::File, addr: u64) -> io::Result<Option<VmaInfo>> {
+    let mut name = [0u8; 256];
+    let mut q = ProcmapQuery {
+        size: std::mem::size_of::<ProcmapQuery>() as u64,
+        query_addr: addr,
+        vma_name_size: name.len() as u32,
+        vma_name_addr: name.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    // SAFETY: a valid descriptor and a properly sized, initialised struct the kernel fills;
+    // the name buffer is `name`, alive and `vma_name_size` bytes long for the call; no
+    // build-id buffer is asked for (its size is 0).
+    let r = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY as _, &mut q) };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    let n = (q.vma_name_size as usize).min(name.len());
+    let name = String::from_utf8_lossy(&name[..n])
+        .trim_end_matches('\0')
+        .to_string();
+    Ok(Some(VmaInfo {
+        start: q.vma_start,
+        end: q.vma_end,
+        shared: q.vma_flags & 8 != 0,
+        rw: q.vma_flags & 3 == 3,
+        offset: q.vma_offset,
+        dev: (q.dev_major, q.dev_minor),
+        inode: q.inode,
+        name,
+    }))
+}
+
+/// The inode of a shared anonymous mapping, opened read-write through
+/// `/proc/PID/map_files/START-END` (needs `CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE` in the
+/// initial namespace): reads and punches of its pages that fault no one. Returns the file and
+/// its `(st_dev, st_ino)`.
+pub fn open_map_file(pid: i32, start: u64, end: u64) -> io::Result<(std::fs::File, (u64, u64))> {
+    use std::os::unix::fs::MetadataExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/map_files/{start:x}-{end:x}"))?;
+    let m = f.metadata()?;
+    Ok((f, (m.dev(), m.ino())))
+}
+
+/// `(st_dev, st_ino)` of an open file.
+pub fn file_identity(f: &std::fs::File) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = f.metadata()?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// Reads `out.len()` bytes at `offset` of a shmem file (a hole reads as zeros and stays a
+/// hole: `SGP_READ`).
+pub fn shmem_read(f: &std::fs::File, offset: u64, out: &mut [u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    f.read_exact_at(out, offset)
+}
+
+/// Writes `data` at `offset` of a shmem file (a hole gets a page: no userfault is raised).
+pub fn shmem_write(f: &std::fs::File, offset: u64, data: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(data, offset)
+}
+
+/// `fallocate(PUNCH_HOLE | KEEP_SIZE)`: the pages leave the page cache and every mapper's
+/// page table (uffd-wp markers stay), and raise no userfaultfd event.
+pub fn punch_hole(f: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
+    use rustix::fs::FallocateFlags;
+    rustix::fs::fallocate(
+        f,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+        offset,
+        len,
+    )?;
+    Ok(())
+}
+
+/// The data extents of a shmem file in `[0, size)`, as `[start, end)` byte ranges
+/// (`SEEK_DATA`/`SEEK_HOLE`): the pages present in the page cache.
+pub fn data_extents(f: &std::fs::File, size: u64) -> io::Result<Vec<(u64, u64)>> {
+    use rustix::fs::SeekFrom;
+    let mut out = Vec::new();
+    let mut pos = 0u64;
+    while pos < size {
+        let start = match rustix::fs::seek(f, SeekFrom::Data(pos)) {
+            Ok(s) => s,
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let end = match rustix::fs::seek(f, SeekFrom::Hole(start)) {
+            Ok(e) => e,
+            Err(rustix::io::Errno::NXIO) => size,
+            Err(e) => return Err(e.into()),
+        };
+        out.push((start, end.min(size)));
+        pos = end;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! | `static` | a process whose program is statically linked, that the daemon could not manage without an agent (`agentless.rs`: a seccomp filter, another tracer) or that an unmanaged process exec'd | the dynamic loader never loads the agent |
 //! | `setuid` | the same, for a set-user-ID or set-group-ID program (any, when the daemon is not root) | the loader ignores `LD_PRELOAD` for it |
 //! | `no_agent` | any other process of the tree without an agent | its environment dropped `LD_PRELOAD`, or its agent could not start (it said why) |
-//! | `shared` | `MAP_SHARED` anonymous memory, System V and POSIX shared memory of managed processes (`RssShmem`) | shared memory pages are not the process's own: userfaultfd's missing faults on shmem would need the other sharers' cooperation |
+//! | `shared` | shared memory of managed processes that is not paged: `shared_fd` (memfd, System V and POSIX shared memory, tmpfs files, and shared anonymous mappings not registered) and `shared_pinned` (shared anonymous memory of an inode a process mapping it may pin for I/O) | a descriptor reaches the first (a read or write through it would see a hole where a page was evicted); a punch would lose a device's write through a pin on the second (`shmem.rs`). `MAP_SHARED|MAP_ANONYMOUS` and shared `/dev/zero` memory is paged (`shmem.rs`) |
 //! | `locked` | `mlock`ed memory of managed processes (`VmLck`) | the program asked that it never leave RAM |
 //! | `traced` | anonymous memory of a managed process while a tracer is attached (`hold.rs`) | a debugger reads and writes memory without a userfault: the daemon gives it back to the kernel while traced |
 //! | `dumping` | anonymous memory of a managed process writing its core file (`hold.rs`) | the core dump reads memory without a userfault |
@@ -63,7 +63,7 @@ impl Kind {
             Kind::Static => "its program is statically linked (the agent cannot load) and the daemon did not manage it without one",
             Kind::Setuid => "its program is set-user-ID or set-group-ID, so the loader ignores LD_PRELOAD",
             Kind::NoAgent => "it runs without the agent (LD_PRELOAD dropped from its environment, a seccomp filter in force at its fork, or the agent could not start)",
-            Kind::Shared => "shared memory (MAP_SHARED anonymous, shm) is not paged",
+            Kind::Shared => "shared memory reachable through a file descriptor (memfd, POSIX or System V shm, tmpfs) is not paged (counted in unmanaged_shared_fd_bytes)",
             Kind::Locked => "locked memory (mlock) stays in RAM",
             Kind::Traced => "a tracer is attached: its evicted pages were brought back so that the tracer can read them, and it is not paged while traced",
             Kind::Dumping => "it is writing a core file: its evicted pages were brought back for it",
@@ -154,6 +154,9 @@ pub struct Census {
     pub stopped: bool,
     /// Why the daemon could not manage a process without an agent, by pid (said with it).
     pub reasons: HashMap<i32, String>,
+    /// Resident bytes of shared anonymous inodes left out of eviction for a pin
+    /// (`shmem::census`), counted in `shared` once (not per mapper).
+    pub shared_pinned: u64,
 }
 
 /// One process's figures from `/proc/PID/status`, in bytes.
@@ -226,7 +229,14 @@ impl Census {
         for pid in descendants(root) {
             let Some(st) = status(pid) else { continue };
             if managed.contains(&pid) {
-                for (kind, bytes) in [(Kind::Shared, st.rss_shmem), (Kind::Locked, st.locked)] {
+                // (Managed shared anonymous memory is in the resident count: only the rest.)
+                // (A process whose smaps cannot be read any more is exiting.)
+                let shared_fd = if st.rss_shmem > 0 {
+                    crate::maps::shared_fd_rss(pid).unwrap_or(0)
+                } else {
+                    0
+                };
+                for (kind, bytes) in [(Kind::Shared, shared_fd), (Kind::Locked, st.locked)] {
                     if bytes > 0 {
                         *now.entry(kind).or_default() += bytes;
                         found = found.or(Some((pid, kind)));
@@ -266,6 +276,13 @@ impl Census {
             }
         }
         self.seen_unmanaged = unmanaged;
+        let shared_fd = now.get(&Kind::Shared).copied().unwrap_or(0);
+        stats
+            .unmanaged_shared_fd_bytes
+            .fetch_max(shared_fd, Ordering::Relaxed);
+        if self.shared_pinned > 0 {
+            *now.entry(Kind::Shared).or_default() += self.shared_pinned;
+        }
         let mut total = 0;
         for kind in [
             Kind::Static,

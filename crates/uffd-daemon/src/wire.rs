@@ -46,6 +46,11 @@ pub const KIND_HOLD: u16 = 10;
 /// Message kind: the daemon has read back what the last DROP moved into the scratch; the
 /// agent frees it.
 pub const KIND_FREE: u16 = 11;
+/// Message kind: a program thread is about to call `madvise(MADV_REMOVE)` on a range, or
+/// ([`SHMEM_REMOVE_DONE`]) has returned from it: the daemon tells its REMOVE events, which
+/// `MADV_DONTNEED` raises alike, apart (shared memory: the stored copies of the range become
+/// zeros for the first, stay valid for the second).
+pub const KIND_SHMEM_REMOVE: u16 = 12;
 
 /// HELLO flag: the sender is a forked child whose uffd the daemon already holds.
 pub const HELLO_FORK_CHILD: u32 = 1;
@@ -71,6 +76,8 @@ pub const DROP_RUN_UNSHARE: u32 = 1;
 
 /// LOCK flag: the range is about to be locked (clear: a lock asked for did not happen).
 pub const LOCK_ON: u32 = 1;
+/// SHMEM_REMOVE flag: the `madvise` call has returned (the announcement ends).
+pub const SHMEM_REMOVE_DONE: u32 = 1;
 
 /// HOLD reason: the sender is about to dump core (a core-dumping signal it left at its
 /// default action); the hold lasts until it exits.
@@ -96,6 +103,11 @@ pub const UFFD_FEATURE_EVENT_UNMAP: u64 = 1 << 6;
 pub const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
 /// See [`UFFD_FEATURE_PAGEFAULT_FLAG_WP`].
 pub const UFFD_FEATURE_MOVE: u64 = 1 << 16;
+/// Missing faults on shared memory (shmem): registering a `MAP_SHARED` anonymous mapping
+/// (Linux 4.11).
+pub const UFFD_FEATURE_MISSING_SHMEM: u64 = 1 << 5;
+/// Write-protection of shared memory (shmem, hugetlbfs; Linux 5.19).
+pub const UFFD_FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
 
 /// The features the agent asks for and the daemon relies on.
 pub const REQUIRED_FEATURES: u64 = UFFD_FEATURE_PAGEFAULT_FLAG_WP
@@ -104,7 +116,9 @@ pub const REQUIRED_FEATURES: u64 = UFFD_FEATURE_PAGEFAULT_FLAG_WP
     | UFFD_FEATURE_EVENT_REMOVE
     | UFFD_FEATURE_EVENT_UNMAP
     | UFFD_FEATURE_THREAD_ID
-    | UFFD_FEATURE_MOVE;
+    | UFFD_FEATURE_MOVE
+    | UFFD_FEATURE_MISSING_SHMEM
+    | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
 
 /// Exit status of a client whose daemon died: its evicted pages can never come back.
 pub const EXIT_DAEMON_LOST: i32 = 86;

@@ -456,13 +456,13 @@ fn redis_server_forks_and_serves() {
 }
 
 /// PostgreSQL keeps its buffer pool in shared anonymous memory (`MAP_SHARED|MAP_ANONYMOUS`,
-/// `huge_pages=off`) that the postmaster maps and every backend it forks shares. A 1.5 million
-/// row table (about 200 MiB) built, indexed and queried through a 192 MiB `shared_buffers`
-/// under 64M: the queries' answers must be the bare run's, the private memory is paged, and the
-/// buffer pool, which this build does not page (issue #16: the `shmem` branch pages it, and
-/// hung stress-ng), is counted as unmanaged and said.
+/// `huge_pages=off`) that the postmaster maps and every backend it forks shares: the kind of
+/// memory issue #16 left unmanaged before it was paged by page identity (`shmem.rs`). A 1.5
+/// million row table (about 200 MiB) built, indexed and queried through a 192 MiB
+/// `shared_buffers` under a third of the bare peak; the queries' answers must be the bare run's
+/// and shared pages must have been evicted and read back.
 #[test]
-fn postgres_with_its_shared_buffer_pool() {
+fn postgres_shared_buffers_are_paged() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const PG: &str = "/usr/lib/postgresql/15/bin";
     if !can_run() || !have("psql") || !Path::new(PG).join("postgres").exists() {
@@ -519,11 +519,11 @@ fn postgres_with_its_shared_buffer_pool() {
     d.paged(&run, 230 << 20, limit);
     d.assert_none(&run);
     assert!(
-        run.get("unmanaged_shared_bytes") >= 32 << 20,
-        "the buffer pool was not counted as unmanaged: unmanaged_shared_bytes {}",
-        run.get("unmanaged_shared_bytes")
+        run.get("shmem_evicted_pages") > 0 && run.get("shmem_swapins") > 0,
+        "the buffer pool was not paged: shmem_evicted_pages {}, shmem_swapins {}",
+        run.get("shmem_evicted_pages"),
+        run.get("shmem_swapins")
     );
-    assert!(run.stderr.contains("unmanaged (shared)"), "{}", run.stderr);
 }
 
 // ---- 4. Heavy threading --------------------------------------------------------------------

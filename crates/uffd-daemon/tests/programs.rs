@@ -573,22 +573,28 @@ fn memory_written_after_mlock_never_reaches_swap_even_mid_reclaim() {
 }
 
 /// Memory the daemon cannot manage is counted by kind and said once per process: shared
-/// anonymous memory of a managed process. A statically linked program is not such memory any
-/// more: it is managed without the agent.
+/// memory a descriptor reaches (a memfd) of a managed process. Shared anonymous memory is not
+/// such memory any more (it is paged, tests/shmem.rs), nor is a statically linked program: it
+/// is managed without the agent.
 #[test]
 fn unmanaged_memory_is_counted_and_said() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !can_run() {
         return;
     }
-    let run = lifecycle("8M", "shared", &["shared", "32"]);
+    let exe = c_client("shmem").to_string_lossy().into_owned();
+    let run = run_under("8M", "shared", &[&exe, "memfd", "32"]);
     assert_eq!(run.status, 0);
-    assert!(run.stdout.contains("shared: 32 MiB, 0 bad words"));
+    assert!(run.stdout.contains("memfd: 32 MiB, 0 bad words"));
     assert!(
         run.get("unmanaged_shared_bytes") >= 30 << 20,
         "shared memory not counted"
     );
     assert!(run.stderr.contains("unmanaged (shared)"), "not said");
+    let run = lifecycle("8M", "shared-anon", &["shared", "32"]);
+    assert_eq!(run.status, 0);
+    assert!(run.stdout.contains("shared: 32 MiB, 0 bad words"));
+    assert_eq!(run.get("unmanaged_shared_bytes"), 0, "paged memory counted");
 
     // A statically linked program is managed without the agent (tests/agentless.rs), at
     // start and when a managed shell execs it: nothing of it is counted unmanaged, and

@@ -20,6 +20,25 @@ pub(super) fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent)
             }
             Stats::add(&stats.remove_events, 1);
             mm.state.lock().forget_range(shared, start, end);
+            if mm.has_shmem.load(std::sync::atomic::Ordering::Acquire) {
+                // MADV_DONTNEED and MADV_REMOVE raise the same event (probe p1/p2): the first
+                // keeps the page cache, so stored copies stay valid; the second punches, so
+                // they become zeros. The agent announces MADV_REMOVE (`shmem_removes`); an
+                // unannounced event (a raw syscall, a process without the agent) is taken as
+                // MADV_DONTNEED: evicted pages keep their stored copies (counted in
+                // shmem_remove_unannounced).
+                let announced = mm
+                    .shmem_removes
+                    .lock()
+                    .iter()
+                    .any(|&(s, e)| s <= start && end <= e);
+                if announced {
+                    let n = shared.shmem.remove(shared, mm, start, end);
+                    Stats::add(&stats.shmem_removed_pages, n as u64);
+                } else if shared.shmem.lookup(mm, start).is_some() {
+                    Stats::add(&stats.shmem_remove_unannounced, 1);
+                }
+            }
         }
         UffdEvent::Unmap { start, end } => {
             Stats::add(&stats.unmap_events, 1);
@@ -27,6 +46,8 @@ pub(super) fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent)
             st.forget_range(shared, start, end);
             st.remove_range(start, end);
             st.unmapped(start, end);
+            drop(st);
+            shared.shmem.unmap(shared, mm, start, end);
         }
         UffdEvent::Remap { from, to, len } => {
             Stats::add(&stats.remap_events, 1);
@@ -36,6 +57,8 @@ pub(super) fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent)
             for (start, n) in crate::mm::runs_of(&st.remap(shared, from, to, len)) {
                 let _ = mm.uffd.writeprotect(start, n as u64 * PAGE_SIZE_U64, false);
             }
+            drop(st);
+            shared.shmem.remap(shared, mm, from, to, len);
         }
         UffdEvent::Fork { ufd } => {
             Stats::add(&stats.fork_events, 1);
@@ -90,6 +113,8 @@ pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
         }
     };
     *mm.state.lock() = state;
+    // The child maps the parent's shared memory at the same addresses, registered.
+    shared.shmem.fork(shared, parent, &mm);
     // The child has a copy of whatever the parent's last DROP left in the scratch.
     *mm.scratch_filled.lock() = Some(Instant::now());
     mm.forked_from

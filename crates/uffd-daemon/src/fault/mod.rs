@@ -39,6 +39,7 @@ use crate::tiers::FOLIO_PAGES;
 mod events;
 mod prefetch;
 mod serve;
+mod shmem;
 mod tuning;
 
 use events::handle_event;
@@ -333,7 +334,13 @@ impl Handler {
     }
 
     /// Serves fault `p`; one that must wait (`EAGAIN`, throttled) joins `deferred`.
-    fn serve(&mut self, shared: &Shared, mm: &Mm, mut p: Pending, deferred: &mut Vec<Pending>) {
+    fn serve(
+        &mut self,
+        shared: &Shared,
+        mm: &Arc<Mm>,
+        mut p: Pending,
+        deferred: &mut Vec<Pending>,
+    ) {
         let done = serve_fault(shared, mm, &mut p, &mut self.work);
         if done {
             p.done(shared);

@@ -56,9 +56,17 @@ pub(super) fn learn_range(shared: &Shared, mm: &Mm, addr: u64) {
 }
 
 /// Serves one fault. Returns false when it must be retried (`EAGAIN`).
-pub(super) fn serve_fault(shared: &Shared, mm: &Mm, p: &mut Pending, w: &mut Work) -> bool {
+pub(super) fn serve_fault(
+    shared: &Shared,
+    mm: &std::sync::Arc<Mm>,
+    p: &mut Pending,
+    w: &mut Work,
+) -> bool {
     if mm.in_agent_region(p.address) {
         return serve_agent_region(shared, mm, p);
+    }
+    if let Some(t) = super::shmem::target(shared, mm, p.address) {
+        return super::shmem::serve_shared(shared, mm, p, &t, w);
     }
     if p.flags & sys::UFFD_PAGEFAULT_FLAG_WP != 0 {
         return serve_write_protect(shared, mm, p, &mut w.ra[0]);

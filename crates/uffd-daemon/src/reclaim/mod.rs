@@ -70,7 +70,7 @@ fn pick_victims(shared: &Shared, mm: &Mm, batch: u32, max: usize) -> Vec<u64> {
 /// Cuts the victims (sorted) into store units: an aligned run of 16 pages none of which is
 /// all zeros becomes one order-4 folio, any other nonzero page an order-0 unit. Returns
 /// `(first victim index, order)` for each unit; zero pages are in no unit.
-fn units_of(victims: &[u64], zero: &[bool], large: bool) -> Vec<(usize, u32)> {
+pub(crate) fn units_of(victims: &[u64], zero: &[bool], large: bool) -> Vec<(usize, u32)> {
     let mut units = Vec::new();
     let mut i = 0;
     while i < victims.len() {
@@ -122,7 +122,7 @@ fn unprotect(mm: &Mm, start: u64, len: u64) {
 /// Counts the pages no tier took, by cause, says each cause once with what to change, and
 /// backs reclaim off while no tier takes anything, or the swap space is full: such a batch
 /// pauses eviction (1 ms, doubling up to 1 s); a batch without either ends the pause.
-fn note_store_outcome(
+pub(crate) fn note_store_outcome(
     shared: &Shared,
     all_failed: bool,
     failures: &[(crate::tiers::StoreFail, usize)],
@@ -203,21 +203,50 @@ pub fn settle_outstanding(shared: &Shared) {
     }
 }
 
+/// Where reclaim takes a batch from.
+enum Victim {
+    /// An address space's private memory.
+    Mm(Arc<Mm>),
+    /// A shared anonymous inode.
+    Shared(Arc<crate::shmem::ShmemInode>),
+}
+
 /// Reclaims down to the low watermark, biggest address space first, for at most 50 ms;
 /// says whether reclaim is stalled (faults at the limit then go through).
 pub fn to_low_watermark(shared: &Shared) {
     let deadline = Instant::now() + Duration::from_millis(50);
     while shared.resident() > shared.limit.low() && Instant::now() < deadline {
-        let mut cands: Vec<Arc<Mm>> = shared.mms.lock().clone();
-        cands.sort_by_key(|m| std::cmp::Reverse(m.state.lock().resident));
+        // The biggest holders of resident pages: address spaces (their private memory) and
+        // shared anonymous inodes (counted once each, whoever maps them: `shmem.rs`).
+        let mut cands: Vec<(usize, Victim)> = shared
+            .mms
+            .lock()
+            .clone()
+            .into_iter()
+            .map(|m| {
+                let resident = m.state.lock().resident;
+                (resident, Victim::Mm(m))
+            })
+            .chain(
+                shared
+                    .shmem
+                    .inodes()
+                    .into_iter()
+                    .map(|i| (crate::shmem::resident(&i), Victim::Shared(i))),
+            )
+            .collect();
+        cands.sort_by_key(|c| std::cmp::Reverse(c.0));
         let mut progress = 0;
         let pinned_before = shared.stats.pinned_refusals.load(Ordering::Relaxed);
-        for m in cands.iter().take(3) {
+        for (_, c) in cands.iter().take(3) {
             let want = shared.resident().saturating_sub(shared.limit.low());
             if want == 0 {
                 break;
             }
-            progress += evict_batch(shared, m, want);
+            progress += match c {
+                Victim::Mm(m) => evict_batch(shared, m, want),
+                Victim::Shared(i) => crate::shmem::evict_batch(shared, i, want.min(BATCH_PAGES)),
+            };
             // zswap near its limit: its shrinker writes the coldest entries back to
             // the backing device before stores start being refused.
             shared.tiers.balance();

@@ -7,7 +7,9 @@ use crate::protocol::{
 use crate::sys::PidFd;
 use crate::sys::Uffd;
 use requests::answer_request;
-use requests::{leave_management, lock_request, release_to_program, step_out};
+use requests::{
+    leave_management, lock_request, release_to_program, shmem_remove_request, step_out,
+};
 use space::live_mm;
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -162,6 +164,11 @@ pub(crate) fn read_hello(
                 r,
                 &format!("keep {start:#x}+{len:#x} from reclaim"),
             );
+            return None;
+        }
+        Ok((Message::ShmemRemove { start, len, flags }, _)) => {
+            let r = shmem_remove_request(shared, pid, start, len, flags);
+            answer_request(sock, pid, r, &format!("remove {start:#x}+{len:#x}"));
             return None;
         }
         Ok((Message::Leave, _)) => {

@@ -219,6 +219,10 @@ pub fn bring_back(shared: &Shared, mm: &Mm, wait: Duration) -> io::Result<u64> {
         restored += r;
         mm.state.lock().hold_let_go.push((s, e));
     }
+    // Shared anonymous memory it maps: written back into the inodes, none evicted while held.
+    restored += shared
+        .shmem
+        .write_back(shared, mm, 0, crate::wire::USER_END, false)?;
     h.done = kept == 0 && behind_drop == 0;
     h.restored += restored;
     Stats::add(&shared.stats.hold_pages_restored, restored);

@@ -30,8 +30,17 @@ pub(crate) fn release_to_program(
         return Ok(()); // not managed: nothing of ours is registered there
     };
     let _agent = agent_without_drop(&mm)?;
+    // Shared anonymous memory in the range: its evicted pages written back into the inode,
+    // the range no mapper any more (before the unregistration below ends the daemon's faults).
+    let shared_restored = shared
+        .shmem
+        .step_aside(shared, &mm, start, start.saturating_add(len))?;
+    Stats::add(&shared.stats.own_uffd_pages_restored, shared_restored);
     let (managed, restored) =
         restore_and_step_aside(shared, &mm, start, start + len, Unregister::Whole)?;
+    shared
+        .shmem
+        .unmap(shared, &mm, start, start.saturating_add(len));
     Stats::add(&shared.stats.own_uffd_bytes, managed);
     Stats::add(&shared.stats.own_uffd_pages_restored, restored);
     Ok(())
@@ -132,6 +141,38 @@ pub(crate) fn lock_request(
         st.lock_requests.remove(0);
     }
     st.lock_requests.push((start, end, Instant::now()));
+    Ok(())
+}
+
+/// A program thread's `madvise(MADV_REMOVE)` of `[start, start + len)`: announced before the
+/// call (REMOVE events of shared anonymous memory there are that call's until it returns:
+/// `shmem.rs`, `fault/events.rs`), ended after it once the handler has applied what it read
+/// (the call returns as soon as its REMOVE events are read, not applied).
+pub(crate) fn shmem_remove_request(
+    shared: &Shared,
+    pid: i32,
+    start: u64,
+    len: u64,
+    flags: u32,
+) -> std::io::Result<()> {
+    let Some(mm) = live_mm(shared, pid) else {
+        return Ok(());
+    };
+    let end = start.saturating_add(len);
+    if flags & crate::wire::SHMEM_REMOVE_DONE == 0 {
+        let mut r = mm.shmem_removes.lock();
+        // Bounded: the oldest announcement of a call that never said it returned goes first.
+        if r.len() >= 64 {
+            r.remove(0);
+        }
+        r.push((start, end));
+        return Ok(());
+    }
+    crate::shmem::wait_handler_settled(&mm);
+    let mut r = mm.shmem_removes.lock();
+    if let Some(i) = r.iter().position(|&x| x == (start, end)) {
+        r.remove(i);
+    }
     Ok(())
 }
 

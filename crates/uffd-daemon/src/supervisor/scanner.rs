@@ -129,6 +129,13 @@ pub(crate) fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             sys::trim_allocator();
         }
         if tick % 50 == 0 {
+            // Shared anonymous inodes: every mapping registered (or none evicted), pins.
+            let pinned = crate::shmem::census(&shared, sys::getpid());
+            shared
+                .stats
+                .unmanaged_shared_pinned_bytes
+                .fetch_max(pinned, Ordering::Relaxed);
+            census.shared_pinned = pinned;
             census_round(&shared, &mut census);
         }
         if tick % 5 == 0 {

@@ -37,6 +37,7 @@ pub fn retire(shared: &Shared, mm: &Arc<Mm>) {
         let _ = h.join();
     }
     *mm.agent.lock() = None;
+    shared.shmem.retire(shared, mm);
     {
         let mut st = mm.state.lock();
         #[cfg(debug_assertions)]
@@ -142,8 +143,50 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) -> bool {
             }
         }
     }
+    register_shared(shared, mm, pid, &vmas);
     shared.maybe_kick_reclaim();
     true
+}
+
+/// Registers the shared anonymous mappings of `mm` (missing and write-protect, like private
+/// memory) and adds them to their inodes' mappers (`shmem.rs`); the pages present in them are
+/// recorded resident. A mapping that cannot be registered is left alone: its inode is never
+/// verified, so never evicted from (the census counts it unmanaged).
+fn register_shared(shared: &Shared, mm: &Mm, pid: i32, vmas: &[maps::Vma]) {
+    if !vmas.iter().any(|v| v.is_shared_anon()) {
+        return;
+    }
+    // (The live list's own reference: a mapper holds the address space until it leaves.)
+    let Some(mm) = shared.mms.lock().iter().find(|m| m.id == mm.id).cloned() else {
+        return;
+    };
+    let mm = &mm;
+    for v in vmas.iter().filter(|v| v.is_shared_anon()) {
+        if shared.shmem.is_mapper(mm, v.start, v.end) || mm.in_agent_region(v.start) {
+            continue;
+        }
+        if let Err(e) = mm.uffd.register(v.start, v.end - v.start, true) {
+            tracing::debug!(
+                "pid {pid}: cannot register shared {:#x}-{:#x}: {e}",
+                v.start,
+                v.end
+            );
+            continue;
+        }
+        Stats::add(&shared.stats.ranges_registered, 1);
+        let key = (crate::shmem::makedev(v.dev.0, v.dev.1), v.inode);
+        if let Err(e) = shared.shmem.add_mapper(
+            shared,
+            mm,
+            pid,
+            (v.start, v.end),
+            v.offset / PAGE_SIZE_U64,
+            key,
+        ) {
+            // Registered, served (as zeros, no page of it ever evicted): a fault adds it later.
+            tracing::warn!("pid {pid}: shared mapping {:#x}-{:#x}: {e}", v.start, v.end);
+        }
+    }
 }
 
 /// The live (not retired) address space of `pid`, if the daemon manages one.

@@ -14,6 +14,9 @@
  *                  holding a copy of a page read before the last writes through it
  *   direct         BUF is plain memory, filled with O_DIRECT reads of 64 KiB, all of a pass in
  *                  flight at once: a short-term pin of each page while the device writes it
+ *   fixed-shared, direct-shared  as fixed and direct, BUF mapped MAP_SHARED|MAP_ANONYMOUS (shared
+ *                  anonymous memory, which the daemon pages by punching the inode: a punch takes
+ *                  a pinned page out of the page cache all the same, probe p5)
  *
  * Each round fills the whole buffer PASSES times in a row (direct: once), each pass from another
  * offset of a file of known contents (so that each pass's contents differ, page by page, from
@@ -305,7 +308,8 @@ int main(int argc, char **argv)
 	const char *mode = argv[1];
 	int cycle = !strcmp(mode, "cycle");
 	int fixed = !strncmp(mode, "fixed", 5) || cycle;
-	int direct = !strcmp(mode, "direct") || !strcmp(mode, "fixed-direct");
+	int direct = !strcmp(mode, "direct") || !strcmp(mode, "fixed-direct") || !strcmp(mode, "direct-shared");
+	int shared_buf = strstr(mode, "-shared") != NULL;
 	if (!fixed && !direct) {
 		fprintf(stderr, "unknown mode %s\n", mode);
 		return 2;
@@ -321,9 +325,9 @@ int main(int argc, char **argv)
 	}
 	int file = make_file(buf_bytes + pass_offset(rounds * passes), direct);
 
-	/* Private anonymous memory, as malloc would give (but aligned for O_DIRECT). */
-	uint64_t *buf = mmap(NULL, buf_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-			     -1, 0);
+	/* Private anonymous memory, as malloc would give (but aligned for O_DIRECT), or shared. */
+	uint64_t *buf = mmap(NULL, buf_bytes, PROT_READ | PROT_WRITE,
+			     (shared_buf ? MAP_SHARED : MAP_PRIVATE) | MAP_ANONYMOUS, -1, 0);
 	uint64_t *other = mmap(NULL, other_bytes, PROT_READ | PROT_WRITE,
 			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (buf == MAP_FAILED || other == MAP_FAILED)

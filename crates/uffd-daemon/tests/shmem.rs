@@ -307,3 +307,41 @@ fn shared_anon_read_through_proc_self_mem() {
     );
     assert!(run.get("shmem_evicted_pages") > 0);
 }
+
+/// A mapping the daemon learned whole and the program split after (stress-ng's stats region:
+/// `MAP_SHARED`, its last page made a `PROT_NONE` guard), written page by page in order: a
+/// fault-around run of the last pages crossed into the guard, the kernel refused the copy
+/// across the two VMAs, and the faulting thread was left waiting for ever (the message read,
+/// never answered: `stress-ng --vm ... --verify` hung in its deinit). The private twin, the
+/// same layout in `MAP_PRIVATE` memory, beside it.
+#[test]
+fn a_mapping_split_by_a_guard_page_is_served_to_its_end() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client("shmem").to_string_lossy().into_owned();
+    for mode in ["guard", "guard-private"] {
+        let run = run_with_deadline(
+            &["--limit", "16M"],
+            &format!("shmem-{mode}"),
+            &[&exe, mode, "48", "2"],
+            Duration::from_secs(120),
+        );
+        assert!(!run.timed_out, "{mode}: hung: {}", run.hung_in);
+        assert_eq!(run.status, 0, "{mode}: {}{}", run.stdout, run.stderr);
+        assert!(
+            run.stdout.contains("48 MiB, 0 bad words"),
+            "{mode}: {}",
+            run.stdout
+        );
+        assert!(run.get("evicted_pages") > 0, "{mode}: nothing was evicted");
+        if mode == "guard" {
+            assert!(
+                run.get("shmem_evicted_pages") > 0,
+                "the shared mapping was not paged"
+            );
+            assert!(run.get("shmem_swapins") > 0);
+        }
+    }
+}

@@ -90,8 +90,17 @@ pub(super) fn serve_shared(
         if matches!(prior, Some(Page::Evicting { .. })) {
             return true; // the batch wakes it
         }
-        let r = mm.uffd.writeprotect(addr, PAGE_SIZE_U64, false);
-        return !matches!(r, Ok(Fill::Again));
+        return match mm.uffd.writeprotect(addr, PAGE_SIZE_U64, false) {
+            Ok(Fill::Again) => false,
+            Ok(Fill::Filled | Fill::Exists) => true,
+            // Not lifted (the range is gone, or the ioctl failed): the writer is woken all
+            // the same and faults again on what is there now; a message read and left
+            // unanswered is a thread waiting for ever.
+            _ => {
+                let _ = mm.uffd.wake(addr, PAGE_SIZE_U64);
+                true
+            }
+        };
     }
     match prior {
         // Present until the punch, a hole after it: the batch wakes this thread once the page
@@ -109,13 +118,14 @@ pub(super) fn serve_shared(
             );
             return match mm.uffd.copy(addr, &zeros[..PAGE_SIZE]) {
                 Ok(Fill::Again) => false,
-                Ok(Fill::Exists) => {
-                    let _ = mm.uffd.wake(addr, PAGE_SIZE_U64);
+                Ok(Fill::Filled) => {
                     Stats::add(&stats.shmem_zero_fills, 1);
                     true
                 }
+                // Present (EEXIST), gone, or failed: woken all the same, to fault again on what
+                // is there now.
                 _ => {
-                    Stats::add(&stats.shmem_zero_fills, 1);
+                    let _ = mm.uffd.wake(addr, PAGE_SIZE_U64);
                     true
                 }
             };
@@ -223,7 +233,14 @@ pub(super) fn serve_shared(
             }
         }
     }
-    let (r, filled) = mm.uffd.copy_run(addr, &page[..n * PAGE_SIZE]);
+    let (mut r, mut filled) = mm.uffd.copy_run(addr, &page[..n * PAGE_SIZE]);
+    if n > 1 && filled == 0 && matches!(r, Ok(Fill::Gone)) {
+        // The run crossed the end of the faulting page's VMA, and the kernel refuses a copy
+        // across VMAs whole (`ENOENT`): a mapper is the range the daemon learned at mmap or
+        // fork, and an mprotect since split it (stress-ng's stats region ends in a PROT_NONE
+        // guard page of the same inode). The faulting page alone.
+        (r, filled) = mm.uffd.copy_run(addr, &page[..PAGE_SIZE]);
+    }
     let filled = match (r, filled) {
         (_, f) if f > 0 => f,
         (Ok(Fill::Exists), _) => {
@@ -235,13 +252,25 @@ pub(super) fn serve_shared(
             1
         }
         (Ok(Fill::Again), _) => return false,
-        (Ok(Fill::Gone), _) => return true,
+        (Ok(Fill::Gone), _) => {
+            // The mapping went away (its UNMAP cleans up): the thread is woken to fault again
+            // on what is there now, not left waiting for a fill that cannot come.
+            let _ = mm.uffd.wake(addr, PAGE_SIZE_U64);
+            return true;
+        }
         (Ok(Fill::Filled), _) => 1,
         (Err(e), _) => {
             if p.read_at.elapsed() < FILL_RETRY_MAX {
                 return false;
             }
-            tracing::warn!("shared fault at {addr:#x} of mm {}: {e}", mm.id);
+            // As for private memory: a fill that keeps failing stops the process with a
+            // message rather than leave a thread blocked for ever.
+            tracing::error!(
+                "filling shared page {addr:#x} of pid {:?} failed for {FILL_RETRY_MAX:?}: {e}; \
+                 stopping the process",
+                mm.pid()
+            );
+            mm.kill();
             return true;
         }
     };

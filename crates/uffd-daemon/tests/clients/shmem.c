@@ -26,6 +26,13 @@
  *   shmem remap MIB             fill MIB MiB, mremap it elsewhere (its pages partly evicted),
  *                               check and rewrite every word there, unmap its second half,
  *                               check the first; fork a child that checks it too
+ *   shmem guard MIB ROUNDS      map MIB MiB and one page more MAP_SHARED|MAP_ANONYMOUS, make
+ *                               the last page a PROT_NONE guard (the daemon learned the
+ *                               mapping whole: the guard splits it after), then ROUNDS times
+ *                               write and check every word in order up to the guard (stress-ng's
+ *                               stats region; a fault-around run that crossed into the guard
+ *                               left a thread waiting for ever)
+ *   shmem guard-private MIB ROUNDS  the same in MAP_PRIVATE memory
  *   shmem selfmem MIB           fill MIB MiB (partly evicted), read it back through
  *                               /proc/self/mem (the kernel reads it without a userfault: the
  *                               daemon holds the process and brings its pages back first)
@@ -335,6 +342,38 @@ int main(int argc, char **argv)
 		long bad = 0;
 		for (size_t i = 0; i < words; i++)
 			bad += m[i] != (remove && i < words / 2 ? 0 : (word(i, 0) | 1));
+		printf("%s: %zu MiB, %ld bad words\n", mode, bytes >> 20, bad);
+		return bad != 0;
+	}
+	if (!strcmp(mode, "guard") || !strcmp(mode, "guard-private")) {
+		int rounds = argc > 3 ? atoi(argv[3]) : 2;
+		int flags = (strcmp(mode, "guard") ? MAP_PRIVATE : MAP_SHARED) | MAP_ANONYMOUS;
+		long pg = sysconf(_SC_PAGESIZE);
+		uint64_t *m = mmap(NULL, bytes + pg, PROT_READ | PROT_WRITE, flags, -1, 0);
+		if (m == MAP_FAILED) {
+			perror("mmap");
+			return 2;
+		}
+		/* Let the daemon see the whole mapping first (the scan), then split the guard off. */
+		usleep(300 * 1000);
+		if (mprotect((char *)m + bytes, pg, PROT_NONE)) {
+			perror("mprotect");
+			return 2;
+		}
+		long bad = 0;
+		for (int r = 0; r < rounds; r++) {
+			/* Page by page in order, as stress-ng's loop does, one word a page first (the
+			 * sequential first touches that grow a fault-around run), then the rest. */
+			for (size_t i = 0; i < words; i += pg / 8)
+				m[i] = word(i, r);
+			for (size_t i = 0; i < words; i++) {
+				if (i % (pg / 8) == 0)
+					bad += m[i] != word(i, r);
+				m[i] = word(i, r);
+			}
+			for (size_t i = 0; i < words; i++)
+				bad += m[i] != word(i, r);
+		}
 		printf("%s: %zu MiB, %ld bad words\n", mode, bytes >> 20, bad);
 		return bad != 0;
 	}

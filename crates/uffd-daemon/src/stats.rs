@@ -88,6 +88,9 @@ counters! {
     unmap_events,
     /// UFFD_EVENT_REMAP events.
     remap_events,
+    /// Faults read in the same batch as, and before, a REMOVE, UNMAP or REMAP of their page:
+    /// woken to fault again rather than filled after the event.
+    faults_woken_for_event,
     /// UFFD_EVENT_FORK events.
     fork_events,
     /// Memory of the tree the daemon does not manage, all kinds, at its peak (bytes; the

@@ -205,6 +205,38 @@ fn memory_malloc_maps_for_itself_is_managed_before_it_is_filled() {
     assert_paged(&chunk, 8 << 20);
 }
 
+/// A process forks while its other threads fault on evicted pages: every child must read its
+/// parent's memory as it was at the fork. A fault read in the same batch as the FORK event, and
+/// served before the FORK was applied, filled the parent after the kernel had copied its page
+/// tables (the kernel holds fills back only until the event is read): the child took that page
+/// for resident, had a hole there, and read zeros (4 to 17 of every 10 to 30 children, 1-4
+/// pages each). Memory is never written after the fill, so any wrong word is a loss.
+#[test]
+fn children_forked_while_threads_fault_read_their_parents_memory() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client("fork_race").to_string_lossy().into_owned();
+    let run = run_under("12M", "fork-race", &[&exe, "32", "4", "12"]);
+    assert_eq!(
+        run.status, 0,
+        "a child read wrong words: {}{}",
+        run.stdout, run.stderr
+    );
+    assert!(
+        run.stdout
+            .contains("fork_race: 12 children, 0 bad children, 0 bad words (parent 0)"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.get("fork_events") >= 12,
+        "the children were not forked under the daemon"
+    );
+    assert!(run.get("swapins") > 0 && run.get("evicted_pages") > 0);
+}
+
 /// Pages a process shares with a forked child (or shared with one that has exited: the kernel
 /// marks a page the process's own again only at its next write) cannot be moved out:
 /// `UFFDIO_MOVE` refuses them (EBUSY). Reclaim reads victims through `/proc/PID/mem`, which

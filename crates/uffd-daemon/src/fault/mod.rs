@@ -168,6 +168,21 @@ fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
     }
 }
 
+/// Whether `event` takes or moves the page at `page`: a REMOVE or UNMAP of a range holding it,
+/// a REMAP from or to one.
+fn event_covers(event: &UffdEvent, page: u64) -> bool {
+    match *event {
+        UffdEvent::Remove { start, end } | UffdEvent::Unmap { start, end } => {
+            start <= page && page < end
+        }
+        UffdEvent::Remap { from, to, len } => {
+            (from <= page && page < from.saturating_add(len))
+                || (to <= page && page < to.saturating_add(len))
+        }
+        _ => false,
+    }
+}
+
 /// What serving a fault works with, kept by the handler thread from one fault to the next.
 pub(super) struct Work {
     /// A folio's worth of room for the pages a restore reads.
@@ -263,8 +278,21 @@ impl Handler {
         Some(n)
     }
 
-    /// Applies the `n` messages read, in order: faults served (or deferred), events applied.
+    /// Applies the `n` messages read: the events first, in order, then the faults, in order.
     /// Returns whether any was a fault.
+    ///
+    /// Why events first: the kernel keeps a fill from racing with a non-cooperative event only
+    /// until that event is *read* (`mmap_changing`, which makes `UFFDIO_COPY` and
+    /// `UFFDIO_MOVE` fail with `EAGAIN`, drops when the reader takes the message). A fault read
+    /// in the same batch before a FORK, served before the FORK was applied, filled the parent
+    /// after the fork had copied its page tables: the child inherited the page as resident
+    /// while its own page table had a hole, and read zeros there (1-4 pages in 4-6 of every 10
+    /// forks of a process whose threads fault meanwhile: `tests/clients/fork_race.c`). Served
+    /// after the FORK is applied, the child holds that page as evicted, sharing its slot.
+    /// For the same reason a fault read before a REMOVE, UNMAP or REMAP of its page is not
+    /// served at all: filled after the event let the `madvise`, `munmap` or `mremap` go on, it
+    /// could put old bytes back where the program must read zeros, or a page into a new mapping
+    /// at those addresses. Its thread is woken instead and faults again if it must.
     fn apply(
         &mut self,
         shared: &Arc<Shared>,
@@ -273,62 +301,56 @@ impl Handler {
         deferred: &mut Vec<Pending>,
     ) -> bool {
         let now = Instant::now();
-        let mut faulted = false;
-        // The faults read before the first event, whose pages all wait on the disk: read at
-        // once (an event may change what the later ones find).
-        let first_event = (0..n)
-            .find(|&i| !matches!(self.msgs[i].decode(), UffdEvent::PageFault { .. }))
-            .unwrap_or(n);
-        prefetch::read_ahead_of_faults(
-            shared,
-            mm,
-            self.msgs[..first_event]
-                .iter()
-                .filter_map(|m| match m.decode() {
-                    UffdEvent::PageFault { address, .. } => Some(address),
-                    _ => None,
-                }),
-        );
-        for i in 0..n {
-            match self.msgs[i].decode() {
-                UffdEvent::PageFault {
-                    address,
-                    flags,
-                    ptid,
-                } => {
-                    faulted = true;
-                    let p = Pending {
-                        address,
-                        flags,
-                        ptid,
-                        read_at: now,
-                        stalled: false,
-                    };
-                    self.serve(shared, mm, p, deferred);
-                }
-                event => {
-                    // A fault waiting to be retried in a range that is gone or emptied is not
-                    // filled any more: filled later, it could put a page into a new mapping at
-                    // the same addresses that the program never touched. Its thread is woken
-                    // instead and retries its access, faulting again if it must.
-                    if let UffdEvent::Unmap { start, end } | UffdEvent::Remove { start, end } =
-                        event
-                    {
-                        deferred.retain(|p| {
-                            let stale = p.address >= start && p.address < end;
-                            if stale {
-                                let _ = mm
-                                    .uffd
-                                    .wake(p.address & !(PAGE_SIZE_U64 - 1), PAGE_SIZE_U64);
-                                p.done(shared);
-                            }
-                            !stale
-                        });
-                    }
-                    prefetch::forget();
-                    handle_event(shared, mm, event)
-                }
+        let msgs: Vec<UffdEvent> = self.msgs[..n].iter().map(|m| m.decode()).collect();
+        // Each fault, unless an event after it in the batch covers its page.
+        let mut faults = Vec::with_capacity(n);
+        for (i, m) in msgs.iter().enumerate() {
+            let UffdEvent::PageFault {
+                address,
+                flags,
+                ptid,
+            } = *m
+            else {
+                continue;
+            };
+            let page = address & !(PAGE_SIZE_U64 - 1);
+            if msgs[i + 1..].iter().any(|e| event_covers(e, page)) {
+                let _ = mm.uffd.wake(page, PAGE_SIZE_U64);
+                Stats::add(&shared.stats.faults_woken_for_event, 1);
+                continue;
             }
+            faults.push(Pending {
+                address,
+                flags,
+                ptid,
+                read_at: now,
+                stalled: false,
+            });
+        }
+        for event in msgs {
+            if matches!(event, UffdEvent::PageFault { .. }) {
+                continue;
+            }
+            // A fault waiting to be retried in a range that is gone or emptied is not filled
+            // any more (as above).
+            deferred.retain(|p| {
+                let stale = event_covers(&event, p.address & !(PAGE_SIZE_U64 - 1));
+                if stale {
+                    let _ = mm
+                        .uffd
+                        .wake(p.address & !(PAGE_SIZE_U64 - 1), PAGE_SIZE_U64);
+                    p.done(shared);
+                }
+                !stale
+            });
+            handle_event(shared, mm, event);
+        }
+        prefetch::forget();
+        let faulted = !faults.is_empty();
+        // The faults whose pages wait on the disk: read together at once.
+        prefetch::read_ahead_of_faults(shared, mm, faults.iter().map(|p| p.address));
+        for p in faults {
+            self.serve(shared, mm, p, deferred);
         }
         faulted
     }

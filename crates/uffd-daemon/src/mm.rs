@@ -189,6 +189,13 @@ pub struct Mm {
     /// Odd while the handler reads and applies a batch of messages, even otherwise: an
     /// injected DROP waits for the batch that held its `REMOVE` to be applied.
     pub handling: AtomicU64,
+    /// Held for writing by the handler from its read of a batch holding an event until the
+    /// batch's events are applied; for reading by any other thread around a fill of this
+    /// address space (`UFFDIO_COPY`) and the state change that records it, taken before the
+    /// state lock. The kernel holds fills back during a fork only until its FORK event is
+    /// read: a fill from another thread between that read and the adoption of the child would
+    /// make the child inherit as resident a page its page table never got.
+    pub event_gate: parking_lot::RwLock<()>,
     /// Agentless: the threads stopped so far and their rseq pages (`u64::MAX`: none), which
     /// batches leave out (`reclaim/`).
     pub rseq_pages: Mutex<Vec<(i32, u64)>>,
@@ -322,6 +329,7 @@ impl Mm {
             stepped_out: AtomicBool::new(false),
             bind_token: Mutex::new(None),
             handling: AtomicU64::new(0),
+            event_gate: parking_lot::RwLock::new(()),
             rseq_pages: Mutex::new(Vec::new()),
             mem: Mutex::new(None),
             scratch_filled: Mutex::new(None),

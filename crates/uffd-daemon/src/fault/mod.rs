@@ -142,10 +142,10 @@ impl Drop for Deferred<'_> {
 fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
     let mut h = Handler::new(shared);
     loop {
-        let Some(n) = h.read(shared, mm, deferred) else {
+        let Some((n, gate)) = h.read(shared, mm, deferred) else {
             return;
         };
-        let faulted = h.apply(shared, mm, n, deferred);
+        let faulted = h.apply(shared, mm, n, gate, deferred);
         h.handling.set(mm, false);
         prefetch::forget();
         // Retry what an event blocked, now that the event has been read.
@@ -167,6 +167,9 @@ fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
         }
     }
 }
+
+/// [`Mm::event_gate`] held by the handler.
+type Gate<'m> = parking_lot::RwLockWriteGuard<'m, ()>;
 
 /// Whether `event` takes or moves the page at `page`: a REMOVE or UNMAP of a range holding it,
 /// a REMAP from or to one.
@@ -224,8 +227,17 @@ impl Handler {
 
     /// Reads the next messages: polling without sleeping right after a fault, else sleeping
     /// in `poll` (1 ms at most while faults wait to be retried). `None`: stop.
-    fn read(&mut self, shared: &Shared, mm: &Mm, deferred: &[Pending]) -> Option<usize> {
+    ///
+    /// Returned with the batch: [`Mm::event_gate`], held if the batch holds an event (until
+    /// [`Handler::apply`] has applied its events).
+    fn read<'m>(
+        &mut self,
+        shared: &Shared,
+        mm: &'m Mm,
+        deferred: &[Pending],
+    ) -> Option<(usize, Option<Gate<'m>>)> {
         let mut n = 0;
+        let mut gate = None;
         // Poll without sleeping after a fault, unless faults wait for reclaim or for an event,
         // or the resident pages are over the limit: reclaim (and the scanner registering
         // memory the program filled) then need the CPU more than the next fault does.
@@ -234,6 +246,7 @@ impl Handler {
             .filter(|_| deferred.is_empty() && shared.resident() < shared.limit.pages())
         {
             self.handling.set(mm, true);
+            gate = Some(mm.event_gate.write());
             n = match self.spin.poll(mm, &mut self.msgs, since, &shared.stats) {
                 Ok(n) => n,
                 Err(e) => {
@@ -261,6 +274,7 @@ impl Handler {
             }
             if ready[0] {
                 self.handling.set(mm, true);
+                gate.get_or_insert_with(|| mm.event_gate.write());
                 n = match mm.uffd.read_msgs(&mut self.msgs) {
                     Ok(n) => n,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
@@ -275,7 +289,11 @@ impl Handler {
             }
         }
         self.after_fault = None;
-        Some(n)
+        // Held on only for a batch with an event in it.
+        let events = self.msgs[..n]
+            .iter()
+            .any(|m| !matches!(m.decode(), UffdEvent::PageFault { .. }));
+        Some((n, gate.filter(|_| events)))
     }
 
     /// Applies the `n` messages read: the events first, in order, then the faults, in order.
@@ -298,6 +316,7 @@ impl Handler {
         shared: &Arc<Shared>,
         mm: &Arc<Mm>,
         n: usize,
+        gate: Option<Gate<'_>>,
         deferred: &mut Vec<Pending>,
     ) -> bool {
         let now = Instant::now();
@@ -345,6 +364,8 @@ impl Handler {
             });
             handle_event(shared, mm, event);
         }
+        // Fills from other threads may go on (see `Mm::event_gate`).
+        drop(gate);
         prefetch::forget();
         let faulted = !faults.is_empty();
         // The faults whose pages wait on the disk: read together at once.

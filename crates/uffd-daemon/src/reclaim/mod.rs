@@ -1074,6 +1074,10 @@ fn settle_drop(
         }
     }
     {
+        // A page changed through a pin that no tier takes goes back in place with a fill
+        // (`settle_page`): under the event gate, taken before the state lock as the handler
+        // takes them (`Mm::event_gate`).
+        let _gate = (!changed.is_empty()).then(|| mm.event_gate.read());
         let mut st = mm.state.lock();
         for (i, &a) in p.pages.iter().enumerate() {
             let slot = p.slots[i];

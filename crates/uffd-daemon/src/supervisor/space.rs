@@ -245,6 +245,8 @@ pub(crate) fn restore_and_step_aside(
     let mut buf = vec![0u8; RUN * PAGE_SIZE];
     let mut restored = 0u64;
     loop {
+        // (Before the state lock, as the handler takes them: see `Mm::event_gate`.)
+        let gate = mm.event_gate.read();
         let mut st = mm.state.lock();
         let stored: Vec<(u64, u32)> = st
             .pages
@@ -305,6 +307,7 @@ pub(crate) fn restore_and_step_aside(
         }
         if again {
             drop(st);
+            drop(gate);
             std::thread::sleep(Duration::from_millis(1));
             continue;
         }

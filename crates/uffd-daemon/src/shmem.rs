@@ -62,11 +62,12 @@ pub fn makedev(major: u32, minor: u32) -> u64 {
 }
 
 /// One mapping of an inode: an address space and the range where it maps the inode's pages
-/// from `pgoff` on.
+/// from `pgoff` on. (Generic over the address space only for the model test of the range
+/// arithmetic below.)
 #[derive(Debug, Clone)]
-pub struct Mapper {
+pub struct Mapper<M = Arc<Mm>> {
     /// The address space (its uffd serves the mapping's faults).
-    pub mm: Arc<Mm>,
+    pub mm: M,
     /// Start address.
     pub start: u64,
     /// End address (exclusive).
@@ -75,7 +76,7 @@ pub struct Mapper {
     pub pgoff: u64,
 }
 
-impl Mapper {
+impl<M> Mapper<M> {
     fn pages(&self) -> u64 {
         (self.end - self.start) / PAGE_SIZE_U64
     }
@@ -90,6 +91,60 @@ impl Mapper {
         let lo = p.max(self.pgoff);
         let hi = (p + n).min(self.pgoff + self.pages());
         (lo < hi).then(|| (self.start + (lo - self.pgoff) * PAGE_SIZE_U64, hi - lo))
+    }
+}
+
+/// Takes `[start, end)` of the address space `is_it` picks out of `mappers`: returns the
+/// pieces taken (each with its own page offset), and leaves in `mappers` everything else,
+/// a mapper cut in its middle as the two pieces around the hole.
+fn cut_mappers<M: Clone>(
+    mappers: &mut Vec<Mapper<M>>,
+    is_it: impl Fn(&M) -> bool,
+    start: u64,
+    end: u64,
+) -> Vec<Mapper<M>> {
+    let mut removed = Vec::new();
+    let mut kept = Vec::with_capacity(mappers.len() + 1);
+    for m in std::mem::take(mappers) {
+        if !is_it(&m.mm) || m.end <= start || m.start >= end {
+            kept.push(m);
+            continue;
+        }
+        let (cs, ce) = (m.start.max(start), m.end.min(end));
+        removed.push(Mapper {
+            mm: m.mm.clone(),
+            start: cs,
+            end: ce,
+            pgoff: m.pgoff_of(cs),
+        });
+        if m.start < cs {
+            kept.push(Mapper {
+                mm: m.mm.clone(),
+                start: m.start,
+                end: cs,
+                pgoff: m.pgoff,
+            });
+        }
+        if ce < m.end {
+            kept.push(Mapper {
+                pgoff: m.pgoff_of(ce),
+                mm: m.mm,
+                start: ce,
+                end: m.end,
+            });
+        }
+    }
+    *mappers = kept;
+    removed
+}
+
+/// A piece `cut_mappers` took from `[from, ..)`, moved by `mremap` to `to`: the same pages at
+/// the new addresses.
+fn moved<M>(m: Mapper<M>, from: u64, to: u64) -> Mapper<M> {
+    Mapper {
+        start: m.start - from + to,
+        end: m.end - from + to,
+        ..m
     }
 }
 
@@ -197,40 +252,8 @@ impl Table {
                 continue;
             }
             let mut st = inode.st.lock();
-            let mut kept = Vec::with_capacity(st.mappers.len() + 1);
-            for m in std::mem::take(&mut st.mappers) {
-                if m.mm.id != mm_id || m.end <= start || m.start >= end {
-                    kept.push(m);
-                    continue;
-                }
-                let (cs, ce) = (m.start.max(start), m.end.min(end));
-                removed.push((
-                    Arc::clone(&inode),
-                    Mapper {
-                        mm: Arc::clone(&m.mm),
-                        start: cs,
-                        end: ce,
-                        pgoff: m.pgoff_of(cs),
-                    },
-                ));
-                if m.start < cs {
-                    kept.push(Mapper {
-                        mm: Arc::clone(&m.mm),
-                        start: m.start,
-                        end: cs,
-                        pgoff: m.pgoff,
-                    });
-                }
-                if ce < m.end {
-                    kept.push(Mapper {
-                        mm: Arc::clone(&m.mm),
-                        start: ce,
-                        end: m.end,
-                        pgoff: m.pgoff_of(ce),
-                    });
-                }
-            }
-            st.mappers = kept;
+            let taken = cut_mappers(&mut st.mappers, |mm| mm.id == mm_id, start, end);
+            removed.extend(taken.into_iter().map(|m| (Arc::clone(&inode), m)));
             st.gen += 1;
         }
         if release {
@@ -525,14 +548,10 @@ impl ShmemTable {
         // (Whatever the destination held is gone first.)
         t.cut(shared, mm.id, to, to + len, true);
         // The moved pieces leave without releasing their inodes: they come back at once.
-        let moved = t.cut(shared, mm.id, from, from + len, false);
-        for (inode, m) in moved {
+        let moved_pieces = t.cut(shared, mm.id, from, from + len, false);
+        for (inode, m) in moved_pieces {
             let mut st = inode.st.lock();
-            st.mappers.push(Mapper {
-                start: m.start - from + to,
-                end: m.end - from + to,
-                ..m
-            });
+            st.mappers.push(moved(m, from, to));
             st.gen += 1;
         }
         t.rebuild(mm.id);
@@ -993,6 +1012,221 @@ pub fn census(shared: &Shared, root: i32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    const PG: u64 = PAGE_SIZE_U64;
+    /// Address spaces, inodes and the pages of the window the operations draw from.
+    const MMS: u64 = 3;
+    const INODES: usize = 3;
+    const WINDOW: u64 = 48;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// mmap of `pages` of `inode` from `pgoff` at `start` (what was there is unmapped).
+        Map {
+            mm: u64,
+            inode: usize,
+            start: u64,
+            pages: u64,
+            pgoff: u64,
+        },
+        Unmap {
+            mm: u64,
+            start: u64,
+            pages: u64,
+        },
+        /// mremap of `pages` from `from` to `to` (ranges disjoint; what was at `to` goes).
+        Remap {
+            mm: u64,
+            from: u64,
+            to: u64,
+            pages: u64,
+        },
+        /// `child` (its old mappings gone, as at exec) becomes a fork of `parent`.
+        Fork {
+            parent: u64,
+            child: u64,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let page = 0..WINDOW;
+        prop_oneof![
+            (0..MMS, 0..INODES, page.clone(), 1..12u64, 0..64u64).prop_map(
+                |(mm, inode, start, pages, pgoff)| Op::Map {
+                    mm,
+                    inode,
+                    start,
+                    pages,
+                    pgoff
+                }
+            ),
+            (0..MMS, page.clone(), 1..16u64).prop_map(|(mm, start, pages)| Op::Unmap {
+                mm,
+                start,
+                pages
+            }),
+            (0..MMS, page.clone(), page, 1..12u64)
+                .prop_filter("disjoint", |(_, f, t, n)| f + n <= *t || t + n <= *f)
+                .prop_map(|(mm, from, to, pages)| Op::Remap {
+                    mm,
+                    from,
+                    to,
+                    pages
+                }),
+            (0..MMS, 0..MMS)
+                .prop_filter("two", |(p, c)| p != c)
+                .prop_map(|(parent, child)| Op::Fork { parent, child }),
+        ]
+    }
+
+    /// The table's range arithmetic, on plain address-space numbers: one mapper list per inode.
+    fn apply(inodes: &mut [Vec<Mapper<u64>>], op: &Op) {
+        let cut_all = |inodes: &mut [Vec<Mapper<u64>>], mm: u64, s: u64, e: u64| {
+            inodes
+                .iter_mut()
+                .map(|ms| cut_mappers(ms, |&m| m == mm, s, e))
+                .collect::<Vec<_>>()
+        };
+        match *op {
+            Op::Map {
+                mm,
+                inode,
+                start,
+                pages,
+                pgoff,
+            } => {
+                cut_all(inodes, mm, start * PG, (start + pages) * PG);
+                inodes[inode].push(Mapper {
+                    mm,
+                    start: start * PG,
+                    end: (start + pages) * PG,
+                    pgoff,
+                });
+            }
+            Op::Unmap { mm, start, pages } => {
+                cut_all(inodes, mm, start * PG, (start + pages) * PG);
+            }
+            Op::Remap {
+                mm,
+                from,
+                to,
+                pages,
+            } => {
+                cut_all(inodes, mm, to * PG, (to + pages) * PG);
+                let taken = cut_all(inodes, mm, from * PG, (from + pages) * PG);
+                for (i, pieces) in taken.into_iter().enumerate() {
+                    for m in pieces {
+                        inodes[i].push(moved(m, from * PG, to * PG));
+                    }
+                }
+            }
+            Op::Fork { parent, child } => {
+                cut_all(inodes, child, 0, u64::MAX);
+                for ms in inodes.iter_mut() {
+                    let copies: Vec<_> = ms
+                        .iter()
+                        .filter(|m| m.mm == parent)
+                        .map(|m| Mapper {
+                            mm: child,
+                            ..m.clone()
+                        })
+                        .collect();
+                    ms.extend(copies);
+                }
+            }
+        }
+    }
+
+    /// The model: each address space's pages, each the (inode, page offset) it maps.
+    type Model = BTreeMap<(u64, u64), (usize, u64)>;
+
+    fn model_apply(model: &mut Model, op: &Op) {
+        let clear = |model: &mut Model, mm: u64, s: u64, n: u64| {
+            for p in s..s + n {
+                model.remove(&(mm, p));
+            }
+        };
+        match *op {
+            Op::Map {
+                mm,
+                inode,
+                start,
+                pages,
+                pgoff,
+            } => {
+                for i in 0..pages {
+                    model.insert((mm, start + i), (inode, pgoff + i));
+                }
+            }
+            Op::Unmap { mm, start, pages } => clear(model, mm, start, pages),
+            Op::Remap {
+                mm,
+                from,
+                to,
+                pages,
+            } => {
+                clear(model, mm, to, pages);
+                let taken: Vec<_> = (0..pages)
+                    .filter_map(|i| model.remove(&(mm, from + i)).map(|v| (i, v)))
+                    .collect();
+                for (i, v) in taken {
+                    model.insert((mm, to + i), v);
+                }
+            }
+            Op::Fork { parent, child } => {
+                model.retain(|&(m, _), _| m != child);
+                let copies: Vec<_> = model
+                    .iter()
+                    .filter(|((m, _), _)| *m == parent)
+                    .map(|(&(_, p), &v)| ((child, p), v))
+                    .collect();
+                model.extend(copies);
+            }
+        }
+    }
+
+    proptest! {
+        /// Mappings made, unmapped, moved and forked in any order: every page of every
+        /// address space maps what the model says, through exactly one mapper, and no mapper
+        /// is empty.
+        #[test]
+        fn mapper_ranges_follow_a_page_model(ops in proptest::collection::vec(op(), 1..40)) {
+            let mut inodes: Vec<Vec<Mapper<u64>>> = vec![Vec::new(); INODES];
+            let mut model = Model::new();
+            for op in &ops {
+                apply(&mut inodes, op);
+                model_apply(&mut model, op);
+                for (i, ms) in inodes.iter().enumerate() {
+                    for m in ms {
+                        prop_assert!(m.start < m.end, "empty mapper {m:?} of inode {i}");
+                    }
+                }
+                for mm in 0..MMS {
+                    for p in 0..2 * WINDOW + 16 {
+                        let a = p * PG;
+                        let hits: Vec<(usize, u64)> = inodes
+                            .iter()
+                            .enumerate()
+                            .flat_map(|(i, ms)| {
+                                ms.iter()
+                                    .filter(|m| m.mm == mm && m.start <= a && a < m.end)
+                                    .map(move |m| (i, m.pgoff_of(a)))
+                            })
+                            .collect();
+                        prop_assert!(hits.len() <= 1, "page {p} of {mm} in {hits:?} after {op:?}");
+                        prop_assert_eq!(
+                            hits.first().copied(),
+                            model.get(&(mm, p)).copied(),
+                            "page {} of mm {} after {:?}", p, mm, op
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn makedev_matches_the_kernel_encoding() {

@@ -209,6 +209,47 @@ print("python: %d entries, %d in the list, sha256 %s" % (len(d), len(l), h.hexdi
     same_under_a_third("python-dict", &[&real_python(), "-c", script]);
 }
 
+/// Python's `mmap.mmap(-1, n)` is `MAP_SHARED|MAP_ANONYMOUS`: four forked children each fill a
+/// quarter of 96 MiB, the parent checks every page after they exit and prints a digest. The
+/// shared pages are paged by identity (`src/shmem.rs`), through the children's faults and the
+/// parent's.
+#[test]
+fn python_fork_children_fill_a_shared_anonymous_mmap() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !have("python3") {
+        return;
+    }
+    let script = r#"
+import hashlib, mmap, os
+n = 96 << 20
+m = mmap.mmap(-1, n)
+def block(k):
+    return bytes((k * 37 + j) % 251 for j in range(4096))
+kids = []
+for k in range(4):
+    pid = os.fork()
+    if pid == 0:
+        b = block(k)
+        for off in range(k * n // 4, (k + 1) * n // 4, 4096):
+            m[off:off + 4096] = b
+        os._exit(0)
+    kids.append(pid)
+for p in kids:
+    os.waitpid(p, 0)
+bad = sum(m[off:off + 4096] != block(k)
+          for k in range(4) for off in range(k * n // 4, (k + 1) * n // 4, 4096))
+print("python shared mmap: %d MiB, %d bad pages, sha1 %s" % (n >> 20, bad, hashlib.sha1(m).hexdigest()))
+"#;
+    let run = same_under_a_third("python-shared-mmap", &[&real_python(), "-c", script]);
+    assert!(run.stdout.contains("96 MiB, 0 bad pages"), "{}", run.stdout);
+    assert!(
+        run.get("shmem_evicted_pages") > 0 && run.get("shmem_swapins") > 0,
+        "the shared mapping was not paged: shmem_evicted_pages {}, shmem_swapins {}",
+        run.get("shmem_evicted_pages"),
+        run.get("shmem_swapins")
+    );
+}
+
 #[test]
 fn perl_hash_sorted() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -81,7 +81,20 @@ fn main() {
             eviction_aging: e[1..].parse().expect("eN"),
             ..Config::default()
         },
-        _ => Config::default(),
+        spec => {
+            let mut c = Config::default();
+            for part in spec.split(',').filter(|p| !p.is_empty() && *p != "default") {
+                let (k, v) = part.split_once('=').expect("knob=value");
+                let n: u64 = v.parse().expect("a number");
+                match k {
+                    "eviction_aging" => c.eviction_aging = n as u32,
+                    "look_twice" => c.look_twice = n != 0,
+                    "ghost_balance" => c.ghost_balance = n as u32,
+                    _ => panic!("unknown knob {k}"),
+                }
+            }
+            c
+        }
     };
     let trace = workload::moving_hot_set(set, alpha, phase_len, 3, seed);
     let cap = (set as f64 * frac) as usize;

@@ -145,6 +145,12 @@ pub struct Config {
     /// the youngest generation; they kept a quarter to a half of memory from the pages the
     /// loop reuses next. On by default (a deviation from v6.1, see the crate documentation).
     pub idle_youngest_demotion: bool,
+    /// EXPERIMENT (phase 5): ARC-like adaptive split. 0 off; see `AgingCtrl::adapt`.
+    pub ghost_balance: u32,
+    /// EXPERIMENT (phase 5): fault bits count as reuse while probation's victims come back at
+    /// least this many sixteenths of the time (not in loop mode, not while demoted victims
+    /// come back more). 0 off.
+    pub adaptive_look_twice: u32,
 }
 
 impl Default for Config {
@@ -195,6 +201,8 @@ impl Config {
             demotion_feedback: false,
             loop_eviction: 0,
             idle_youngest_demotion: false,
+            ghost_balance: 0,
+            adaptive_look_twice: 0,
         }
     }
 
@@ -401,6 +409,8 @@ struct AgingCtrl {
     epoch: u64,
     /// Evictions in the current epoch.
     in_epoch: u64,
+    /// ARC's `p`: the pages probation (the oldest generation) should hold.
+    target: u64,
 }
 
 impl AgingCtrl {
@@ -422,6 +432,17 @@ impl AgingCtrl {
         }
     }
 
+    /// ARC's adaptation on a ghost hit: a probation victim back within the window asks for a
+    /// larger probation, a demoted one for a larger protected set.
+    fn adapt(&mut self, reused: bool, len: usize) {
+        let (b1, b2) = (self.evicted[0].max(1), self.evicted[1].max(1));
+        if reused {
+            self.target = self.target.saturating_sub((b1 / b2).max(1));
+        } else {
+            self.target = (self.target + (b2 / b1).max(1)).min(len as u64);
+        }
+    }
+
     fn on_refault(&mut self, reused: bool, epoch: u64) {
         if self.is_near(epoch) {
             self.refaulted[usize::from(reused)] += 1;
@@ -434,6 +455,15 @@ impl AgingCtrl {
         eighths > 0
             && self.refaulted[0] >= MIN_LRU_BATCH as u64
             && self.refaulted[0] * 8 >= self.evicted[0] * u64::from(eighths)
+    }
+
+    /// EXPERIMENT: whether the look-twice filter costs more than it saves.
+    fn filter_hurts(&self, sixteenths: u32, loop_eighths: u32) -> bool {
+        sixteenths > 0
+            && self.refaulted[0] >= MIN_LRU_BATCH as u64
+            && self.refaulted[0] * 16 >= self.evicted[0] * u64::from(sixteenths)
+            && !self.loop_mode(loop_eighths)
+            && !self.demoted_in_use()
     }
 
     fn is_near(&self, epoch: u64) -> bool {
@@ -811,6 +841,11 @@ impl Mglru {
             loop_victim = !shadow.reused
                 && self.aging_ctrl.is_near(shadow.epoch)
                 && self.aging_ctrl.loop_mode(self.cfg.loop_eviction);
+            if self.cfg.ghost_balance != 0 && !loop_victim && self.aging_ctrl.is_near(shadow.epoch)
+            {
+                let len = self.len();
+                self.aging_ctrl.adapt(shadow.reused, len);
+            }
             if rf.recent && !loop_victim {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
@@ -838,7 +873,12 @@ impl Mglru {
             word.set_workingset();
         }
         // A recent refault has a history: its first accessed bit is a reuse.
-        if hint.arrival == Arrival::Fault && !workingset {
+        if hint.arrival == Arrival::Fault
+            && !workingset
+            && !self
+                .aging_ctrl
+                .filter_hurts(self.cfg.adaptive_look_twice, self.cfg.loop_eviction)
+        {
             word.set_fresh();
         }
         let i = self.slab.insert(
@@ -1214,6 +1254,18 @@ impl Mglru {
             && (self.evicted - self.evicted_at_aging) * k >= self.len() as u64
         {
             return true;
+        }
+        if self.cfg.ghost_balance != 0 {
+            let oldest: u64 = (usize::from(!can_swap)..2)
+                .map(|ty| self.nr_pages[self.gen(self.min_seq[ty])][ty].max(0) as u64)
+                .sum();
+            let len = self.len() as u64;
+            let rate = u64::from(self.cfg.ghost_balance);
+            if oldest < self.aging_ctrl.target
+                && (self.evicted - self.evicted_at_aging) * rate >= len
+            {
+                return true;
+            }
         }
         if min_seq + n < self.max_seq && !self.cfg.young_bound_aging {
             return false;

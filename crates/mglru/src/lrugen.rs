@@ -622,6 +622,8 @@ pub struct Mglru {
     loop_victims: VecDeque<PageId>,
     /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
     idle_demoted: u64,
+    /// `evicted` when each generation index stopped being the youngest.
+    closed_at: [u64; MAX_NR_GENS],
 
     refaults: u64,
 }
@@ -660,6 +662,7 @@ impl Mglru {
             aging_ctrl: AgingCtrl::default(),
             loop_victims: VecDeque::new(),
             idle_demoted: 0,
+            closed_at: [0; MAX_NR_GENS],
             refaults: 0,
         })
     }
@@ -841,7 +844,9 @@ impl Mglru {
             loop_victim = !shadow.reused
                 && self.aging_ctrl.is_near(shadow.epoch)
                 && self.aging_ctrl.loop_mode(self.cfg.loop_eviction);
-            if self.cfg.ghost_balance != 0 && !loop_victim && self.aging_ctrl.is_near(shadow.epoch)
+            if self.cfg.ghost_balance & 1023 != 0
+                && !loop_victim
+                && self.aging_ctrl.is_near(shadow.epoch)
             {
                 let len = self.len();
                 self.aging_ctrl.adapt(shadow.reused, len);
@@ -875,9 +880,10 @@ impl Mglru {
         // A recent refault has a history: its first accessed bit is a reuse.
         if hint.arrival == Arrival::Fault
             && !workingset
-            && !self
-                .aging_ctrl
-                .filter_hurts(self.cfg.adaptive_look_twice, self.cfg.loop_eviction)
+            && (self.cfg.ghost_balance & 32768 != 0
+                || !self
+                    .aging_ctrl
+                    .filter_hurts(self.cfg.adaptive_look_twice, self.cfg.loop_eviction))
         {
             word.set_fresh();
         }
@@ -1038,7 +1044,7 @@ impl Mglru {
         for (region, resident) in regions {
             if use_filter && !self.filters[cur].contains(region) {
                 stats.regions_skipped += 1;
-                if demote {
+                if demote || self.cfg.ghost_balance & 6144 != 0 {
                     skipped.push(region);
                 }
                 continue;
@@ -1050,7 +1056,7 @@ impl Mglru {
             {
                 let slab = &self.slab;
                 let tiers = &mut self.tiers;
-                let look_twice = self.cfg.look_twice;
+                let look_twice = self.cfg.look_twice && self.cfg.ghost_balance & 8192 == 0;
                 let youngest_young = &mut youngest_young;
                 let youngest_young_count = &mut youngest_young_count;
                 source.test_and_clear_young(range, &mut |p| {
@@ -1081,6 +1087,9 @@ impl Mglru {
         }
         batch.apply(&mut self.nr_pages, &mut self.gen_promoted);
         self.aging_fast = stats.young * IDLE_FRACTION.1 < protected * IDLE_FRACTION.0;
+        if self.cfg.ghost_balance & 6144 != 0 {
+            self.demote_past_horizon(&skipped, self.cfg.ghost_balance & 2048 != 0);
+        }
         if demote {
             self.demote_idle_youngest(
                 &youngest_before,
@@ -1150,6 +1159,39 @@ impl Mglru {
         }
     }
 
+    /// EXPERIMENT: after a walk, the pages of a protected generation other than the youngest
+    /// that closed at least a memory's worth of evictions ago and that the walk did not find
+    /// young have not been used for a memory's worth of evictions: LRU would have evicted them.
+    fn demote_past_horizon(&mut self, skipped: &[u64], young_end: bool) {
+        let len = self.len() as u64;
+        for ty in 0..2 {
+            let oldest = self.gen(self.min_seq[ty]);
+            for seq in self.min_seq[ty] + 1..self.max_seq {
+                let g = self.gen(seq);
+                if self.evicted - self.closed_at[g] < len {
+                    continue;
+                }
+                let idle: Vec<u32> = self.lists[g][ty]
+                    .iter(&self.slab.nodes)
+                    .filter(|&i| {
+                        let n = &self.slab.nodes[i as usize];
+                        n.word.gen() == Some(g)
+                            && skipped.binary_search(&self.region_of(n.page())).is_err()
+                    })
+                    .collect();
+                for i in idle {
+                    let (old, new) = self.slab.nodes[i as usize].word.inc_gen(g, oldest);
+                    if old == Some(g) && new == oldest {
+                        self.nr_pages[g][ty] -= 1;
+                        self.nr_pages[oldest][ty] += 1;
+                        self.idle_demoted += 1;
+                        self.move_node(i, ty, g, oldest, young_end);
+                    }
+                }
+            }
+        }
+    }
+
     /// `inc_max_seq`: opens a new youngest generation.
     fn inc_max_seq(&mut self) {
         for ty in [PageType::File.idx(), PageType::Anon.idx()] {
@@ -1157,6 +1199,8 @@ impl Mglru {
                 self.inc_min_seq(ty);
             }
         }
+        let closing = self.gen(self.max_seq);
+        self.closed_at[closing] = self.evicted;
         self.max_seq += 1;
         self.evicted_at_aging = self.evicted;
         // The new youngest reuses the index of a retired generation.
@@ -1255,12 +1299,12 @@ impl Mglru {
         {
             return true;
         }
-        if self.cfg.ghost_balance != 0 {
+        if self.cfg.ghost_balance & 1023 != 0 {
             let oldest: u64 = (usize::from(!can_swap)..2)
                 .map(|ty| self.nr_pages[self.gen(self.min_seq[ty])][ty].max(0) as u64)
                 .sum();
             let len = self.len() as u64;
-            let rate = u64::from(self.cfg.ghost_balance);
+            let rate = u64::from(self.cfg.ghost_balance & 1023);
             if oldest < self.aging_ctrl.target
                 && (self.evicted - self.evicted_at_aging) * rate >= len
             {
@@ -1475,6 +1519,11 @@ impl Mglru {
                     self.move_node(i, ty, gen, max_gen, true);
                     continue;
                 }
+                Check::FirstReference if self.cfg.ghost_balance & 1024 != 0 => {
+                    // EXPERIMENT: another trip through the oldest generation.
+                    self.move_node(i, ty, gen, gen, true);
+                    continue;
+                }
                 Check::FirstReference => {
                     // Look twice: one more generation, at its old end.
                     let (old, new) = self.slab.nodes[i as usize].word.inc_gen(gen, next_gen);
@@ -1528,11 +1577,17 @@ impl Mglru {
             let tiers = &mut self.tiers;
             let promoted = &mut self.look_around_promoted;
             let look_twice = self.cfg.look_twice;
+            let la_fault_is_reuse = self.cfg.ghost_balance & 16384 != 0
+                || (self.cfg.ghost_balance & 32768 != 0
+                    && self
+                        .aging_ctrl
+                        .filter_hurts(self.cfg.adaptive_look_twice, self.cfg.loop_eviction));
             source.test_and_clear_young(range, &mut |p| {
                 if let Some(i) = slab.get(p) {
                     let n = &slab.nodes[i as usize];
                     let tier = n.word.tier();
-                    if let Some((old, moved)) = n.word.update_gen(max_gen, look_twice) {
+                    let lt = look_twice && (p == page || !la_fault_is_reuse);
+                    if let Some((old, moved)) = n.word.update_gen(max_gen, lt) {
                         young += 1;
                         if moved {
                             batch.record(n.page_type().idx(), old, max_gen);

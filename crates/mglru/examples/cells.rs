@@ -45,8 +45,6 @@ fn config(spec: &str) -> Result<Config, String> {
             "demotion_feedback" => c.demotion_feedback = n != 0,
             "loop_eviction" => c.loop_eviction = n as u32,
             "idle_youngest_demotion" => c.idle_youngest_demotion = n != 0,
-            "alt" => c.adaptive_look_twice = n as u32,
-            "ghost_balance" => c.ghost_balance = n as u32,
             "refault_window" => c.refault_window = n,
             "look_twice" => c.look_twice = n != 0,
             "young_bound_aging" => c.young_bound_aging = n != 0,

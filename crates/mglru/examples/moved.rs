@@ -10,7 +10,9 @@
 //! ```
 //!
 //! The report's `moved_zA_Nk` traces use seed `11`, `12`, `13` (alpha 0.9, 1.0, 1.1) plus the
-//! set size (`--seed 5012` for `moved_z1.0_5k`). VARIANT is `default` (the default), `v61`, or `eN` (the default with `eviction_aging` N).
+//! set size (`--seed 5012` for `moved_z1.0_5k`). VARIANT is `default` (the default), `v61`,
+//! `eN` (the default with `eviction_aging` N) or a comma-separated list of `knob=value`
+//! changes to the default (`look_twice=0,eviction_aging=16`).
 
 use std::collections::HashSet;
 
@@ -89,7 +91,10 @@ fn main() {
                 match k {
                     "eviction_aging" => c.eviction_aging = n as u32,
                     "look_twice" => c.look_twice = n != 0,
-                    "ghost_balance" => c.ghost_balance = n as u32,
+                    "demotion_feedback" => c.demotion_feedback = n != 0,
+                    "loop_eviction" => c.loop_eviction = n as u32,
+                    "idle_youngest_demotion" => c.idle_youngest_demotion = n != 0,
+                    "look_around" => c.look_around = n != 0,
                     _ => panic!("unknown knob {k}"),
                 }
             }

@@ -145,12 +145,6 @@ pub struct Config {
     /// the youngest generation; they kept a quarter to a half of memory from the pages the
     /// loop reuses next. On by default (a deviation from v6.1, see the crate documentation).
     pub idle_youngest_demotion: bool,
-    /// EXPERIMENT (phase 5): ARC-like adaptive split. 0 off; see `AgingCtrl::adapt`.
-    pub ghost_balance: u32,
-    /// EXPERIMENT (phase 5): fault bits count as reuse while probation's victims come back at
-    /// least this many sixteenths of the time (not in loop mode, not while demoted victims
-    /// come back more). 0 off.
-    pub adaptive_look_twice: u32,
 }
 
 impl Default for Config {
@@ -201,8 +195,6 @@ impl Config {
             demotion_feedback: false,
             loop_eviction: 0,
             idle_youngest_demotion: false,
-            ghost_balance: 0,
-            adaptive_look_twice: 0,
         }
     }
 
@@ -409,8 +401,6 @@ struct AgingCtrl {
     epoch: u64,
     /// Evictions in the current epoch.
     in_epoch: u64,
-    /// ARC's `p`: the pages probation (the oldest generation) should hold.
-    target: u64,
 }
 
 impl AgingCtrl {
@@ -432,17 +422,6 @@ impl AgingCtrl {
         }
     }
 
-    /// ARC's adaptation on a ghost hit: a probation victim back within the window asks for a
-    /// larger probation, a demoted one for a larger protected set.
-    fn adapt(&mut self, reused: bool, len: usize) {
-        let (b1, b2) = (self.evicted[0].max(1), self.evicted[1].max(1));
-        if reused {
-            self.target = self.target.saturating_sub((b1 / b2).max(1));
-        } else {
-            self.target = (self.target + (b2 / b1).max(1)).min(len as u64);
-        }
-    }
-
     fn on_refault(&mut self, reused: bool, epoch: u64) {
         if self.is_near(epoch) {
             self.refaulted[usize::from(reused)] += 1;
@@ -455,15 +434,6 @@ impl AgingCtrl {
         eighths > 0
             && self.refaulted[0] >= MIN_LRU_BATCH as u64
             && self.refaulted[0] * 8 >= self.evicted[0] * u64::from(eighths)
-    }
-
-    /// EXPERIMENT: whether the look-twice filter costs more than it saves.
-    fn filter_hurts(&self, sixteenths: u32, loop_eighths: u32) -> bool {
-        sixteenths > 0
-            && self.refaulted[0] >= MIN_LRU_BATCH as u64
-            && self.refaulted[0] * 16 >= self.evicted[0] * u64::from(sixteenths)
-            && !self.loop_mode(loop_eighths)
-            && !self.demoted_in_use()
     }
 
     fn is_near(&self, epoch: u64) -> bool {
@@ -622,8 +592,6 @@ pub struct Mglru {
     loop_victims: VecDeque<PageId>,
     /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
     idle_demoted: u64,
-    /// `evicted` when each generation index stopped being the youngest.
-    closed_at: [u64; MAX_NR_GENS],
 
     refaults: u64,
 }
@@ -662,7 +630,6 @@ impl Mglru {
             aging_ctrl: AgingCtrl::default(),
             loop_victims: VecDeque::new(),
             idle_demoted: 0,
-            closed_at: [0; MAX_NR_GENS],
             refaults: 0,
         })
     }
@@ -844,13 +811,6 @@ impl Mglru {
             loop_victim = !shadow.reused
                 && self.aging_ctrl.is_near(shadow.epoch)
                 && self.aging_ctrl.loop_mode(self.cfg.loop_eviction);
-            if self.cfg.ghost_balance & 1023 != 0
-                && !loop_victim
-                && self.aging_ctrl.is_near(shadow.epoch)
-            {
-                let len = self.len();
-                self.aging_ctrl.adapt(shadow.reused, len);
-            }
             if rf.recent && !loop_victim {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
@@ -878,13 +838,7 @@ impl Mglru {
             word.set_workingset();
         }
         // A recent refault has a history: its first accessed bit is a reuse.
-        if hint.arrival == Arrival::Fault
-            && !workingset
-            && (self.cfg.ghost_balance & 32768 != 0
-                || !self
-                    .aging_ctrl
-                    .filter_hurts(self.cfg.adaptive_look_twice, self.cfg.loop_eviction))
-        {
+        if hint.arrival == Arrival::Fault && !workingset {
             word.set_fresh();
         }
         let i = self.slab.insert(
@@ -1044,7 +998,7 @@ impl Mglru {
         for (region, resident) in regions {
             if use_filter && !self.filters[cur].contains(region) {
                 stats.regions_skipped += 1;
-                if demote || self.cfg.ghost_balance & 6144 != 0 {
+                if demote {
                     skipped.push(region);
                 }
                 continue;
@@ -1056,7 +1010,7 @@ impl Mglru {
             {
                 let slab = &self.slab;
                 let tiers = &mut self.tiers;
-                let look_twice = self.cfg.look_twice && self.cfg.ghost_balance & 8192 == 0;
+                let look_twice = self.cfg.look_twice;
                 let youngest_young = &mut youngest_young;
                 let youngest_young_count = &mut youngest_young_count;
                 source.test_and_clear_young(range, &mut |p| {
@@ -1087,9 +1041,6 @@ impl Mglru {
         }
         batch.apply(&mut self.nr_pages, &mut self.gen_promoted);
         self.aging_fast = stats.young * IDLE_FRACTION.1 < protected * IDLE_FRACTION.0;
-        if self.cfg.ghost_balance & 6144 != 0 {
-            self.demote_past_horizon(&skipped, self.cfg.ghost_balance & 2048 != 0);
-        }
         if demote {
             self.demote_idle_youngest(
                 &youngest_before,
@@ -1159,39 +1110,6 @@ impl Mglru {
         }
     }
 
-    /// EXPERIMENT: after a walk, the pages of a protected generation other than the youngest
-    /// that closed at least a memory's worth of evictions ago and that the walk did not find
-    /// young have not been used for a memory's worth of evictions: LRU would have evicted them.
-    fn demote_past_horizon(&mut self, skipped: &[u64], young_end: bool) {
-        let len = self.len() as u64;
-        for ty in 0..2 {
-            let oldest = self.gen(self.min_seq[ty]);
-            for seq in self.min_seq[ty] + 1..self.max_seq {
-                let g = self.gen(seq);
-                if self.evicted - self.closed_at[g] < len {
-                    continue;
-                }
-                let idle: Vec<u32> = self.lists[g][ty]
-                    .iter(&self.slab.nodes)
-                    .filter(|&i| {
-                        let n = &self.slab.nodes[i as usize];
-                        n.word.gen() == Some(g)
-                            && skipped.binary_search(&self.region_of(n.page())).is_err()
-                    })
-                    .collect();
-                for i in idle {
-                    let (old, new) = self.slab.nodes[i as usize].word.inc_gen(g, oldest);
-                    if old == Some(g) && new == oldest {
-                        self.nr_pages[g][ty] -= 1;
-                        self.nr_pages[oldest][ty] += 1;
-                        self.idle_demoted += 1;
-                        self.move_node(i, ty, g, oldest, young_end);
-                    }
-                }
-            }
-        }
-    }
-
     /// `inc_max_seq`: opens a new youngest generation.
     fn inc_max_seq(&mut self) {
         for ty in [PageType::File.idx(), PageType::Anon.idx()] {
@@ -1199,8 +1117,6 @@ impl Mglru {
                 self.inc_min_seq(ty);
             }
         }
-        let closing = self.gen(self.max_seq);
-        self.closed_at[closing] = self.evicted;
         self.max_seq += 1;
         self.evicted_at_aging = self.evicted;
         // The new youngest reuses the index of a retired generation.
@@ -1298,18 +1214,6 @@ impl Mglru {
             && (self.evicted - self.evicted_at_aging) * k >= self.len() as u64
         {
             return true;
-        }
-        if self.cfg.ghost_balance & 1023 != 0 {
-            let oldest: u64 = (usize::from(!can_swap)..2)
-                .map(|ty| self.nr_pages[self.gen(self.min_seq[ty])][ty].max(0) as u64)
-                .sum();
-            let len = self.len() as u64;
-            let rate = u64::from(self.cfg.ghost_balance & 1023);
-            if oldest < self.aging_ctrl.target
-                && (self.evicted - self.evicted_at_aging) * rate >= len
-            {
-                return true;
-            }
         }
         if min_seq + n < self.max_seq && !self.cfg.young_bound_aging {
             return false;
@@ -1519,11 +1423,6 @@ impl Mglru {
                     self.move_node(i, ty, gen, max_gen, true);
                     continue;
                 }
-                Check::FirstReference if self.cfg.ghost_balance & 1024 != 0 => {
-                    // EXPERIMENT: another trip through the oldest generation.
-                    self.move_node(i, ty, gen, gen, true);
-                    continue;
-                }
                 Check::FirstReference => {
                     // Look twice: one more generation, at its old end.
                     let (old, new) = self.slab.nodes[i as usize].word.inc_gen(gen, next_gen);
@@ -1577,17 +1476,11 @@ impl Mglru {
             let tiers = &mut self.tiers;
             let promoted = &mut self.look_around_promoted;
             let look_twice = self.cfg.look_twice;
-            let la_fault_is_reuse = self.cfg.ghost_balance & 16384 != 0
-                || (self.cfg.ghost_balance & 32768 != 0
-                    && self
-                        .aging_ctrl
-                        .filter_hurts(self.cfg.adaptive_look_twice, self.cfg.loop_eviction));
             source.test_and_clear_young(range, &mut |p| {
                 if let Some(i) = slab.get(p) {
                     let n = &slab.nodes[i as usize];
                     let tier = n.word.tier();
-                    let lt = look_twice && (p == page || !la_fault_is_reuse);
-                    if let Some((old, moved)) = n.word.update_gen(max_gen, lt) {
+                    if let Some((old, moved)) = n.word.update_gen(max_gen, look_twice) {
                         young += 1;
                         if moved {
                             batch.record(n.page_type().idx(), old, max_gen);

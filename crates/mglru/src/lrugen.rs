@@ -145,6 +145,11 @@ pub struct Config {
     /// the youngest generation; they kept a quarter to a half of memory from the pages the
     /// loop reuses next. On by default (a deviation from v6.1, see the crate documentation).
     pub idle_youngest_demotion: bool,
+    /// EXPERIMENT (phase 5): settle fault bits at the next eviction.
+    pub settle_faults: bool,
+    /// EXPERIMENT (phase 5): loop mode also needs probation's refaults to come back in the
+    /// order of their evictions: at most `loop_order`/16 of them out of order. 0 off.
+    pub loop_order: u32,
 }
 
 impl Default for Config {
@@ -195,6 +200,8 @@ impl Config {
             demotion_feedback: false,
             loop_eviction: 0,
             idle_youngest_demotion: false,
+            settle_faults: false,
+            loop_order: 0,
         }
     }
 
@@ -401,6 +408,11 @@ struct AgingCtrl {
     epoch: u64,
     /// Evictions in the current epoch.
     in_epoch: u64,
+    /// Probation's recent refaults that came back in eviction order and out of it (evicted
+    /// in an earlier epoch than the one before), and the epoch of the last one.
+    in_order: u64,
+    out_of_order: u64,
+    last_epoch: u64,
 }
 
 impl AgingCtrl {
@@ -413,6 +425,8 @@ impl AgingCtrl {
             if self.epoch % EPOCHS_PER_TURNOVER == 0 {
                 self.evicted[0] /= 2;
                 self.refaulted[0] /= 2;
+                self.in_order /= 2;
+                self.out_of_order /= 2;
             }
         }
         // The demoted victims' window halves on their own turnover: no demotions, no news.
@@ -425,13 +439,27 @@ impl AgingCtrl {
     fn on_refault(&mut self, reused: bool, epoch: u64) {
         if self.is_near(epoch) {
             self.refaulted[usize::from(reused)] += 1;
+            if !reused {
+                if epoch < self.last_epoch {
+                    self.out_of_order += 1;
+                } else {
+                    self.in_order += 1;
+                }
+                self.last_epoch = epoch;
+            }
         }
     }
 
     /// Whether probation's victims come back within the window at least `eighths / 8` of the
     /// time (with at least `MIN_LRU_BATCH` of their refaults in the window): loop mode.
     fn loop_mode(&self, eighths: u32) -> bool {
+        self.loop_mode_ordered(eighths, 0)
+    }
+
+    fn loop_mode_ordered(&self, eighths: u32, order: u32) -> bool {
         eighths > 0
+            && (order == 0
+                || self.out_of_order * 16 <= (self.in_order + self.out_of_order) * u64::from(order))
             && self.refaulted[0] >= MIN_LRU_BATCH as u64
             && self.refaulted[0] * 8 >= self.evicted[0] * u64::from(eighths)
     }
@@ -592,6 +620,8 @@ pub struct Mglru {
     loop_victims: VecDeque<PageId>,
     /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
     idle_demoted: u64,
+    /// Faulted pages whose fault's accessed bit is not settled yet.
+    unsettled: VecDeque<PageId>,
 
     refaults: u64,
 }
@@ -630,6 +660,7 @@ impl Mglru {
             aging_ctrl: AgingCtrl::default(),
             loop_victims: VecDeque::new(),
             idle_demoted: 0,
+            unsettled: VecDeque::new(),
             refaults: 0,
         })
     }
@@ -810,7 +841,9 @@ impl Mglru {
             // Loop mode: a probation victim back within the window is the next victim.
             loop_victim = !shadow.reused
                 && self.aging_ctrl.is_near(shadow.epoch)
-                && self.aging_ctrl.loop_mode(self.cfg.loop_eviction);
+                && self
+                    .aging_ctrl
+                    .loop_mode_ordered(self.cfg.loop_eviction, self.cfg.loop_order);
             if rf.recent && !loop_victim {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
@@ -840,6 +873,13 @@ impl Mglru {
         // A recent refault has a history: its first accessed bit is a reuse.
         if hint.arrival == Arrival::Fault && !workingset {
             word.set_fresh();
+            if self.cfg.settle_faults {
+                self.unsettled.push_back(page);
+                let most = self.len() / 4 + MIN_LRU_BATCH;
+                while self.unsettled.len() > most {
+                    self.unsettled.pop_front();
+                }
+            }
         }
         let i = self.slab.insert(
             page,
@@ -957,10 +997,23 @@ impl Mglru {
     /// bloom filter is on), promotes young pages to the current youngest generation, then
     /// increments `max_seq` (draining the oldest generation if all of them are in use).
     pub fn age(&mut self, source: &mut dyn AccessSource) -> WalkStats {
+        self.settle(source);
         self.try_to_inc_min_seq();
         self.walk(source);
         self.inc_max_seq();
         self.last_walk
+    }
+
+    /// EXPERIMENT: clears the fault's accessed bit of the pages faulted since the last call
+    /// that are still fresh.
+    fn settle(&mut self, source: &mut dyn AccessSource) {
+        while let Some(page) = self.unsettled.pop_front() {
+            if let Some(n) = self.node(page) {
+                if n.word.clear_fresh() {
+                    source.test_and_clear_page(page);
+                }
+            }
+        }
     }
 
     /// The aging walk for `max_seq` (`walk_mm` over the regions of resident pages).
@@ -1276,6 +1329,7 @@ impl Mglru {
     /// when generations run low. Victims leave shadow entries. Returns fewer than `n` only when
     /// fewer pages are evictable (anon pages are not evictable with swappiness 0).
     pub fn evict(&mut self, n: usize, source: &mut dyn AccessSource) -> Vec<PageId> {
+        self.settle(source);
         let mut victims = Vec::with_capacity(n.min(self.len()));
         // Each page can be moved up at most a bounded number of times before it is evicted,
         // since nothing sets accessed bits or references meanwhile; the bound guards bugs.

@@ -222,12 +222,6 @@ impl PageFlags {
         self.update(|w| (w & FRESH == 0).then_some(w | FRESH));
     }
 
-    /// Clears the fresh mark; true if it was set (the caller then owns the settling of the
-    /// fault's accessed bit).
-    pub(crate) fn clear_fresh(&self) -> bool {
-        self.update(|w| (w & FRESH != 0).then_some(w & !FRESH)) & FRESH != 0
-    }
-
     /// Sets the workingset flag (a refault of a page that was part of the working set).
     pub(crate) fn set_workingset(&self) {
         self.update(|w| (w & WORKINGSET == 0).then_some(w | WORKINGSET));

@@ -21,6 +21,10 @@ const DEFAULT_EVICTION_AGING: u32 = 8;
 /// least 5/8 of the time.
 const DEFAULT_LOOP_EVICTION: u32 = 5;
 
+/// The default [`Config::loop_order`]: loop mode while at most 1/8 of probation's recent
+/// refaults come back out of eviction order.
+const DEFAULT_LOOP_ORDER: u32 = 1;
+
 /// Loop mode's refaults waiting to be evicted are at most this share of the resident pages
 /// (plus [`MIN_LRU_BATCH`]); the oldest are forgotten first.
 const LOOP_VICTIMS_FRACTION: usize = 8;
@@ -145,10 +149,16 @@ pub struct Config {
     /// the youngest generation; they kept a quarter to a half of memory from the pages the
     /// loop reuses next. On by default (a deviation from v6.1, see the crate documentation).
     pub idle_youngest_demotion: bool,
-    /// EXPERIMENT (phase 5): settle fault bits at the next eviction.
-    pub settle_faults: bool,
-    /// EXPERIMENT (phase 5): loop mode also needs probation's refaults to come back in the
-    /// order of their evictions: at most `loop_order`/16 of them out of order. 0 off.
+    /// The order test of loop mode, in eighths (0: off, as in v6.1 and before 2026-11-28):
+    /// loop mode ([`Config::loop_eviction`]) also needs probation's victims to come back in
+    /// about the order they were evicted, at most `loop_order / 8` of their recent refaults
+    /// evicted in an earlier eviction epoch (1/8 of memory evicted) than the refault before.
+    /// A loop brings its pages back in the order it evicted them (none out of order); a
+    /// skewed working set larger than memory brings back as many of probation's victims (a
+    /// Zipf(1.0) set of 5,000 pages at 3,000: four fifths of them within a memory's worth of
+    /// evictions) but in no order (two fifths out of order), and loop mode there evicts the
+    /// pages that were just shown to be reused. 1 by default (a refinement of the fifth deviation from
+    /// v6.1, see the crate documentation).
     pub loop_order: u32,
 }
 
@@ -176,6 +186,7 @@ impl Default for Config {
             demotion_feedback: true,
             loop_eviction: DEFAULT_LOOP_EVICTION,
             idle_youngest_demotion: true,
+            loop_order: DEFAULT_LOOP_ORDER,
             ..Self::v6_1()
         }
     }
@@ -200,7 +211,6 @@ impl Config {
             demotion_feedback: false,
             loop_eviction: 0,
             idle_youngest_demotion: false,
-            settle_faults: false,
             loop_order: 0,
         }
     }
@@ -221,6 +231,9 @@ impl Config {
         }
         if self.loop_eviction > 8 {
             return bad("loop_eviction", u64::from(self.loop_eviction), "0..=8");
+        }
+        if self.loop_order > 8 {
+            return bad("loop_order", u64::from(self.loop_order), "0..=8");
         }
         if self.refault_window > MAX_NR_GENS as u64 {
             return bad("refault_window", self.refault_window, "0..=4");
@@ -329,6 +342,9 @@ pub struct Stats {
     /// Refaults within a memory's worth of evictions of the victims counted in
     /// `aging_evicted`, `[probation, demoted]`.
     pub aging_refaulted: [u64; 2],
+    /// Of probation's refaults in that window, those that came back in eviction order and
+    /// out of it ([`Config::loop_order`]).
+    pub refault_order: [u64; 2],
     /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
     pub idle_demoted: u64,
 }
@@ -409,7 +425,8 @@ struct AgingCtrl {
     /// Evictions in the current epoch.
     in_epoch: u64,
     /// Probation's recent refaults that came back in eviction order and out of it (evicted
-    /// in an earlier epoch than the one before), and the epoch of the last one.
+    /// in an earlier epoch than the refault before: [`Config::loop_order`]), halved with
+    /// probation's window, and the eviction epoch of the last one.
     in_order: u64,
     out_of_order: u64,
     last_epoch: u64,
@@ -452,14 +469,13 @@ impl AgingCtrl {
 
     /// Whether probation's victims come back within the window at least `eighths / 8` of the
     /// time (with at least `MIN_LRU_BATCH` of their refaults in the window): loop mode.
-    fn loop_mode(&self, eighths: u32) -> bool {
-        self.loop_mode_ordered(eighths, 0)
-    }
-
-    fn loop_mode_ordered(&self, eighths: u32, order: u32) -> bool {
+    ///
+    /// With `order` > 0 (the order test, [`Config::loop_order`]), also at most `order / 8` of
+    /// those refaults out of eviction order.
+    fn loop_mode(&self, eighths: u32, order: u32) -> bool {
         eighths > 0
             && (order == 0
-                || self.out_of_order * 16 <= (self.in_order + self.out_of_order) * u64::from(order))
+                || self.out_of_order * 8 <= (self.in_order + self.out_of_order) * u64::from(order))
             && self.refaulted[0] >= MIN_LRU_BATCH as u64
             && self.refaulted[0] * 8 >= self.evicted[0] * u64::from(eighths)
     }
@@ -620,8 +636,6 @@ pub struct Mglru {
     loop_victims: VecDeque<PageId>,
     /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
     idle_demoted: u64,
-    /// Faulted pages whose fault's accessed bit is not settled yet.
-    unsettled: VecDeque<PageId>,
 
     refaults: u64,
 }
@@ -660,7 +674,6 @@ impl Mglru {
             aging_ctrl: AgingCtrl::default(),
             loop_victims: VecDeque::new(),
             idle_demoted: 0,
-            unsettled: VecDeque::new(),
             refaults: 0,
         })
     }
@@ -843,7 +856,7 @@ impl Mglru {
                 && self.aging_ctrl.is_near(shadow.epoch)
                 && self
                     .aging_ctrl
-                    .loop_mode_ordered(self.cfg.loop_eviction, self.cfg.loop_order);
+                    .loop_mode(self.cfg.loop_eviction, self.cfg.loop_order);
             if rf.recent && !loop_victim {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
@@ -873,13 +886,6 @@ impl Mglru {
         // A recent refault has a history: its first accessed bit is a reuse.
         if hint.arrival == Arrival::Fault && !workingset {
             word.set_fresh();
-            if self.cfg.settle_faults {
-                self.unsettled.push_back(page);
-                let most = self.len() / 4 + MIN_LRU_BATCH;
-                while self.unsettled.len() > most {
-                    self.unsettled.pop_front();
-                }
-            }
         }
         let i = self.slab.insert(
             page,
@@ -997,23 +1003,10 @@ impl Mglru {
     /// bloom filter is on), promotes young pages to the current youngest generation, then
     /// increments `max_seq` (draining the oldest generation if all of them are in use).
     pub fn age(&mut self, source: &mut dyn AccessSource) -> WalkStats {
-        self.settle(source);
         self.try_to_inc_min_seq();
         self.walk(source);
         self.inc_max_seq();
         self.last_walk
-    }
-
-    /// EXPERIMENT: clears the fault's accessed bit of the pages faulted since the last call
-    /// that are still fresh.
-    fn settle(&mut self, source: &mut dyn AccessSource) {
-        while let Some(page) = self.unsettled.pop_front() {
-            if let Some(n) = self.node(page) {
-                if n.word.clear_fresh() {
-                    source.test_and_clear_page(page);
-                }
-            }
-        }
     }
 
     /// The aging walk for `max_seq` (`walk_mm` over the regions of resident pages).
@@ -1329,7 +1322,6 @@ impl Mglru {
     /// when generations run low. Victims leave shadow entries. Returns fewer than `n` only when
     /// fewer pages are evictable (anon pages are not evictable with swappiness 0).
     pub fn evict(&mut self, n: usize, source: &mut dyn AccessSource) -> Vec<PageId> {
-        self.settle(source);
         let mut victims = Vec::with_capacity(n.min(self.len()));
         // Each page can be moved up at most a bounded number of times before it is evicted,
         // since nothing sets accessed bits or references meanwhile; the bound guards bugs.
@@ -1675,6 +1667,7 @@ impl Mglru {
             refaults: self.refaults,
             aging_evicted: self.aging_ctrl.evicted,
             aging_refaulted: self.aging_ctrl.refaulted,
+            refault_order: [self.aging_ctrl.in_order, self.aging_ctrl.out_of_order],
             idle_demoted: self.idle_demoted,
         }
     }

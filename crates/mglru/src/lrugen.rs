@@ -160,6 +160,8 @@ pub struct Config {
     /// pages that were just shown to be reused. 1 by default (a refinement of the fifth deviation from
     /// v6.1, see the crate documentation).
     pub loop_order: u32,
+    /// EXPERIMENT: loop mode's window in memories (0: the feedback's, one memory).
+    pub experiment: u32,
 }
 
 impl Default for Config {
@@ -212,6 +214,7 @@ impl Config {
             loop_eviction: 0,
             idle_youngest_demotion: false,
             loop_order: 0,
+            experiment: 0,
         }
     }
 
@@ -430,15 +433,31 @@ struct AgingCtrl {
     in_order: u64,
     out_of_order: u64,
     last_epoch: u64,
+    /// EXPERIMENT: loop mode's own window (epochs; 0: the feedback's) and its counters.
+    loop_epochs: u64,
+    loop_evicted: u64,
+    loop_refaulted: u64,
+    loop_in_order: u64,
+    loop_out_of_order: u64,
+    loop_last_epoch: u64,
 }
 
 impl AgingCtrl {
     fn on_evict(&mut self, reused: bool, len: usize) {
         self.evicted[usize::from(reused)] += 1;
+        if !reused {
+            self.loop_evicted += 1;
+        }
         self.in_epoch += 1;
         if self.in_epoch * EPOCHS_PER_TURNOVER >= len as u64 {
             self.in_epoch = 0;
             self.epoch += 1;
+            if self.loop_epochs > 0 && self.epoch % self.loop_epochs == 0 {
+                self.loop_evicted /= 2;
+                self.loop_refaulted /= 2;
+                self.loop_in_order /= 2;
+                self.loop_out_of_order /= 2;
+            }
             if self.epoch % EPOCHS_PER_TURNOVER == 0 {
                 self.evicted[0] /= 2;
                 self.refaulted[0] /= 2;
@@ -454,6 +473,15 @@ impl AgingCtrl {
     }
 
     fn on_refault(&mut self, reused: bool, epoch: u64) {
+        if self.loop_epochs > 0 && !reused && self.is_loop_near(epoch) {
+            self.loop_refaulted += 1;
+            if epoch < self.loop_last_epoch {
+                self.loop_out_of_order += 1;
+            } else {
+                self.loop_in_order += 1;
+            }
+            self.loop_last_epoch = epoch;
+        }
         if self.is_near(epoch) {
             self.refaulted[usize::from(reused)] += 1;
             if !reused {
@@ -472,12 +500,32 @@ impl AgingCtrl {
     ///
     /// With `order` > 0 (the order test, [`Config::loop_order`]), also at most `order / 8` of
     /// those refaults out of eviction order.
+    fn loop_mode_far(&self, eighths: u32, order: u32) -> bool {
+        {
+            return self.loop_epochs > 0
+                && eighths > 0
+                && (order == 0
+                    || self.loop_out_of_order * 8
+                        <= (self.loop_in_order + self.loop_out_of_order) * u64::from(order))
+                && self.loop_refaulted >= MIN_LRU_BATCH as u64
+                && self.loop_refaulted * 8 >= self.loop_evicted * u64::from(eighths);
+        }
+    }
+
     fn loop_mode(&self, eighths: u32, order: u32) -> bool {
         eighths > 0
             && (order == 0
                 || self.out_of_order * 8 <= (self.in_order + self.out_of_order) * u64::from(order))
             && self.refaulted[0] >= MIN_LRU_BATCH as u64
             && self.refaulted[0] * 8 >= self.evicted[0] * u64::from(eighths)
+    }
+
+    fn is_loop_near(&self, epoch: u64) -> bool {
+        if self.loop_epochs > 0 {
+            self.epoch.saturating_sub(epoch) <= self.loop_epochs
+        } else {
+            self.is_near(epoch)
+        }
     }
 
     fn is_near(&self, epoch: u64) -> bool {
@@ -644,6 +692,7 @@ impl Mglru {
     /// A new, empty LRU.
     pub fn new(cfg: Config) -> Result<Self, Error> {
         cfg.validate()?;
+        let loop_epochs = u64::from(cfg.experiment % 100) * EPOCHS_PER_TURNOVER;
         Ok(Self {
             // As lru_gen_init_lruvec: max_seq starts so that every generation index is live.
             max_seq: (cfg.max_nr_gens - 1) as u64,
@@ -671,7 +720,10 @@ impl Mglru {
             evicted: 0,
             evicted_at_aging: 0,
             aging_fast: false,
-            aging_ctrl: AgingCtrl::default(),
+            aging_ctrl: AgingCtrl {
+                loop_epochs,
+                ..AgingCtrl::default()
+            },
             loop_victims: VecDeque::new(),
             idle_demoted: 0,
             refaults: 0,
@@ -853,10 +905,19 @@ impl Mglru {
             self.aging_ctrl.on_refault(shadow.reused, shadow.epoch);
             // Loop mode: a probation victim back within the window is the next victim.
             loop_victim = !shadow.reused
-                && self.aging_ctrl.is_near(shadow.epoch)
-                && self
-                    .aging_ctrl
-                    .loop_mode(self.cfg.loop_eviction, self.cfg.loop_order);
+                && ((self.aging_ctrl.is_near(shadow.epoch)
+                    && self
+                        .aging_ctrl
+                        .loop_mode(self.cfg.loop_eviction, self.cfg.loop_order))
+                    || (self.aging_ctrl.is_loop_near(shadow.epoch)
+                        && self.aging_ctrl.loop_mode_far(
+                            if self.cfg.experiment >= 100 {
+                                self.cfg.experiment / 100
+                            } else {
+                                self.cfg.loop_eviction
+                            },
+                            self.cfg.loop_order.max(1),
+                        )));
             if rf.recent && !loop_victim {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;

@@ -45,7 +45,7 @@ fn config(spec: &str) -> Result<Config, String> {
             "demotion_feedback" => c.demotion_feedback = n != 0,
             "loop_eviction" => c.loop_eviction = n as u32,
             "idle_youngest_demotion" => c.idle_youngest_demotion = n != 0,
-            "x" => c.experiment = n as u32,
+            "loop_window" => c.loop_window = n as u32,
             "loop_order" => c.loop_order = n as u32,
             "refault_window" => c.refault_window = n,
             "look_twice" => c.look_twice = n != 0,

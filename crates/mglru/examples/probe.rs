@@ -148,7 +148,7 @@ fn cells_config(spec: &str) -> Config {
             "idle_youngest_demotion" => c.idle_youngest_demotion = n != 0,
             "young_bound_aging" => c.young_bound_aging = n != 0,
             "look_twice" => c.look_twice = n != 0,
-            "x" => c.experiment = n as u32,
+            "loop_window" => c.loop_window = n as u32,
             "loop_order" => c.loop_order = n as u32,
             "refault_window" => c.refault_window = n,
             _ => panic!("unknown knob {k}"),

@@ -25,6 +25,14 @@ const DEFAULT_LOOP_EVICTION: u32 = 5;
 /// refaults come back out of eviction order.
 const DEFAULT_LOOP_ORDER: u32 = 1;
 
+/// The default [`Config::loop_window`]: loop mode also while probation's victims come back
+/// within 3 memories' worth of evictions at least [`LOOP_WINDOW_EIGHTHS`]/8 of the time, in
+/// order.
+const DEFAULT_LOOP_WINDOW: u32 = 3;
+
+/// The rate loop mode's long window needs, in eighths.
+const LOOP_WINDOW_EIGHTHS: u32 = 7;
+
 /// Loop mode's refaults waiting to be evicted are at most this share of the resident pages
 /// (plus [`MIN_LRU_BATCH`]); the oldest are forgotten first.
 const LOOP_VICTIMS_FRACTION: usize = 8;
@@ -160,8 +168,16 @@ pub struct Config {
     /// pages that were just shown to be reused. 1 by default (a refinement of the fifth deviation from
     /// v6.1, see the crate documentation).
     pub loop_order: u32,
-    /// EXPERIMENT: loop mode's window in memories (0: the feedback's, one memory).
-    pub experiment: u32,
+    /// Loop mode's long window, in memories' worth of evictions (0 or 1: off, as in v6.1 and
+    /// before 2026-11-28): loop mode ([`Config::loop_eviction`]) also holds while at least
+    /// 7/8 of probation's victims come back within this many memories' worth of evictions,
+    /// with the order test of [`Config::loop_order`] (which this needs: off without it), and
+    /// such a refault is then the next victim. A loop over two or three times memory brings
+    /// its victims back after more than one memory's worth of evictions, which the rate over
+    /// one memory does not see; a skewed set brings many of its victims back within several
+    /// memories too, but in no order. 3 by default (a refinement of the fifth deviation from
+    /// v6.1, see the crate documentation).
+    pub loop_window: u32,
 }
 
 impl Default for Config {
@@ -189,6 +205,7 @@ impl Default for Config {
             loop_eviction: DEFAULT_LOOP_EVICTION,
             idle_youngest_demotion: true,
             loop_order: DEFAULT_LOOP_ORDER,
+            loop_window: DEFAULT_LOOP_WINDOW,
             ..Self::v6_1()
         }
     }
@@ -214,7 +231,7 @@ impl Config {
             loop_eviction: 0,
             idle_youngest_demotion: false,
             loop_order: 0,
-            experiment: 0,
+            loop_window: 0,
         }
     }
 
@@ -237,6 +254,9 @@ impl Config {
         }
         if self.loop_order > 8 {
             return bad("loop_order", u64::from(self.loop_order), "0..=8");
+        }
+        if self.loop_window > 64 {
+            return bad("loop_window", u64::from(self.loop_window), "0..=64");
         }
         if self.refault_window > MAX_NR_GENS as u64 {
             return bad("refault_window", self.refault_window, "0..=4");
@@ -433,30 +453,32 @@ struct AgingCtrl {
     in_order: u64,
     out_of_order: u64,
     last_epoch: u64,
-    /// EXPERIMENT: loop mode's own window (epochs; 0: the feedback's) and its counters.
-    loop_epochs: u64,
-    loop_evicted: u64,
-    loop_refaulted: u64,
-    loop_in_order: u64,
-    loop_out_of_order: u64,
-    loop_last_epoch: u64,
+    /// Loop mode's long window ([`Config::loop_window`]) in epochs (0: none), and over it,
+    /// halved once per window: probation's victims, their refaults, those in and out of
+    /// eviction order, and the eviction epoch of the last one.
+    far_epochs: u64,
+    far_evicted: u64,
+    far_refaulted: u64,
+    far_in_order: u64,
+    far_out_of_order: u64,
+    far_last_epoch: u64,
 }
 
 impl AgingCtrl {
     fn on_evict(&mut self, reused: bool, len: usize) {
         self.evicted[usize::from(reused)] += 1;
         if !reused {
-            self.loop_evicted += 1;
+            self.far_evicted += 1;
         }
         self.in_epoch += 1;
         if self.in_epoch * EPOCHS_PER_TURNOVER >= len as u64 {
             self.in_epoch = 0;
             self.epoch += 1;
-            if self.loop_epochs > 0 && self.epoch % self.loop_epochs == 0 {
-                self.loop_evicted /= 2;
-                self.loop_refaulted /= 2;
-                self.loop_in_order /= 2;
-                self.loop_out_of_order /= 2;
+            if self.far_epochs > 0 && self.epoch % self.far_epochs == 0 {
+                self.far_evicted /= 2;
+                self.far_refaulted /= 2;
+                self.far_in_order /= 2;
+                self.far_out_of_order /= 2;
             }
             if self.epoch % EPOCHS_PER_TURNOVER == 0 {
                 self.evicted[0] /= 2;
@@ -473,14 +495,14 @@ impl AgingCtrl {
     }
 
     fn on_refault(&mut self, reused: bool, epoch: u64) {
-        if self.loop_epochs > 0 && !reused && self.is_loop_near(epoch) {
-            self.loop_refaulted += 1;
-            if epoch < self.loop_last_epoch {
-                self.loop_out_of_order += 1;
+        if self.far_epochs > 0 && !reused && self.is_far(epoch) {
+            self.far_refaulted += 1;
+            if epoch < self.far_last_epoch {
+                self.far_out_of_order += 1;
             } else {
-                self.loop_in_order += 1;
+                self.far_in_order += 1;
             }
-            self.loop_last_epoch = epoch;
+            self.far_last_epoch = epoch;
         }
         if self.is_near(epoch) {
             self.refaulted[usize::from(reused)] += 1;
@@ -500,16 +522,17 @@ impl AgingCtrl {
     ///
     /// With `order` > 0 (the order test, [`Config::loop_order`]), also at most `order / 8` of
     /// those refaults out of eviction order.
-    fn loop_mode_far(&self, eighths: u32, order: u32) -> bool {
-        {
-            return self.loop_epochs > 0
-                && eighths > 0
-                && (order == 0
-                    || self.loop_out_of_order * 8
-                        <= (self.loop_in_order + self.loop_out_of_order) * u64::from(order))
-                && self.loop_refaulted >= MIN_LRU_BATCH as u64
-                && self.loop_refaulted * 8 >= self.loop_evicted * u64::from(eighths);
-        }
+    /// Loop mode by the long window ([`Config::loop_window`]): probation's victims come back
+    /// within it at least [`LOOP_WINDOW_EIGHTHS`]/8 of the time (at least `MIN_LRU_BATCH` of
+    /// them) and at most `order / 8` of them out of eviction order; never without the order
+    /// test (`order` 0).
+    fn far_loop_mode(&self, order: u32) -> bool {
+        self.far_epochs > 0
+            && order > 0
+            && self.far_out_of_order * 8
+                <= (self.far_in_order + self.far_out_of_order) * u64::from(order)
+            && self.far_refaulted >= MIN_LRU_BATCH as u64
+            && self.far_refaulted * 8 >= self.far_evicted * u64::from(LOOP_WINDOW_EIGHTHS)
     }
 
     fn loop_mode(&self, eighths: u32, order: u32) -> bool {
@@ -520,12 +543,9 @@ impl AgingCtrl {
             && self.refaulted[0] * 8 >= self.evicted[0] * u64::from(eighths)
     }
 
-    fn is_loop_near(&self, epoch: u64) -> bool {
-        if self.loop_epochs > 0 {
-            self.epoch.saturating_sub(epoch) <= self.loop_epochs
-        } else {
-            self.is_near(epoch)
-        }
+    /// Whether a victim of `epoch` is within loop mode's long window.
+    fn is_far(&self, epoch: u64) -> bool {
+        self.epoch.saturating_sub(epoch) <= self.far_epochs
     }
 
     fn is_near(&self, epoch: u64) -> bool {
@@ -692,7 +712,11 @@ impl Mglru {
     /// A new, empty LRU.
     pub fn new(cfg: Config) -> Result<Self, Error> {
         cfg.validate()?;
-        let loop_epochs = u64::from(cfg.experiment % 100) * EPOCHS_PER_TURNOVER;
+        let far_epochs = if cfg.loop_window > 1 {
+            u64::from(cfg.loop_window) * EPOCHS_PER_TURNOVER
+        } else {
+            0
+        };
         Ok(Self {
             // As lru_gen_init_lruvec: max_seq starts so that every generation index is live.
             max_seq: (cfg.max_nr_gens - 1) as u64,
@@ -721,7 +745,7 @@ impl Mglru {
             evicted_at_aging: 0,
             aging_fast: false,
             aging_ctrl: AgingCtrl {
-                loop_epochs,
+                far_epochs,
                 ..AgingCtrl::default()
             },
             loop_victims: VecDeque::new(),
@@ -903,21 +927,14 @@ impl Mglru {
             let rf = self.refault_of(&shadow);
             self.refaults += 1;
             self.aging_ctrl.on_refault(shadow.reused, shadow.epoch);
-            // Loop mode: a probation victim back within the window is the next victim.
-            loop_victim = !shadow.reused
-                && ((self.aging_ctrl.is_near(shadow.epoch)
-                    && self
-                        .aging_ctrl
-                        .loop_mode(self.cfg.loop_eviction, self.cfg.loop_order))
-                    || (self.aging_ctrl.is_loop_near(shadow.epoch)
-                        && self.aging_ctrl.loop_mode_far(
-                            if self.cfg.experiment >= 100 {
-                                self.cfg.experiment / 100
-                            } else {
-                                self.cfg.loop_eviction
-                            },
-                            self.cfg.loop_order.max(1),
-                        )));
+            // Loop mode: a probation victim back within a window whose test holds is the
+            // next victim.
+            let ctrl = &self.aging_ctrl;
+            loop_victim = self.cfg.loop_eviction > 0
+                && !shadow.reused
+                && ((ctrl.is_near(shadow.epoch)
+                    && ctrl.loop_mode(self.cfg.loop_eviction, self.cfg.loop_order))
+                    || (ctrl.is_far(shadow.epoch) && ctrl.far_loop_mode(self.cfg.loop_order)));
             if rf.recent && !loop_victim {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;

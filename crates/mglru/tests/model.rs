@@ -72,6 +72,7 @@ fn config() -> impl Strategy<Value = Config> {
             prop_oneof![Just(0u32), Just(1), Just(5), Just(8)],
             any::<bool>(),
             prop_oneof![Just(0u32), Just(1), Just(4), Just(8)],
+            prop_oneof![Just(0u32), Just(1), Just(3), Just(8)],
         ),
     )
         .prop_map(
@@ -85,7 +86,7 @@ fn config() -> impl Strategy<Value = Config> {
                 window,
                 young_bound,
                 eviction_aging,
-                (demotion_feedback, loop_eviction, idle_youngest_demotion, loop_order),
+                (demotion_feedback, loop_eviction, idle_youngest_demotion, loop_order, loop_window),
             )| {
                 Config {
                     max_nr_gens: gens,
@@ -103,6 +104,7 @@ fn config() -> impl Strategy<Value = Config> {
                     loop_eviction,
                     idle_youngest_demotion,
                     loop_order,
+                    loop_window,
                 }
             },
         )

@@ -190,7 +190,8 @@ impl Default for Config {
     /// the aging also runs per eighth of memory evicted ([`Config::eviction_aging`]), so a hot
     /// set that moved is forgotten, unless the pages it demotes come back more than
     /// probation's victims ([`Config::demotion_feedback`]); loop mode
-    /// ([`Config::loop_eviction`]); and a youngest generation an aging walk finds idle is
+    /// ([`Config::loop_eviction`], with its order test, [`Config::loop_order`], and long
+    /// window, [`Config::loop_window`]); and a youngest generation an aging walk finds idle is
     /// demoted at once ([`Config::idle_youngest_demotion`]). Everything else (4 generations,
     /// swappiness 60, PMD regions, bloom filter, look-around, the kernel's refault rule) is
     /// v6.1's.

@@ -45,6 +45,8 @@ fn config(spec: &str) -> Result<Config, String> {
             "demotion_feedback" => c.demotion_feedback = n != 0,
             "loop_eviction" => c.loop_eviction = n as u32,
             "idle_youngest_demotion" => c.idle_youngest_demotion = n != 0,
+            "loop_window" => c.loop_window = n as u32,
+            "loop_order" => c.loop_order = n as u32,
             "refault_window" => c.refault_window = n,
             "look_twice" => c.look_twice = n != 0,
             "young_bound_aging" => c.young_bound_aging = n != 0,
@@ -284,7 +286,9 @@ fn main() -> Result<(), String> {
 
 /// Traces the rules were not tuned on (`--heldout`, 2026-11-27's fourth round): moved hot
 /// sets of other sizes, skews, phase lengths, seeds and capacities; loops over 1.25x and 3x
-/// memory; periodic scans and Zipf/scan mixes of other proportions. Libcachesim's results
+/// memory; periodic scans and Zipf/scan mixes of other proportions; stable Zipf sets, alone
+/// and after a pass writing them in order (`h_irm_*`, `h_wzipf_*`, added in the fifth round).
+/// Libcachesim's results
 /// are not in any report for these, so only LRU is the bar.
 fn heldout_cells() -> Vec<Cell> {
     let mut out = Vec::new();
@@ -304,6 +308,26 @@ fn heldout_cells() -> Vec<Cell> {
                     frac: f,
                     pages: t.clone(),
                 });
+            }
+        }
+    }
+    // Stable hot sets (2026-11-28's fifth round): Zipf over one set for 20 set-lengths (the
+    // independent reference model), alone (`h_irm`) and after one pass writing every page in
+    // order (`h_wzipf`, the shape of the daemon comparison driver's Zipf run).
+    for (set, seed) in [(5_000, 111), (20_000, 112)] {
+        for alpha in [0.8, 1.0, 1.2] {
+            let zipf =
+                workload::moving_hot_set(set, alpha, 20 * set, 1, seed + (alpha * 10.0) as u64);
+            let written: Vec<PageId> = (0..set as PageId).chain(zipf.iter().copied()).collect();
+            for (name, t) in [("irm", Rc::new(zipf)), ("wzipf", Rc::new(written))] {
+                for f in [0.3, 0.6, 0.9] {
+                    out.push(Cell {
+                        trace: format!("h_{name}_z{alpha:.1}_{}k", set / 1000),
+                        cap: (set as f64 * f) as usize,
+                        frac: f,
+                        pages: t.clone(),
+                    });
+                }
             }
         }
     }

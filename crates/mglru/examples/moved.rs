@@ -10,7 +10,9 @@
 //! ```
 //!
 //! The report's `moved_zA_Nk` traces use seed `11`, `12`, `13` (alpha 0.9, 1.0, 1.1) plus the
-//! set size (`--seed 5012` for `moved_z1.0_5k`). VARIANT is `default` (the default), `v61`, or `eN` (the default with `eviction_aging` N).
+//! set size (`--seed 5012` for `moved_z1.0_5k`). VARIANT is `default` (the default), `v61`,
+//! `eN` (the default with `eviction_aging` N) or a comma-separated list of `knob=value`
+//! changes to the default (`look_twice=0,eviction_aging=16`).
 
 use std::collections::HashSet;
 
@@ -81,7 +83,23 @@ fn main() {
             eviction_aging: e[1..].parse().expect("eN"),
             ..Config::default()
         },
-        _ => Config::default(),
+        spec => {
+            let mut c = Config::default();
+            for part in spec.split(',').filter(|p| !p.is_empty() && *p != "default") {
+                let (k, v) = part.split_once('=').expect("knob=value");
+                let n: u64 = v.parse().expect("a number");
+                match k {
+                    "eviction_aging" => c.eviction_aging = n as u32,
+                    "look_twice" => c.look_twice = n != 0,
+                    "demotion_feedback" => c.demotion_feedback = n != 0,
+                    "loop_eviction" => c.loop_eviction = n as u32,
+                    "idle_youngest_demotion" => c.idle_youngest_demotion = n != 0,
+                    "look_around" => c.look_around = n != 0,
+                    _ => panic!("unknown knob {k}"),
+                }
+            }
+            c
+        }
     };
     let trace = workload::moving_hot_set(set, alpha, phase_len, 3, seed);
     let cap = (set as f64 * frac) as usize;

@@ -1,6 +1,6 @@
 //! Instruments one replay: per window of requests, MGLRU's and LRU's misses, MGLRU's walks,
 //! generation sizes (oldest first) and the aging controller's window (evictions and refaults
-//! of probation and demoted victims).
+//! of probation and demoted victims, and probation's refaults in and out of eviction order).
 //!
 //! ```text
 //! cargo run --release -p mglru --example probe -- WORKLOAD CAPACITY WINDOW [VARIANT]
@@ -104,14 +104,15 @@ fn main() {
             let s = mg.stats();
             let gens: Vec<u64> = s.generations.iter().map(|g| g.pages[0]).collect();
             println!(
-                "{:>8} mglru {:>6} lru {:>6} walks {:>3} gens {:?} ev {:?} rf {:?}",
+                "{:>8} mglru {:>6} lru {:>6} walks {:>3} gens {:?} ev {:?} rf {:?} order {:?}",
                 k + 1,
                 wm,
                 wl,
                 s.walks - last_walks,
                 gens,
                 s.aging_evicted,
-                s.aging_refaulted
+                s.aging_refaulted,
+                s.refault_order
             );
             last_walks = s.walks;
             wm = 0;
@@ -147,6 +148,8 @@ fn cells_config(spec: &str) -> Config {
             "idle_youngest_demotion" => c.idle_youngest_demotion = n != 0,
             "young_bound_aging" => c.young_bound_aging = n != 0,
             "look_twice" => c.look_twice = n != 0,
+            "loop_window" => c.loop_window = n as u32,
+            "loop_order" => c.loop_order = n as u32,
             "refault_window" => c.refault_window = n,
             _ => panic!("unknown knob {k}"),
         }

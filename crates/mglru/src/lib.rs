@@ -91,7 +91,12 @@
 //!      working set is larger than memory and reused in order, a loop), such a refault gets
 //!      no protection and is the next victim, the most recent first, so the resident pages
 //!      stay and each round misses only what does not fit (LIRS's behaviour on loops; the
-//!      kernel has no counterpart: its refault-distance rule activates every loop refault);
+//!      kernel has no counterpart: its refault-distance rule activates every loop refault).
+//!      With [`Config::loop_order`] (since 2026-11-28) those refaults must also come back in
+//!      about the order they were evicted (at most 1/8 out of order), which a loop does and a
+//!      skewed set larger than memory, whose victims come back as often, does not; and with
+//!      that test, [`Config::loop_window`] lets loop mode also read 3 memories' worth of
+//!      evictions (at least 7/8 back, in order), which reaches loops over 2-3 times memory;
 //!   6. [`Config::idle_youngest_demotion`]: when an aging walk finds fewer than 1/256 of the
 //!      youngest generation's pages young (and it holds at least 1/16 of memory), the pages it
 //!      did not find young move to the young end of the oldest generation at once instead of

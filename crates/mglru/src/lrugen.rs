@@ -21,6 +21,18 @@ const DEFAULT_EVICTION_AGING: u32 = 8;
 /// least 5/8 of the time.
 const DEFAULT_LOOP_EVICTION: u32 = 5;
 
+/// The default [`Config::loop_order`]: loop mode while at most 1/8 of probation's recent
+/// refaults come back out of eviction order.
+const DEFAULT_LOOP_ORDER: u32 = 1;
+
+/// The default [`Config::loop_window`]: loop mode also while probation's victims come back
+/// within 3 memories' worth of evictions at least [`LOOP_WINDOW_EIGHTHS`]/8 of the time, in
+/// order.
+const DEFAULT_LOOP_WINDOW: u32 = 3;
+
+/// The rate loop mode's long window needs, in eighths.
+const LOOP_WINDOW_EIGHTHS: u32 = 7;
+
 /// Loop mode's refaults waiting to be evicted are at most this share of the resident pages
 /// (plus [`MIN_LRU_BATCH`]); the oldest are forgotten first.
 const LOOP_VICTIMS_FRACTION: usize = 8;
@@ -145,6 +157,27 @@ pub struct Config {
     /// the youngest generation; they kept a quarter to a half of memory from the pages the
     /// loop reuses next. On by default (a deviation from v6.1, see the crate documentation).
     pub idle_youngest_demotion: bool,
+    /// The order test of loop mode, in eighths (0: off, as in v6.1 and before 2026-11-28):
+    /// loop mode ([`Config::loop_eviction`]) also needs probation's victims to come back in
+    /// about the order they were evicted, at most `loop_order / 8` of their recent refaults
+    /// evicted in an earlier eviction epoch (1/8 of memory evicted) than the refault before.
+    /// A loop brings its pages back in the order it evicted them (none out of order); a
+    /// skewed working set larger than memory brings back as many of probation's victims (a
+    /// Zipf(1.0) set of 5,000 pages at 3,000: four fifths of them within a memory's worth of
+    /// evictions) but in no order (two fifths out of order), and loop mode there evicts the
+    /// pages that were just shown to be reused. 1 by default (a refinement of the fifth deviation from
+    /// v6.1, see the crate documentation).
+    pub loop_order: u32,
+    /// Loop mode's long window, in memories' worth of evictions (0 or 1: off, as in v6.1 and
+    /// before 2026-11-28): loop mode ([`Config::loop_eviction`]) also holds while at least
+    /// 7/8 of probation's victims come back within this many memories' worth of evictions,
+    /// with the order test of [`Config::loop_order`] (which this needs: off without it), and
+    /// such a refault is then the next victim. A loop over two or three times memory brings
+    /// its victims back after more than one memory's worth of evictions, which the rate over
+    /// one memory does not see; a skewed set brings many of its victims back within several
+    /// memories too, but in no order. 3 by default (a refinement of the fifth deviation from
+    /// v6.1, see the crate documentation).
+    pub loop_window: u32,
 }
 
 impl Default for Config {
@@ -157,7 +190,8 @@ impl Default for Config {
     /// the aging also runs per eighth of memory evicted ([`Config::eviction_aging`]), so a hot
     /// set that moved is forgotten, unless the pages it demotes come back more than
     /// probation's victims ([`Config::demotion_feedback`]); loop mode
-    /// ([`Config::loop_eviction`]); and a youngest generation an aging walk finds idle is
+    /// ([`Config::loop_eviction`], with its order test, [`Config::loop_order`], and long
+    /// window, [`Config::loop_window`]); and a youngest generation an aging walk finds idle is
     /// demoted at once ([`Config::idle_youngest_demotion`]). Everything else (4 generations,
     /// swappiness 60, PMD regions, bloom filter, look-around, the kernel's refault rule) is
     /// v6.1's.
@@ -171,6 +205,8 @@ impl Default for Config {
             demotion_feedback: true,
             loop_eviction: DEFAULT_LOOP_EVICTION,
             idle_youngest_demotion: true,
+            loop_order: DEFAULT_LOOP_ORDER,
+            loop_window: DEFAULT_LOOP_WINDOW,
             ..Self::v6_1()
         }
     }
@@ -195,6 +231,8 @@ impl Config {
             demotion_feedback: false,
             loop_eviction: 0,
             idle_youngest_demotion: false,
+            loop_order: 0,
+            loop_window: 0,
         }
     }
 
@@ -214,6 +252,12 @@ impl Config {
         }
         if self.loop_eviction > 8 {
             return bad("loop_eviction", u64::from(self.loop_eviction), "0..=8");
+        }
+        if self.loop_order > 8 {
+            return bad("loop_order", u64::from(self.loop_order), "0..=8");
+        }
+        if self.loop_window > 64 {
+            return bad("loop_window", u64::from(self.loop_window), "0..=64");
         }
         if self.refault_window > MAX_NR_GENS as u64 {
             return bad("refault_window", self.refault_window, "0..=4");
@@ -322,6 +366,9 @@ pub struct Stats {
     /// Refaults within a memory's worth of evictions of the victims counted in
     /// `aging_evicted`, `[probation, demoted]`.
     pub aging_refaulted: [u64; 2],
+    /// Of probation's refaults in that window, those that came back in eviction order and
+    /// out of it ([`Config::loop_order`]).
+    pub refault_order: [u64; 2],
     /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
     pub idle_demoted: u64,
 }
@@ -401,18 +448,44 @@ struct AgingCtrl {
     epoch: u64,
     /// Evictions in the current epoch.
     in_epoch: u64,
+    /// Probation's recent refaults that came back in eviction order and out of it (evicted
+    /// in an earlier epoch than the refault before: [`Config::loop_order`]), halved with
+    /// probation's window, and the eviction epoch of the last one.
+    in_order: u64,
+    out_of_order: u64,
+    last_epoch: u64,
+    /// Loop mode's long window ([`Config::loop_window`]) in epochs (0: none), and over it,
+    /// halved once per window: probation's victims, their refaults, those in and out of
+    /// eviction order, and the eviction epoch of the last one.
+    far_epochs: u64,
+    far_evicted: u64,
+    far_refaulted: u64,
+    far_in_order: u64,
+    far_out_of_order: u64,
+    far_last_epoch: u64,
 }
 
 impl AgingCtrl {
     fn on_evict(&mut self, reused: bool, len: usize) {
         self.evicted[usize::from(reused)] += 1;
+        if !reused {
+            self.far_evicted += 1;
+        }
         self.in_epoch += 1;
         if self.in_epoch * EPOCHS_PER_TURNOVER >= len as u64 {
             self.in_epoch = 0;
             self.epoch += 1;
+            if self.far_epochs > 0 && self.epoch % self.far_epochs == 0 {
+                self.far_evicted /= 2;
+                self.far_refaulted /= 2;
+                self.far_in_order /= 2;
+                self.far_out_of_order /= 2;
+            }
             if self.epoch % EPOCHS_PER_TURNOVER == 0 {
                 self.evicted[0] /= 2;
                 self.refaulted[0] /= 2;
+                self.in_order /= 2;
+                self.out_of_order /= 2;
             }
         }
         // The demoted victims' window halves on their own turnover: no demotions, no news.
@@ -423,17 +496,57 @@ impl AgingCtrl {
     }
 
     fn on_refault(&mut self, reused: bool, epoch: u64) {
+        if self.far_epochs > 0 && !reused && self.is_far(epoch) {
+            self.far_refaulted += 1;
+            if epoch < self.far_last_epoch {
+                self.far_out_of_order += 1;
+            } else {
+                self.far_in_order += 1;
+            }
+            self.far_last_epoch = epoch;
+        }
         if self.is_near(epoch) {
             self.refaulted[usize::from(reused)] += 1;
+            if !reused {
+                if epoch < self.last_epoch {
+                    self.out_of_order += 1;
+                } else {
+                    self.in_order += 1;
+                }
+                self.last_epoch = epoch;
+            }
         }
     }
 
     /// Whether probation's victims come back within the window at least `eighths / 8` of the
     /// time (with at least `MIN_LRU_BATCH` of their refaults in the window): loop mode.
-    fn loop_mode(&self, eighths: u32) -> bool {
+    ///
+    /// With `order` > 0 (the order test, [`Config::loop_order`]), also at most `order / 8` of
+    /// those refaults out of eviction order.
+    /// Loop mode by the long window ([`Config::loop_window`]): probation's victims come back
+    /// within it at least [`LOOP_WINDOW_EIGHTHS`]/8 of the time (at least `MIN_LRU_BATCH` of
+    /// them) and at most `order / 8` of them out of eviction order; never without the order
+    /// test (`order` 0).
+    fn far_loop_mode(&self, order: u32) -> bool {
+        self.far_epochs > 0
+            && order > 0
+            && self.far_out_of_order * 8
+                <= (self.far_in_order + self.far_out_of_order) * u64::from(order)
+            && self.far_refaulted >= MIN_LRU_BATCH as u64
+            && self.far_refaulted * 8 >= self.far_evicted * u64::from(LOOP_WINDOW_EIGHTHS)
+    }
+
+    fn loop_mode(&self, eighths: u32, order: u32) -> bool {
         eighths > 0
+            && (order == 0
+                || self.out_of_order * 8 <= (self.in_order + self.out_of_order) * u64::from(order))
             && self.refaulted[0] >= MIN_LRU_BATCH as u64
             && self.refaulted[0] * 8 >= self.evicted[0] * u64::from(eighths)
+    }
+
+    /// Whether a victim of `epoch` is within loop mode's long window.
+    fn is_far(&self, epoch: u64) -> bool {
+        self.epoch.saturating_sub(epoch) <= self.far_epochs
     }
 
     fn is_near(&self, epoch: u64) -> bool {
@@ -600,6 +713,11 @@ impl Mglru {
     /// A new, empty LRU.
     pub fn new(cfg: Config) -> Result<Self, Error> {
         cfg.validate()?;
+        let far_epochs = if cfg.loop_window > 1 {
+            u64::from(cfg.loop_window) * EPOCHS_PER_TURNOVER
+        } else {
+            0
+        };
         Ok(Self {
             // As lru_gen_init_lruvec: max_seq starts so that every generation index is live.
             max_seq: (cfg.max_nr_gens - 1) as u64,
@@ -627,7 +745,10 @@ impl Mglru {
             evicted: 0,
             evicted_at_aging: 0,
             aging_fast: false,
-            aging_ctrl: AgingCtrl::default(),
+            aging_ctrl: AgingCtrl {
+                far_epochs,
+                ..AgingCtrl::default()
+            },
             loop_victims: VecDeque::new(),
             idle_demoted: 0,
             refaults: 0,
@@ -807,10 +928,14 @@ impl Mglru {
             let rf = self.refault_of(&shadow);
             self.refaults += 1;
             self.aging_ctrl.on_refault(shadow.reused, shadow.epoch);
-            // Loop mode: a probation victim back within the window is the next victim.
-            loop_victim = !shadow.reused
-                && self.aging_ctrl.is_near(shadow.epoch)
-                && self.aging_ctrl.loop_mode(self.cfg.loop_eviction);
+            // Loop mode: a probation victim back within a window whose test holds is the
+            // next victim.
+            let ctrl = &self.aging_ctrl;
+            loop_victim = self.cfg.loop_eviction > 0
+                && !shadow.reused
+                && ((ctrl.is_near(shadow.epoch)
+                    && ctrl.loop_mode(self.cfg.loop_eviction, self.cfg.loop_order))
+                    || (ctrl.is_far(shadow.epoch) && ctrl.far_loop_mode(self.cfg.loop_order)));
             if rf.recent && !loop_victim {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
@@ -1621,6 +1746,7 @@ impl Mglru {
             refaults: self.refaults,
             aging_evicted: self.aging_ctrl.evicted,
             aging_refaulted: self.aging_ctrl.refaulted,
+            refault_order: [self.aging_ctrl.in_order, self.aging_ctrl.out_of_order],
             idle_demoted: self.idle_demoted,
         }
     }

@@ -71,6 +71,8 @@ fn config() -> impl Strategy<Value = Config> {
             any::<bool>(),
             prop_oneof![Just(0u32), Just(1), Just(5), Just(8)],
             any::<bool>(),
+            prop_oneof![Just(0u32), Just(1), Just(4), Just(8)],
+            prop_oneof![Just(0u32), Just(1), Just(3), Just(8)],
         ),
     )
         .prop_map(
@@ -84,7 +86,7 @@ fn config() -> impl Strategy<Value = Config> {
                 window,
                 young_bound,
                 eviction_aging,
-                (demotion_feedback, loop_eviction, idle_youngest_demotion),
+                (demotion_feedback, loop_eviction, idle_youngest_demotion, loop_order, loop_window),
             )| {
                 Config {
                     max_nr_gens: gens,
@@ -101,6 +103,8 @@ fn config() -> impl Strategy<Value = Config> {
                     demotion_feedback,
                     loop_eviction,
                     idle_youngest_demotion,
+                    loop_order,
+                    loop_window,
                 }
             },
         )

@@ -92,7 +92,7 @@
 //!      no protection and is the next victim, the most recent first, so the resident pages
 //!      stay and each round misses only what does not fit (LIRS's behaviour on loops; the
 //!      kernel has no counterpart: its refault-distance rule activates every loop refault).
-//!      With [`Config::loop_order`] (since 2026-11-28) those refaults must also come back in
+//!      With [`Config::loop_order`] (since 2026-11-27) those refaults must also come back in
 //!      about the order they were evicted (at most 1/8 out of order), which a loop does and a
 //!      skewed set larger than memory, whose victims come back as often, does not; and with
 //!      that test, [`Config::loop_window`] lets loop mode also read 3 memories' worth of

@@ -157,7 +157,7 @@ pub struct Config {
     /// the youngest generation; they kept a quarter to a half of memory from the pages the
     /// loop reuses next. On by default (a deviation from v6.1, see the crate documentation).
     pub idle_youngest_demotion: bool,
-    /// The order test of loop mode, in eighths (0: off, as in v6.1 and before 2026-11-28):
+    /// The order test of loop mode, in eighths (0: off, as in v6.1 and before 2026-11-27):
     /// loop mode ([`Config::loop_eviction`]) also needs probation's victims to come back in
     /// about the order they were evicted, at most `loop_order / 8` of their recent refaults
     /// evicted in an earlier eviction epoch (1/8 of memory evicted) than the refault before.
@@ -169,7 +169,7 @@ pub struct Config {
     /// v6.1, see the crate documentation).
     pub loop_order: u32,
     /// Loop mode's long window, in memories' worth of evictions (0 or 1: off, as in v6.1 and
-    /// before 2026-11-28): loop mode ([`Config::loop_eviction`]) also holds while at least
+    /// before 2026-11-27): loop mode ([`Config::loop_eviction`]) also holds while at least
     /// 7/8 of probation's victims come back within this many memories' worth of evictions,
     /// with the order test of [`Config::loop_order`] (which this needs: off without it), and
     /// such a refault is then the next victim. A loop over two or three times memory brings

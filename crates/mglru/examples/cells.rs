@@ -311,7 +311,7 @@ fn heldout_cells() -> Vec<Cell> {
             }
         }
     }
-    // Stable hot sets (2026-11-28's fifth round): Zipf over one set for 20 set-lengths (the
+    // Stable hot sets (2026-11-27's fifth round): Zipf over one set for 20 set-lengths (the
     // independent reference model), alone (`h_irm`) and after one pass writing every page in
     // order (`h_wzipf`, the shape of the daemon comparison driver's Zipf run).
     for (set, seed) in [(5_000, 111), (20_000, 112)] {

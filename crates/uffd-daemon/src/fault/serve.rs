@@ -315,26 +315,22 @@ fn fill(
         zero_run: 1,
         tier: None,
     };
+    let cx = FillCx {
+        shared,
+        mm,
+        st,
+        p,
+        max,
+    };
     let (fill, n) = match prior {
         Some(Page::Evicted { slot })
         | Some(Page::Dropping { slot })
         | Some(Page::Inherited { slot })
             if slot != ZERO_SLOT =>
         {
-            fill_restore(
-                shared,
-                mm,
-                st,
-                p,
-                prior,
-                slot,
-                page,
-                &mut ra[0],
-                max,
-                &mut filled,
-            )?
+            fill_restore(&cx, prior, slot, page, &mut ra[0], &mut filled)?
         }
-        None => fill_zeros(shared, mm, st, p, zeros, &mut ra[1], max, &mut filled),
+        None => fill_zeros(&cx, zeros, &mut ra[1], &mut filled),
         // Evicted as zeros, or tracked as present but missing: the kernel dropped it behind
         // our back (for example a MADV_FREE page it reclaimed after the REMOVE we already
         // applied). Its contents are zeros by the kernel's own rules.
@@ -382,23 +378,35 @@ fn fill(
     }
 }
 
+/// What a fill reads: the daemon, the address space and its table (locked by the caller), the
+/// fault, and the most pages a run may fill.
+struct FillCx<'a> {
+    shared: &'a Shared,
+    mm: &'a Mm,
+    st: &'a crate::mm::MmState,
+    p: &'a Pending,
+    max: usize,
+}
+
 /// A page with a stored copy: restored, with a readahead run of the evicted pages after it
 /// (only of pages known missing, and only with room under the limit). Returns the copy's
 /// outcome and the pages filled; `Err(true)` if the copy cannot be read (the process is
 /// stopped rather than handed wrong bytes).
-#[allow(clippy::too_many_arguments)]
 fn fill_restore(
-    shared: &Shared,
-    mm: &Mm,
-    st: &crate::mm::MmState,
-    p: &Pending,
+    cx: &FillCx<'_>,
     prior: Option<Page>,
     slot: u32,
     page: &mut [u8],
     ra: &mut Readahead,
-    max: usize,
     filled: &mut Filled,
 ) -> Result<(std::io::Result<Fill>, usize), bool> {
+    let FillCx {
+        shared,
+        mm,
+        st,
+        p,
+        max,
+    } = *cx;
     let addr = p.address;
     // Readahead only of pages known missing, and only with room under the limit.
     let mut window = if matches!(prior, Some(Page::Evicted { .. })) {
@@ -441,17 +449,19 @@ fn fill_restore(
 
 /// Never-written memory: zeros, with fault-around on a sequential pattern. Returns the fill's
 /// outcome and the pages filled.
-#[allow(clippy::too_many_arguments)]
 fn fill_zeros(
-    shared: &Shared,
-    mm: &Mm,
-    st: &crate::mm::MmState,
-    p: &Pending,
+    cx: &FillCx<'_>,
     zeros: &[u8],
     ra: &mut Readahead,
-    max: usize,
     filled: &mut Filled,
 ) -> (std::io::Result<Fill>, usize) {
+    let FillCx {
+        shared,
+        mm,
+        st,
+        p,
+        max,
+    } = *cx;
     let addr = p.address;
     let write = p.flags & sys::UFFD_PAGEFAULT_FLAG_WRITE != 0;
     // Fault-around of never-written memory on a sequential pattern (the kernel's

@@ -304,9 +304,9 @@ impl Handler {
     /// `UFFDIO_MOVE` fail with `EAGAIN`, drops when the reader takes the message). A fault read
     /// in the same batch before a FORK, served before the FORK was applied, filled the parent
     /// after the fork had copied its page tables: the child inherited the page as resident
-    /// while its own page table had a hole, and read zeros there (1-4 pages in 4-6 of every 10
-    /// forks of a process whose threads fault meanwhile: `tests/clients/fork_race.c`). Served
-    /// after the FORK is applied, the child holds that page as evicted, sharing its slot.
+    /// while its own page table had a hole, and read zeros there (`tests/clients/fork_race.c`,
+    /// docs/experiments/2026-11-27-fork-race.md). Served after the FORK is applied, the child
+    /// holds that page as evicted, sharing its slot.
     /// For the same reason a fault read before a REMOVE, UNMAP or REMAP of its page is not
     /// served at all: filled after the event let the `madvise`, `munmap` or `mremap` go on, it
     /// could put old bytes back where the program must read zeros, or a page into a new mapping

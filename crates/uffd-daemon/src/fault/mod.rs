@@ -256,6 +256,8 @@ impl Handler {
             };
         }
         if n == 0 {
+            // Never held while sleeping in poll: other threads' fills wait on it.
+            gate = None;
             self.handling.set(mm, false);
             let timeout = if deferred.is_empty() { -1 } else { 1 };
             let ready =

@@ -387,6 +387,17 @@ impl Uffd {
         self.copy_mode(dst, src, 0)
     }
 
+    /// [`Uffd::copy_run`] of a fault's run (the faulting page first), falling back to the
+    /// faulting page alone when the run filled nothing: one `UFFDIO_COPY` stays within one VMA
+    /// and is refused whole (`ENOENT`) when the run crosses into another (a mapping split by
+    /// an `mprotect` since the daemon learned it), or stops at a page already present.
+    pub fn copy_run_or_first(&self, dst: u64, src: &[u8]) -> (io::Result<Fill>, usize) {
+        match self.copy_run(dst, src) {
+            (_, 0) if src.len() > PAGE_SIZE => self.copy_run(dst, &src[..PAGE_SIZE]),
+            r => r,
+        }
+    }
+
     fn copy_mode(&self, dst: u64, src: &[u8], mode: u64) -> (io::Result<Fill>, usize) {
         debug_assert_eq!(src.len() % PAGE_SIZE, 0);
         let mut c = UffdioCopy {

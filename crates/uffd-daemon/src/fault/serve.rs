@@ -478,11 +478,8 @@ fn fill_zeros(
         n += 1;
     }
     if n > 1 {
-        match mm.uffd.copy_run(addr, &zeros[..n * PAGE_SIZE]) {
-            (_, 0) => {
-                let r = mm.uffd.copy_run(addr, &zeros[..PAGE_SIZE]);
-                (r.0, r.1.max(1))
-            }
+        match mm.uffd.copy_run_or_first(addr, &zeros[..n * PAGE_SIZE]) {
+            (r, 0) => (r, 1),
             // k pages were filled (maybe not all n: a run stops at a present page or
             // when an event is queued): they are resident whatever the status says.
             (_, k) => {
@@ -561,15 +558,10 @@ fn restore_run(
     }
     let t = t.unwrap_or(Tier::Backend);
     run.truncate(n);
-    let r = match mm.uffd.copy_run(addr, &page[..n * PAGE_SIZE]) {
-        // A run can cross into another VMA (ENOENT: one UFFDIO_COPY stays within one VMA) or
-        // meet a present page: fall back to the faulting page alone.
-        (_, 0) if n > 1 => {
-            run.truncate(1);
-            mm.uffd.copy_run(addr, &page[..PAGE_SIZE])
-        }
-        r => r,
-    };
+    let r = mm.uffd.copy_run_or_first(addr, &page[..n * PAGE_SIZE]);
+    if r.1 <= 1 {
+        run.truncate(1);
+    }
     Ok((r, t))
 }
 

@@ -233,14 +233,9 @@ pub(super) fn serve_shared(
             }
         }
     }
-    let (mut r, mut filled) = mm.uffd.copy_run(addr, &page[..n * PAGE_SIZE]);
-    if n > 1 && filled == 0 && matches!(r, Ok(Fill::Gone)) {
-        // The run crossed the end of the faulting page's VMA, and the kernel refuses a copy
-        // across VMAs whole (`ENOENT`): a mapper is the range the daemon learned at mmap or
-        // fork, and an mprotect since split it (stress-ng's stats region ends in a PROT_NONE
-        // guard page of the same inode). The faulting page alone.
-        (r, filled) = mm.uffd.copy_run(addr, &page[..PAGE_SIZE]);
-    }
+    // (A run the kernel refuses whole, into a VMA the mapper does not know of, such as a
+    // PROT_NONE guard page split off after mmap: the faulting page alone.)
+    let (r, filled) = mm.uffd.copy_run_or_first(addr, &page[..n * PAGE_SIZE]);
     let filled = match (r, filled) {
         (_, f) if f > 0 => f,
         (Ok(Fill::Exists), _) => {

@@ -198,6 +198,66 @@ static int scan(int pid, struct th *out, int max, int kids)
 
 static int g_memfd = -1;
 
+/* The state letter of /proc/TID/stat (after the last ')'). */
+static char state_of(int tid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", tid);
+	int fd = open(path, O_RDONLY);
+	if (fd < 0)
+		return '?';
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return '?';
+	buf[n] = 0;
+	char *p = strrchr(buf, ')');
+	return p && p[1] && p[2] ? p[2] : '?';
+}
+
+static void wchan_of(int tid, char *out, size_t len)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/wchan", tid);
+	int fd = open(path, O_RDONLY);
+	ssize_t n = fd < 0 ? -1 : read(fd, out, len - 1);
+	if (fd >= 0)
+		close(fd);
+	out[n > 0 ? n : 0] = 0;
+}
+
+/* ns per call of f over every thread of pid, reps times */
+static double per_thread_ns(int pid, int which, int reps, int *nthreads)
+{
+	char path[64], buf[512];
+	int tids[512], n = 0;
+	snprintf(path, sizeof path, "/proc/%d/task", pid);
+	DIR *d = opendir(path);
+	struct dirent *e;
+	while (d && (e = readdir(d)) && n < 512)
+		if (e->d_name[0] != '.')
+			tids[n++] = atoi(e->d_name);
+	if (d)
+		closedir(d);
+	int fds[512];
+	const char *file = which == 0 ? "syscall" : which == 1 ? "stat" : "wchan";
+	for (int i = 0; i < n; i++) {
+		snprintf(path, sizeof path, "/proc/%d/task/%d/%s", pid, tids[i], file);
+		fds[i] = open(path, O_RDONLY);
+	}
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	for (int r = 0; r < reps; r++)
+		for (int i = 0; i < n; i++)
+			if (pread(fds[i], buf, sizeof buf, 0) < 0)
+				DIE("pread %s", file);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
+	*nthreads = n;
+	return ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / reps / n;
+}
+
 /* The advice a scanned thread is removing [s, e) with: 9 MADV_REMOVE, 4 MADV_DONTNEED,
  * -1 none found. */
 static int match(struct th *t, int n, uint64_t s, uint64_t e, int *who)
@@ -272,10 +332,14 @@ int main(int argc, char **argv)
 			scan_ns += (b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec);
 			scans++;
 			if (step != '6')
-				for (int i = 0; i < n; i++)
-					say("  D scan before read: tid %d: nr %ld args %#lx %#lx %#lx %#lx\n",
+				for (int i = 0; i < n; i++) {
+					char w[96], st = state_of(t[i].tid);
+					wchan_of(t[i].tid, w, sizeof w);
+					say("  D scan before read: tid %d: nr %ld args %#lx %#lx %#lx %#lx; "
+					    "stat state %c, wchan %s\n",
 					    t[i].tid, t[i].nr, (long)t[i].a[0], (long)t[i].a[1],
-					    (long)t[i].a[2], (long)t[i].a[3]);
+					    (long)t[i].a[2], (long)t[i].a[3], st, w);
+				}
 			struct uffd_msg m[16];
 			ssize_t r = read(uffd, m, sizeof m);
 			if (r < 0 && errno == EAGAIN)
@@ -361,6 +425,12 @@ int main(int argc, char **argv)
 				result("cost of one scan of P's %d threads (all asleep): %.1f us (%.2f us a "
 				       "thread); with the children files and kcmp: %.1f us",
 				       n, own / 1e3, own / 1e3 / n, kids / 1e3);
+				int nt;
+				double sc = per_thread_ns(P, 0, reps, &nt), stt = per_thread_ns(P, 1, reps, &nt),
+				       wc = per_thread_ns(P, 2, reps, &nt);
+				result("files kept open, one pread a thread (%d threads): syscall %.2f us, "
+				       "stat %.2f us, wchan %.2f us",
+				       nt, sc / 1e3, stt / 1e3, wc / 1e3);
 				break;
 			}
 			case 'q':

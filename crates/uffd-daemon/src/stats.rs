@@ -68,13 +68,16 @@ counters! {
     /// without the agent). Pages dropped are counted in `shmem_removed_pages`.
     shmem_remove_scanned,
     /// Scans of an address space's threads before a read of its uffd (it has evicted shared
-    /// pages), the threads they read, and the time they took (ns): the cost of telling
-    /// unannounced REMOVEs apart.
+    /// pages), the threads they read, the time they took (ns, wall clock: what the read
+    /// waited) and the handler's CPU time in them (ns): the cost of telling unannounced
+    /// REMOVEs apart.
     shmem_remove_scans,
     /// See [`Stats::shmem_remove_scans`].
     shmem_remove_scan_threads,
     /// See [`Stats::shmem_remove_scans`].
     shmem_remove_scan_ns,
+    /// See [`Stats::shmem_remove_scans`].
+    shmem_remove_scan_cpu_ns,
     /// Threads (or `process_madvise` iovecs) a scan could not read (gone, no permission).
     shmem_remove_scan_unreadable,
     /// Pages evicted (stored and dropped from the client; the kernel's pswpout).

@@ -23,7 +23,8 @@
  *                               madvise(MADV_REMOVE) its first half: that half must read zeros,
  *                               the rest its words
  *   shmem dontneed MIB          the same with MADV_DONTNEED: every word must read as written
- *   shmem raw-remove MIB        fill MIB MiB (its first pages are evicted), print RssShmem, then
+ *   shmem raw-remove MIB        fill MIB MiB, wait for the daemon to evict half of it (10 s at
+ *                               most), print RssShmem, then
  *                               a raw syscall(SYS_madvise, MADV_REMOVE) of its second quarter
  *                               (nothing the agent's madvise wrapper sees): that quarter must
  *                               read zeros, the rest its words
@@ -357,6 +358,10 @@ int main(int argc, char **argv)
 		for (size_t i = 0; i < words; i++)
 			m[i] = word(i, 0) | 1;
 		size_t lo = words / 4, hi = words / 2;
+		/* Without the agent's mmap wrapper the daemon learns the mapping at its next scan,
+		 * after the fill: wait (10 s at most) for it to evict half of it. */
+		for (int t = 0; t < 1000 && status_kb("RssShmem:") > (long)(bytes >> 11); t++)
+			usleep(10000);
 		printf("%s: RssShmem before madvise %ld kB\n", mode, status_kb("RssShmem:"));
 		if (syscall(SYS_madvise, m + lo, (hi - lo) * 8, remove ? MADV_REMOVE : MADV_DONTNEED)) {
 			perror("madvise");

@@ -108,6 +108,26 @@ struct ThreadFiles {
     syscall: Option<File>,
 }
 
+/// The thread ids of a process and the `nlink` of its `/proc/PID/task` when they were listed
+/// (two more than its thread count).
+#[derive(Debug)]
+struct TaskList {
+    pid: i32,
+    dir: File,
+    nlink: u64,
+    tids: Vec<i32>,
+}
+
+/// Lists the thread ids of `pid`.
+fn list_tasks(pid: i32) -> Option<Vec<i32>> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    Some(
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+            .collect(),
+    )
+}
+
 /// The state letter of a `/proc/PID/task/TID/stat` line (after the command's last `)`).
 fn stat_state(line: &[u8]) -> Option<u8> {
     let at = line.iter().rposition(|&b| b == b')')?;
@@ -127,6 +147,8 @@ pub(super) struct RemoveScan {
     files: HashMap<i32, ThreadFiles>,
     /// Scans made (to drop the files of threads gone).
     round: u64,
+    /// The thread ids of the address space's process.
+    tasks: Option<TaskList>,
     callers: Vec<Caller>,
 }
 
@@ -144,6 +166,7 @@ impl RemoveScan {
         };
         if pid != self.pid {
             self.files.clear();
+            self.tasks = None;
             self.pid = pid;
         }
         self.round += 1;
@@ -159,52 +182,101 @@ impl RemoveScan {
         );
     }
 
-    /// Reads the syscall file of every thread of `pid`; with `children`, also of the children
-    /// of a thread blocked in `vfork`, `clone` or `clone3` that share its address space.
-    /// Returns the threads read.
+    /// Reads the syscall file of every thread of `pid`; with `children` (the address space's
+    /// own process), also of the children of a thread blocked in `vfork`, `clone` or `clone3`
+    /// that share its address space. Returns the threads read.
+    ///
+    /// The own process's thread ids are listed again only when its thread count changed (the
+    /// `nlink` of `/proc/PID/task`, one `fstat`) or a thread's files could not be read (one is
+    /// gone, and another may have come with the same count): then at once, and the new ids
+    /// are read in the same scan.
     fn scan_process(&mut self, pid: i32, children: bool, stats: &Stats) -> u64 {
-        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        let tids = if children {
+            self.task_list(pid, false)
+        } else {
+            list_tasks(pid)
+        };
+        let Some(tids) = tids else {
             Stats::add(&stats.shmem_remove_scan_unreadable, 1);
             return 0;
         };
         let mut n = 0;
-        for tid in dir
-            .flatten()
-            .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
-        {
+        let mut failed = false;
+        for &tid in &tids {
             n += 1;
-            match self.read_thread(pid, tid) {
-                Some(SyscallLine::Call { nr, args }) => match nr {
-                    libc::SYS_madvise => self.callers.push(Caller {
-                        advice: args[2],
-                        ranges: vec![(args[0], args[0].saturating_add(args[1]))],
-                        used: false,
-                    }),
-                    libc::SYS_process_madvise => {
-                        if let Some(ranges) = iovecs(pid, args[1], args[2]) {
-                            self.callers.push(Caller {
-                                advice: args[3],
-                                ranges,
-                                used: false,
-                            });
-                        } else {
-                            Stats::add(&stats.shmem_remove_scan_unreadable, 1);
-                        }
-                    }
-                    libc::SYS_vfork | libc::SYS_clone | libc::SYS_clone3 if children => {
-                        for c in children_of(pid, tid) {
-                            if crate::sys::same_address_space(pid, c).unwrap_or(false) {
-                                n += self.scan_process(c, false, stats);
-                            }
-                        }
-                    }
-                    _ => {}
-                },
-                Some(_) => {}
-                None => Stats::add(&stats.shmem_remove_scan_unreadable, 1),
+            failed |= !self.read_one(pid, tid, children, stats, &mut n);
+        }
+        if children && failed {
+            if let Some(again) = self.task_list(pid, true) {
+                for tid in again.into_iter().filter(|t| !tids.contains(t)) {
+                    n += 1;
+                    self.read_one(pid, tid, children, stats, &mut n);
+                }
             }
         }
         n
+    }
+
+    /// The thread ids of `pid` (the address space's process), from the cached list unless
+    /// its count changed or `relist`.
+    fn task_list(&mut self, pid: i32, relist: bool) -> Option<Vec<i32>> {
+        use std::os::unix::fs::MetadataExt;
+        let dir_ok = self.tasks.as_ref().is_some_and(|t| t.pid == pid);
+        if !dir_ok {
+            let dir = File::open(format!("/proc/{pid}/task")).ok()?;
+            self.tasks = Some(TaskList {
+                pid,
+                dir,
+                nlink: 0,
+                tids: Vec::new(),
+            });
+        }
+        let t = self.tasks.as_mut()?;
+        let nlink = t.dir.metadata().ok()?.nlink();
+        if relist || nlink != t.nlink || !dir_ok {
+            let tids = list_tasks(pid)?;
+            t.tids = tids;
+            t.nlink = nlink;
+        }
+        Some(t.tids.clone())
+    }
+
+    /// Reads thread `tid` of `pid` and notes a caller found; false if it could not be read.
+    fn read_one(&mut self, pid: i32, tid: i32, children: bool, stats: &Stats, n: &mut u64) -> bool {
+        match self.read_thread(pid, tid) {
+            Some(SyscallLine::Call { nr, args }) => match nr {
+                libc::SYS_madvise => self.callers.push(Caller {
+                    advice: args[2],
+                    ranges: vec![(args[0], args[0].saturating_add(args[1]))],
+                    used: false,
+                }),
+                libc::SYS_process_madvise => {
+                    if let Some(ranges) = iovecs(pid, args[1], args[2]) {
+                        self.callers.push(Caller {
+                            advice: args[3],
+                            ranges,
+                            used: false,
+                        });
+                    } else {
+                        Stats::add(&stats.shmem_remove_scan_unreadable, 1);
+                    }
+                }
+                libc::SYS_vfork | libc::SYS_clone | libc::SYS_clone3 if children => {
+                    for c in children_of(pid, tid) {
+                        if crate::sys::same_address_space(pid, c).unwrap_or(false) {
+                            *n += self.scan_process(c, false, stats);
+                        }
+                    }
+                }
+                _ => {}
+            },
+            Some(_) => {}
+            None => {
+                Stats::add(&stats.shmem_remove_scan_unreadable, 1);
+                return false;
+            }
+        }
+        true
     }
 
     /// The syscall line of thread `tid` of `pid` if it sleeps uninterruptibly (`D` in its

@@ -547,7 +547,11 @@ fn a_static_programs_raw_madv_remove_of_shared_memory_reads_zeros() {
         return;
     }
     let exe = c_client_static("shmem").to_string_lossy().into_owned();
-    let run = run_under("16M", "static-shmem-raw-remove", &[&exe, "raw-remove", "64"]);
+    let run = run_under(
+        "16M",
+        "static-shmem-raw-remove",
+        &[&exe, "raw-remove", "64"],
+    );
     assert!(
         run.stdout.contains("raw-remove: 64 MiB, 0 bad words"),
         "{}{}",

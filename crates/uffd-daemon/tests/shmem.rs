@@ -281,7 +281,8 @@ fn raw_madv_dontneed_of_evicted_shared_memory_keeps_data() {
     }
     let run = shmem("16M", "shmem-raw-dontneed", &["raw-dontneed", "64"]);
     assert!(
-        run.stdout.contains("raw-dontneed: 64 MiB, 0 bad words, 0 zero words"),
+        run.stdout
+            .contains("raw-dontneed: 64 MiB, 0 bad words, 0 zero words"),
         "{}{}",
         run.stdout,
         run.stderr

@@ -430,6 +430,69 @@ impl ShmemTable {
         n
     }
 
+    /// Whether an inode `mm` maps has pages evicted or being evicted: a REMOVE event of `mm`
+    /// must then be told apart (`MADV_REMOVE` or `MADV_DONTNEED`), and its handler scans the
+    /// callers before it reads (`fault/remove_scan.rs`). Asked by the handler after it marked
+    /// itself reading (`Mm::handling`): a batch picked after the answer waits for the handler
+    /// to apply what it reads (see [`ShmemTable::stored`]).
+    pub fn has_evicted(&self, mm: &Mm) -> bool {
+        if !mm.has_shmem.load(Ordering::Acquire) {
+            return false;
+        }
+        let inodes: Vec<Arc<ShmemInode>> = {
+            let t = self.table.lock();
+            let Some(refs) = t.by_mm.get(&mm.id) else {
+                return false;
+            };
+            refs.iter().map(|r| Arc::clone(&r.inode)).collect()
+        };
+        inodes.iter().any(|i| {
+            let st = i.st.lock();
+            st.evicting || st.pages.pages.len() > st.pages.resident
+        })
+    }
+
+    /// Whether `[start, end)` of `mm` maps pages evicted or being evicted, whose stored copies
+    /// a REMOVE there must keep or drop. With `give_up`, for a REMOVE nobody could tell apart
+    /// (taken as `MADV_DONTNEED`: the copies stay), a batch evicting such pages is also given
+    /// up (its inode's generation moves, which the batch checks after it saw the handler
+    /// settle): that batch was picked after the handler decided no scan was needed, and its
+    /// read could otherwise store a page an `MADV_REMOVE` is about to punch.
+    pub fn stored(&self, mm: &Mm, start: u64, end: u64, give_up: bool) -> bool {
+        if !mm.has_shmem.load(Ordering::Acquire) {
+            return false;
+        }
+        let refs: Vec<MapRef> = {
+            let t = self.table.lock();
+            t.by_mm
+                .get(&mm.id)
+                .map(|v| {
+                    v.iter()
+                        .filter(|r| r.start < end && r.end > start)
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut held = false;
+        for r in refs {
+            let (s, e) = (r.start.max(start), r.end.min(end));
+            let lo = r.pgoff + (s - r.start) / PAGE_SIZE_U64;
+            let hi = lo + (e - s).div_ceil(PAGE_SIZE_U64);
+            let mut st = r.inode.st.lock();
+            let stored = st
+                .pages
+                .pages
+                .range(lo << 12..hi << 12)
+                .any(|(_, p)| !matches!(p, Page::Resident { .. }));
+            if stored && st.evicting && give_up {
+                st.gen += 1;
+            }
+            held |= stored;
+        }
+        held
+    }
+
     /// `[start, end)` of `mm` goes to a userfaultfd of the program's own (its `UFFDIO_REGISTER`
     /// met the daemon's registration): every page the daemon evicted of the inodes mapped there
     /// is written back into the inode (`pwrite`: the program's handler must never see a hole

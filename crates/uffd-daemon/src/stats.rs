@@ -56,12 +56,30 @@ counters! {
     /// Shared pages found present while held evicted (filled behind the daemon's back): never
     /// expected.
     shmem_filled_behind_pages,
-    /// Pages of shared anonymous memory dropped by an announced `MADV_REMOVE` (they read as
-    /// zeros).
+    /// Pages of shared anonymous memory dropped by a `MADV_REMOVE`, announced by the agent or
+    /// told by the scan (they read as zeros).
     shmem_removed_pages,
-    /// REMOVE events on shared anonymous memory no `MADV_REMOVE` was announced for: taken as
-    /// `MADV_DONTNEED` (stored copies kept).
+    /// REMOVE events on shared anonymous memory holding evicted pages that neither the agent
+    /// announced nor the scan of the callers told apart (`fault/remove_scan.rs`): taken as
+    /// `MADV_DONTNEED` (stored copies kept; wrong if the call was `MADV_REMOVE`).
     shmem_remove_unannounced,
+    /// REMOVE events on shared anonymous memory holding evicted pages that the scan of the
+    /// callers' syscall files told apart (a raw `MADV_REMOVE` or `MADV_DONTNEED`, a program
+    /// without the agent). Pages dropped are counted in `shmem_removed_pages`.
+    shmem_remove_scanned,
+    /// Scans of an address space's threads before a read of its uffd (it has evicted shared
+    /// pages), the threads they read, the time they took (ns, wall clock: what the read
+    /// waited) and the handler's CPU time in them (ns): the cost of telling unannounced
+    /// REMOVEs apart.
+    shmem_remove_scans,
+    /// See [`Stats::shmem_remove_scans`].
+    shmem_remove_scan_threads,
+    /// See [`Stats::shmem_remove_scans`].
+    shmem_remove_scan_ns,
+    /// See [`Stats::shmem_remove_scans`].
+    shmem_remove_scan_cpu_ns,
+    /// Threads (or `process_madvise` iovecs) a scan could not read (gone, no permission).
+    shmem_remove_scan_unreadable,
     /// Pages evicted (stored and dropped from the client; the kernel's pswpout).
     evicted_pages,
     /// Evicted pages that were all zeros and took no space in the store.

@@ -1331,6 +1331,19 @@ pub fn tgkill(pid: i32, tid: i32, sig: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether processes `a` and `b` share one address space (`kcmp(KCMP_VM)`: a `vfork` or
+/// `clone(CLONE_VM)` child and its parent; needs `PTRACE_MODE_READ` on both).
+pub fn same_address_space(a: i32, b: i32) -> io::Result<bool> {
+    const KCMP_VM: libc::c_long = 1;
+    // SAFETY: plain syscall with integer arguments (the two pointer-sized ones unused by
+    // KCMP_VM).
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, a, b, KCMP_VM, 0usize, 0usize) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r == 0)
+}
+
 impl PidFd {
     /// A copy of descriptor `fd` of the process (`pidfd_getfd`, close-on-exec here).
     pub fn get_fd(&self, fd: i32) -> io::Result<OwnedFd> {

@@ -534,3 +534,50 @@ fn a_static_programs_fork_children_in_a_pid_namespace_are_managed() {
     assert_eq!(run.get("protocol_errors"), 0);
     assert_eq!(run.get("unmanaged_static_bytes"), 0);
 }
+
+/// Issue #16 without an agent: a static program's raw `MADV_REMOVE` of shared anonymous
+/// memory the daemon evicted (no wrapper can announce it) must read zeros, and a raw
+/// `MADV_DONTNEED` keep every word. Before, the REMOVE was taken as `MADV_DONTNEED` and the
+/// program read its old words in the removed quarter (all 2,097,152 of them). The handler
+/// tells the two apart by the blocked caller's syscall file (`fault/remove_scan.rs`).
+#[test]
+fn a_static_programs_raw_madv_remove_of_shared_memory_reads_zeros() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client_static("shmem").to_string_lossy().into_owned();
+    let run = run_under(
+        "16M",
+        "static-shmem-raw-remove",
+        &[&exe, "raw-remove", "64"],
+    );
+    assert!(
+        run.stdout.contains("raw-remove: 64 MiB, 0 bad words"),
+        "{}{}",
+        run.stdout,
+        run.stderr
+    );
+    assert_eq!(run.status, 0);
+    assert_eq!(run.get("agentless_processes"), 1);
+    assert!(run.get("shmem_evicted_pages") > 0, "nothing evicted");
+    assert!(run.get("shmem_remove_scanned") > 0, "not told by the scan");
+    assert!(run.get("shmem_removed_pages") > 0);
+
+    let run = run_under(
+        "16M",
+        "static-shmem-raw-dontneed",
+        &[&exe, "raw-dontneed", "64"],
+    );
+    assert!(
+        run.stdout
+            .contains("raw-dontneed: 64 MiB, 0 bad words, 0 zero words"),
+        "{}{}",
+        run.stdout,
+        run.stderr
+    );
+    assert_eq!(run.status, 0);
+    assert!(run.get("shmem_evicted_pages") > 0, "nothing evicted");
+    assert!(run.get("shmem_remove_scanned") > 0, "not told by the scan");
+    assert_eq!(run.get("shmem_removed_pages"), 0);
+}

@@ -233,7 +233,64 @@ fn shared_madv_dontneed_keeps_data() {
         run.stdout
     );
     assert!(run.get("shmem_evicted_pages") > 0);
-    assert!(run.get("shmem_remove_unannounced") > 0);
+    // (The agent announces MADV_REMOVE only: this call was told by the scan of its caller.)
+    assert!(run.get("shmem_remove_scanned") > 0);
+    assert_eq!(run.get("shmem_remove_unannounced"), 0);
+    assert_eq!(run.get("shmem_removed_pages"), 0);
+}
+
+/// `RssShmem` printed by a `raw-*` mode before its madvise, in kB.
+fn rss_before_madvise(run: &Run) -> u64 {
+    number_after(&run.stdout, "RssShmem before madvise")
+}
+
+/// Issue #16's broken promise: a raw `syscall(SYS_madvise, MADV_REMOVE)` (nothing the agent's
+/// wrapper sees) of evicted shared memory. The kernel punches the range: it must read zeros.
+/// Before, the REMOVE event was taken as `MADV_DONTNEED` and the stored copies came back: the
+/// program read its old words (every word of the quarter wrong). Now the handler reads the
+/// blocked caller's `/proc/PID/task/TID/syscall` before the event (`fault/remove_scan.rs`).
+#[test]
+fn raw_madv_remove_of_evicted_shared_memory_reads_zeros() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = shmem("16M", "shmem-raw-remove", &["raw-remove", "64"]);
+    assert!(
+        run.stdout.contains("raw-remove: 64 MiB, 0 bad words"),
+        "{}{}",
+        run.stdout,
+        run.stderr
+    );
+    assert_eq!(run.status, 0, "{}{}", run.stdout, run.stderr);
+    // The quarter removed was evicted when the call came (64 MiB filled under 16M).
+    assert!(rss_before_madvise(&run) < 32 << 10, "{}", run.stdout);
+    assert!(run.get("shmem_evicted_pages") > 0);
+    assert!(run.get("shmem_remove_scanned") > 0, "not told by the scan");
+    assert!(run.get("shmem_removed_pages") > 0);
+    assert_eq!(run.get("shmem_remove_unannounced"), 0);
+}
+
+/// The other side of the scan: a raw `MADV_DONTNEED` of evicted shared memory keeps every
+/// word (a scan that took it for `MADV_REMOVE` would drop the stored copies: zeros).
+#[test]
+fn raw_madv_dontneed_of_evicted_shared_memory_keeps_data() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let run = shmem("16M", "shmem-raw-dontneed", &["raw-dontneed", "64"]);
+    assert!(
+        run.stdout
+            .contains("raw-dontneed: 64 MiB, 0 bad words, 0 zero words"),
+        "{}{}",
+        run.stdout,
+        run.stderr
+    );
+    assert_eq!(run.status, 0, "{}{}", run.stdout, run.stderr);
+    assert!(rss_before_madvise(&run) < 32 << 10, "{}", run.stdout);
+    assert!(run.get("shmem_evicted_pages") > 0);
+    assert!(run.get("shmem_remove_scanned") > 0, "not told by the scan");
     assert_eq!(run.get("shmem_removed_pages"), 0);
 }
 

@@ -5,12 +5,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::remove_scan::{Advice, RemoveScan};
 use crate::mm::{Mm, MmState};
 use crate::shared::Shared;
 use crate::stats::Stats;
 use crate::sys::{Uffd, UffdEvent, PAGE_SIZE_U64};
 
-pub(super) fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent) {
+pub(super) fn handle_event(
+    shared: &Arc<Shared>,
+    mm: &Arc<Mm>,
+    event: UffdEvent,
+    scan: &mut RemoveScan,
+) {
     let stats = &shared.stats;
     match event {
         UffdEvent::Remove { start, end } => {
@@ -20,24 +26,8 @@ pub(super) fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent)
             }
             Stats::add(&stats.remove_events, 1);
             mm.state.lock().forget_range(shared, start, end);
-            if mm.has_shmem.load(std::sync::atomic::Ordering::Acquire) {
-                // MADV_DONTNEED and MADV_REMOVE raise the same event (probe p1/p2): the first
-                // keeps the page cache, so stored copies stay valid; the second punches, so
-                // they become zeros. The agent announces MADV_REMOVE (`shmem_removes`); an
-                // unannounced event (a raw syscall, a process without the agent) is taken as
-                // MADV_DONTNEED: evicted pages keep their stored copies (counted in
-                // shmem_remove_unannounced).
-                let announced = mm
-                    .shmem_removes
-                    .lock()
-                    .iter()
-                    .any(|&(s, e)| s <= start && end <= e);
-                if announced {
-                    let n = shared.shmem.remove(shared, mm, start, end);
-                    Stats::add(&stats.shmem_removed_pages, n as u64);
-                } else if shared.shmem.lookup(mm, start).is_some() {
-                    Stats::add(&stats.shmem_remove_unannounced, 1);
-                }
+            if mm.has_shmem.load(Ordering::Acquire) {
+                remove_shared(shared, mm, start, end, scan);
             }
         }
         UffdEvent::Unmap { start, end } => {
@@ -70,6 +60,44 @@ pub(super) fn handle_event(shared: &Arc<Shared>, mm: &Arc<Mm>, event: UffdEvent)
         UffdEvent::Unknown(kind) => {
             tracing::warn!("ignoring unknown uffd message {kind:#x} on mm {}", mm.id);
         }
+    }
+}
+
+/// A REMOVE of `[start, end)` of `mm`, which maps shared memory. `MADV_DONTNEED` and
+/// `MADV_REMOVE` raise the same event (probe p1/p2): the first keeps the page cache, so stored
+/// copies stay valid; the second punches, so they become zeros. It matters only where pages
+/// are evicted (or being evicted): a resident page reads as the kernel left it either way.
+/// Told apart by the agent's announcement (`shmem_removes`), else by the scan of the callers
+/// made before the read (`remove_scan.rs`), else by a scan after it (believed for
+/// `MADV_REMOVE` only); still unresolved, it is taken as `MADV_DONTNEED` and counted.
+fn remove_shared(shared: &Shared, mm: &Mm, start: u64, end: u64, scan: &mut RemoveScan) {
+    let stats = &shared.stats;
+    // First, whatever the memory: the caller found for this event tells no other one.
+    let told = scan.tell(start, end);
+    let announced = mm
+        .shmem_removes
+        .lock()
+        .iter()
+        .any(|&(s, e)| s <= start && end <= e);
+    let advice = if announced {
+        Advice::Remove
+    } else if !shared.shmem.stored(mm, start, end, false) {
+        return;
+    } else if let Some(a) = told {
+        Stats::add(&stats.shmem_remove_scanned, 1);
+        a
+    } else if scan.active && RemoveScan::tell_late(mm, start, end, stats) {
+        Stats::add(&stats.shmem_remove_scanned, 1);
+        Advice::Remove
+    } else {
+        if shared.shmem.stored(mm, start, end, true) {
+            Stats::add(&stats.shmem_remove_unannounced, 1);
+        }
+        Advice::Keep
+    };
+    if advice == Advice::Remove {
+        let n = shared.shmem.remove(shared, mm, start, end);
+        Stats::add(&stats.shmem_removed_pages, n as u64);
     }
 }
 

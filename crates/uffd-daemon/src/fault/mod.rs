@@ -38,12 +38,14 @@ use crate::tiers::FOLIO_PAGES;
 
 mod events;
 mod prefetch;
+mod remove_scan;
 mod serve;
 mod shmem;
 mod tuning;
 
 use events::handle_event;
 pub use events::start_mm;
+use remove_scan::RemoveScan;
 use serve::serve_fault;
 use tuning::Spin;
 
@@ -207,6 +209,8 @@ struct Handler {
     /// When the handling of the last batch ended, if it held a fault.
     after_fault: Option<Instant>,
     handling: Handling,
+    /// The callers of madvise found before the last read (`remove_scan.rs`).
+    scan: RemoveScan,
 }
 
 impl Handler {
@@ -222,6 +226,7 @@ impl Handler {
             spin: Spin::new(shared.policy.fault_spin),
             after_fault: None,
             handling: Handling(false),
+            scan: RemoveScan::default(),
         }
     }
 
@@ -247,7 +252,16 @@ impl Handler {
         {
             self.handling.set(mm, true);
             gate = Some(mm.event_gate.write());
-            n = match self.spin.poll(mm, &mut self.msgs, since, &shared.stats) {
+            // Asked after `handling` is set: a batch picked later waits for this one.
+            let scan = &mut self.scan;
+            scan.active = false;
+            let mut before_read = || scan.scan(mm, &shared.stats);
+            let before_read: Option<&mut dyn FnMut()> =
+                shared.shmem.has_evicted(mm).then_some(&mut before_read);
+            n = match self
+                .spin
+                .poll(mm, &mut self.msgs, since, &shared.stats, before_read)
+            {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::warn!("reading the uffd of mm {} failed: {e}", mm.id);
@@ -277,6 +291,11 @@ impl Handler {
             if ready[0] {
                 self.handling.set(mm, true);
                 gate.get_or_insert_with(|| mm.event_gate.write());
+                // A REMOVE's caller is seen only until the REMOVE is read (`remove_scan.rs`).
+                self.scan.active = false;
+                if shared.shmem.has_evicted(mm) {
+                    self.scan.scan(mm, &shared.stats);
+                }
                 n = match mm.uffd.read_msgs(&mut self.msgs) {
                     Ok(n) => n,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
@@ -364,7 +383,7 @@ impl Handler {
                 }
                 !stale
             });
-            handle_event(shared, mm, event);
+            handle_event(shared, mm, event, &mut self.scan);
         }
         // Fills from other threads may go on (see `Mm::event_gate`).
         drop(gate);

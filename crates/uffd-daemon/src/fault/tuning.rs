@@ -44,13 +44,16 @@ impl Spin {
 
     /// Reads `mm`'s uffd without sleeping until a message comes or the window since `since`
     /// closes; returns how many messages were read (0: none came, or the budget of polling
-    /// handlers was taken).
+    /// handlers was taken). With `before_read`, the uffd is polled first and `before_read` runs
+    /// between finding it readable and reading it (the scan of `remove_scan.rs`, which must
+    /// see a REMOVE's caller before the read lets it go).
     pub(super) fn poll(
         &self,
         mm: &Mm,
         msgs: &mut [RawUffdMsg],
         since: Instant,
         stats: &Stats,
+        mut before_read: Option<&mut dyn FnMut()>,
     ) -> std::io::Result<usize> {
         if self.limit.is_zero() {
             return Ok(0);
@@ -59,11 +62,23 @@ impl Spin {
             return Ok(0);
         };
         let n = loop {
-            match mm.uffd.read_msgs(msgs) {
-                Ok(0) => {}
-                Ok(n) => break n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
+            let ready = match before_read.as_deref_mut() {
+                None => true,
+                Some(f) => {
+                    let ready = sys::poll_read(&[mm.uffd.raw()], 0)?[0];
+                    if ready {
+                        f();
+                    }
+                    ready
+                }
+            };
+            if ready {
+                match mm.uffd.read_msgs(msgs) {
+                    Ok(0) => {}
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
             }
             if since.elapsed() >= self.limit {
                 break 0;

@@ -23,6 +23,12 @@
  *                               madvise(MADV_REMOVE) its first half: that half must read zeros,
  *                               the rest its words
  *   shmem dontneed MIB          the same with MADV_DONTNEED: every word must read as written
+ *   shmem raw-remove MIB        fill MIB MiB, wait for the daemon to evict half of it (10 s at
+ *                               most), print RssShmem, then
+ *                               a raw syscall(SYS_madvise, MADV_REMOVE) of its second quarter
+ *                               (nothing the agent's madvise wrapper sees): that quarter must
+ *                               read zeros, the rest its words
+ *   shmem raw-dontneed MIB      the same with a raw MADV_DONTNEED: every word as written
  *   shmem remap MIB             fill MIB MiB, mremap it elsewhere (its pages partly evicted),
  *                               check and rewrite every word there, unmap its second half,
  *                               check the first; fork a child that checks it too
@@ -45,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -343,6 +350,30 @@ int main(int argc, char **argv)
 		for (size_t i = 0; i < words; i++)
 			bad += m[i] != (remove && i < words / 2 ? 0 : (word(i, 0) | 1));
 		printf("%s: %zu MiB, %ld bad words\n", mode, bytes >> 20, bad);
+		return bad != 0;
+	}
+	if (!strcmp(mode, "raw-remove") || !strcmp(mode, "raw-dontneed")) {
+		int remove = !strcmp(mode, "raw-remove");
+		uint64_t *m = map_shared(bytes);
+		for (size_t i = 0; i < words; i++)
+			m[i] = word(i, 0) | 1;
+		size_t lo = words / 4, hi = words / 2;
+		/* Without the agent's mmap wrapper the daemon learns the mapping at its next scan,
+		 * after the fill: wait (10 s at most) for it to evict half of it. */
+		for (int t = 0; t < 1000 && status_kb("RssShmem:") > (long)(bytes >> 11); t++)
+			usleep(10000);
+		printf("%s: RssShmem before madvise %ld kB\n", mode, status_kb("RssShmem:"));
+		if (syscall(SYS_madvise, m + lo, (hi - lo) * 8, remove ? MADV_REMOVE : MADV_DONTNEED)) {
+			perror("madvise");
+			return 2;
+		}
+		long bad = 0, zeroed = 0;
+		for (size_t i = 0; i < words; i++) {
+			int gone = remove && i >= lo && i < hi;
+			bad += m[i] != (gone ? 0 : (word(i, 0) | 1));
+			zeroed += m[i] == 0;
+		}
+		printf("%s: %zu MiB, %ld bad words, %ld zero words\n", mode, bytes >> 20, bad, zeroed);
 		return bad != 0;
 	}
 	if (!strcmp(mode, "guard") || !strcmp(mode, "guard-private")) {

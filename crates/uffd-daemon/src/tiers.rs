@@ -25,6 +25,11 @@
 //! stores slot `s` (its page, then its 16-byte tag) at `s * 4112` of the device beneath it;
 //! above it, everything still addresses slot `s` at `s * 4096`.
 //!
+//! The backend may be a chain (`chain.rs`, `--backend file,redis-cluster:...`): a bounded swap
+//! file whose oldest pages a migrator moves to a Redis Cluster, each tier sealed on its own, a
+//! location index (`location.rs`) naming the one place that holds each slot's page. Freeing a
+//! slot frees its place there too (`forget_seal`).
+//!
 //! A backend that fails (EIO, ENOSPC) loses nothing: a direct store that fails leaves the pages
 //! resident (the caller aborts their eviction), a writeback that fails leaves the entry in
 //! zswap; both are counted and the first of each is logged.

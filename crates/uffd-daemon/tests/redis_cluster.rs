@@ -638,10 +638,22 @@ fn assert_three_levels(run: &Run, name: &str) {
         "{name}"
     );
     assert!(run.get("tier_zswap_pgout") > 0, "{name}: nothing in zswap");
-    assert!(run.get("tier_zswap_migrated") > 0, "{name}: zswap never wrote back");
-    assert!(run.get("tier_file_pgout") > 0, "{name}: nothing reached the file");
-    assert!(run.get("tier_file_pgin") > 0, "{name}: no fault read the file");
-    assert!(run.get("tier_file_migrated") > 0, "{name}: nothing moved down");
+    assert!(
+        run.get("tier_zswap_migrated") > 0,
+        "{name}: zswap never wrote back"
+    );
+    assert!(
+        run.get("tier_file_pgout") > 0,
+        "{name}: nothing reached the file"
+    );
+    assert!(
+        run.get("tier_file_pgin") > 0,
+        "{name}: no fault read the file"
+    );
+    assert!(
+        run.get("tier_file_migrated") > 0,
+        "{name}: nothing moved down"
+    );
     assert!(
         run.get("tier_redis_cluster_migrated") > 0,
         "{name}: nothing reached the cluster"
@@ -650,7 +662,11 @@ fn assert_three_levels(run: &Run, name: &str) {
         run.get("tier_redis_cluster_pgin") > 0,
         "{name}: no fault read the cluster"
     );
-    assert_eq!(run.stats["backend_encrypted"].as_bool(), Some(true), "{name}");
+    assert_eq!(
+        run.stats["backend_encrypted"].as_bool(),
+        Some(true),
+        "{name}"
+    );
     assert_eq!(run.get("backend_auth_failures"), 0, "{name}");
     assert_eq!(run.get("cluster_missing_keys"), 0, "{name}");
     assert_eq!(run.get("swap_slots_in_use"), 0, "{name}: slots leaked");

@@ -31,7 +31,8 @@
 //!
 //! Counters per tier, vmstat style: `tier_<kind>_pgin` (pages read by faults), `_pgout` (pages
 //! written from above), `_migrated` (pages moved down, out of the near tier, into the far one),
-//! `_pages` and `_bytes` (held now), `_failures` (reads and writes that failed).
+//! `_pages` and `_bytes` (held now), `_failures` (reads and writes that failed), and
+//! `_read_calls` / `_read_us` (reads, the migrator's included, and the time they took).
 
 use std::fmt;
 use std::io;
@@ -153,6 +154,18 @@ struct TierCounters {
     pgout: AtomicU64,
     migrated: AtomicU64,
     failures: AtomicU64,
+    /// Read calls (a run of consecutive places; the far tier's runs of one read as one call),
+    /// faults' and migrations', and the microseconds they took.
+    read_calls: AtomicU64,
+    read_us: AtomicU64,
+}
+
+impl TierCounters {
+    fn timed_read(&self, started: Instant) {
+        self.read_calls.fetch_add(1, Ordering::Relaxed);
+        self.read_us
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+    }
 }
 
 /// When and how the migrator moves pages down (`[tiers]` in the configuration).
@@ -277,7 +290,10 @@ impl Shared {
             let offset = u64::from(places[i].index()) * PAGE_SIZE_U64;
             match places[i] {
                 Place::Near(_) => {
-                    if let Err(e) = self.near.backend.read(offset, buf) {
+                    let started = Instant::now();
+                    let r = self.near.backend.read(offset, buf);
+                    self.near.stats.timed_read(started);
+                    if let Err(e) = r {
                         self.near.stats.failures.fetch_add(1, Ordering::Relaxed);
                         return Err(e);
                     }
@@ -287,7 +303,10 @@ impl Shared {
             i = j;
         }
         if !far.is_empty() {
-            if let Err(e) = self.far.backend.read_all(&mut far) {
+            let started = Instant::now();
+            let r = self.far.backend.read_all(&mut far);
+            self.far.stats.timed_read(started);
+            if let Err(e) = r {
                 self.far.stats.failures.fetch_add(1, Ordering::Relaxed);
                 return Err(e);
             }
@@ -845,6 +864,8 @@ impl Backend for TierChain {
             v[k("pages")] = (pages as u64).into();
             v[k("bytes")] = (pages as u64 * PAGE_SIZE_U64).into();
             v[k("failures")] = ld(&t.stats.failures).into();
+            v[k("read_calls")] = ld(&t.stats.read_calls).into();
+            v[k("read_us")] = ld(&t.stats.read_us).into();
         }
         v[format!("tier_{}_capacity_pages", s.near.name)] = near_cap.into();
         v["chain_far_places_in_use"] = far_used.into();
@@ -861,5 +882,208 @@ impl Backend for TierChain {
 impl Drop for TierChain {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// A device in memory whose writes (and reads) fail while told to.
+    #[derive(Debug, Default)]
+    struct Mem {
+        pages: Mutex<HashMap<u64, Vec<u8>>>,
+        fail_writes: AtomicBool,
+        fail_reads: AtomicBool,
+        writes: AtomicU64,
+    }
+
+    impl Backend for Arc<Mem> {
+        fn describe(&self) -> String {
+            "memory".into()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            if self.fail_writes.load(Ordering::Relaxed) {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            self.writes.fetch_add(1, Ordering::Relaxed);
+            let mut p = self.pages.lock();
+            for (k, &b) in data.iter().enumerate() {
+                let at = offset + k as u64;
+                p.entry(at / PAGE_SIZE_U64)
+                    .or_insert_with(|| vec![0; PAGE_SIZE])[(at % PAGE_SIZE_U64) as usize] = b;
+            }
+            Ok(())
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+            if self.fail_reads.load(Ordering::Relaxed) {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            let p = self.pages.lock();
+            for (k, b) in out.iter_mut().enumerate() {
+                let at = offset + k as u64;
+                let page = p
+                    .get(&(at / PAGE_SIZE_U64))
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+                *b = page[(at % PAGE_SIZE_U64) as usize];
+            }
+            Ok(())
+        }
+    }
+
+    fn page(n: u64) -> Vec<u8> {
+        let mut p = vec![0u8; PAGE_SIZE];
+        for (i, w) in p.chunks_exact_mut(8).enumerate() {
+            w.copy_from_slice(&(n * 1_000_003 + i as u64).to_le_bytes());
+        }
+        p
+    }
+
+    /// A chain of two memory devices, the near one of `near_pages`, sealed per tier; the
+    /// migrator only moves pages when asked (`migrate_all`), as its high mark is 100%.
+    fn chain(near_pages: u32) -> (TierChain, Arc<Mem>, Arc<Mem>) {
+        let (near, far) = (Arc::new(Mem::default()), Arc::new(Mem::default()));
+        let tier = |m: &Arc<Mem>, name: &str| {
+            let s = Arc::new(
+                SealedBackend::new(ArcBackend(Arc::new(Arc::clone(m)) as Arc<dyn Backend>))
+                    .unwrap(),
+            );
+            ChainTier::new(
+                name.into(),
+                Arc::clone(&s) as Arc<dyn Backend>,
+                Some(s),
+                None,
+                false,
+            )
+        };
+        let cfg = MigrateConfig {
+            near_pages,
+            high_percent: 100,
+            low_percent: 99,
+            age: None,
+            batch_pages: 8,
+        };
+        let c = TierChain::new(tier(&near, "near"), tier(&far, "far"), cfg, 1024).unwrap();
+        (c, near, far)
+    }
+
+    fn counters(c: &TierChain) -> serde_json::Value {
+        let mut v = serde_json::json!({});
+        c.counters(&mut v);
+        v
+    }
+
+    /// A near tier that fails its writes sends pages to the far tier (counted); a far tier that
+    /// fails keeps pages near through a migration that fails (counted), and they still read
+    /// back; when both fail, the write fails and nothing is recorded.
+    #[test]
+    fn failures_leave_every_page_in_one_readable_place() {
+        let (c, near, far) = chain(16);
+        let mut out = vec![0u8; PAGE_SIZE];
+        for s in 0..4u32 {
+            c.write(u64::from(s) * PAGE_SIZE_U64, &page(u64::from(s)))
+                .unwrap();
+        }
+        near.fail_writes.store(true, Ordering::Relaxed);
+        c.write(4 * PAGE_SIZE_U64, &page(4)).unwrap();
+        assert!(!c.is_near(4), "a failed near write went far");
+        let v = counters(&c);
+        assert_eq!(v["chain_spilled_failed"].as_u64(), Some(1), "{v}");
+        assert_eq!(v["tier_near_failures"].as_u64(), Some(1), "{v}");
+        near.fail_writes.store(false, Ordering::Relaxed);
+        far.fail_writes.store(true, Ordering::Relaxed);
+        assert!(
+            c.migrate_all().is_err(),
+            "a migration to a failing far tier"
+        );
+        for s in 0..4u32 {
+            assert!(c.is_near(s), "slot {s} left the near tier");
+        }
+        near.fail_writes.store(true, Ordering::Relaxed);
+        assert!(
+            c.write(5 * PAGE_SIZE_U64, &page(5)).is_err(),
+            "both tiers fail"
+        );
+        assert!(
+            c.read(5 * PAGE_SIZE_U64, &mut out).is_err(),
+            "nothing recorded"
+        );
+        near.fail_writes.store(false, Ordering::Relaxed);
+        far.fail_writes.store(false, Ordering::Relaxed);
+        assert_eq!(c.migrate_all().unwrap(), 4);
+        // A run over slots of both tiers, in one read.
+        let mut run = vec![0u8; 5 * PAGE_SIZE];
+        c.read(0, &mut run).unwrap();
+        for s in 0..5u64 {
+            assert_eq!(
+                run[s as usize * PAGE_SIZE..][..PAGE_SIZE],
+                page(s)[..],
+                "slot {s}"
+            );
+        }
+        // A near tier that cannot be read: the fault fails, and so does its migration, which
+        // leaves the page where it is.
+        c.write(6 * PAGE_SIZE_U64, &page(6)).unwrap();
+        near.fail_reads.store(true, Ordering::Relaxed);
+        assert!(c.read(6 * PAGE_SIZE_U64, &mut out).is_err());
+        assert!(out.iter().all(|&b| b == 0), "bytes of a failed read");
+        assert!(c.migrate_all().is_err());
+        assert!(c.is_near(6));
+        near.fail_reads.store(false, Ordering::Relaxed);
+        c.read(6 * PAGE_SIZE_U64, &mut out).unwrap();
+        assert_eq!(out, page(6));
+        c.check_integrity().unwrap();
+        let v = counters(&c);
+        assert_eq!(v["tier_near_migrated"].as_u64(), Some(4), "{v}");
+        assert!(v["chain_migrate_failures"].as_u64().is_some(), "{v}");
+    }
+
+    /// A slot rewritten (a new copy) and slots freed, with their seals forgotten, while the
+    /// near tier is full: pages go far, come back near once room is made, and no place leaks.
+    #[test]
+    fn rewrites_and_frees_release_every_place() {
+        let (c, _near, _far) = chain(4);
+        for round in 0..3u64 {
+            for s in 0..8u32 {
+                c.write(
+                    u64::from(s) * PAGE_SIZE_U64,
+                    &page(round * 100 + u64::from(s)),
+                )
+                .unwrap();
+            }
+            let mut out = vec![0u8; PAGE_SIZE];
+            for s in 0..8u32 {
+                c.read(u64::from(s) * PAGE_SIZE_U64, &mut out).unwrap();
+                assert_eq!(
+                    out,
+                    page(round * 100 + u64::from(s)),
+                    "round {round} slot {s}"
+                );
+            }
+            c.check_integrity().unwrap();
+        }
+        let v = counters(&c);
+        let (n, f) = (
+            v["tier_near_pages"].as_u64().unwrap(),
+            v["tier_far_pages"].as_u64().unwrap(),
+        );
+        assert_eq!((n + f, n <= 4), (8, true), "{v}");
+        assert!(v["chain_spilled_full"].as_u64().unwrap() >= 4, "{v}");
+        for s in 0..8 {
+            c.free(s);
+        }
+        let v = counters(&c);
+        assert_eq!(v["chain_far_places_in_use"].as_u64(), Some(0), "{v}");
+        assert_eq!(v["tier_near_pages"].as_u64(), Some(0), "{v}");
+        for t in c.tiers() {
+            assert_eq!(
+                t.sealer.as_ref().unwrap().metadata_bytes(),
+                crate::tiers::seal::EMPTY_TABLE_BYTES,
+                "{}: seals forgotten",
+                t.name
+            );
+        }
+        c.check_integrity().unwrap();
     }
 }

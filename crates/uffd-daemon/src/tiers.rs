@@ -1147,7 +1147,7 @@ impl Tiers {
                 let name = tier_name(&self.cfg.backend);
                 names.push(name);
                 v[format!("tier_{name}_pgin")] = ld(&s.pswpin).into();
-                v[format!("tier_{name}_pgout")] = (ld(&s.pswpout) - ld(&s.zswpwb)).into();
+                v[format!("tier_{name}_pgout")] = ld(&s.pswpout).into();
                 v[format!("tier_{name}_migrated")] = 0.into();
                 v[format!("tier_{name}_failures")] =
                     (ld(&s.backend_write_errors) + ld(&s.backend_read_errors)).into();

@@ -12,8 +12,17 @@
 //! # interval_ms = 1000           # how often the stall is read and the limit set
 //!
 //! [tiers]
-//! backend = "file"               # none | file | file:PATH | pmem:PATH  (--backend)
-//! swap_size = "8G"               # swap space: slots, and the backend's size (--swap-size)
+//! backend = "file"               # none | file | file:PATH | pmem:PATH | redis-cluster:...,
+//!                                # or a chain NEAR,FAR: "file,redis-cluster:HOST:PORT,..."
+//!                                # (--backend)
+//! swap_size = "8G"               # swap space: slots (pages stored below memory, in all
+//!                                # tiers), and the backend's size (--swap-size)
+//! near_size = "2G"               # a chain's first tier (the file); default a quarter of
+//!                                # swap_size (--near-size)
+//! migrate_high_percent = 90      # a chain moves the first tier's oldest pages down when it is
+//! migrate_low_percent = 70       # this full, down to this
+//! migrate_age_ms = 60000         # and pages older than this whatever its fill (default: never)
+//! migrate_batch_pages = 256      # pages a migration batch moves (one write to the far tier)
 //! large_folios = true            # evict aligned 64 KiB runs as order-4 folios
 //! discard = true                 # punch freed clusters out of a swap file
 //! encrypt = true                 # seal every page on the backend with AES-256-GCM under a key
@@ -67,6 +76,7 @@
 //! Unknown keys are refused with their name, so a typo never silently means "default".
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -191,6 +201,11 @@ struct FileConfig {
 struct FileTiers {
     backend: Option<String>,
     swap_size: Option<String>,
+    near_size: Option<String>,
+    migrate_high_percent: Option<u8>,
+    migrate_low_percent: Option<u8>,
+    migrate_age_ms: Option<u64>,
+    migrate_batch_pages: Option<usize>,
     large_folios: Option<bool>,
     discard: Option<bool>,
     encrypt: Option<bool>,
@@ -361,6 +376,8 @@ pub struct Overrides {
     pub backend: Option<BackendSpec>,
     /// `--swap-size`.
     pub swap_size: Option<u64>,
+    /// `--near-size`: a chain's first tier.
+    pub near_size: Option<u64>,
     /// `--zswap SIZE|off`: `Some(None)` is off.
     pub zswap: Option<Option<u64>>,
     /// `--compressor`.
@@ -621,7 +638,47 @@ fn resolve_backend(f: &FileConfig, o: &Overrides) -> anyhow::Result<BackendSpec>
         }
         (None, None) => BackendSpec::File(None),
     };
-    let backend = match (backend, &f.redis_cluster) {
+    let backend = match backend {
+        BackendSpec::Chain(mut c) => {
+            c.far = with_cluster_section(c.far, f)?;
+            let t = &f.tiers;
+            if let Some(n) = o.near_size.or(size_field(&t.near_size, "tiers.near_size")?) {
+                c.near_bytes = n;
+            }
+            c.migrate_high_percent = t.migrate_high_percent.unwrap_or(c.migrate_high_percent);
+            c.migrate_low_percent = t.migrate_low_percent.unwrap_or(c.migrate_low_percent);
+            c.migrate_batch_pages = t.migrate_batch_pages.unwrap_or(c.migrate_batch_pages);
+            match t.migrate_age_ms {
+                Some(0) => bail!("tiers.migrate_age_ms = 0: at least 1 (leave it out for never)"),
+                Some(ms) => c.migrate_age = Some(Duration::from_millis(ms)),
+                None => {}
+            }
+            c.validate().map_err(anyhow::Error::msg)?;
+            BackendSpec::Chain(c)
+        }
+        b => {
+            let t = &f.tiers;
+            if o.near_size.is_some()
+                || t.near_size.is_some()
+                || t.migrate_high_percent.is_some()
+                || t.migrate_low_percent.is_some()
+                || t.migrate_age_ms.is_some()
+                || t.migrate_batch_pages.is_some()
+            {
+                bail!(
+                    "near_size and migrate_* are a chain's settings: the backend is not a chain \
+                     (--backend file,redis-cluster:HOST:PORT,...)"
+                );
+            }
+            with_cluster_section(b, f)?
+        }
+    };
+    Ok(backend)
+}
+
+/// A Redis Cluster backend with the `[redis_cluster]` section applied.
+fn with_cluster_section(b: BackendSpec, f: &FileConfig) -> anyhow::Result<BackendSpec> {
+    Ok(match (b, &f.redis_cluster) {
         (BackendSpec::RedisCluster(mut c), section) => {
             match section {
                 Some(s) => s.apply(&mut c),
@@ -631,8 +688,7 @@ fn resolve_backend(f: &FileConfig, o: &Overrides) -> anyhow::Result<BackendSpec>
             BackendSpec::RedisCluster(c)
         }
         (b, _) => b,
-    };
-    Ok(backend)
+    })
 }
 
 /// The swap space in bytes: at least an eviction batch, at most what 32-bit slots address.
@@ -1037,6 +1093,96 @@ mod tests {
                 resolve(Some(&p.0), &Overrides::default()).unwrap_err()
             );
             assert!(names.iter().all(|n| e.contains(n)), "{section:?}: {e}");
+        }
+    }
+
+    /// `--backend NEAR,FAR` is a chain; `[tiers] near_size` and `migrate_*` (and
+    /// `--near-size`) set it, the `[redis_cluster]` section reaches its far tier; a chain's
+    /// settings without a chain, and chains that cannot work, are refused by name.
+    #[test]
+    fn chain_backend_and_settings() {
+        let c = BackendSpec::parse("file,redis-cluster:127.0.0.1:7000,127.0.0.1:7001").unwrap();
+        let BackendSpec::Chain(c) = c else {
+            panic!("{c:?}")
+        };
+        assert_eq!(c.near, BackendSpec::File(None));
+        let BackendSpec::RedisCluster(far) = &c.far else {
+            panic!("{:?}", c.far)
+        };
+        assert_eq!(far.nodes, ["127.0.0.1:7000", "127.0.0.1:7001"]);
+        assert!(matches!(
+            BackendSpec::parse("redis-cluster:h:1,h:2"),
+            Ok(BackendSpec::RedisCluster(_))
+        ));
+        assert!(matches!(
+            BackendSpec::parse("pmem:/x,file:/y"),
+            Ok(BackendSpec::Chain(_))
+        ));
+        for (bad, names) in [
+            ("none,file:/y", &["first tier", "file"][..]),
+            ("file,none", &["second tier", "none"]),
+            ("redis-cluster:h:1,file", &["redis-cluster node \"file\""]),
+            ("file,file,file", &["second tier", "another chain"]),
+        ] {
+            let e = BackendSpec::parse(bad).unwrap_err();
+            assert!(names.iter().all(|n| e.contains(n)), "{bad}: {e}");
+        }
+        let p = write(
+            "limit = \"64M\"\n[tiers]\nbackend = \"file,redis-cluster:127.0.0.1:7000\"\n\
+             near_size = \"32M\"\nmigrate_high_percent = 80\nmigrate_low_percent = 50\n\
+             migrate_age_ms = 1500\nmigrate_batch_pages = 64\n[redis_cluster]\nreplicas = 0\n",
+        );
+        let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
+        let BackendSpec::Chain(c) = &r.tiers.backend else {
+            panic!("{:?}", r.tiers.backend)
+        };
+        assert_eq!(c.near_bytes, 32 << 20);
+        assert_eq!((c.migrate_high_percent, c.migrate_low_percent), (80, 50));
+        assert_eq!(c.migrate_age, Some(Duration::from_millis(1500)));
+        assert_eq!(c.migrate_batch_pages, 64);
+        let BackendSpec::RedisCluster(far) = &c.far else {
+            panic!()
+        };
+        assert_eq!(
+            far.replicas, 0,
+            "the [redis_cluster] section reaches the far tier"
+        );
+        let o = Overrides {
+            near_size: Some(8 << 20),
+            ..Overrides::default()
+        };
+        let r = resolve(Some(&p.0), &o).unwrap();
+        let BackendSpec::Chain(c) = &r.tiers.backend else {
+            panic!()
+        };
+        assert_eq!(c.near_bytes, 8 << 20, "--near-size over the file");
+        for (text, names) in [
+            (
+                "backend = \"file\"\nnear_size = \"8M\"\n",
+                &["near_size", "not a chain"][..],
+            ),
+            (
+                "backend = \"file,file:/x\"\nmigrate_low_percent = 95\n",
+                &[
+                    "migrate_low_percent = 95",
+                    "below migrate_high_percent = 90",
+                ],
+            ),
+            (
+                "backend = \"file,file:/x\"\nnear_size = \"4K\"\n",
+                &["near_size", "at least 1M"],
+            ),
+            (
+                "backend = \"file,file:/x\"\nmigrate_age_ms = 0\n",
+                &["migrate_age_ms = 0"],
+            ),
+        ] {
+            let p = write(&format!("limit = \"64M\"\n[tiers]\n{text}"));
+            let e = format!(
+                "{:#}",
+                resolve(Some(&p.0), &Overrides::default()).unwrap_err()
+            );
+            assert!(names.iter().all(|n| e.contains(n)), "{text:?}: {e}");
         }
     }
 }

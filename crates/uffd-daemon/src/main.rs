@@ -50,7 +50,9 @@ enum Cmd {
         /// /var/tmp), file:PATH (created 0600, must not exist, removed at exit), pmem:PATH
         /// (a DAX device, a file on a DAX mount, or a file mapped as simulated pmem) or
         /// redis-cluster:HOST:PORT[,HOST:PORT...] (a Redis Cluster; [redis_cluster] in the
-        /// config file for a password, timeouts and the replicas to wait for).
+        /// config file for a password, timeouts and the replicas to wait for); or a chain of
+        /// two, NEAR,FAR: file,redis-cluster:HOST:PORT,... (pages go to the file, and its
+        /// oldest move to the cluster as it fills; --near-size, [tiers] migrate_*).
         #[arg(long, value_parser = BackendSpec::parse)]
         backend: Option<BackendSpec>,
         /// Same as --backend file:PATH.
@@ -59,6 +61,10 @@ enum Cmd {
         /// Size of the swap space (slots, and the backing device). Default 8G.
         #[arg(long, value_parser = parse_size, alias = "swap-max")]
         swap_size: Option<u64>,
+        /// A chain's first tier (the file of --backend file,redis-cluster:...): its size.
+        /// Default a quarter of the swap space.
+        #[arg(long, value_parser = parse_size)]
+        near_size: Option<u64>,
         /// The zswap pool limit (e.g. 512M), or `off` to write evicted pages straight to the
         /// backing device. Default: on, 20% of RAM as the kernel's max_pool_percent.
         #[arg(long, value_parser = parse_zswap)]
@@ -182,6 +188,7 @@ fn real_main() -> anyhow::Result<i32> {
             backend,
             swap_file,
             swap_size,
+            near_size,
             zswap,
             compressor,
             policy,
@@ -203,6 +210,7 @@ fn real_main() -> anyhow::Result<i32> {
                 stall_target,
                 backend: backend.or(swap_file.map(|p| BackendSpec::File(Some(p)))),
                 swap_size,
+                near_size,
                 zswap: zswap.map(|z| z.0),
                 compressor,
                 policy,

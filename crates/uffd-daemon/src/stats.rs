@@ -513,6 +513,9 @@ fn is_gauge(name: &str) -> bool {
         || name.starts_with("daemon_metadata_")
         || name.ends_with("_us")
         || name.ends_with("_pct")
+        || (name.starts_with("tier_") && (name.ends_with("_pages") || name.ends_with("_bytes")))
+        || name == "chain_index_bytes"
+        || name == "chain_far_places_in_use"
 }
 
 /// The JSON snapshot of daemon `daemon_pid` in the Prometheus text format (version 0.0.4):

@@ -25,6 +25,11 @@
 //! stores slot `s` (its page, then its 16-byte tag) at `s * 4112` of the device beneath it;
 //! above it, everything still addresses slot `s` at `s * 4096`.
 //!
+//! The backend may be a chain (`chain.rs`, `--backend file,redis-cluster:...`): a bounded swap
+//! file whose oldest pages a migrator moves to a Redis Cluster, each tier sealed on its own, a
+//! location index (`location.rs`) naming the one place that holds each slot's page. Freeing a
+//! slot frees its place there too (`forget_seal`).
+//!
 //! A backend that fails (EIO, ENOSPC) loses nothing: a direct store that fails leaves the pages
 //! resident (the caller aborts their eviction), a writeback that fails leaves the entry in
 //! zswap; both are counted and the first of each is logged.
@@ -41,8 +46,10 @@ use zswap::{LoadError, StoreError, Zswap};
 use crate::sys::{PAGE_SIZE, PAGE_SIZE_U64};
 
 mod backend;
+mod chain;
 mod checksum;
 mod config;
+mod location;
 mod readers;
 mod redis_cluster;
 mod seal;
@@ -52,8 +59,10 @@ mod writeback;
 
 use backend::{ArcBackend, Discarder, Failing};
 pub use backend::{Backend, FileBackend, PmemBackend};
+pub use chain::TierChain;
+use chain::{ChainTier, MigrateConfig};
 use checksum::ChecksummedBackend;
-pub use config::{BackendSpec, FailWrites, RedisClusterConfig, TierConfig, ZswapTier};
+pub use config::{BackendSpec, ChainSpec, FailWrites, RedisClusterConfig, TierConfig, ZswapTier};
 pub use redis_cluster::{key_slot, ClusterStats, RedisClusterBackend, STRIPE_PAGES};
 pub use seal::SealedBackend;
 use shrinkers::{CompactShrinker, ZswapShrinker};
@@ -154,6 +163,8 @@ pub struct Tiers {
     /// The backend's checksumming layer (the same object as `backend`) when encryption is off
     /// and checksums on.
     checksums: Option<Arc<ChecksummedBackend<ArcBackend>>>,
+    /// The chain (the same object as `backend`) when the backend is two tiers.
+    chain: Option<Arc<TierChain>>,
     registry: shrinker::ShrinkerRegistry,
     _shrinkers: Vec<ShrinkerHandle>,
     /// Counters.
@@ -180,14 +191,17 @@ struct Layers {
     backend: Option<Arc<dyn Backend>>,
     sealer: Option<Arc<SealedBackend<ArcBackend>>>,
     checksums: Option<Arc<ChecksummedBackend<ArcBackend>>>,
+    chain: Option<Arc<TierChain>>,
 }
 
-/// The backing device below zswap, sealed (encryption at rest: everything below this layer,
-/// and the device, sees only sealed pages) or, without encryption, checksummed, and wrapped in
-/// failure injection if asked.
-fn build_backend(cfg: &TierConfig, device_bytes: u64) -> anyhow::Result<Layers> {
+/// One device, as its spec says (`None` for `none`; a chain is built by `build_chain`).
+fn open_device(
+    cfg: &TierConfig,
+    spec: &BackendSpec,
+    device_bytes: u64,
+) -> anyhow::Result<Option<Arc<dyn Backend>>> {
     use anyhow::Context;
-    let backend: Option<Arc<dyn Backend>> = match &cfg.backend {
+    Ok(match spec {
         BackendSpec::None => None,
         BackendSpec::File(path) if cfg.fail_writeback_after.is_some() => {
             let after = cfg.fail_writeback_after.unwrap_or(0);
@@ -218,28 +232,113 @@ fn build_backend(cfg: &TierConfig, device_bytes: u64) -> anyhow::Result<Layers> 
                 RedisClusterBackend::connect(c).context("setting up the Redis Cluster tier")?,
             ))
         }
+        BackendSpec::Chain(_) => anyhow::bail!("a chain cannot be a tier of a chain"),
+    })
+}
+
+/// The device's bytes for `nslots` pages, sealed or not.
+fn device_bytes(cfg: &TierConfig, nslots: u64) -> u64 {
+    if cfg.encrypt {
+        seal::device_bytes(nslots)
+    } else {
+        nslots * PAGE_SIZE_U64
+    }
+}
+
+/// The layers that make a device's pages trustworthy: sealed (encryption at rest: everything
+/// below this layer, and the device, sees only sealed pages) or, without encryption,
+/// checksummed.
+#[allow(clippy::type_complexity)]
+fn protect(
+    cfg: &TierConfig,
+    b: Arc<dyn Backend>,
+) -> anyhow::Result<(
+    Arc<dyn Backend>,
+    Option<Arc<SealedBackend<ArcBackend>>>,
+    Option<Arc<ChecksummedBackend<ArcBackend>>>,
+)> {
+    use anyhow::Context;
+    if cfg.encrypt {
+        let s = Arc::new(
+            SealedBackend::new(ArcBackend(b))
+                .context("setting up encryption at rest (--encrypt off to go without)")?,
+        );
+        return Ok((Arc::clone(&s) as Arc<dyn Backend>, Some(s), None));
+    }
+    if cfg.checksums {
+        let c = Arc::new(ChecksummedBackend::new(ArcBackend(b)));
+        return Ok((Arc::clone(&c) as Arc<dyn Backend>, None, Some(c)));
+    }
+    Ok((b, None, None))
+}
+
+/// The name of a tier in the counters (`tier_<name>_*`).
+fn tier_name(spec: &BackendSpec) -> &'static str {
+    match spec {
+        BackendSpec::None => "none",
+        BackendSpec::File(_) => "file",
+        BackendSpec::Pmem(_) => "pmem",
+        BackendSpec::RedisCluster(_) => "redis_cluster",
+        BackendSpec::Chain(_) => "chain",
+    }
+}
+
+/// A chain of two devices, each sealed or checksummed on its own; `nslots` bounds the pages
+/// the far tier can be asked to hold.
+fn build_chain(cfg: &TierConfig, c: &ChainSpec, nslots: u64) -> anyhow::Result<Arc<TierChain>> {
+    use anyhow::Context;
+    c.validate().map_err(anyhow::Error::msg)?;
+    let near_bytes = if c.near_bytes == 0 {
+        (nslots * PAGE_SIZE_U64 / 4).max(1 << 20)
+    } else {
+        c.near_bytes
     };
-    // Encryption at rest: everything below this layer (and the device) sees only sealed
-    // pages.
-    let (backend, sealer) = match backend {
-        Some(b) if cfg.encrypt => {
-            let s = Arc::new(
-                SealedBackend::new(ArcBackend(b))
-                    .context("setting up encryption at rest (--encrypt off to go without)")?,
-            );
-            let dyn_s: Arc<dyn Backend> = Arc::clone(&s) as Arc<dyn Backend>;
-            (Some(dyn_s), Some(s))
-        }
-        b => (b, None),
+    let near_pages = (near_bytes / PAGE_SIZE_U64).min(u64::from(u32::MAX - 1));
+    // Every slot's page, and the copies of migrations and direct writes in flight.
+    let far_pages = (nslots + nslots / 4 + 4096).min(u64::from(u32::MAX - 1));
+    let tier = |spec: &BackendSpec, pages: u64, name: String| -> anyhow::Result<ChainTier> {
+        let dev = open_device(cfg, spec, device_bytes(cfg, pages))?
+            .ok_or_else(|| anyhow::anyhow!("a tier of a chain cannot be none"))?;
+        let (b, sealer, checksums) = protect(cfg, dev)?;
+        let discard_freed = matches!(spec, BackendSpec::RedisCluster(_));
+        Ok(ChainTier::new(name, b, sealer, checksums, discard_freed))
     };
-    // Without encryption, checksums: a page the device lost is a failed read, not wrong bytes.
-    let (backend, checksums) = match backend {
-        Some(b) if !cfg.encrypt && cfg.checksums => {
-            let c = Arc::new(ChecksummedBackend::new(ArcBackend(b)));
-            let dyn_c: Arc<dyn Backend> = Arc::clone(&c) as Arc<dyn Backend>;
-            (Some(dyn_c), Some(c))
+    let near_name = tier_name(&c.near);
+    let mut far_name = tier_name(&c.far).to_string();
+    if far_name == near_name {
+        far_name.push_str("_far");
+    }
+    let near =
+        tier(&c.near, near_pages, near_name.to_string()).context("the chain's first tier")?;
+    let far = tier(&c.far, far_pages, far_name).context("the chain's second tier")?;
+    let mcfg = MigrateConfig {
+        near_pages: near_pages as u32,
+        high_percent: c.migrate_high_percent,
+        low_percent: c.migrate_low_percent,
+        age: c.migrate_age,
+        batch_pages: c.migrate_batch_pages,
+    };
+    Ok(Arc::new(
+        TierChain::new(near, far, mcfg, far_pages as u32).context("starting the chain")?,
+    ))
+}
+
+/// The backing device below zswap, sealed (encryption at rest) or, without encryption,
+/// checksummed, and wrapped in failure injection if asked; a chain seals each of its tiers.
+fn build_backend(cfg: &TierConfig, nslots: u64) -> anyhow::Result<Layers> {
+    let (backend, sealer, checksums, chain) = match &cfg.backend {
+        BackendSpec::Chain(c) => {
+            let chain = build_chain(cfg, c, nslots)?;
+            let b: Arc<dyn Backend> = Arc::clone(&chain) as Arc<dyn Backend>;
+            (Some(b), None, None, Some(chain))
         }
-        b => (b, None),
+        spec => match open_device(cfg, spec, device_bytes(cfg, nslots))? {
+            None => (None, None, None, None),
+            Some(dev) => {
+                let (b, s, c) = protect(cfg, dev)?;
+                (Some(b), s, c, None)
+            }
+        },
     };
     // Failure injection outermost: its byte count is of pages, sealed or not.
     let backend: Option<Arc<dyn Backend>> = match (backend, cfg.fail_writes) {
@@ -257,6 +356,7 @@ fn build_backend(cfg: &TierConfig, device_bytes: u64) -> anyhow::Result<Layers> 
         backend,
         sealer,
         checksums,
+        chain,
     })
 }
 
@@ -352,25 +452,25 @@ impl Tiers {
     pub fn new(cfg: TierConfig) -> anyhow::Result<Self> {
         use anyhow::Context;
         let nslots = (cfg.swap_bytes / PAGE_SIZE_U64).clamp(1024, u64::from(ZERO_SLOT - 1));
-        let swap_bytes = nslots * PAGE_SIZE_U64;
-        // A sealed page takes its tag with it on the device (`seal::SEALED_PAGE_BYTES`).
-        let device_bytes = if cfg.encrypt {
-            seal::device_bytes(nslots)
-        } else {
-            swap_bytes
-        };
         let Layers {
             backend,
             sealer,
             checksums,
-        } = build_backend(&cfg, device_bytes)?;
+            chain,
+        } = build_backend(&cfg, nslots)?;
         let dev = build_device(&cfg, nslots, backend.as_ref())?;
         let zswap = build_zswap(&cfg)?;
         let stats = Arc::new(TierStats::default());
         let logged = Arc::new(AtomicBool::new(false));
         let (registry, shrinkers) = register_shrinkers(&zswap, &backend, &stats, &logged)?;
-        let readers = match (&backend, &cfg.backend) {
-            (Some(b), BackendSpec::File(_)) => Some(
+        // A swap file, alone or as a chain's first tier: faults waiting on it read at once.
+        let on_a_file = match &cfg.backend {
+            BackendSpec::File(_) => true,
+            BackendSpec::Chain(c) => matches!(c.near, BackendSpec::File(_)),
+            _ => false,
+        };
+        let readers = match &backend {
+            Some(b) if on_a_file => Some(
                 readers::Readers::new(Arc::clone(b), readers::READERS)
                     .context("starting the swap file's reader threads")?,
             ),
@@ -383,6 +483,7 @@ impl Tiers {
             backend,
             sealer,
             checksums,
+            chain,
             registry,
             _shrinkers: shrinkers,
             stats,
@@ -647,6 +748,7 @@ impl Tiers {
     /// reading several at once pays ([`Tiers::read_many`]).
     pub fn on_disk(&self, slot: u32) -> bool {
         self.readers.is_some()
+            && self.chain.as_ref().is_none_or(|c| c.is_near(slot))
             && !self
                 .zswap
                 .as_ref()
@@ -857,17 +959,31 @@ impl Tiers {
         if let Some(c) = &self.checksums {
             c.forget(u64::from(slot));
         }
+        if let Some(c) = &self.chain {
+            c.free(slot);
+        }
     }
 
     /// Heap bytes of the side table of seals, or of checksums without encryption.
     pub fn seal_metadata_bytes(&self) -> usize {
         self.sealer.as_ref().map_or(0, |s| s.metadata_bytes())
             + self.checksums.as_ref().map_or(0, |c| c.metadata_bytes())
+            + self.chain.as_ref().map_or(0, |c| c.metadata_bytes())
     }
 
     /// Whether pages written to the backend are sealed (encryption on, and a backend).
     pub fn encrypted(&self) -> bool {
-        self.sealer.is_some()
+        self.sealer.is_some() || self.chain.as_ref().is_some_and(|c| c.encrypted())
+    }
+
+    /// Whether pages written to the backend are checksummed (no encryption, checksums on).
+    fn checksummed(&self) -> bool {
+        self.checksums.is_some() || self.chain.as_ref().is_some_and(|c| c.checksummed())
+    }
+
+    /// The chain, when the backend is two tiers.
+    pub fn chain(&self) -> Option<&TierChain> {
+        self.chain.as_deref()
     }
 
     /// Waits until every page stored on the backend so far is on its device (a file's
@@ -882,11 +998,13 @@ impl Tiers {
     /// Pages read back from the backend that failed authentication.
     pub fn backend_auth_failures(&self) -> u64 {
         self.sealer.as_ref().map_or(0, |s| s.auth_failures())
+            + self.chain.as_ref().map_or(0, |c| c.auth_failures())
     }
 
     /// Pages read back from the backend whose checksum did not match (no encryption).
     pub fn backend_checksum_failures(&self) -> u64 {
         self.checksums.as_ref().map_or(0, |c| c.failures())
+            + self.chain.as_ref().map_or(0, |c| c.checksum_failures())
     }
 
     /// Slots in use.
@@ -964,7 +1082,7 @@ impl Tiers {
         }
         .into();
         v["backend_auth_failures"] = self.backend_auth_failures().into();
-        v["backend_checksums"] = if self.checksums.is_some() {
+        v["backend_checksums"] = if self.checksummed() {
             checksum::CHECKSUM
         } else {
             "none"
@@ -975,6 +1093,7 @@ impl Tiers {
         if let Some(b) = &self.backend {
             b.counters(v);
         }
+        self.tier_counters(v);
         v["store_refused"] = ld(&s.store_refused).into();
         v["shrink_calls"] = ld(&s.shrink_calls).into();
         v["zswap_pool_max_bytes"] = ld(&s.pool_max_bytes).into();
@@ -1000,6 +1119,42 @@ impl Tiers {
             };
             v["zswap_compression_ratio"] = ratio.into();
         }
+    }
+
+    /// Counters per tier, vmstat style, and `tier_chain` naming the tiers in order: for each,
+    /// `tier_<name>_pgin` (pages read by faults), `_pgout` (pages stored into it from above),
+    /// `_migrated` (pages moved down out of it: zswap's writeback, a chain's migration; for a
+    /// chain's far tier, moved into it), `_pages` and `_bytes` (held now; a lone backend
+    /// reports no `_pages`), `_failures` (writes and reads that failed). A chain's tiers are
+    /// reported by the chain (`chain.rs`).
+    fn tier_counters(&self, v: &mut serde_json::Value) {
+        let s = &self.stats;
+        let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut names: Vec<&str> = Vec::new();
+        if let Some(z) = &self.zswap {
+            let zs = z.stats();
+            names.push("zswap");
+            v["tier_zswap_pgin"] = ld(&s.zswpin).into();
+            v["tier_zswap_pgout"] = ld(&s.zswpout).into();
+            v["tier_zswap_migrated"] = ld(&s.zswpwb).into();
+            v["tier_zswap_pages"] = zs.stored_pages.into();
+            v["tier_zswap_bytes"] = zs.pool_total_size.into();
+            v["tier_zswap_failures"] = ld(&s.writeback_errors).into();
+        }
+        match (&self.chain, &self.backend) {
+            (Some(c), _) => names.extend(c.names()),
+            (None, Some(_)) => {
+                let name = tier_name(&self.cfg.backend);
+                names.push(name);
+                v[format!("tier_{name}_pgin")] = ld(&s.pswpin).into();
+                v[format!("tier_{name}_pgout")] = ld(&s.pswpout).into();
+                v[format!("tier_{name}_migrated")] = 0.into();
+                v[format!("tier_{name}_failures")] =
+                    (ld(&s.backend_write_errors) + ld(&s.backend_read_errors)).into();
+            }
+            (None, None) => {}
+        }
+        v["tier_chain"] = names.join(",").replace('_', "-").into();
     }
 
     /// The run is over: the backend drops what it holds for it (a Redis Cluster's keys).
@@ -1576,5 +1731,113 @@ mod tests {
             t.put(s).unwrap();
         }
         assert_eq!(t.seal_metadata_bytes(), seal::EMPTY_TABLE_BYTES);
+    }
+
+    /// A chain of a small swap file over a (simulated) pmem file, sealed and unsealed: pages
+    /// fill the file, the migrator moves the oldest down while reader threads read random
+    /// stored pages (each must come back right, whichever tier it is in, moved or not during
+    /// the read), the rest move down on demand, and every page reads back; freeing every slot
+    /// empties both tiers; the per-tier counters say where pages went.
+    #[test]
+    fn a_chain_moves_pages_down_and_reads_them_from_either_tier() {
+        use std::sync::Mutex as StdMutex;
+        for encrypt in [true, false] {
+            let far = tmp(&format!("chain-far-{encrypt}"));
+            let _ = std::fs::remove_file(&far);
+            let mut spec = ChainSpec::new(BackendSpec::File(None), BackendSpec::Pmem(far.clone()));
+            spec.near_bytes = 1 << 20;
+            spec.migrate_batch_pages = 32;
+            let mut c = cfg(None, BackendSpec::Chain(Box::new(spec)));
+            c.encrypt = encrypt;
+            c.large_folios = false;
+            let t = Arc::new(Tiers::new(c).unwrap());
+            let stored: Arc<StdMutex<Vec<(u32, u64)>>> = Arc::default();
+            let stop = Arc::new(AtomicBool::new(false));
+            let readers: Vec<_> = (0..2)
+                .map(|r| {
+                    let (t, stored, stop) =
+                        (Arc::clone(&t), Arc::clone(&stored), Arc::clone(&stop));
+                    std::thread::spawn(move || {
+                        let mut out = vec![0u8; PAGE_SIZE];
+                        let mut x = 0x9E37_79B9u64 + r;
+                        let mut reads = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let pick = {
+                                let s = stored.lock().unwrap();
+                                (!s.is_empty()).then(|| s[x as usize % s.len()])
+                            };
+                            let Some((slot, tag)) = pick else { continue };
+                            t.read(slot, &mut out)
+                                .unwrap_or_else(|e| panic!("slot {slot}: {e}"));
+                            assert_eq!(out, page(tag), "slot {slot} read wrong bytes");
+                            reads += 1;
+                        }
+                        reads
+                    })
+                })
+                .collect();
+            for tag in 0..3000u64 {
+                let p = page(tag);
+                let s = t.store_units(&[(0, &p[..])]).pop().unwrap().unwrap()[0];
+                stored.lock().unwrap().push((s, tag));
+            }
+            let chain = t.chain().unwrap();
+            chain.migrate_all().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            stop.store(true, Ordering::Relaxed);
+            let reads: u64 = readers.into_iter().map(|h| h.join().unwrap()).sum();
+            assert!(reads > 0);
+            chain.check_integrity().unwrap();
+            let mut v = serde_json::json!({});
+            t.to_json(&mut v);
+            assert_eq!(v["tier_chain"].as_str(), Some("file,pmem"), "{v}");
+            let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+            // Stored faster than the migrator moves them (nothing throttles these stores), so
+            // many went to the far tier directly: but the file took at least its fill.
+            assert_eq!(n("tier_file_pgout") + n("tier_pmem_pgout"), 3000, "{v}");
+            assert_eq!(n("tier_pmem_pgout"), n("chain_spilled_full"), "{v}");
+            assert!(n("tier_file_pgout") >= 256, "{v}");
+            assert_eq!(n("tier_file_migrated"), n("tier_file_pgout"), "{v}");
+            assert_eq!(n("chain_migrate_abandoned"), 0, "nothing was freed: {v}");
+            assert_eq!(n("tier_file_migrated"), n("tier_pmem_migrated"));
+            assert_eq!(n("tier_file_pages"), 0, "all moved down: {v}");
+            assert_eq!(n("tier_pmem_pages"), 3000);
+            assert_eq!(n("tier_file_failures") + n("tier_pmem_failures"), 0);
+            assert_eq!(v["backend_encrypted"].as_bool(), Some(encrypt));
+            let mut out = vec![0u8; PAGE_SIZE];
+            let all = stored.lock().unwrap().clone();
+            for &(slot, tag) in &all {
+                t.read(slot, &mut out).unwrap();
+                assert_eq!(out, page(tag), "slot {slot}");
+            }
+            // New pages land near again; a stretch across both tiers reads whole.
+            let p = page(77_777);
+            let s = t.store_units(&[(0, &p[..])]).pop().unwrap().unwrap()[0];
+            assert!(chain.is_near(s));
+            t.read(s, &mut out).unwrap();
+            assert_eq!(out, p);
+            t.put(s).unwrap();
+            for &(slot, _) in &all {
+                t.put(slot).unwrap();
+            }
+            let mut v = serde_json::json!({});
+            t.to_json(&mut v);
+            assert_eq!(v["tier_file_pages"].as_u64(), Some(0), "{v}");
+            assert_eq!(v["tier_pmem_pages"].as_u64(), Some(0), "{v}");
+            assert_eq!(
+                v["chain_far_places_in_use"].as_u64(),
+                Some(0),
+                "far places released"
+            );
+            assert!(t.read(all[0].0, &mut out).is_err(), "a freed slot reads");
+            chain.check_integrity().unwrap();
+            t.check_integrity().unwrap();
+            t.close();
+            drop(t);
+            assert!(!far.exists(), "the pmem file is removed");
+        }
     }
 }

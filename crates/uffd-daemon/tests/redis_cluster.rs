@@ -576,3 +576,167 @@ fn a_lost_page_stops_the_program() {
     assert_eq!(c.keys(), 0, "keys left: {:?}", c.key_names());
     let _ = std::fs::remove_file(cfg);
 }
+
+/// The chain's settings for the daemon tests: the cluster's as above, and a file tier that
+/// moves pages down by fill and by age (so that pages reach the cluster in a short run).
+fn write_chain_config(name: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("uffd-chain-{name}-{}.toml", std::process::id()));
+    std::fs::write(
+        &p,
+        "[tiers]\nnear_size = \"8M\"\nmigrate_age_ms = 2000\nmigrate_batch_pages = 128\n\
+         [redis_cluster]\nreplicas = 1\nwait_timeout_ms = 300\nresponse_timeout_ms = 1000\n\
+         write_retry_ms = 500\nread_retry_ms = 30000\n",
+    )
+    .unwrap();
+    p
+}
+
+fn chain_args(c: &TestCluster, zswap: &str, cfg: &std::path::Path) -> Vec<String> {
+    [
+        "--limit",
+        "16M",
+        "--zswap",
+        zswap,
+        "--backend",
+        &format!("file,redis-cluster:{}", c.nodes_arg()),
+        "--config",
+        &cfg.to_string_lossy(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Pages reached all three levels and came back from each: zswap (stored, written back), the
+/// file (written, read by faults, moved down) and the cluster (moved into, read by faults),
+/// with every page sealed and authenticated and nothing lost.
+fn assert_three_levels(run: &Run, name: &str) {
+    eprintln!(
+        "{name}: zswap out {} wb {} in {}; file out {} in {} migrated {} failures {}; cluster \
+         migrated in {} direct {} in {} failures {}; migrate batches {} abandoned {} failures \
+         {}; spilled {} + {}",
+        run.get("tier_zswap_pgout"),
+        run.get("tier_zswap_migrated"),
+        run.get("tier_zswap_pgin"),
+        run.get("tier_file_pgout"),
+        run.get("tier_file_pgin"),
+        run.get("tier_file_migrated"),
+        run.get("tier_file_failures"),
+        run.get("tier_redis_cluster_migrated"),
+        run.get("tier_redis_cluster_pgout"),
+        run.get("tier_redis_cluster_pgin"),
+        run.get("tier_redis_cluster_failures"),
+        run.get("chain_migrate_batches"),
+        run.get("chain_migrate_abandoned"),
+        run.get("chain_migrate_failures"),
+        run.get("chain_spilled_full"),
+        run.get("chain_spilled_failed"),
+    );
+    assert_eq!(
+        run.stats["tier_chain"].as_str(),
+        Some("zswap,file,redis-cluster"),
+        "{name}"
+    );
+    assert!(run.get("tier_zswap_pgout") > 0, "{name}: nothing in zswap");
+    assert!(
+        run.get("tier_zswap_migrated") > 0,
+        "{name}: zswap never wrote back"
+    );
+    assert!(
+        run.get("tier_file_pgout") > 0,
+        "{name}: nothing reached the file"
+    );
+    assert!(
+        run.get("tier_file_pgin") > 0,
+        "{name}: no fault read the file"
+    );
+    assert!(
+        run.get("tier_file_migrated") > 0,
+        "{name}: nothing moved down"
+    );
+    assert!(
+        run.get("tier_redis_cluster_migrated") > 0,
+        "{name}: nothing reached the cluster"
+    );
+    assert!(
+        run.get("tier_redis_cluster_pgin") > 0,
+        "{name}: no fault read the cluster"
+    );
+    assert_eq!(
+        run.stats["backend_encrypted"].as_bool(),
+        Some(true),
+        "{name}"
+    );
+    assert_eq!(run.get("backend_auth_failures"), 0, "{name}");
+    assert_eq!(run.get("cluster_missing_keys"), 0, "{name}");
+    assert_eq!(run.get("swap_slots_in_use"), 0, "{name}: slots leaked");
+    // The file's pages either moved down or were read back (a fault frees its slot).
+    assert!(
+        run.get("tier_file_migrated") + run.get("tier_file_pgin") <= run.get("tier_file_pgout"),
+        "{name}: more left the file than entered it"
+    );
+}
+
+/// The daemon pages the demo's workload (which checks every page) through zswap, a small file
+/// tier and the cluster: pages reach all three levels and come back from each, every page
+/// right, and the cluster is empty after.
+#[test]
+fn daemon_pages_through_zswap_a_file_and_the_cluster() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !can_test() {
+        return;
+    }
+    let c = TestCluster::start("chain");
+    let cfg = write_chain_config("chain");
+    let name = "chain-zswap-file-cluster";
+    let args = chain_args(&c, "2M", &cfg);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = run_with(&a, name, &[DAEMON, "workload", "--size", "64M"]);
+    assert_eq!(run.status, 0, "{name}: the workload failed: {}", run.stderr);
+    assert!(run.stdout.contains("0 bad pages"), "{name}: {}", run.stdout);
+    assert_three_levels(&run, name);
+    assert_eq!(run.get("tier_file_failures"), 0, "{name}");
+    assert_eq!(run.get("tier_redis_cluster_failures"), 0, "{name}");
+    assert_eq!(run.get("cluster_write_failures"), 0, "{name}");
+    assert_eq!(c.keys(), 0, "{name}: keys left: {:?}", c.key_names());
+    let _ = std::fs::remove_file(cfg);
+}
+
+/// A master SIGKILLed while the daemon pages through zswap, the file and the cluster, brought
+/// back as a replica after the failover: migrations to its slots fail and their pages stay in
+/// the file (or resident) until it is back, faults wait out the failover, and the program
+/// finishes with every page right.
+#[test]
+fn daemon_chain_survives_a_master_killed_mid_run() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() || !can_test() {
+        return;
+    }
+    let mut c = TestCluster::start("chain-kill");
+    let cfg = write_chain_config("chain-kill");
+    let name = "chain-kill";
+    let args = chain_args(&c, "2M", &cfg);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let stats = stats_path(name);
+    let d = Bounded::spawn(
+        daemon_command(&a, &stats, &[DAEMON, "workload", "--size", "64M"]),
+        name,
+    );
+    wait_keys(&c, 3000, name);
+    let victim = c.masters()[0];
+    c.kill(victim);
+    eprintln!("{name}: killed master {victim} with {} keys", c.keys());
+    c.wait_failover(victim);
+    c.restart(victim);
+    let run = finish_run(name, d.wait(HANG_GUARD), &stats);
+    assert_eq!(run.status, 0, "{name}: the workload failed: {}", run.stderr);
+    assert!(run.stdout.contains("0 bad pages"), "{name}: {}", run.stdout);
+    assert_three_levels(&run, name);
+    assert!(
+        run.get("cluster_retries") + run.get("cluster_write_failures") > 0,
+        "{name}: the kill went unseen"
+    );
+    c.wait_healthy(&[]);
+    assert_eq!(c.keys(), 0, "{name}: keys left: {:?}", c.key_names());
+    let _ = std::fs::remove_file(cfg);
+}

@@ -22,6 +22,84 @@ pub enum BackendSpec {
     /// A Redis Cluster (`redis_cluster.rs`): the nodes to reach it through (any one that
     /// answers will do) and the `[redis_cluster]` settings.
     RedisCluster(Box<RedisClusterConfig>),
+    /// Two backends as a chain (`chain.rs`): pages go to the near one (a file or pmem,
+    /// bounded), and move down to the far one (a Redis Cluster) as the near one fills or they
+    /// age: `--backend file,redis-cluster:HOST:PORT,...`.
+    Chain(Box<ChainSpec>),
+}
+
+/// A chain of two backends and when pages move from the first to the second (`[tiers]`
+/// `near_size` and `migrate_*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainSpec {
+    /// The near tier: `file`, `file:PATH` or `pmem:PATH`.
+    pub near: BackendSpec,
+    /// The far tier: any backend but `none` or another chain.
+    pub far: BackendSpec,
+    /// The near tier's size in bytes (0: a quarter of the swap space).
+    pub near_bytes: u64,
+    /// Migration starts when the near tier holds this share of its pages…
+    pub migrate_high_percent: u8,
+    /// …and goes on down to this share.
+    pub migrate_low_percent: u8,
+    /// Pages older than this move down whatever the near tier's fill (`None`: by fill only).
+    pub migrate_age: Option<Duration>,
+    /// Pages a migration batch moves at most.
+    pub migrate_batch_pages: usize,
+}
+
+impl ChainSpec {
+    /// `near` then `far`, with the default migration settings.
+    pub fn new(near: BackendSpec, far: BackendSpec) -> Self {
+        ChainSpec {
+            near,
+            far,
+            near_bytes: 0,
+            migrate_high_percent: 90,
+            migrate_low_percent: 70,
+            migrate_age: None,
+            migrate_batch_pages: 256,
+        }
+    }
+
+    /// Checks the settings against each other.
+    pub fn validate(&self) -> Result<(), String> {
+        if !matches!(self.near, BackendSpec::File(_) | BackendSpec::Pmem(_)) {
+            return Err(format!(
+                "the first tier of a chain must be file, file:PATH or pmem:PATH, not {:?}",
+                self.near
+            ));
+        }
+        if matches!(self.far, BackendSpec::None | BackendSpec::Chain(_)) {
+            return Err(
+                "the second tier of a chain must be a backend (file:PATH, pmem:PATH or \
+                        redis-cluster:...), not none or another chain"
+                    .into(),
+            );
+        }
+        if self.near_bytes != 0 && self.near_bytes < 1 << 20 {
+            return Err(format!(
+                "tiers.near_size = {} bytes: at least 1M (a migration batch and room beside it)",
+                self.near_bytes
+            ));
+        }
+        if !(self.migrate_low_percent < self.migrate_high_percent
+            && self.migrate_high_percent <= 100)
+        {
+            return Err(format!(
+                "tiers.migrate_low_percent = {} must be below migrate_high_percent = {}, which \
+                 is at most 100",
+                self.migrate_low_percent, self.migrate_high_percent
+            ));
+        }
+        if self.migrate_batch_pages == 0 || self.migrate_batch_pages > 8192 {
+            return Err(format!(
+                "tiers.migrate_batch_pages = {}: 1 to 8192",
+                self.migrate_batch_pages
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// How the daemon talks to a Redis Cluster (`--backend redis-cluster:...` and the
@@ -138,8 +216,17 @@ impl RedisClusterConfig {
 }
 
 impl BackendSpec {
-    /// Parses `none`, `file`, `file:PATH`, `pmem:PATH`, `redis-cluster:HOST:PORT[,HOST:PORT...]`.
+    /// Parses `none`, `file`, `file:PATH`, `pmem:PATH`, `redis-cluster:HOST:PORT[,HOST:PORT...]`,
+    /// or a chain of two of them, near first: `NEAR,FAR` (`file,redis-cluster:HOST:PORT,...`).
     pub fn parse(s: &str) -> Result<Self, String> {
+        if let Some((near, far)) = s
+            .split_once(',')
+            .filter(|_| !s.starts_with("redis-cluster:"))
+        {
+            let c = ChainSpec::new(Self::parse(near)?, Self::parse(far)?);
+            c.validate()?;
+            return Ok(BackendSpec::Chain(Box::new(c)));
+        }
         match s.split_once(':') {
             Some(("redis-cluster", nodes)) => {
                 Ok(BackendSpec::RedisCluster(Box::new(RedisClusterConfig {
@@ -152,8 +239,9 @@ impl BackendSpec {
             Some(("file", p)) if !p.is_empty() => Ok(BackendSpec::File(Some(PathBuf::from(p)))),
             Some(("pmem", p)) if !p.is_empty() => Ok(BackendSpec::Pmem(PathBuf::from(p))),
             _ => Err(format!(
-                "unknown backend {s:?}: expected none, file, file:PATH, pmem:PATH or \
-                 redis-cluster:HOST:PORT[,HOST:PORT...]"
+                "unknown backend {s:?}: expected none, file, file:PATH, pmem:PATH, \
+                 redis-cluster:HOST:PORT[,HOST:PORT...], or a chain NEAR,FAR of a file (or \
+                 pmem) then another backend (file,redis-cluster:HOST:PORT,...)"
             )),
         }
     }

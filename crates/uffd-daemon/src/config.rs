@@ -67,10 +67,6 @@
 //!                                # while faults come, so idle CPUs poll in the kernel
 //!                                # (machine-wide during storms; keepers if not root) |
 //!                                # keepers: a SCHED_IDLE poller thread per CPU
-//!
-//! [reclaim]
-//! store_threads = 2              # threads storing each eviction batch (compress, seal,
-//!                                # write), reclaim's own among them; 1 to 16
 //! ```
 //!
 //! Unknown keys are refused with their name, so a typo never silently means "default".
@@ -136,18 +132,7 @@ pub struct PolicyConfig {
     /// What to do about memory of the tree the daemon cannot manage (`unmanaged`,
     /// `--unmanaged`): say it, or refuse the program.
     pub unmanaged: crate::unmanaged::Policy,
-    /// Threads that store an eviction batch (compress, seal, write), the reclaim thread
-    /// among them (`[reclaim] store_threads`; 1: reclaim stores alone).
-    pub store_threads: usize,
 }
-
-/// Default of `[reclaim] store_threads`: reclaim and one more, the second CPU's share while the
-/// first picks, protects and reads the next batch (the 32-thread program of issue #16 left a
-/// fifth of both CPUs idle with reclaim as its bottleneck).
-pub const DEFAULT_STORE_THREADS: usize = 2;
-
-/// Largest `[reclaim] store_threads` accepted.
-pub const MAX_STORE_THREADS: usize = 16;
 
 /// Default of `[fault] spin_us`.
 pub const DEFAULT_SPIN_US: u64 = 50;
@@ -171,7 +156,6 @@ impl Default for PolicyConfig {
             fault_spread: true,
             drop_timeout: std::time::Duration::from_millis(crate::agent_conn::DROP_TIMEOUT_MS),
             unmanaged: crate::unmanaged::Policy::Warn,
-            store_threads: DEFAULT_STORE_THREADS,
         }
     }
 }
@@ -190,8 +174,6 @@ struct FileConfig {
     policy: FilePolicy,
     #[serde(default)]
     fault: FileFault,
-    #[serde(default)]
-    reclaim: FileReclaim,
     #[serde(default)]
     test: FileTest,
 }
@@ -326,12 +308,6 @@ struct FileFault {
     realtime: Option<bool>,
     spread: Option<bool>,
     cpu_latency_us: Option<u32>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileReclaim {
-    store_threads: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -808,12 +784,6 @@ fn resolve_policy(f: &FileConfig, o: &Overrides, limit: u64) -> anyhow::Result<P
     if let Some(s) = f.fault.spread {
         policy.fault_spread = s;
     }
-    if let Some(n) = f.reclaim.store_threads {
-        if !(1..=MAX_STORE_THREADS).contains(&n) {
-            bail!("reclaim.store_threads = {n}: 1 to {MAX_STORE_THREADS}");
-        }
-        policy.store_threads = n;
-    }
     if let Some(m) = &f.fault.idle_poll {
         policy.fault_idle_poll_mode = match m.as_str() {
             "kernel" => crate::idlepoll::Mode::Kernel,
@@ -887,8 +857,7 @@ mod tests {
         let p = write(
             "limit = \"64M\"\n[tiers]\nbackend = \"pmem:/tmp/x\"\nswap_size = \"1G\"\n\
              [zswap]\ncompressor = \"zstd:3\"\nmax_pool = \"32M\"\n[policy]\nname = \"clock\"\npage_cluster = 2\n\
-             [fault]\nspin_us = 0\nidle_poll_us = 50\nidle_poll = \"keepers\"\nrealtime = true\nspread = false\n\
-             [reclaim]\nstore_threads = 3\n",
+             [fault]\nspin_us = 0\nidle_poll_us = 50\nidle_poll = \"keepers\"\nrealtime = true\nspread = false\n",
         );
         let r = resolve(Some(&p.0), &Overrides::default()).unwrap();
         assert_eq!(r.limit, 64 << 20);
@@ -912,7 +881,6 @@ mod tests {
         assert!(r.policy.fault_realtime);
         assert!(!PolicyConfig::default().fault_realtime, "opt-in");
         assert!(!r.policy.fault_spread);
-        assert_eq!(r.policy.store_threads, 3);
         assert!(PolicyConfig::default().fault_spread, "on by default");
         let o = Overrides {
             limit: Some(1 << 30),

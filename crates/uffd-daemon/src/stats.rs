@@ -209,9 +209,6 @@ counters! {
     reclaim_pick_max_ns,
     /// Reclaim time write-protecting victims, in nanoseconds.
     reclaim_wp_ns,
-    /// Batches prepared while the DROP before them was outstanding, given back unsent: that
-    /// DROP was not answered in time, or its agent was lost.
-    reclaim_batches_given_back,
     /// Write-protections of victims the kernel answered `EAGAIN` (an event of the address
     /// space not yet read by its handler), retried.
     reclaim_wp_again,

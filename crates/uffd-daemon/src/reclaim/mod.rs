@@ -436,7 +436,6 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         if late {
             // Not answered in time, or the agent is gone: nothing of this batch moves.
             if let Some((slots, refused, _)) = &stored {
-                Stats::add(&stats.reclaim_batches_given_back, 1);
                 give_back(shared, mm, batch, &victims, slots, refused);
             }
             return progress;
@@ -686,11 +685,7 @@ fn store(
             })
             .collect();
         let mut failures = Vec::new();
-        for (&(i, order), r) in
-            units
-                .iter()
-                .zip(store_spread(shared, &spans, shared.policy.store_threads))
-        {
+        for (&(i, order), r) in units.iter().zip(shared.tiers.store_units(&spans)) {
             let n = 1usize << order;
             match r {
                 Ok(s) => slots[i..i + n].copy_from_slice(&s),
@@ -707,49 +702,6 @@ fn store(
         abort_pages(shared, mm, batch, &refused);
     }
     (slots, refused)
-}
-
-/// Fewest store units a batch has before it is spread over threads: a thread's start
-/// (tens of microseconds) is worth it only for a batch of some size.
-const SPREAD_MIN_UNITS: usize = 32;
-
-/// Stores `spans` (`tiers.store_units`) cut into `threads` consecutive parts, one per thread,
-/// this one among them; their results in order. Each part compresses, seals and writes on
-/// its own: the tiers take stores from any thread (the fault handlers load concurrently).
-fn store_spread(
-    shared: &Shared,
-    spans: &[(u32, &[u8])],
-    threads: usize,
-) -> Vec<Result<Vec<u32>, crate::tiers::StoreFail>> {
-    let threads = threads.min(spans.len() / (SPREAD_MIN_UNITS / 2)).max(1);
-    if threads == 1 {
-        return shared.tiers.store_units(spans);
-    }
-    let per = spans.len().div_ceil(threads);
-    let mut parts = spans.chunks(per);
-    let first = parts.next().unwrap_or_default();
-    std::thread::scope(|sc| {
-        let others: Vec<_> = parts
-            .map(|part| {
-                std::thread::Builder::new()
-                    .name("uffd-store".into())
-                    .spawn_scoped(sc, || shared.tiers.store_units(part))
-                    .map_err(|_| part)
-            })
-            .collect();
-        let mut out = shared.tiers.store_units(first);
-        for h in others {
-            match h {
-                Ok(h) => match h.join() {
-                    Ok(r) => out.extend(r),
-                    Err(panic) => std::panic::resume_unwind(panic),
-                },
-                // No thread to be had (out of them): stored here.
-                Err(part) => out.extend(shared.tiers.store_units(part)),
-            }
-        }
-        out
-    })
 }
 
 /// 4. Still ours? (A REMOVE, UNMAP or REMAP may have taken pages meanwhile.) Those that are

@@ -293,31 +293,12 @@ pub fn to_low_watermark(shared: &Shared) {
             break;
         }
     }
-    // The last DROP sent while more was wanted: its answer frees the pages the faults held at
-    // the limit wait for.
-    if drain_pipeline(shared) > 0 {
-        for m in shared.mms.lock().iter() {
-            if m.throttled.swap(false, Ordering::AcqRel) {
-                m.retry.signal();
-            }
-        }
-    }
 }
 
-/// Evicts one batch from `mm`, at most `max` pages counting a batch still with the agent.
-/// Returns the pages evicted and the pages sent in a DROP left outstanding (reclaim's
-/// progress).
+/// Evicts one batch from `mm`. Returns the pages evicted.
 ///
 /// The steps, each a function below: pick the victims, (1) write-protect them, (2) read them,
 /// (3) store them, (4) keep those still ours, (5) have them moved out and settle.
-///
-/// **Pipelined with an agent.** While the agent moves one batch (its thread, in the program,
-/// on another CPU) reclaim prepares the next (steps 1-3), and only then waits for the answer
-/// and settles it (the moved pages are read back from the scratch, which the next DROP frees),
-/// before it sends the next. A DROP is left outstanding when more is wanted than it holds; the
-/// last one is waited for (`drain_pipeline`), so that faults held at the limit go on as soon
-/// as it is answered. A batch prepared while the one before is not answered in time, or loses
-/// its agent, is given back.
 pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let Some(pid) = mm.pid() else { return 0 };
     // Only once the agent's thread runs (it named itself): a forked child greets the daemon
@@ -344,25 +325,12 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     {
         return 0;
     }
-    let injected = agent.is_injected();
-    // One DROP at a time. One late (past the timeout, or sent before a hold) is only looked
-    // at; one in time leaves room for the next batch, prepared while the agent works.
-    let in_flight = match &agent.pending {
-        None => 0,
-        Some(p) if p.said_late || injected => {
-            drop(agent_guard);
-            return poll_pending_drop(shared, mm).0;
-        }
-        Some(p) => p.pages.len(),
-    };
-    let wanted = max;
-    let max = max
-        .saturating_sub(in_flight)
-        .min(agent.max_drop_pages)
-        .min(BATCH_PAGES);
-    if max == 0 {
-        return wait_pending(shared, mm, &mut agent_guard);
+    // One DROP at a time: an outstanding one is settled first.
+    if agent.pending.is_some() {
+        drop(agent_guard);
+        return poll_pending_drop(shared, mm).0;
     }
+    let max = max.min(agent.max_drop_pages).min(BATCH_PAGES);
     let batch = mm
         .next_batch
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -371,6 +339,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     // kernel writes a thread's rseq area on its way to a stop, and a thread whose rseq page
     // was write-protected in the batch would wait for the very drop that waits for its stop.
     // The first batch learns them in a stop of its own.
+    let injected = agent.is_injected();
     if injected {
         if mm.state.lock().policy.is_empty() {
             return 0; // nothing to pick: no stop for nothing
@@ -388,161 +357,50 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         }
     }
     let mut victims = pick(shared, mm, batch, max, injected);
-    // The pages the outstanding DROP has the agent unshare are not this batch's: the agent
-    // write-faults them after its moves, and one write-protected here would hold it until this
-    // batch settles, which waits for its answer.
-    if let Some(p) = agent_guard.as_ref().and_then(|a| a.pending.as_ref()) {
-        let out: Vec<u64> = victims
-            .iter()
-            .copied()
-            .filter(|a| p.unshare.binary_search(a).is_ok())
-            .collect();
-        if !out.is_empty() {
-            victims.retain(|a| p.unshare.binary_search(a).is_err());
-            abort_pages(shared, mm, batch, &out);
+    let send_drop = |guard: &mut AgentSlot<'_>, pages: Vec<u64>, slots: Vec<u32>, data: Vec<u8>| {
+        if injected {
+            drop_injected(shared, mm, guard, pid, pages, slots, data)
+        } else {
+            drop_by_agent(shared, mm, guard, pages, slots, data)
         }
+    };
+    if victims.is_empty() {
+        // (Pages waiting to be unshared are not victims: a DROP of nothing else unshares them.)
+        return send_drop(&mut agent_guard, Vec::new(), Vec::new(), Vec::new());
     }
+    let runs = runs_of(&victims);
     let stats = &shared.stats;
     let mut t = std::time::Instant::now();
     let mut lap = |c: &std::sync::atomic::AtomicU64| {
         Stats::add(c, t.elapsed().as_nanos() as u64);
         t = std::time::Instant::now();
     };
-    let mut stored = None;
-    if !victims.is_empty() {
-        let runs = runs_of(&victims);
-        if !protect(shared, mm, &runs) {
-            abort_pages(shared, mm, batch, &victims);
-            victims.clear();
-        } else {
-            lap(&stats.reclaim_wp_ns);
-            match read_victims(shared, mm, pid, batch, &mut victims, &runs) {
-                Some(data) if !victims.is_empty() => {
-                    lap(&stats.reclaim_read_ns);
-                    let (slots, refused) = store(shared, mm, batch, &victims, &data);
-                    lap(&stats.reclaim_store_ns);
-                    stored = Some((slots, refused, data));
-                }
-                _ => victims.clear(),
-            }
-        }
+    if !protect(mm, &runs) {
+        abort_pages(shared, mm, batch, &victims);
+        return 0;
     }
-    // The batch before this one, answered by now or waited for (the wait counts as the drop).
-    let mut progress = 0;
-    if in_flight > 0 {
-        progress += wait_pending(shared, mm, &mut agent_guard);
-        lap(&stats.reclaim_drop_ns);
-        let late = agent_guard.as_ref().is_none_or(|a| a.pending.is_some());
-        if late {
-            // Not answered in time, or the agent is gone: nothing of this batch moves.
-            if let Some((slots, refused, _)) = &stored {
-                give_back(shared, mm, batch, &victims, slots, refused);
-            }
-            return progress;
-        }
-    }
-    let send_drop =
-        |guard: &mut AgentSlot<'_>, pages: Vec<u64>, slots: Vec<u32>, data: Vec<u8>, wait: bool| {
-            if injected {
-                drop_injected(shared, mm, guard, pid, pages, slots, data)
-            } else {
-                drop_by_agent(shared, mm, guard, pages, slots, data, wait)
-            }
-        };
-    let Some((slots, refused, data)) = stored else {
-        // (Pages waiting to be unshared are not victims: a DROP of nothing else unshares them.)
-        return progress + send_drop(&mut agent_guard, Vec::new(), Vec::new(), Vec::new(), true);
+    lap(&stats.reclaim_wp_ns);
+    let Some(data) = read_victims(shared, mm, pid, batch, &mut victims, &runs) else {
+        return 0;
     };
+    if victims.is_empty() {
+        return 0;
+    }
+    lap(&stats.reclaim_read_ns);
+    let (slots, refused) = store(shared, mm, batch, &victims, &data);
+    lap(&stats.reclaim_store_ns);
     let (to_drop, drop_slots, drop_data) =
         still_ours(shared, mm, batch, &victims, &slots, &refused, data);
     if to_drop.is_empty() {
-        return progress + send_drop(&mut agent_guard, Vec::new(), Vec::new(), Vec::new(), true);
+        return send_drop(&mut agent_guard, Vec::new(), Vec::new(), Vec::new());
     }
     // 5. Have the agent move them out. Until it answers, any of them may move at any moment,
     //    so they stay `Dropping` and protected: a writer waits (the kernel's page under
     //    writeback), and so does a fault on one moved already. An answer that does not come in
-    //    time leaves the batch outstanding. Left outstanding at once when more is wanted: the
-    //    next batch is prepared meanwhile.
-    let wait = wanted <= in_flight + to_drop.len();
+    //    time leaves the batch outstanding.
     Stats::add(&shared.stats.drop_requests, 1);
-    let evicted = send_drop(&mut agent_guard, to_drop, drop_slots, drop_data, wait);
+    let evicted = send_drop(&mut agent_guard, to_drop, drop_slots, drop_data);
     lap(&stats.reclaim_drop_ns);
-    progress + evicted
-}
-
-/// Gives back a prepared batch that will not be sent (the DROP before it was not answered in
-/// time, or its agent is gone): its still-`Evicting` pages become resident again, unprotected,
-/// and their copies go.
-fn give_back(
-    shared: &Shared,
-    mm: &Mm,
-    batch: u32,
-    victims: &[u64],
-    slots: &[u32],
-    refused: &[u64],
-) {
-    let mut back = Vec::with_capacity(victims.len());
-    {
-        let mut st = mm.state.lock();
-        for (i, &a) in victims.iter().enumerate() {
-            if refused.binary_search(&a).is_ok() {
-                continue; // given back when the store refused it
-            }
-            if slots[i] != ZERO_SLOT {
-                shared.put_slot(slots[i]);
-            }
-            if st.pages.get(a) == Some(Page::Evicting { batch }) {
-                st.back_to_resident(a);
-                back.push(a);
-            }
-        }
-    }
-    Stats::add(&shared.stats.evict_aborts, back.len() as u64);
-    for (start, n) in runs_of(&back) {
-        unprotect(mm, start, n as u64 * PAGE_SIZE_U64);
-    }
-}
-
-/// Waits for `mm`'s outstanding DROP up to what is left of its timeout, and settles it if the
-/// answer comes (or the agent is gone). Returns the pages evicted.
-pub(crate) fn wait_pending(shared: &Shared, mm: &Mm, agent_guard: &mut Option<AgentConn>) -> usize {
-    let Some(pending) = agent_guard.as_mut().and_then(|a| a.pending.take()) else {
-        return 0;
-    };
-    let Some(agent) = agent_guard.as_mut() else {
-        return 0;
-    };
-    let left = shared
-        .policy
-        .drop_timeout
-        .saturating_sub(pending.sent.elapsed());
-    let statuses = pending.pages.len() + pending.unshare.len();
-    let waited = agent.wait_drop(pending.seq, statuses, left);
-    if waited.is_ok() {
-        shared
-            .drop_agent_times
-            .record(pending.sent.elapsed().as_nanos() as u64);
-    }
-    finish_drop(shared, mm, agent_guard, pending, waited)
-}
-
-/// Settles the DROPs reclaim left outstanding while it wanted more (`evict_batch`), waiting
-/// for their answers: the faults held at the limit go on once they are in. Returns the pages
-/// evicted.
-pub fn drain_pipeline(shared: &Shared) -> usize {
-    let mut evicted = 0;
-    for m in shared.mms.lock().clone() {
-        // (A slot held elsewhere, by a hold or a retire, is settled there.)
-        let Some(mut guard) = m.agent.try_lock() else {
-            continue;
-        };
-        if guard
-            .as_ref()
-            .is_some_and(|a| a.pending.as_ref().is_some_and(|p| !p.said_late))
-        {
-            evicted += wait_pending(shared, &m, &mut guard);
-        }
-    }
     evicted
 }
 
@@ -577,7 +435,7 @@ fn pick(shared: &Shared, mm: &Mm, batch: u32, max: usize, injected: bool) -> Vec
 
 /// 1. Write-protect: from here on a write waits for us. False if the protection could not be
 ///    set (the batch is then given up).
-fn protect(shared: &Shared, mm: &Mm, runs: &[(u64, u32)]) -> bool {
+fn protect(mm: &Mm, runs: &[(u64, u32)]) -> bool {
     for &(start, n) in runs {
         let len = n as u64 * PAGE_SIZE_U64;
         let mut tries = 0;
@@ -586,7 +444,6 @@ fn protect(shared: &Shared, mm: &Mm, runs: &[(u64, u32)]) -> bool {
                 Ok(Fill::Filled) | Ok(Fill::Exists) => break,
                 Ok(Fill::Again) if tries < 20_000 => {
                     tries += 1;
-                    Stats::add(&shared.stats.reclaim_wp_again, 1);
                     std::thread::sleep(std::time::Duration::from_micros(50));
                 }
                 _ => return false,
@@ -925,11 +782,9 @@ pub fn free_idle_scratch(shared: &Shared) {
 const UNSHARE_PAGES: usize = 256;
 
 /// Step 5 with an agent: sends the DROP of `to_drop` (their slots `drop_slots`; possibly none)
-/// together with the pages waiting to be unshared; with `wait`, waits for the answer up to the
-/// timeout and settles the batch, or leaves it outstanding; without, leaves it outstanding at
-/// once (the next batch is prepared meanwhile). Returns the pages evicted, or, for a DROP that
-/// only unshares, the pages unshared (reclaim made progress: they can be evicted now); without
-/// `wait`, the pages sent.
+/// together with the pages waiting to be unshared, waits for the answer up to the timeout and
+/// settles the batch, or leaves it outstanding. Returns the pages evicted, or, for a DROP that
+/// only unshares, the pages unshared (reclaim made progress: they can be evicted now).
 fn drop_by_agent(
     shared: &Shared,
     mm: &Mm,
@@ -937,7 +792,6 @@ fn drop_by_agent(
     to_drop: Vec<u64>,
     drop_slots: Vec<u32>,
     drop_data: Vec<u8>,
-    wait: bool,
 ) -> usize {
     let Some(agent) = agent_guard.as_mut() else {
         return 0;
@@ -970,12 +824,6 @@ fn drop_by_agent(
             settle_drop(shared, mm, &pending, None, &[]);
             return 0;
         }
-    }
-    if !wait {
-        // Outstanding while the next batch is prepared: progress on its way.
-        let sent = pending.pages.len() + pending.unshare.len();
-        agent.pending = Some(pending);
-        return sent;
     }
     let statuses = pending.pages.len() + pending.unshare.len();
     let waited = agent.wait_drop(pending.seq, statuses, shared.policy.drop_timeout);
@@ -1022,40 +870,24 @@ fn finish_drop(
     mm: &Mm,
     agent_guard: &mut Option<AgentConn>,
     pending: PendingDrop,
-    waited: Result<(Vec<u8>, usize), DropWait>,
+    waited: Result<Vec<u8>, DropWait>,
 ) -> usize {
-    let scratch_pages = agent_guard.as_ref().map_or(0, |a| a.max_drop_pages);
-    let waited = match waited {
-        Ok((_, first)) if first + pending.pages.len() > scratch_pages => {
-            Err(DropWait::Protocol(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "agent placed a DROP of {} pages at scratch page {first}, past its {} \
-                     scratch pages",
-                    pending.pages.len(),
-                    scratch_pages
-                ),
-            )))
-        }
-        w => w,
-    };
     match waited {
-        Ok((status, first)) => {
+        Ok(status) => {
             // The pages it moved are in its scratch until FREE (page `i` of the DROP at scratch
-            // page `first + i`): read them back first.
+            // page `i`): read them back first.
             let moved: Vec<(usize, usize)> = status[..pending.pages.len()]
                 .iter()
                 .enumerate()
-                .filter_map(|(i, &s)| (s == 0).then_some((first + i, i)))
+                .filter_map(|(i, &s)| (s == 0).then_some((i, i)))
                 .collect();
             let changed = match mm.pid() {
                 Some(pid) => read_back(mm, pid, &moved, &pending.data),
                 None => Vec::new(),
             };
-            // The agent frees the scratch at the first DROP that does not fit in what is left
-            // of it (a REMOVE event, whose round trip through the handler holds back every
-            // move and write-protection meanwhile: one in two DROPs, not each), or on FREE
-            // once reclaim is idle (`free_idle_scratch`).
+            // The agent frees the scratch at its next DROP (as it did at the end of each DROP
+            // before, this costs the DROP a REMOVE event's round trip through the handler), or
+            // on FREE once reclaim is idle (`free_idle_scratch`).
             if !pending.pages.is_empty() {
                 *mm.scratch_filled.lock() = Some(std::time::Instant::now());
             }

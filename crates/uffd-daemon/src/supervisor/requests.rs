@@ -29,7 +29,7 @@ pub(crate) fn release_to_program(
     let Some(mm) = live_mm(shared, pid) else {
         return Ok(()); // not managed: nothing of ours is registered there
     };
-    let _agent = agent_without_drop(shared, &mm)?;
+    let _agent = agent_without_drop(&mm)?;
     // Shared anonymous memory in the range: its evicted pages written back into the inode,
     // the range no mapper any more (before the unregistration below ends the daemon's faults).
     let shared_restored = shared
@@ -57,7 +57,7 @@ pub(crate) fn leave_management(shared: &Shared, pid: i32) -> std::io::Result<()>
     let Some(mm) = live_mm(shared, pid) else {
         return Ok(());
     };
-    let conn = agent_without_drop(shared, &mm)?.take();
+    let conn = agent_without_drop(&mm)?.take();
     drop(conn);
     let (managed, restored) =
         restore_and_step_aside(shared, &mm, 0, crate::wire::USER_END, Unregister::Parts)?;
@@ -100,7 +100,7 @@ pub(crate) fn step_out(shared: &Shared, pid: i32) -> std::io::Result<()> {
     if mm.agentless.load(Ordering::Acquire) {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
-    let mut slot = agent_without_drop(shared, &mm)?;
+    let mut slot = agent_without_drop(&mm)?;
     let conn = slot.take();
     mm.stepped_out.store(true, Ordering::Release);
     // The agent thread ends through glibc's thread exit, which touches the program's memory
@@ -130,7 +130,7 @@ pub(crate) fn lock_request(
         return Ok(());
     };
     let end = start.saturating_add(len);
-    let _agent = agent_without_drop(shared, &mm)?;
+    let _agent = agent_without_drop(&mm)?;
     let mut st = mm.state.lock();
     if flags & protocol::LOCK_ON == 0 {
         st.lock_requests.retain(|&(s, e, _)| (s, e) != (start, end));

@@ -199,21 +199,14 @@ pub(crate) fn live_mm(shared: &Shared, pid: i32) -> Option<Arc<Mm>> {
         .cloned()
 }
 
-/// The agent slot of `mm` once no DROP is outstanding on it, held so that no new one starts.
-/// One that reclaim left outstanding while it prepared the next batch is waited for and settled
-/// here; one already late is settled by the monitor when its answer comes. `EAGAIN` after 10 s.
-pub(crate) fn agent_without_drop<'a>(
-    shared: &Shared,
-    mm: &'a Mm,
-) -> std::io::Result<parking_lot::MutexGuard<'a, Option<AgentConn>>> {
+/// The agent slot of `mm` once no DROP is outstanding on it (the monitor settles one when its
+/// answer comes), held so that no new one starts. `EAGAIN` after 10 s.
+pub(crate) fn agent_without_drop(
+    mm: &Mm,
+) -> std::io::Result<parking_lot::MutexGuard<'_, Option<AgentConn>>> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let mut g = mm.agent.lock();
-        if g.as_ref()
-            .is_some_and(|a| a.pending.as_ref().is_some_and(|p| !p.said_late))
-        {
-            crate::reclaim::wait_pending(shared, mm, &mut g);
-        }
+        let g = mm.agent.lock();
         if g.as_ref().is_none_or(|a| a.pending.is_none()) {
             return Ok(g);
         }

@@ -211,7 +211,7 @@ struct agent {
 	char *region;
 	char *probe;
 	char *scratch;
-	uint64_t scratch_used; /* pages the last DROP may have moved into the scratch, not yet freed */
+	uint64_t scratch_used; /* pages of the scratch that DROPs may have moved into, not yet freed */
 	char *stack;
 	char *watchdog_stack;
 	uint8_t buf[MAX_PACKET];
@@ -533,7 +533,7 @@ static void do_unshare(uint64_t addr, uint32_t pages, uint8_t *status)
 	}
 }
 
-/* Frees what the last DROP moved into the scratch (FREE: the daemon has read it back). The
+/* Frees what DROPs moved into the scratch (FREE: the daemon has read it all back). The
  * scratch's REMOVE event is recognised by its address. */
 static void free_scratch(struct agent *ag)
 {
@@ -543,23 +543,39 @@ static void free_scratch(struct agent *ag)
 }
 
 /* Moves the daemon's victims into scratch, then unshares the runs flagged DROP_RUN_UNSHARE;
- * reports per-page status in the message's order. The moved pages stay in the scratch until
- * the daemon's FREE: it reads them back first, since a page written through a pin (an I/O in
- * flight) after the daemon read it can hold more than the daemon stored. The unsharing comes
- * after every move of the DROP: it may write-fault a page the daemon protects, and the daemon
- * lets such a fault of this thread through only because nothing of this DROP moves any more. */
+ * reports per-page status in the message's order, and the scratch page the DROP's pages start
+ * at. The moved pages stay in the scratch until the daemon's FREE: it reads them back first,
+ * since a page written through a pin (an I/O in flight) after the daemon read it can hold more
+ * than the daemon stored. The unsharing comes after every move of the DROP: it may write-fault
+ * a page the daemon protects, and the daemon lets such a fault of this thread through only
+ * because nothing of this DROP moves any more.
+ *
+ * The scratch is used as a ring: each DROP's pages follow the last one's, and it is freed
+ * only when the next DROP does not fit (the daemon has read back every DROP before it sends
+ * the next). Freeing raises a REMOVE event, and until the daemon's handler has read it, the
+ * kernel answers every UFFDIO_MOVE and UFFDIO_WRITEPROTECT of this address space with EAGAIN
+ * (mmap_changing): the daemon's next batch would wait in its write-protection. */
 static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t seq)
 {
 	uint32_t nruns = get32(p);
 	uint64_t deadline = now_us() + DROP_RETRY_BUDGET_US;
 	if (len != 8 + 16 * (uint64_t)nruns)
 		fatal("malformed DROP from the daemon", EPROTO);
-	/* What the last DROP moved, unless a FREE came since: a scratch page still in use would
-	 * refuse a move with EEXIST. (The daemon has read it back before it sends the next DROP.) */
-	free_scratch(ag);
+	uint64_t need = 0; /* pages this DROP may move */
+	for (uint32_t r = 0; r < nruns; r++) {
+		uint32_t pages = get32(p + 16 + 16 * r);
+		if (!(get32(p + 20 + 16 * r) & DROP_RUN_UNSHARE))
+			need += pages;
+	}
+	if (need > SCRATCH_PAGES)
+		fatal("DROP larger than the scratch area", EPROTO);
+	/* A scratch page still in use would refuse a move with EEXIST. */
+	if (ag->scratch_used + need > SCRATCH_PAGES)
+		free_scratch(ag);
+	uint64_t base = ag->scratch_used; /* this DROP's first scratch page */
 	uint8_t *status = ag->out + HEADER_LEN + 8;
 	uint64_t si = 0; /* pages so far, in the message's order: the index of the next status */
-	uint64_t k = 0;  /* pages moved so far: the next scratch slot */
+	uint64_t k = 0;  /* pages moved so far: the next scratch slot after base */
 	for (uint32_t r = 0; r < nruns; r++) {
 		uint64_t addr = get64(p + 8 + 16 * r);
 		uint32_t pages = get32(p + 16 + 16 * r);
@@ -570,12 +586,12 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 			si += pages; /* below, once nothing moves any more */
 			continue;
 		}
-		if (k + pages > SCRATCH_PAGES)
+		if (base + k + pages > SCRATCH_PAGES)
 			fatal("DROP larger than the scratch area", EPROTO);
 		uint64_t done = 0;
 		while (done < pages) {
 			struct uffdio_move_ mv = {
-				.dst = (uint64_t)ag->scratch + (k + done) * PAGE,
+				.dst = (uint64_t)ag->scratch + (base + k + done) * PAGE,
 				.src = addr + done * PAGE,
 				.len = (pages - done) * PAGE,
 				.mode = UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES,
@@ -607,7 +623,7 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 		k += pages;
 		si += pages;
 	}
-	ag->scratch_used = k;
+	ag->scratch_used = base + k;
 	uint64_t at = 0;
 	for (uint32_t r = 0; r < nruns; r++) {
 		uint32_t pages = get32(p + 16 + 16 * r);
@@ -617,7 +633,7 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 	}
 	header_seq(ag->out, KIND_DROP_DONE, (uint32_t)(8 + si), seq);
 	put32(ag->out + HEADER_LEN, (uint32_t)si);
-	put32(ag->out + HEADER_LEN + 4, 0);
+	put32(ag->out + HEADER_LEN + 4, (uint32_t)base);
 	if (send_packet(ag->sock, ag->out, HEADER_LEN + 8 + si, -1) < 0 && errno != EINTR)
 		return;
 }

@@ -130,14 +130,15 @@ impl AgentConn {
     }
 
     /// Waits up to `timeout` for the answer to DROP `seq` of `pages` pages: the per-page
-    /// statuses (0 = moved). Signals do not end the wait; answers to older DROPs (which timed
-    /// out and were settled otherwise) are skipped.
+    /// statuses (0 = moved) and the scratch page the moved pages start at. Signals do not end
+    /// the wait; answers to older DROPs (which timed out and were settled otherwise) are
+    /// skipped.
     pub fn wait_drop(
         &mut self,
         seq: u32,
         pages: usize,
         timeout: Duration,
-    ) -> Result<Vec<u8>, DropWait> {
+    ) -> Result<(Vec<u8>, usize), DropWait> {
         let deadline = Instant::now() + timeout;
         let sock = self.sock().map_err(DropWait::Protocol)?;
         let mut buf = vec![0u8; MAX_PACKET];
@@ -177,9 +178,13 @@ impl AgentConn {
             };
             match protocol::decode(&buf[..n]) {
                 Ok((Message::DropDone { .. }, s)) if s != seq => continue, // a late answer
-                Ok((Message::DropDone { status }, _)) if status.len() == pages => {
-                    return Ok(status)
-                }
+                Ok((
+                    Message::DropDone {
+                        status,
+                        scratch_first,
+                    },
+                    _,
+                )) if status.len() == pages => return Ok((status, scratch_first as usize)),
                 Ok((other, _)) => {
                     return Err(DropWait::Protocol(io::Error::new(
                         io::ErrorKind::InvalidData,

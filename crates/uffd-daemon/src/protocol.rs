@@ -18,7 +18,9 @@
 //!                                                                     a pipe that hangs up when
 //!                                                                     the daemon exits)
 //! DROP       daemon -> agent   nruns u32, pad u32, nruns x (addr u64, npages u32, pad u32)
-//! DROP_DONE  agent  -> daemon  npages u32, pad u32, npages x status u8 (0 = moved, else errno)
+//! DROP_DONE  agent  -> daemon  npages u32, scratch_first u32, npages x status u8 (0 = moved,
+//!                              else errno; the k-th page moved is at scratch page
+//!                              scratch_first + k)
 //! FREE       daemon -> agent   (no payload): free what the last DROP moved into the scratch
 //! ERROR      daemon -> agent   code i32, message bytes (UTF-8)
 //! RELEASE    agent  -> daemon  start u64, len u64                    (program thread, own
@@ -93,6 +95,8 @@ pub enum Message {
     DropDone {
         /// One status per page.
         status: Vec<u8>,
+        /// The scratch page the moved pages start at (the agent fills its scratch as a ring).
+        scratch_first: u32,
     },
     /// The daemon has read back what the last DROP moved into the agent's scratch (a page
     /// written through a pin after the daemon first read it holds more than was stored): the
@@ -258,10 +262,13 @@ pub fn encode(msg: &Message, seq: u32) -> Vec<u8> {
             }
             KIND_DROP
         }
-        Message::DropDone { status } => {
+        Message::DropDone {
+            status,
+            scratch_first,
+        } => {
             assert!(status.len() <= MAX_DROP_PAGES);
             p.extend_from_slice(&(status.len() as u32).to_le_bytes());
-            p.extend_from_slice(&0u32.to_le_bytes());
+            p.extend_from_slice(&scratch_first.to_le_bytes());
             p.extend_from_slice(status);
             KIND_DROP_DONE
         }
@@ -512,6 +519,7 @@ fn decode_drop_done(p: &[u8]) -> Result<Message, ProtocolError> {
     }
     Ok(Message::DropDone {
         status: p[8..].to_vec(),
+        scratch_first: u32_at(p, 4),
     })
 }
 
@@ -658,8 +666,12 @@ mod tests {
                 proptest::collection::vec((page_addr(), 1u32..4), 0..16)
             )
                 .prop_map(|(runs, unshare)| Message::Drop { runs, unshare }),
-            proptest::collection::vec(any::<u8>(), 0..512)
-                .prop_map(|status| Message::DropDone { status }),
+            (proptest::collection::vec(any::<u8>(), 0..512), any::<u32>()).prop_map(
+                |(status, scratch_first)| Message::DropDone {
+                    status,
+                    scratch_first
+                }
+            ),
             (any::<i32>(), "[a-z ]{0,40}")
                 .prop_map(|(code, message)| Message::Error { code, message }),
             (page_addr(), 1u64..1024).prop_map(|(start, pages)| Message::Release {

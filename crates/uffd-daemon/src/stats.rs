@@ -209,6 +209,9 @@ counters! {
     reclaim_pick_max_ns,
     /// Reclaim time write-protecting victims, in nanoseconds.
     reclaim_wp_ns,
+    /// Write-protections of victims the kernel answered `EAGAIN` (an event of the address
+    /// space not yet read by its handler, such as the REMOVE of an agent's scratch), retried.
+    reclaim_wp_again,
     /// Reclaim time reading victims (`/proc/PID/mem`), in nanoseconds.
     reclaim_read_ns,
     /// Victims found not mapped when read (the program removed or unmapped them since they

@@ -375,7 +375,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         Stats::add(c, t.elapsed().as_nanos() as u64);
         t = std::time::Instant::now();
     };
-    if !protect(mm, &runs) {
+    if !protect(shared, mm, &runs) {
         abort_pages(shared, mm, batch, &victims);
         return 0;
     }
@@ -435,7 +435,7 @@ fn pick(shared: &Shared, mm: &Mm, batch: u32, max: usize, injected: bool) -> Vec
 
 /// 1. Write-protect: from here on a write waits for us. False if the protection could not be
 ///    set (the batch is then given up).
-fn protect(mm: &Mm, runs: &[(u64, u32)]) -> bool {
+fn protect(shared: &Shared, mm: &Mm, runs: &[(u64, u32)]) -> bool {
     for &(start, n) in runs {
         let len = n as u64 * PAGE_SIZE_U64;
         let mut tries = 0;
@@ -444,6 +444,7 @@ fn protect(mm: &Mm, runs: &[(u64, u32)]) -> bool {
                 Ok(Fill::Filled) | Ok(Fill::Exists) => break,
                 Ok(Fill::Again) if tries < 20_000 => {
                     tries += 1;
+                    Stats::add(&shared.stats.reclaim_wp_again, 1);
                     std::thread::sleep(std::time::Duration::from_micros(50));
                 }
                 _ => return false,
@@ -870,24 +871,40 @@ fn finish_drop(
     mm: &Mm,
     agent_guard: &mut Option<AgentConn>,
     pending: PendingDrop,
-    waited: Result<Vec<u8>, DropWait>,
+    waited: Result<(Vec<u8>, usize), DropWait>,
 ) -> usize {
+    let scratch_pages = agent_guard.as_ref().map_or(0, |a| a.max_drop_pages);
+    let waited = match waited {
+        Ok((_, first)) if first + pending.pages.len() > scratch_pages => {
+            Err(DropWait::Protocol(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "agent placed a DROP of {} pages at scratch page {first}, past its {} \
+                     scratch pages",
+                    pending.pages.len(),
+                    scratch_pages
+                ),
+            )))
+        }
+        w => w,
+    };
     match waited {
-        Ok(status) => {
+        Ok((status, first)) => {
             // The pages it moved are in its scratch until FREE (page `i` of the DROP at scratch
-            // page `i`): read them back first.
+            // page `first + i`): read them back first.
             let moved: Vec<(usize, usize)> = status[..pending.pages.len()]
                 .iter()
                 .enumerate()
-                .filter_map(|(i, &s)| (s == 0).then_some((i, i)))
+                .filter_map(|(i, &s)| (s == 0).then_some((first + i, i)))
                 .collect();
             let changed = match mm.pid() {
                 Some(pid) => read_back(mm, pid, &moved, &pending.data),
                 None => Vec::new(),
             };
-            // The agent frees the scratch at its next DROP (as it did at the end of each DROP
-            // before, this costs the DROP a REMOVE event's round trip through the handler), or
-            // on FREE once reclaim is idle (`free_idle_scratch`).
+            // The agent frees the scratch at the first DROP that does not fit in what is left
+            // of it (a REMOVE event, whose round trip through the handler holds back every
+            // move and write-protection meanwhile: one in two DROPs, not each), or on FREE
+            // once reclaim is idle (`free_idle_scratch`).
             if !pending.pages.is_empty() {
                 *mm.scratch_filled.lock() = Some(std::time::Instant::now());
             }

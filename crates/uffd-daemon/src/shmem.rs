@@ -817,125 +817,128 @@ pub fn evict_batch(shared: &Shared, inode: &ShmemInode, max: usize) -> usize {
 }
 
 fn evict_batch_inner(shared: &Shared, inode: &ShmemInode, max: usize) -> usize {
-    let stats = &shared.stats;
-    // 1. Pick, under the lock, with the mappers as they are now.
-    let (batch, victims, snapshot, gen, fd) = {
-        let mut st = inode.st.lock();
-        if !st.verified
-            || st.pinned
-            || st.mappers.is_empty()
-            || st
-                .mappers
-                .iter()
-                .any(|m| crate::mm::is_held(&m.mm) || m.mm.retired.load(Ordering::Acquire))
-        {
+    let Some(b) = pick_batch(shared, inode, max) else {
+        return 0;
+    };
+    if !protect_batch(inode, &b) {
+        abort(shared, inode, b.batch, &b.victims, &b.snapshot);
+        return 0;
+    }
+    // 4. Read through the inode (no fault anywhere; a hole reads as zeros).
+    let mut data = vec![0u8; b.victims.len() * PAGE_SIZE];
+    let mut at = 0;
+    for &(k, n) in &b.runs {
+        let len = n as usize * PAGE_SIZE;
+        if let Err(e) = sys::shmem_read(&b.fd, k, &mut data[at..at + len]) {
+            tracing::warn!("shared inode {:?}: read at {k:#x}: {e}", inode.key);
+            abort(shared, inode, b.batch, &b.victims, &b.snapshot);
             return 0;
         }
-        let batch = st.next_batch;
-        st.next_batch = st.next_batch.wrapping_add(1);
-        let (victims, _) = st.pages.pick_victims(batch, max, stats);
-        if victims.is_empty() {
-            return 0;
-        }
-        st.evicting = true;
-        (
-            batch,
-            victims,
-            st.mappers.clone(),
-            st.gen,
-            Arc::clone(&st.fd),
-        )
-    };
-    let runs = runs_of(&victims);
-    // 2. Protect in every mapper: a write in any of them waits from here on.
-    let mut ok = snapshot.iter().all(|m| protect_in(m, &runs, true));
-    // 3. No mapper came or moved meanwhile: every handler has applied what it read (a fork
-    //    or mremap after the protection copied or moved the protected ptes), and the mappers
-    //    are those protected.
-    ok = ok && snapshot.iter().all(|m| handler_settled(&m.mm)) && {
-        let st = inode.st.lock();
-        st.gen == gen && st.verified && !st.pinned
-    };
+        at += len;
+    }
+    // 5. Store (`reclaim::store_pages`); a page no tier takes stays.
+    let (slots, refused) = crate::reclaim::store_pages(shared, &b.victims, &data);
+    if !refused.is_empty() {
+        abort(shared, inode, b.batch, &refused, &b.snapshot);
+    }
+    let stored: Vec<(u64, u32)> = b
+        .victims
+        .iter()
+        .zip(&slots)
+        .filter(|(k, _)| refused.binary_search(k).is_err())
+        .map(|(&k, &s)| (k, s))
+        .collect();
+    if stored.is_empty() {
+        return 0;
+    }
+    punch(inode, &b, &stored);
+    settle_batch(shared, inode, &b, &stored)
+}
+
+/// A batch of an inode's pages on its way out, as its steps see it.
+struct SharedBatch {
+    batch: u32,
+    /// The pages' offsets in the inode, sorted.
+    victims: Vec<u64>,
+    runs: Vec<(u64, u32)>,
+    /// The mappers when the victims were picked.
+    snapshot: Vec<Mapper>,
+    /// The inode's mapper generation then.
+    gen: u64,
+    fd: Arc<std::fs::File>,
+}
+
+/// 1. Picks up to `max` victims under the lock, with the mappers as they are now; `None` when
+///    the inode cannot be evicted from now (unverified, pinned, held, unmapped) or has nothing
+///    to pick.
+fn pick_batch(shared: &Shared, inode: &ShmemInode, max: usize) -> Option<SharedBatch> {
+    let mut st = inode.st.lock();
+    if !st.verified
+        || st.pinned
+        || st.mappers.is_empty()
+        || st
+            .mappers
+            .iter()
+            .any(|m| crate::mm::is_held(&m.mm) || m.mm.retired.load(Ordering::Acquire))
+    {
+        return None;
+    }
+    let batch = st.next_batch;
+    st.next_batch = st.next_batch.wrapping_add(1);
+    let (victims, _) = st.pages.pick_victims(batch, max, &shared.stats);
+    if victims.is_empty() {
+        return None;
+    }
+    st.evicting = true;
+    Some(SharedBatch {
+        batch,
+        runs: runs_of(&victims),
+        victims,
+        snapshot: st.mappers.clone(),
+        gen: st.gen,
+        fd: Arc::clone(&st.fd),
+    })
+}
+
+/// 2-3. Protects the batch in every mapper (a write in any of them waits from here on), and
+///    checks that no mapper came or moved meanwhile and none may pin. False: the batch is
+///    given up.
+fn protect_batch(inode: &ShmemInode, b: &SharedBatch) -> bool {
+    // Every handler has applied what it read (a fork or mremap after the protection copied or
+    // moved the protected ptes), and the mappers are those protected.
+    let ok = b.snapshot.iter().all(|m| protect_in(m, &b.runs, true))
+        && b.snapshot.iter().all(|m| handler_settled(&m.mm))
+        && {
+            let st = inode.st.lock();
+            st.gen == b.gen && st.verified && !st.pinned
+        };
     // No mapper's process can hold a pin now (invariant 6): a pin taken from here on waits in
     // the write-protect fault (a FOLL_WRITE GUP, probe p3), and one taken before needed an
     // io_uring, an O_DIRECT descriptor or an RDMA device, which it still has. Checked per
     // batch, after the protection: the census alone, every 100 ms, let a fixed buffer
     // registered between two of its rounds be punched (the p5 loss, in the test
     // `shared_anon_io_uring_fixed_buffer`).
-    if ok && snapshot.iter().any(|m| m.mm.pid().is_none_or(may_pin)) {
+    if ok && b.snapshot.iter().any(|m| m.mm.pid().is_none_or(may_pin)) {
         inode.st.lock().pinned = true;
-        ok = false;
+        return false;
     }
-    if !ok {
-        abort(shared, inode, batch, &victims, &snapshot);
-        return 0;
-    }
-    // 4. Read through the inode (no fault anywhere; a hole reads as zeros).
-    let mut data = vec![0u8; victims.len() * PAGE_SIZE];
-    let mut at = 0;
-    for &(k, n) in &runs {
-        let len = n as usize * PAGE_SIZE;
-        if let Err(e) = sys::shmem_read(&fd, k, &mut data[at..at + len]) {
-            tracing::warn!("shared inode {:?}: read at {k:#x}: {e}", inode.key);
-            abort(shared, inode, batch, &victims, &snapshot);
-            return 0;
-        }
-        at += len;
-    }
-    // 5. Store: zero pages take no slot; aligned runs of 16 offsets go as one order-4 unit
-    //    (one backend write, one read back); a page no tier takes stays.
-    let mut slots = vec![ZERO_SLOT; victims.len()];
-    let zero: Vec<bool> = data
-        .chunks_exact(PAGE_SIZE)
-        .map(|p| p.iter().all(|&b| b == 0))
-        .collect();
-    let units = crate::reclaim::units_of(&victims, &zero, shared.tiers.large_folios());
-    let mut refused = Vec::new();
-    if !units.is_empty() {
-        let spans: Vec<(u32, &[u8])> = units
-            .iter()
-            .map(|&(i, order)| (order, &data[i * PAGE_SIZE..(i + (1 << order)) * PAGE_SIZE]))
-            .collect();
-        let mut failures = Vec::new();
-        for (&(i, order), r) in units.iter().zip(shared.tiers.store_units(&spans)) {
-            let n = 1usize << order;
-            match r {
-                Ok(s) => slots[i..i + n].copy_from_slice(&s),
-                Err(e) => {
-                    Stats::add(&stats.backend_errors, 1);
-                    refused.extend_from_slice(&victims[i..i + n]);
-                    failures.push((e, n));
-                }
-            }
-        }
-        crate::reclaim::note_store_outcome(shared, refused.len() == victims.len(), &failures);
-    }
-    if !refused.is_empty() {
-        abort(shared, inode, batch, &refused, &snapshot);
-    }
-    let stored: Vec<(u64, u32)> = victims
-        .iter()
-        .zip(&slots)
-        .filter(|(k, _)| !refused.contains(k))
-        .map(|(&k, &s)| (k, s))
-        .collect();
-    if stored.is_empty() {
-        return 0;
-    }
-    // 6. Punch: the pages leave the page cache and every mapper's page table.
+    ok
+}
+
+/// 6. Punches the stored pages: they leave the page cache and every mapper's page table. A run
+///    punched in part leaves its pages still present resident (their slots let go when the
+///    batch settles); a hole is evicted (its stored copy serves the next fault).
+fn punch(inode: &ShmemInode, b: &SharedBatch, stored: &[(u64, u32)]) {
     let keys: Vec<u64> = stored.iter().map(|&(k, _)| k).collect();
-    let stored_runs = runs_of(&keys);
-    for &(k, n) in &stored_runs {
+    for (k, n) in runs_of(&keys) {
         let len = u64::from(n) * PAGE_SIZE_U64;
-        if let Err(e) = sys::punch_hole(&fd, k, len) {
-            // The run may be punched in part: a page still present stays resident (its slot
-            // let go below), a hole is evicted (its stored copy serves the next fault).
+        if let Err(e) = sys::punch_hole(&b.fd, k, len) {
             tracing::warn!("shared inode {:?}: punch at {k:#x}: {e}", inode.key);
-            let present = sys::data_extents(&fd, k + len).unwrap_or_else(|_| vec![(k, k + len)]);
+            let present = sys::data_extents(&b.fd, k + len).unwrap_or_else(|_| vec![(k, k + len)]);
             let mut st = inode.st.lock();
             for i in 0..u64::from(n) {
                 let a = k + i * PAGE_SIZE_U64;
-                if st.pages.pages.get(a) == Some(Page::Evicting { batch })
+                if st.pages.pages.get(a) == Some(Page::Evicting { batch: b.batch })
                     && present.iter().any(|&(s, e)| s <= a && a < e)
                 {
                     st.pages.back_to_resident(a);
@@ -943,13 +946,22 @@ fn evict_batch_inner(shared: &Shared, inode: &ShmemInode, max: usize) -> usize {
             }
         }
     }
-    // 7. Evicted, and every mapper woken: a held writer refaults (missing) and is served
-    //    from the slot with its write still to do.
+}
+
+/// 7. The punched pages are `Evicted`, and every mapper is woken: a held writer refaults
+///    (missing) and is served from the slot with its write still to do. Returns the pages
+///    evicted.
+fn settle_batch(
+    shared: &Shared,
+    inode: &ShmemInode,
+    b: &SharedBatch,
+    stored: &[(u64, u32)],
+) -> usize {
     let (mut evicted, mut zero) = (0, 0);
     let mappers = {
         let mut st = inode.st.lock();
-        for &(k, slot) in &stored {
-            if st.pages.pages.get(k) == Some(Page::Evicting { batch }) {
+        for &(k, slot) in stored {
+            if st.pages.pages.get(k) == Some(Page::Evicting { batch: b.batch }) {
                 st.pages.pages.insert(k, Page::Evicted { slot });
                 st.pages.resident -= 1;
                 shared.resident_sub(1);
@@ -959,15 +971,16 @@ fn evict_batch_inner(shared: &Shared, inode: &ShmemInode, max: usize) -> usize {
                 shared.put_slot(slot);
             }
         }
-        union(&st.mappers, &snapshot)
+        union(&st.mappers, &b.snapshot)
     };
     for m in &mappers {
-        for &(k, n) in &runs {
+        for &(k, n) in &b.runs {
             if let Some((a, np)) = m.span(k >> 12, u64::from(n)) {
                 let _ = m.mm.uffd.wake(a, np * PAGE_SIZE_U64);
             }
         }
     }
+    let stats = &shared.stats;
     Stats::add(&stats.shmem_evicted_pages, evicted as u64);
     Stats::add(&stats.evicted_pages, evicted as u64);
     Stats::add(&stats.zero_pages_evicted, zero as u64);

@@ -20,7 +20,7 @@ use mglru::Arrival;
 use super::Work;
 use crate::mm::{Mm, Page, ZERO_SLOT};
 use crate::shared::Shared;
-use crate::shmem::Target;
+use crate::shmem::{InodeState, Target};
 use crate::stats::Stats;
 use crate::sys::{self, Fill, PAGE_SIZE, PAGE_SIZE_U64};
 
@@ -69,6 +69,11 @@ pub(super) fn target(shared: &Shared, mm: &std::sync::Arc<Mm>, addr: u64) -> Opt
 }
 
 /// Serves a fault on shared anonymous memory. Returns false when it must be retried.
+///
+/// Under the inode's lock, in stages: a write-protect fault lifts protection; a page known
+/// present or under eviction is answered at once; a page to add waits at the limit; then the
+/// run is planned (readahead of evicted pages, fault-around of never-written ones), read,
+/// filled, and committed to the inode's table.
 pub(super) fn serve_shared(
     shared: &Shared,
     mm: &Mm,
@@ -76,36 +81,95 @@ pub(super) fn serve_shared(
     t: &Target,
     w: &mut Work,
 ) -> bool {
-    let Work {
-        page, zeros, ra, ..
-    } = w;
-    let stats = &shared.stats;
     let addr = p.address & !(PAGE_SIZE_U64 - 1);
     let key = t.pgoff << 12;
-    Stats::add(&stats.shmem_faults, 1);
+    Stats::add(&shared.stats.shmem_faults, 1);
     let mut st = t.inode.st.lock();
     let prior = st.pages.pages.get(key);
     if p.flags & sys::UFFD_PAGEFAULT_FLAG_WP != 0 {
-        Stats::add(&stats.shmem_wp_faults, 1);
-        if matches!(prior, Some(Page::Evicting { .. })) {
-            return true; // the batch wakes it
-        }
-        return match mm.uffd.writeprotect(addr, PAGE_SIZE_U64, false) {
-            Ok(Fill::Again) => false,
-            Ok(Fill::Filled | Fill::Exists) => true,
-            // Not lifted (the range is gone, or the ioctl failed): the writer is woken all
-            // the same and faults again on what is there now; a message read and left
-            // unanswered is a thread waiting for ever.
-            _ => {
-                let _ = mm.uffd.wake(addr, PAGE_SIZE_U64);
-                true
-            }
-        };
+        return lift_protection(shared, mm, addr, prior);
     }
+    if let Some(done) = answer_known(shared, mm, &mut st, key, addr, prior, &w.zeros) {
+        return done;
+    }
+    // A page to add: at the limit, wait for reclaim like a private fault (`gate`).
+    if must_wait_at_limit(shared, mm, p) {
+        drop(st);
+        mm.throttled.store(true, Ordering::Release);
+        Stats::add(&shared.stats.throttled_faults, 1);
+        p.stall(shared);
+        shared.kick_reclaim();
+        return false;
+    }
+    let at = At { key, addr, prior };
+    if at.restore() {
+        p.stall(shared);
+    }
+    let run = plan_run(shared, mm, &st, &at, w);
+    let Some(n) = read_run(shared, mm, t, &run, &mut w.page) else {
+        return true; // unreadable: the process is stopped
+    };
+    let filled = match fill_run(shared, mm, p, t, &at, &w.page[..n * PAGE_SIZE]) {
+        Ok(filled) => filled,
+        Err(done) => return done,
+    };
+    commit_run(shared, mm, &mut st, t, &run[..filled], &at, w);
+    drop(st);
+    shared.maybe_kick_reclaim();
+    true
+}
+
+/// Where a fault is: the page's key in the inode, its address in the faulting mapper, and its
+/// state in the inode's table when the fault was taken up.
+#[derive(Clone, Copy)]
+struct At {
+    key: u64,
+    addr: u64,
+    prior: Option<Page>,
+}
+
+impl At {
+    /// Whether the fault restores a stored page (else it fills zeros).
+    fn restore(&self) -> bool {
+        matches!(self.prior, Some(Page::Evicted { slot }) if slot != ZERO_SLOT)
+    }
+}
+
+/// A write-protect fault: left waiting on a page under eviction (the batch wakes every mapper),
+/// else the protection is lifted.
+fn lift_protection(shared: &Shared, mm: &Mm, addr: u64, prior: Option<Page>) -> bool {
+    Stats::add(&shared.stats.shmem_wp_faults, 1);
+    if matches!(prior, Some(Page::Evicting { .. })) {
+        return true; // the batch wakes it
+    }
+    match mm.uffd.writeprotect(addr, PAGE_SIZE_U64, false) {
+        Ok(Fill::Again) => false,
+        Ok(Fill::Filled | Fill::Exists) => true,
+        // Not lifted (the range is gone, or the ioctl failed): the writer is woken all the
+        // same and faults again on what is there now; a message read and left unanswered is a
+        // thread waiting for ever.
+        _ => {
+            let _ = mm.uffd.wake(addr, PAGE_SIZE_U64);
+            true
+        }
+    }
+}
+
+/// A missing fault on a page the table knows is there or on its way out: answered at once
+/// (`Some(done)`), or `None` for a page to add.
+fn answer_known(
+    shared: &Shared,
+    mm: &Mm,
+    st: &mut InodeState,
+    key: u64,
+    addr: u64,
+    prior: Option<Page>,
+    zeros: &[u8],
+) -> Option<bool> {
     match prior {
         // Present until the punch, a hole after it: the batch wakes this thread once the page
         // is `Evicted`, and it faults again.
-        Some(Page::Evicting { .. }) => return true,
+        Some(Page::Evicting { .. }) => Some(true),
         Some(Page::Resident { readahead, .. }) => {
             // Another mapper's handler restored it first (or the program removed it: zeros are
             // then what it reads).
@@ -116,10 +180,10 @@ pub(super) fn serve_shared(
                     readahead,
                 },
             );
-            return match mm.uffd.copy(addr, &zeros[..PAGE_SIZE]) {
+            Some(match mm.uffd.copy(addr, &zeros[..PAGE_SIZE]) {
                 Ok(Fill::Again) => false,
                 Ok(Fill::Filled) => {
-                    Stats::add(&stats.shmem_zero_fills, 1);
+                    Stats::add(&shared.stats.shmem_zero_fills, 1);
                     true
                 }
                 // Present (EEXIST), gone, or failed: woken all the same, to fault again on what
@@ -128,36 +192,38 @@ pub(super) fn serve_shared(
                     let _ = mm.uffd.wake(addr, PAGE_SIZE_U64);
                     true
                 }
-            };
+            })
         }
-        _ => {}
+        _ => None,
     }
-    // A page to add: at the limit, wait for reclaim like a private fault (`gate`).
-    let agent = p.ptid == mm.agent_tid.load(Ordering::Relaxed);
-    if shared.resident() >= shared.limit.pages()
+}
+
+/// Whether a fault that adds a page waits for reclaim: at the limit, unless reclaim is stalled,
+/// the fault has waited its most already, or it is the agent's or the daemon's own.
+fn must_wait_at_limit(shared: &Shared, mm: &Mm, p: &Pending) -> bool {
+    shared.resident() >= shared.limit.pages()
         && !shared.reclaim_stalled()
         && p.read_at.elapsed() < THROTTLE_MAX
-        && !agent
+        && p.ptid != mm.agent_tid.load(Ordering::Relaxed)
         && !is_daemon_thread(mm, p.ptid)
-    {
-        drop(st);
-        mm.throttled.store(true, Ordering::Release);
-        Stats::add(&stats.throttled_faults, 1);
-        p.stall(shared);
-        shared.kick_reclaim();
-        return false;
-    }
-    let restore = matches!(prior, Some(Page::Evicted { slot }) if slot != ZERO_SLOT);
-    // The run to fill: the page, and on a restore the evicted pages after it in this mapping
-    // (readahead: a stretch of the inode is usually read in order), as room allows.
-    // Never written: zeros, with fault-around over the pages after it the table does not
-    // know either, on a sequential pattern (as for private memory: `fill_zeros`).
+}
+
+/// The run to fill: the page, and on a restore the evicted pages after it in this mapping
+/// (readahead: a stretch of the inode is usually read in order), as room allows; never
+/// written: zeros, with fault-around over the pages after it the table does not know either,
+/// on a sequential pattern (as for private memory: `fill_zeros`). Each as (key, its state).
+fn plan_run(
+    shared: &Shared,
+    mm: &Mm,
+    st: &InodeState,
+    at: &At,
+    w: &mut Work,
+) -> Vec<(u64, Option<Page>)> {
+    let At { key, addr, prior } = *at;
+    let restore = at.restore();
     let mut run = vec![(key, prior)];
-    if restore {
-        p.stall(shared);
-    }
     let cap = (1usize << shared.policy.page_cluster)
-        .min(page.len() / PAGE_SIZE)
+        .min(w.page.len() / PAGE_SIZE)
         .min(
             shared
                 .limit
@@ -166,9 +232,9 @@ pub(super) fn serve_shared(
                 .max(1),
         );
     let max = if restore {
-        ra[0].window(addr, cap)
+        w.ra[0].window(addr, cap)
     } else if prior.is_none() {
-        ra[1].window(addr, cap)
+        w.ra[1].window(addr, cap)
     } else {
         1
     };
@@ -185,9 +251,21 @@ pub(super) fn serve_shared(
             _ => break,
         }
     }
-    // Stretches of consecutive slots are read together (one backend read, as for private
-    // memory: a page at a time, the restores of the 602 MiB fill went to the disk page by
-    // page).
+    run
+}
+
+/// Reads the run's stored pages into `page` (zeros for the others), stretches of consecutive
+/// slots together (one backend read, as for private memory: a page at a time, the restores of
+/// the 602 MiB fill went to the disk page by page). Returns how many pages of the run to fill:
+/// a read that comes up short ends the run there; `None` if its first page cannot be read
+/// (the process is stopped rather than handed other bytes).
+fn read_run(
+    shared: &Shared,
+    mm: &Mm,
+    t: &Target,
+    run: &[(u64, Option<Page>)],
+    page: &mut [u8],
+) -> Option<usize> {
     let slot_of = |q: Option<Page>| match q {
         Some(Page::Evicted { slot }) if slot != ZERO_SLOT => Some(slot),
         _ => None,
@@ -229,34 +307,46 @@ pub(super) fn serve_shared(
                     t.inode.key
                 );
                 mm.kill();
-                return true;
+                return None;
             }
         }
     }
-    // (A run the kernel refuses whole, into a VMA the mapper does not know of, such as a
-    // PROT_NONE guard page split off after mmap: the faulting page alone.)
-    let (r, filled) = mm.uffd.copy_run_or_first(addr, &page[..n * PAGE_SIZE]);
-    let filled = match (r, filled) {
-        (_, f) if f > 0 => f,
+    Some(n)
+}
+
+/// Fills `bytes` at `addr` through this mapper's uffd (a run the kernel refuses whole, into a
+/// VMA the mapper does not know of, such as a PROT_NONE guard page split off after mmap: the
+/// faulting page alone). Returns the pages filled, or `Err(done)` to return from the fault.
+fn fill_run(
+    shared: &Shared,
+    mm: &Mm,
+    p: &Pending,
+    t: &Target,
+    at: &At,
+    bytes: &[u8],
+) -> Result<usize, bool> {
+    let At { key, addr, prior } = *at;
+    match mm.uffd.copy_run_or_first(addr, bytes) {
+        (_, f) if f > 0 => Ok(f),
         (Ok(Fill::Exists), _) => {
             // Present although the table held it evicted: filled behind the daemon's back.
             if matches!(prior, Some(Page::Evicted { .. })) {
                 crate::shmem::note_filled_behind(shared, t.inode.key, key);
             }
             let _ = mm.uffd.wake(addr, PAGE_SIZE_U64);
-            1
+            Ok(1)
         }
-        (Ok(Fill::Again), _) => return false,
+        (Ok(Fill::Again), _) => Err(false),
         (Ok(Fill::Gone), _) => {
             // The mapping went away (its UNMAP cleans up): the thread is woken to fault again
             // on what is there now, not left waiting for a fill that cannot come.
             let _ = mm.uffd.wake(addr, PAGE_SIZE_U64);
-            return true;
+            Err(true)
         }
-        (Ok(Fill::Filled), _) => 1,
+        (Ok(Fill::Filled), _) => Ok(1),
         (Err(e), _) => {
             if p.read_at.elapsed() < FILL_RETRY_MAX {
-                return false;
+                return Err(false);
             }
             // As for private memory: a fill that keeps failing stops the process with a
             // message rather than leave a thread blocked for ever.
@@ -266,12 +356,25 @@ pub(super) fn serve_shared(
                 mm.pid()
             );
             mm.kill();
-            return true;
+            Err(true)
         }
-    };
-    // (A run that stopped short woke nobody at the fault address only if it filled nothing,
-    // handled above.)
-    for (i, &(k, _)) in run.iter().take(filled).enumerate() {
+    }
+}
+
+/// The filled pages become resident in the inode's table; the streams learn the run; the other
+/// mappers' write-protect markers of a restored run are lifted; the fault is counted.
+fn commit_run(
+    shared: &Shared,
+    mm: &Mm,
+    st: &mut InodeState,
+    t: &Target,
+    filled: &[(u64, Option<Page>)],
+    at: &At,
+    w: &mut Work,
+) {
+    let (addr, restore) = (at.addr, at.restore());
+    let stats = &shared.stats;
+    for (i, &(k, _)) in filled.iter().enumerate() {
         if let Some(old) = st.pages.pages.remove(k) {
             st.pages.release(shared, k, old);
         }
@@ -280,17 +383,18 @@ pub(super) fn serve_shared(
         // read ahead went unused in the 602 MiB fill under 128M.)
         st.pages.make_resident(shared, k, Arrival::Fault, i == 0);
     }
+    let n = filled.len();
     // This run is its stream's last (the next fault's window grows from it).
-    ra[usize::from(!restore)].restored(addr, filled);
+    w.ra[usize::from(!restore)].restored(addr, n);
     if restore {
         Stats::add(&stats.shmem_swapins, 1);
         Stats::add(&stats.swapins, 1);
-        Stats::add(&stats.readahead_pages, filled as u64 - 1);
+        Stats::add(&stats.readahead_pages, n as u64 - 1);
         // The other mappers keep a write-protect marker from the eviction: lift it now (under
         // the lock, so no new batch protects meanwhile) rather than make each one's first
         // write a round trip, and a debugger's write through /proc/PID/mem fail.
         for m in st.mappers.iter() {
-            if let Some((a, np)) = m.span(t.pgoff, filled as u64) {
+            if let Some((a, np)) = m.span(t.pgoff, n as u64) {
                 if !(m.mm.id == mm.id && a == addr) {
                     let _ = m.mm.uffd.writeprotect(a, np * PAGE_SIZE_U64, false);
                 }
@@ -299,10 +403,7 @@ pub(super) fn serve_shared(
     } else {
         Stats::add(&stats.shmem_zero_fills, 1);
         Stats::add(&stats.zero_fills, 1);
-        Stats::add(&stats.fault_around_pages, filled as u64 - 1);
+        Stats::add(&stats.fault_around_pages, n as u64 - 1);
     }
     Stats::add(&stats.faults, 1);
-    drop(st);
-    shared.maybe_kick_reclaim();
-    true
 }

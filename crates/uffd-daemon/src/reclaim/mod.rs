@@ -527,6 +527,18 @@ fn store(
     victims: &[u64],
     data: &[u8],
 ) -> (Vec<u32>, Vec<u64>) {
+    let (slots, refused) = store_pages(shared, victims, data);
+    if !refused.is_empty() {
+        abort_pages(shared, mm, batch, &refused);
+    }
+    (slots, refused)
+}
+
+/// Stores the pages `victims` (sorted keys: addresses, or offsets in a shared inode) whose bytes
+/// are `data`, page `i` at `i * 4096`: zero pages take no slot; aligned runs of 16 go as one
+/// order-4 unit (one backend write, one read back). Returns each page's slot (`ZERO_SLOT` for a
+/// zero page) and the pages no tier took (sorted), counted and said (`note_store_outcome`).
+pub(crate) fn store_pages(shared: &Shared, victims: &[u64], data: &[u8]) -> (Vec<u32>, Vec<u64>) {
     let mut slots = vec![ZERO_SLOT; victims.len()];
     let zero: Vec<bool> = data
         .chunks_exact(PAGE_SIZE)
@@ -555,9 +567,6 @@ fn store(
             }
         }
         note_store_outcome(shared, refused.len() == victims.len(), &failures);
-    }
-    if !refused.is_empty() {
-        abort_pages(shared, mm, batch, &refused);
     }
     (slots, refused)
 }

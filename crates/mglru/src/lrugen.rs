@@ -178,6 +178,12 @@ pub struct Config {
     /// memories too, but in no order. 3 by default (a refinement of the fifth deviation from
     /// v6.1, see the crate documentation).
     pub loop_window: u32,
+    /// Refault-distance activation (experiment, bits; 0: off): 1 = a refault whose distance
+    /// (pages evicted since its eviction) is at most the protected size is placed in the
+    /// youngest generation; 2 = compare with the resident pages instead; 4 = a refault
+    /// further than that is not recent (fresh, no workingset); 8 = activations drive the
+    /// aging (one per `len / 8` activations).
+    pub refault_distance: u32,
 }
 
 impl Default for Config {
@@ -233,6 +239,7 @@ impl Config {
             idle_youngest_demotion: false,
             loop_order: 0,
             loop_window: 0,
+            refault_distance: 0,
         }
     }
 
@@ -371,6 +378,8 @@ pub struct Stats {
     pub refault_order: [u64; 2],
     /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
     pub idle_demoted: u64,
+    /// Refaults placed in the youngest generation by [`Config::refault_distance`].
+    pub refault_activated: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -705,6 +714,10 @@ pub struct Mglru {
     loop_victims: VecDeque<PageId>,
     /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
     idle_demoted: u64,
+    /// Refaults placed in the youngest generation by [`Config::refault_distance`].
+    refault_activated: u64,
+    /// Of those, since `max_seq` last moved.
+    activated_since_aging: u64,
 
     refaults: u64,
 }
@@ -751,6 +764,8 @@ impl Mglru {
             },
             loop_victims: VecDeque::new(),
             idle_demoted: 0,
+            refault_activated: 0,
+            activated_since_aging: 0,
             refaults: 0,
         })
     }
@@ -924,6 +939,7 @@ impl Mglru {
         let ty = hint.page_type.idx();
         let mut workingset = false;
         let mut loop_victim = false;
+        let mut activate = false;
         let refault = shadow.map(|shadow| {
             let rf = self.refault_of(&shadow);
             self.refaults += 1;
@@ -936,7 +952,19 @@ impl Mglru {
                 && ((ctrl.is_near(shadow.epoch)
                     && ctrl.loop_mode(self.cfg.loop_eviction, self.cfg.loop_order))
                     || (ctrl.is_far(shadow.epoch) && ctrl.far_loop_mode(self.cfg.loop_order)));
-            if rf.recent && !loop_victim {
+            let mut recent = rf.recent;
+            let rd = self.cfg.refault_distance;
+            if rd != 0 && !loop_victim {
+                let near = self.refault_is_near(&shadow, rd & 2 != 0);
+                if near && rd & 1 != 0 {
+                    activate = true;
+                    recent = true;
+                }
+                if !near && rd & 4 != 0 {
+                    recent = false;
+                }
+            }
+            if recent && !loop_victim {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
                 self.tiers[sty][rf.tier].refaulted += 1;
@@ -948,6 +976,7 @@ impl Mglru {
             rf
         });
         let seq = match hint.arrival {
+            _ if activate => self.max_seq,
             Arrival::Active => self.max_seq,
             Arrival::Fault => match self.cfg.fault_placement {
                 FaultPlacement::Youngest => self.max_seq,
@@ -976,6 +1005,10 @@ impl Mglru {
         self.lists[gen][ty].push_head(&mut self.slab.nodes, i);
         self.nr_pages[gen][ty] += 1;
         *self.regions.entry(self.region_of(page)).or_insert(0) += 1;
+        if activate {
+            self.refault_activated += 1;
+            self.activated_since_aging += 1;
+        }
         if loop_victim {
             self.loop_victims.push_back(page);
             let most = self.len() / LOOP_VICTIMS_FRACTION + MIN_LRU_BATCH;
@@ -984,6 +1017,24 @@ impl Mglru {
             }
         }
         Ok(refault)
+    }
+
+    /// Whether a refault's distance (pages evicted since it was evicted, counted in eviction
+    /// epochs of 1/8 of memory, so that shadow tokens give the same answer) is at most the
+    /// protected pages (every generation but the oldest), or the resident pages with
+    /// `resident`: the kernel's `workingset_refault` test.
+    fn refault_is_near(&self, shadow: &Shadow, resident: bool) -> bool {
+        let epochs = self.aging_ctrl.epoch.saturating_sub(shadow.epoch);
+        let len = self.len() as u64;
+        let base = if resident {
+            len
+        } else {
+            (0..2)
+                .flat_map(|ty| (self.min_seq[ty] + 1..=self.max_seq).map(move |seq| (ty, seq)))
+                .map(|(ty, seq)| self.nr_pages[self.gen(seq)][ty].max(0) as u64)
+                .sum()
+        };
+        epochs * len <= base * EPOCHS_PER_TURNOVER
     }
 
     fn refault_of(&self, shadow: &Shadow) -> Refault {
@@ -1114,9 +1165,16 @@ impl Mglru {
         // Idle youngest demotion: the youngest generation's pages (per type) before the walk,
         // and those the walk finds young while they are few enough for it to be idle; the
         // regions the walk skips (their pages were not tested).
-        let demote = self.cfg.idle_youngest_demotion;
+        // Refault-driven demotion: enough near refaults activated since the last aging.
+        let forced = self.cfg.refault_distance & 16 != 0
+            && self.activated_since_aging * EPOCHS_PER_TURNOVER >= self.len() as u64;
+        let demote = self.cfg.idle_youngest_demotion || forced;
         let youngest_before = self.nr_pages[new_gen].map(|c| c.max(0) as u64);
-        let youngest_cap: u64 = youngest_before.iter().sum::<u64>() / IDLE_YOUNGEST;
+        let youngest_cap: u64 = if forced {
+            u64::MAX
+        } else {
+            youngest_before.iter().sum::<u64>() / IDLE_YOUNGEST
+        };
         let mut youngest_young: Vec<u32> = Vec::new();
         let mut youngest_young_count = [0u64; 2];
         let mut skipped: Vec<u64> = Vec::new();
@@ -1168,6 +1226,7 @@ impl Mglru {
         self.aging_fast = stats.young * IDLE_FRACTION.1 < protected * IDLE_FRACTION.0;
         if demote {
             self.demote_idle_youngest(
+                forced,
                 &youngest_before,
                 &youngest_young_count,
                 &youngest_young,
@@ -1192,6 +1251,7 @@ impl Mglru {
     /// generation.
     fn demote_idle_youngest(
         &mut self,
+        forced: bool,
         before: &[u64; 2],
         young_count: &[u64; 2],
         young: &[u32],
@@ -1204,7 +1264,7 @@ impl Mglru {
         let least = (self.len() as u64 / IDLE_YOUNGEST_MIN).max(MIN_LRU_BATCH as u64);
         let mut young_set: Option<std::collections::HashSet<u32>> = None;
         for ty in 0..2 {
-            if before[ty] < least || young_count[ty] * IDLE_YOUNGEST >= before[ty] {
+            if !forced && (before[ty] < least || young_count[ty] * IDLE_YOUNGEST >= before[ty]) {
                 continue;
             }
             let young_set = young_set.get_or_insert_with(|| young.iter().copied().collect());
@@ -1244,6 +1304,7 @@ impl Mglru {
         }
         self.max_seq += 1;
         self.evicted_at_aging = self.evicted;
+        self.activated_since_aging = 0;
         // The new youngest reuses the index of a retired generation.
         let g = self.gen(self.max_seq);
         self.gen_evicted[g] = [0; 2];
@@ -1337,6 +1398,11 @@ impl Mglru {
             && !held
             && k > 0
             && (self.evicted - self.evicted_at_aging) * k >= self.len() as u64
+        {
+            return true;
+        }
+        if self.cfg.refault_distance & 8 != 0
+            && self.activated_since_aging * EPOCHS_PER_TURNOVER >= self.len() as u64
         {
             return true;
         }
@@ -1748,6 +1814,7 @@ impl Mglru {
             aging_refaulted: self.aging_ctrl.refaulted,
             refault_order: [self.aging_ctrl.in_order, self.aging_ctrl.out_of_order],
             idle_demoted: self.idle_demoted,
+            refault_activated: self.refault_activated,
         }
     }
 

@@ -178,12 +178,20 @@ pub struct Config {
     /// memories too, but in no order. 3 by default (a refinement of the fifth deviation from
     /// v6.1, see the crate documentation).
     pub loop_window: u32,
-    /// Refault-distance activation (experiment, bits; 0: off): 1 = a refault whose distance
-    /// (pages evicted since its eviction) is at most the protected size is placed in the
-    /// youngest generation; 2 = compare with the resident pages instead; 4 = a refault
-    /// further than that is not recent (fresh, no workingset); 8 = activations drive the
-    /// aging (one per `len / 8` activations).
-    pub refault_distance: u32,
+    /// Refault-distance activation (off by default and in v6.1; measured in
+    /// `docs/experiments/2026-11-28-mglru-phase6.md`): a refault whose distance, the pages
+    /// evicted since its eviction, is at most the resident pages is placed in the youngest
+    /// generation at once, with `workingset` (the test of the kernel's `workingset_refault`:
+    /// with that much more memory the page would have stayed; here against all resident pages,
+    /// the share a refault may challenge since v5.8), and every `1/8` of the resident pages
+    /// so activated since the last aging also runs the aging, so the generations move with
+    /// the activations as the classic active list is shrunk by them. The distance is counted in
+    /// eviction epochs (`1/8` of memory), which shadow tokens carry, so both ways of keeping
+    /// shadows decide alike. Loop mode's refaults are never activated. It forgets a hot set
+    /// that comes back faster (a returning set refaults within a memory) but not one that
+    /// moves to pages never seen (no shadows), and periodic scans over less than a memory
+    /// refault within the distance too: off by default, since it loses overall.
+    pub refault_activation: bool,
 }
 
 impl Default for Config {
@@ -239,7 +247,7 @@ impl Config {
             idle_youngest_demotion: false,
             loop_order: 0,
             loop_window: 0,
-            refault_distance: 0,
+            refault_activation: false,
         }
     }
 
@@ -378,7 +386,7 @@ pub struct Stats {
     pub refault_order: [u64; 2],
     /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
     pub idle_demoted: u64,
-    /// Refaults placed in the youngest generation by [`Config::refault_distance`].
+    /// Refaults placed in the youngest generation by [`Config::refault_activation`].
     pub refault_activated: u64,
 }
 
@@ -714,7 +722,7 @@ pub struct Mglru {
     loop_victims: VecDeque<PageId>,
     /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
     idle_demoted: u64,
-    /// Refaults placed in the youngest generation by [`Config::refault_distance`].
+    /// Refaults placed in the youngest generation by [`Config::refault_activation`].
     refault_activated: u64,
     /// Of those, since `max_seq` last moved.
     activated_since_aging: u64,
@@ -952,19 +960,8 @@ impl Mglru {
                 && ((ctrl.is_near(shadow.epoch)
                     && ctrl.loop_mode(self.cfg.loop_eviction, self.cfg.loop_order))
                     || (ctrl.is_far(shadow.epoch) && ctrl.far_loop_mode(self.cfg.loop_order)));
-            let mut recent = rf.recent;
-            let rd = self.cfg.refault_distance;
-            if rd != 0 && !loop_victim {
-                let near = self.refault_is_near(&shadow, rd & 2 != 0);
-                if near && rd & 1 != 0 {
-                    activate = true;
-                    recent = true;
-                }
-                if !near && rd & 4 != 0 {
-                    recent = false;
-                }
-            }
-            if recent && !loop_victim {
+            activate = self.cfg.refault_activation && !loop_victim && self.refault_is_near(&shadow);
+            if (rf.recent || activate) && !loop_victim {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
                 self.tiers[sty][rf.tier].refaulted += 1;
@@ -1019,22 +1016,12 @@ impl Mglru {
         Ok(refault)
     }
 
-    /// Whether a refault's distance (pages evicted since it was evicted, counted in eviction
-    /// epochs of 1/8 of memory, so that shadow tokens give the same answer) is at most the
-    /// protected pages (every generation but the oldest), or the resident pages with
-    /// `resident`: the kernel's `workingset_refault` test.
-    fn refault_is_near(&self, shadow: &Shadow, resident: bool) -> bool {
-        let epochs = self.aging_ctrl.epoch.saturating_sub(shadow.epoch);
-        let len = self.len() as u64;
-        let base = if resident {
-            len
-        } else {
-            (0..2)
-                .flat_map(|ty| (self.min_seq[ty] + 1..=self.max_seq).map(move |seq| (ty, seq)))
-                .map(|(ty, seq)| self.nr_pages[self.gen(seq)][ty].max(0) as u64)
-                .sum()
-        };
-        epochs * len <= base * EPOCHS_PER_TURNOVER
+    /// [`Config::refault_activation`]'s test: whether the pages evicted since the page's
+    /// eviction, counted in whole eviction epochs of `1/8` of memory (what a shadow token
+    /// carries), are at most the resident pages (`workingset_refault`'s refault distance
+    /// against the workingset size). Within the current epoch or the last 8.
+    fn refault_is_near(&self, shadow: &Shadow) -> bool {
+        self.aging_ctrl.epoch.saturating_sub(shadow.epoch) <= EPOCHS_PER_TURNOVER
     }
 
     fn refault_of(&self, shadow: &Shadow) -> Refault {
@@ -1165,16 +1152,9 @@ impl Mglru {
         // Idle youngest demotion: the youngest generation's pages (per type) before the walk,
         // and those the walk finds young while they are few enough for it to be idle; the
         // regions the walk skips (their pages were not tested).
-        // Refault-driven demotion: enough near refaults activated since the last aging.
-        let forced = self.cfg.refault_distance & 16 != 0
-            && self.activated_since_aging * EPOCHS_PER_TURNOVER >= self.len() as u64;
-        let demote = self.cfg.idle_youngest_demotion || forced;
+        let demote = self.cfg.idle_youngest_demotion;
         let youngest_before = self.nr_pages[new_gen].map(|c| c.max(0) as u64);
-        let youngest_cap: u64 = if forced {
-            u64::MAX
-        } else {
-            youngest_before.iter().sum::<u64>() / IDLE_YOUNGEST
-        };
+        let youngest_cap: u64 = youngest_before.iter().sum::<u64>() / IDLE_YOUNGEST;
         let mut youngest_young: Vec<u32> = Vec::new();
         let mut youngest_young_count = [0u64; 2];
         let mut skipped: Vec<u64> = Vec::new();
@@ -1226,7 +1206,6 @@ impl Mglru {
         self.aging_fast = stats.young * IDLE_FRACTION.1 < protected * IDLE_FRACTION.0;
         if demote {
             self.demote_idle_youngest(
-                forced,
                 &youngest_before,
                 &youngest_young_count,
                 &youngest_young,
@@ -1251,7 +1230,6 @@ impl Mglru {
     /// generation.
     fn demote_idle_youngest(
         &mut self,
-        forced: bool,
         before: &[u64; 2],
         young_count: &[u64; 2],
         young: &[u32],
@@ -1264,7 +1242,7 @@ impl Mglru {
         let least = (self.len() as u64 / IDLE_YOUNGEST_MIN).max(MIN_LRU_BATCH as u64);
         let mut young_set: Option<std::collections::HashSet<u32>> = None;
         for ty in 0..2 {
-            if !forced && (before[ty] < least || young_count[ty] * IDLE_YOUNGEST >= before[ty]) {
+            if before[ty] < least || young_count[ty] * IDLE_YOUNGEST >= before[ty] {
                 continue;
             }
             let young_set = young_set.get_or_insert_with(|| young.iter().copied().collect());
@@ -1401,7 +1379,8 @@ impl Mglru {
         {
             return true;
         }
-        if self.cfg.refault_distance & 8 != 0
+        // Refault activation: an aging per 1/8 of memory activated.
+        if self.cfg.refault_activation
             && self.activated_since_aging * EPOCHS_PER_TURNOVER >= self.len() as u64
         {
             return true;

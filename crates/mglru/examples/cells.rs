@@ -47,6 +47,7 @@ fn config(spec: &str) -> Result<Config, String> {
             "idle_youngest_demotion" => c.idle_youngest_demotion = n != 0,
             "loop_window" => c.loop_window = n as u32,
             "loop_order" => c.loop_order = n as u32,
+            "refault_activation" => c.refault_activation = n != 0,
             "refault_window" => c.refault_window = n,
             "look_twice" => c.look_twice = n != 0,
             "young_bound_aging" => c.young_bound_aging = n != 0,

@@ -95,6 +95,7 @@ fn main() {
                     "loop_eviction" => c.loop_eviction = n as u32,
                     "idle_youngest_demotion" => c.idle_youngest_demotion = n != 0,
                     "look_around" => c.look_around = n != 0,
+                    "refault_activation" => c.refault_activation = n != 0,
                     _ => panic!("unknown knob {k}"),
                 }
             }

@@ -151,6 +151,7 @@ fn cells_config(spec: &str) -> Config {
             "loop_window" => c.loop_window = n as u32,
             "loop_order" => c.loop_order = n as u32,
             "refault_window" => c.refault_window = n,
+            "refault_activation" => c.refault_activation = n != 0,
             _ => panic!("unknown knob {k}"),
         }
     }

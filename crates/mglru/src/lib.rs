@@ -116,6 +116,9 @@
 //!   and where it still loses to LRU).
 //! - [`Config::refault_window`] (off by default): refaults that many generations away still
 //!   count as recent.
+//! - [`Config::refault_activation`] (off by default, measured and not kept as a default on
+//!   2026-11-28): `mm/workingset.c`'s refault-distance test, a refault within a memory's worth
+//!   of evictions goes to the youngest generation at once, and the activations drive the aging.
 //! - The eviction-time check and the walk take an [`AccessSource`] argument instead of walking
 //!   page tables: the embedder owns its access information.
 //!

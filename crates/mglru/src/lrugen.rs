@@ -178,6 +178,20 @@ pub struct Config {
     /// memories too, but in no order. 3 by default (a refinement of the fifth deviation from
     /// v6.1, see the crate documentation).
     pub loop_window: u32,
+    /// Refault-distance activation (off by default and in v6.1; measured in
+    /// `docs/experiments/2026-11-28-mglru-phase6.md`): a refault whose distance, the pages
+    /// evicted since its eviction, is at most the resident pages is placed in the youngest
+    /// generation at once, with `workingset` (the test of the kernel's `workingset_refault`:
+    /// with that much more memory the page would have stayed; here against all resident pages,
+    /// the share a refault may challenge since v5.8), and every `1/8` of the resident pages
+    /// so activated since the last aging also runs the aging, so the generations move with
+    /// the activations as the classic active list is shrunk by them. The distance is counted in
+    /// eviction epochs (`1/8` of memory), which shadow tokens carry, so both ways of keeping
+    /// shadows decide alike. Loop mode's refaults are never activated. It forgets a hot set
+    /// that comes back faster (a returning set refaults within a memory) but not one that
+    /// moves to pages never seen (no shadows), and periodic scans over less than a memory
+    /// refault within the distance too: off by default, since it loses overall.
+    pub refault_activation: bool,
 }
 
 impl Default for Config {
@@ -233,6 +247,7 @@ impl Config {
             idle_youngest_demotion: false,
             loop_order: 0,
             loop_window: 0,
+            refault_activation: false,
         }
     }
 
@@ -371,6 +386,8 @@ pub struct Stats {
     pub refault_order: [u64; 2],
     /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
     pub idle_demoted: u64,
+    /// Refaults placed in the youngest generation by [`Config::refault_activation`].
+    pub refault_activated: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -705,6 +722,10 @@ pub struct Mglru {
     loop_victims: VecDeque<PageId>,
     /// Pages moved to the oldest generation by [`Config::idle_youngest_demotion`].
     idle_demoted: u64,
+    /// Refaults placed in the youngest generation by [`Config::refault_activation`].
+    refault_activated: u64,
+    /// Of those, since `max_seq` last moved.
+    activated_since_aging: u64,
 
     refaults: u64,
 }
@@ -751,6 +772,8 @@ impl Mglru {
             },
             loop_victims: VecDeque::new(),
             idle_demoted: 0,
+            refault_activated: 0,
+            activated_since_aging: 0,
             refaults: 0,
         })
     }
@@ -924,6 +947,7 @@ impl Mglru {
         let ty = hint.page_type.idx();
         let mut workingset = false;
         let mut loop_victim = false;
+        let mut activate = false;
         let refault = shadow.map(|shadow| {
             let rf = self.refault_of(&shadow);
             self.refaults += 1;
@@ -936,7 +960,8 @@ impl Mglru {
                 && ((ctrl.is_near(shadow.epoch)
                     && ctrl.loop_mode(self.cfg.loop_eviction, self.cfg.loop_order))
                     || (ctrl.is_far(shadow.epoch) && ctrl.far_loop_mode(self.cfg.loop_order)));
-            if rf.recent && !loop_victim {
+            activate = self.cfg.refault_activation && !loop_victim && self.refault_is_near(&shadow);
+            if (rf.recent || activate) && !loop_victim {
                 let sty = shadow.page_type.idx();
                 self.ctrl.refaulted[sty][rf.tier] += 1;
                 self.tiers[sty][rf.tier].refaulted += 1;
@@ -948,6 +973,7 @@ impl Mglru {
             rf
         });
         let seq = match hint.arrival {
+            _ if activate => self.max_seq,
             Arrival::Active => self.max_seq,
             Arrival::Fault => match self.cfg.fault_placement {
                 FaultPlacement::Youngest => self.max_seq,
@@ -976,6 +1002,10 @@ impl Mglru {
         self.lists[gen][ty].push_head(&mut self.slab.nodes, i);
         self.nr_pages[gen][ty] += 1;
         *self.regions.entry(self.region_of(page)).or_insert(0) += 1;
+        if activate {
+            self.refault_activated += 1;
+            self.activated_since_aging += 1;
+        }
         if loop_victim {
             self.loop_victims.push_back(page);
             let most = self.len() / LOOP_VICTIMS_FRACTION + MIN_LRU_BATCH;
@@ -984,6 +1014,14 @@ impl Mglru {
             }
         }
         Ok(refault)
+    }
+
+    /// [`Config::refault_activation`]'s test: whether the pages evicted since the page's
+    /// eviction, counted in whole eviction epochs of `1/8` of memory (what a shadow token
+    /// carries), are at most the resident pages (`workingset_refault`'s refault distance
+    /// against the workingset size). Within the current epoch or the last 8.
+    fn refault_is_near(&self, shadow: &Shadow) -> bool {
+        self.aging_ctrl.epoch.saturating_sub(shadow.epoch) <= EPOCHS_PER_TURNOVER
     }
 
     fn refault_of(&self, shadow: &Shadow) -> Refault {
@@ -1244,6 +1282,7 @@ impl Mglru {
         }
         self.max_seq += 1;
         self.evicted_at_aging = self.evicted;
+        self.activated_since_aging = 0;
         // The new youngest reuses the index of a retired generation.
         let g = self.gen(self.max_seq);
         self.gen_evicted[g] = [0; 2];
@@ -1337,6 +1376,12 @@ impl Mglru {
             && !held
             && k > 0
             && (self.evicted - self.evicted_at_aging) * k >= self.len() as u64
+        {
+            return true;
+        }
+        // Refault activation: an aging per 1/8 of memory activated.
+        if self.cfg.refault_activation
+            && self.activated_since_aging * EPOCHS_PER_TURNOVER >= self.len() as u64
         {
             return true;
         }
@@ -1748,6 +1793,7 @@ impl Mglru {
             aging_refaulted: self.aging_ctrl.refaulted,
             refault_order: [self.aging_ctrl.in_order, self.aging_ctrl.out_of_order],
             idle_demoted: self.idle_demoted,
+            refault_activated: self.refault_activated,
         }
     }
 

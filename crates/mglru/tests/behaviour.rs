@@ -580,11 +580,19 @@ fn trace_replays() {
     ignore = "200,000 steps: far too slow under miri, and mglru has no unsafe code of its own for miri to check"
 )]
 fn shadow_tokens_kept_by_the_embedder_behave_like_internal_shadows() {
+    shadow_tokens_behave_like_internal_shadows(Config::default());
+    shadow_tokens_behave_like_internal_shadows(Config {
+        refault_activation: true,
+        ..Config::default()
+    });
+}
+
+fn shadow_tokens_behave_like_internal_shadows(cfg: Config) {
     // Two LRUs see the same accesses, faults and evictions; one keeps its shadow entries, the
     // other hands them out as tokens right after each eviction and gets them back on the
     // refault. Their generations, refault decisions and counters must stay identical.
-    let mut inner = lru_with(Config::default());
-    let mut outer = lru_with(Config::default());
+    let mut inner = lru_with(cfg.clone());
+    let mut outer = lru_with(cfg);
     let mut bits_a = mglru::AccessBits::new();
     let mut bits_b = mglru::AccessBits::new();
     let mut tokens = std::collections::HashMap::new();
@@ -1076,4 +1084,34 @@ fn idle_youngest_demotion_helps_a_loop_longer_than_loop_mode_sees() {
     assert!(with * 10 < without * 9, "{with} against {without} without");
     let zipf = workload::moving_hot_set(5_000, 1.0, 25_000, 1, 7);
     assert_eq!(misses(true, &zipf, 4_000), misses(false, &zipf, 4_000));
+}
+
+/// [`Config::refault_activation`]: a hot set that comes back after a move refaults within a
+/// memory's worth of evictions, is activated and pushes the stale set out; a loop (loop
+/// mode's refaults are never activated) and a stable set that fits miss the same.
+#[test]
+fn refault_activation_brings_back_a_returning_hot_set() {
+    let run = |on, trace: &[u64], cap| {
+        let mut l = lru_with(Config {
+            refault_activation: on,
+            ..Config::default()
+        });
+        let r = replay(&mut l, cap, trace).unwrap();
+        l.check_integrity().unwrap();
+        (r.misses, l.stats())
+    };
+    // Zipf(1.0) over 5,000 pages, moved to 5,000 others, then back, at 60% of a set (the
+    // report's moved_z1.0_5k at 3,000).
+    let moved = workload::moving_hot_set(5_000, 1.0, 25_000, 3, 5012);
+    let ((with, stats), (without, off)) = (run(true, &moved, 3_000), run(false, &moved, 3_000));
+    assert!(
+        with * 100 < without * 97,
+        "{with} against {without} without"
+    );
+    assert!(stats.refault_activated > 1_000, "{stats:?}");
+    assert_eq!(off.refault_activated, 0);
+    let trace = workload::looping(2_200, 10);
+    assert_eq!(run(true, &trace, 2_000).0, run(false, &trace, 2_000).0);
+    let zipf = workload::moving_hot_set(2_000, 1.0, 20_000, 1, 7);
+    assert_eq!(run(true, &zipf, 2_500).0, run(false, &zipf, 2_500).0);
 }

@@ -73,6 +73,7 @@ fn config() -> impl Strategy<Value = Config> {
             any::<bool>(),
             prop_oneof![Just(0u32), Just(1), Just(4), Just(8)],
             prop_oneof![Just(0u32), Just(1), Just(3), Just(8)],
+            any::<bool>(),
         ),
     )
         .prop_map(
@@ -86,7 +87,14 @@ fn config() -> impl Strategy<Value = Config> {
                 window,
                 young_bound,
                 eviction_aging,
-                (demotion_feedback, loop_eviction, idle_youngest_demotion, loop_order, loop_window),
+                (
+                    demotion_feedback,
+                    loop_eviction,
+                    idle_youngest_demotion,
+                    loop_order,
+                    loop_window,
+                    refault_activation,
+                ),
             )| {
                 Config {
                     max_nr_gens: gens,
@@ -105,6 +113,7 @@ fn config() -> impl Strategy<Value = Config> {
                     idle_youngest_demotion,
                     loop_order,
                     loop_window,
+                    refault_activation,
                 }
             },
         )
@@ -131,6 +140,7 @@ proptest! {
             match op {
                 #[allow(clippy::map_entry)] // the model is checked against the LRU in between
                 Op::Add(p, ty, arrival) => {
+                    let activated_before = lru.stats().refault_activated;
                     let r = lru.add(p, Hint::new(ty, arrival));
                     prop_assert_eq!(&twin.add(p, Hint::new(ty, arrival)), &r);
                     if p > MAX_PAGE_ID {
@@ -142,6 +152,14 @@ proptest! {
                         prop_assert_eq!(refault.is_some(), evicted_ever.remove(&p));
                         model.insert(p, ty);
                         let seq = lru.generation(p).unwrap();
+                        // Refault activation: only a refault, only with the option, and it
+                        // goes to the youngest generation whatever its arrival.
+                        let activated = lru.stats().refault_activated - activated_before;
+                        prop_assert!(activated <= 1);
+                        if activated == 1 {
+                            prop_assert!(cfg.refault_activation && refault.is_some());
+                            prop_assert_eq!(seq, lru.max_seq());
+                        } else {
                         match arrival {
                             Arrival::Active => prop_assert_eq!(seq, lru.max_seq()),
                             Arrival::Sequential | Arrival::Cold => prop_assert_eq!(seq, lru.min_seq(ty)),
@@ -150,6 +168,7 @@ proptest! {
                                 FaultPlacement::SecondOldest => prop_assert_eq!(seq, lru.min_seq(ty) + 1),
                                 FaultPlacement::Oldest => prop_assert_eq!(seq, lru.min_seq(ty)),
                             },
+                        }
                         }
                         prop_assert_eq!(lru.is_active(p), Some(seq + 1 >= lru.max_seq()));
                     }

@@ -394,6 +394,20 @@ impl ShmemTable {
         self.table.lock().cut(shared, mm.id, start, end, true);
     }
 
+    /// The shared mappings of `mm` that overlap `[start, end)`, as the table has them now.
+    fn refs_overlapping(&self, mm: &Mm, start: u64, end: u64) -> Vec<MapRef> {
+        let t = self.table.lock();
+        t.by_mm
+            .get(&mm.id)
+            .map(|v| {
+                v.iter()
+                    .filter(|r| r.start < end && r.end > start)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// `madvise(MADV_REMOVE)` of `[start, end)` in `mm` (a REMOVE event the agent announced):
     /// the pages of the inodes mapped there are holes now (the kernel punches them after the
     /// event is read), so their states and stored copies are dropped: the next fault reads
@@ -403,18 +417,7 @@ impl ShmemTable {
         if !mm.has_shmem.load(Ordering::Acquire) {
             return 0;
         }
-        let refs: Vec<MapRef> = {
-            let t = self.table.lock();
-            t.by_mm
-                .get(&mm.id)
-                .map(|v| {
-                    v.iter()
-                        .filter(|r| r.start < end && r.end > start)
-                        .cloned()
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
+        let refs = self.refs_overlapping(mm, start, end);
         let mut n = 0;
         for r in refs {
             let (s, e) = (r.start.max(start), r.end.min(end));
@@ -462,18 +465,7 @@ impl ShmemTable {
         if !mm.has_shmem.load(Ordering::Acquire) {
             return false;
         }
-        let refs: Vec<MapRef> = {
-            let t = self.table.lock();
-            t.by_mm
-                .get(&mm.id)
-                .map(|v| {
-                    v.iter()
-                        .filter(|r| r.start < end && r.end > start)
-                        .cloned()
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
+        let refs = self.refs_overlapping(mm, start, end);
         let mut held = false;
         for r in refs {
             let (s, e) = (r.start.max(start), r.end.min(end));

@@ -637,31 +637,17 @@ fn assert_three_levels(run: &Run, name: &str) {
         Some("zswap,file,redis-cluster"),
         "{name}"
     );
-    assert!(run.get("tier_zswap_pgout") > 0, "{name}: nothing in zswap");
-    assert!(
-        run.get("tier_zswap_migrated") > 0,
-        "{name}: zswap never wrote back"
-    );
-    assert!(
-        run.get("tier_file_pgout") > 0,
-        "{name}: nothing reached the file"
-    );
-    assert!(
-        run.get("tier_file_pgin") > 0,
-        "{name}: no fault read the file"
-    );
-    assert!(
-        run.get("tier_file_migrated") > 0,
-        "{name}: nothing moved down"
-    );
-    assert!(
-        run.get("tier_redis_cluster_migrated") > 0,
-        "{name}: nothing reached the cluster"
-    );
-    assert!(
-        run.get("tier_redis_cluster_pgin") > 0,
-        "{name}: no fault read the cluster"
-    );
+    for (counter, what) in [
+        ("tier_zswap_pgout", "nothing in zswap"),
+        ("tier_zswap_migrated", "zswap never wrote back"),
+        ("tier_file_pgout", "nothing reached the file"),
+        ("tier_file_pgin", "no fault read the file"),
+        ("tier_file_migrated", "nothing moved down"),
+        ("tier_redis_cluster_migrated", "nothing reached the cluster"),
+        ("tier_redis_cluster_pgin", "no fault read the cluster"),
+    ] {
+        assert!(run.get(counter) > 0, "{name}: {what}");
+    }
     assert_eq!(
         run.stats["backend_encrypted"].as_bool(),
         Some(true),

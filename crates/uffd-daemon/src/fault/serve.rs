@@ -214,10 +214,7 @@ fn serve_missing(shared: &Shared, mm: &Mm, p: &mut Pending, w: &mut Work) -> boo
         Gate::Wait => return true,
         Gate::Throttle => {
             drop(st);
-            mm.throttled.store(true, Ordering::Release);
-            Stats::add(&shared.stats.throttled_faults, 1);
-            p.stall(shared);
-            shared.kick_reclaim();
+            throttle(shared, mm, p);
             return false;
         }
     }
@@ -675,4 +672,14 @@ pub(super) fn drop_in_flight(mm: &Mm) -> bool {
         None => true,
         Some(g) => g.as_ref().is_some_and(|a| a.pending.is_some()),
     }
+}
+
+/// A fault that adds a page at the limit waits for reclaim: counted, its wait begun, reclaim
+/// kicked; the handler retries it when reclaim has made room (`Mm::retry`). The caller has let
+/// go of its table's lock.
+pub(super) fn throttle(shared: &Shared, mm: &Mm, p: &mut Pending) {
+    mm.throttled.store(true, Ordering::Release);
+    Stats::add(&shared.stats.throttled_faults, 1);
+    p.stall(shared);
+    shared.kick_reclaim();
 }

@@ -95,10 +95,7 @@ pub(super) fn serve_shared(
     // A page to add: at the limit, wait for reclaim like a private fault (`gate`).
     if must_wait_at_limit(shared, mm, p) {
         drop(st);
-        mm.throttled.store(true, Ordering::Release);
-        Stats::add(&shared.stats.throttled_faults, 1);
-        p.stall(shared);
-        shared.kick_reclaim();
+        super::serve::throttle(shared, mm, p);
         return false;
     }
     let at = At { key, addr, prior };

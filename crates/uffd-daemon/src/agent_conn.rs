@@ -37,6 +37,11 @@ pub struct PendingDrop {
     /// moved holding anything else was written through a pin meanwhile (`reclaim.rs`,
     /// `read_back`). Empty when not kept.
     pub data: Vec<u8>,
+    /// The frame each of `pages` held when reclaim read it (0: unknown); empty for a DROP
+    /// made without an agent (the program is stopped then: nothing can change under it).
+    pub frames: Vec<u64>,
+    /// Where in the scratch the agent put the DROP's first page (known once it answered).
+    pub scratch_first: Option<usize>,
     /// When it was sent.
     pub sent: Instant,
     /// Whether its lateness was counted and said.

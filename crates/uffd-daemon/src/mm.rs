@@ -202,6 +202,17 @@ pub struct Mm {
     /// `/proc/PID/mem` of the process, opened at its first eviction (for `pid`): reclaim reads
     /// its victims through it (`sys::read_mem`).
     pub mem: Mutex<Option<(i32, std::fs::File)>>,
+    /// `/proc/PID/pagemap` of the process (for `pid`), opened at its first eviction: the
+    /// frames of a batch's victims, and of what its DROP moved (`reclaim::frames_of`).
+    pub pagemap: Mutex<Option<(i32, std::fs::File)>>,
+    /// REMOVE, UNMAP, REMAP and FORK events applied so far, counted by the handler under
+    /// `event_gate`: reclaim checks that none came between the protection of a batch and the
+    /// record of its victims' frames.
+    pub events_applied: AtomicU64,
+    /// The runs of the agent's DROP in flight (empty: none). A fault there on a page no
+    /// longer `Dropping` (an event changed it since) waits for the DROP's settlement, which may
+    /// have to put back a page the agent moved from under the event (`reclaim::settle_drop`).
+    pub drop_runs: Mutex<Vec<(u64, u32)>>,
     /// When the last DROP left its moved pages in the scratch (`None`: nothing there). The
     /// next DROP frees it first (a move into a page still there fails), and so does the
     /// monitor once reclaim has been idle for a while (`reclaim::free_idle_scratch`).
@@ -332,6 +343,9 @@ impl Mm {
             event_gate: parking_lot::RwLock::new(()),
             rseq_pages: Mutex::new(Vec::new()),
             mem: Mutex::new(None),
+            pagemap: Mutex::new(None),
+            events_applied: AtomicU64::new(0),
+            drop_runs: Mutex::new(Vec::new()),
             scratch_filled: Mutex::new(None),
             maps: Mutex::new(None),
             held: AtomicU32::new(0),

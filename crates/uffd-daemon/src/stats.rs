@@ -230,6 +230,8 @@ counters! {
     evict_changed_pages,
     /// Faults on pages a DROP in flight had moved out, held until the DROP settled.
     dropping_faults_held,
+    drop_moved_put_back,
+    drop_moved_lost,
     /// Reclaim time storing victims, in nanoseconds.
     reclaim_store_ns,
     /// Reclaim time waiting for the agent to drop victims, in nanoseconds.

@@ -923,6 +923,31 @@ pub fn read_mem(
     Ok(missing)
 }
 
+/// The page frame number of each page of `runs` (address, pages) of another process, from
+/// its `/proc/PID/pagemap` (one `pread` per run): 0 for a page not present. Frame numbers are
+/// shown only to a reader with `CAP_SYS_ADMIN` (the daemon runs as root); without it every
+/// page reads as frame 0, which callers take as "unknown".
+pub fn read_frames(pagemap: &std::fs::File, runs: &[(u64, usize)]) -> io::Result<Vec<u64>> {
+    use std::os::unix::fs::FileExt;
+    const PRESENT: u64 = 1 << 63;
+    const PFN_MASK: u64 = (1 << 55) - 1;
+    let mut frames = Vec::with_capacity(runs.iter().map(|r| r.1).sum());
+    let mut buf = Vec::new();
+    for &(addr, pages) in runs {
+        buf.resize(pages * 8, 0);
+        pagemap.read_exact_at(&mut buf, addr / PAGE_SIZE as u64 * 8)?;
+        frames.extend(buf.chunks_exact(8).map(|e| {
+            let v = u64::from_le_bytes(e.try_into().expect("8 bytes"));
+            if v & PRESENT != 0 {
+                v & PFN_MASK
+            } else {
+                0
+            }
+        }));
+    }
+    Ok(frames)
+}
+
 /// Reads pages of another process with `process_vm_readv`, one iovec per run.
 ///
 /// Only call this for pages known to be present: on a missing page in a registered range the

@@ -384,6 +384,7 @@ impl Handler {
                 !stale
             });
             handle_event(shared, mm, event, &mut self.scan);
+            mm.events_applied.fetch_add(1, Ordering::Release);
         }
         // Fills from other threads may go on (see `Mm::event_gate`).
         drop(gate);

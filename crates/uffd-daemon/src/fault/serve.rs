@@ -173,6 +173,14 @@ fn gate(shared: &Shared, mm: &Mm, p: &Pending, prior: Option<Page>, agent: bool)
         Stats::add(&shared.stats.dropping_faults_held, 1);
         return Gate::Wait;
     }
+    // A page of the DROP in flight that an event changed since (mremap put another page
+    // there, or the program refilled it after a REMOVE): the agent may have moved that page
+    // out, and the settlement puts it back (`reclaim::put_back_moved`). Until then the fault
+    // waits rather than fill the address.
+    if !agent && !is_daemon_thread(mm, p.ptid) && in_drop_runs(mm, p.address) {
+        Stats::add(&shared.stats.dropping_faults_held, 1);
+        return Gate::Wait;
+    }
     // Throttle like the kernel's direct reclaim: at the limit, a fault that would add a
     // resident page waits (its thread is blocked in the kernel anyway) while reclaim makes
     // room; the handler keeps reading events meanwhile. Faults of the daemon's own threads
@@ -662,6 +670,15 @@ fn note_cpu(shared: &Shared, mm: &Mm, p: &Pending, one_page: bool) {
             Stats::add(&stats.handler_moves, 1);
         }
     }
+}
+
+/// Whether `addr` is in a run of the agent's DROP in flight (`Mm::drop_runs`).
+fn in_drop_runs(mm: &Mm, addr: u64) -> bool {
+    let page = addr & !(PAGE_SIZE_U64 - 1);
+    mm.drop_runs
+        .lock()
+        .iter()
+        .any(|&(s, n)| s <= page && page < s + n as u64 * PAGE_SIZE_U64)
 }
 
 /// Whether reclaim may have a DROP to this address space's agent in flight: it holds the agent

@@ -357,17 +357,28 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         }
     }
     let mut victims = pick(shared, mm, batch, max, injected);
-    let send_drop = |guard: &mut AgentSlot<'_>, pages: Vec<u64>, slots: Vec<u32>, data: Vec<u8>| {
+    let send_drop = |guard: &mut AgentSlot<'_>,
+                     pages: Vec<u64>,
+                     slots: Vec<u32>,
+                     data: Vec<u8>,
+                     frames: Vec<u64>| {
         if injected {
             drop_injected(shared, mm, guard, pid, pages, slots, data)
         } else {
-            drop_by_agent(shared, mm, guard, pages, slots, data)
+            drop_by_agent(shared, mm, guard, pages, slots, data, frames)
         }
     };
     if victims.is_empty() {
         // (Pages waiting to be unshared are not victims: a DROP of nothing else unshares them.)
-        return send_drop(&mut agent_guard, Vec::new(), Vec::new(), Vec::new());
+        return send_drop(
+            &mut agent_guard,
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
     }
+    let events_before = mm.events_applied.load(std::sync::atomic::Ordering::Acquire);
     let runs = runs_of(&victims);
     let stats = &shared.stats;
     let mut t = std::time::Instant::now();
@@ -386,20 +397,51 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     if victims.is_empty() {
         return 0;
     }
+    let frames = if injected {
+        Vec::new()
+    } else {
+        match victim_frames(mm, pid, &victims, events_before) {
+            Some(f) => f,
+            None => {
+                abort_pages(shared, mm, batch, &victims);
+                return 0;
+            }
+        }
+    };
     lap(&stats.reclaim_read_ns);
     let (slots, refused) = store(shared, mm, batch, &victims, &data);
     lap(&stats.reclaim_store_ns);
     let (to_drop, drop_slots, drop_data) =
         still_ours(shared, mm, batch, &victims, &slots, &refused, data);
     if to_drop.is_empty() {
-        return send_drop(&mut agent_guard, Vec::new(), Vec::new(), Vec::new());
+        return send_drop(
+            &mut agent_guard,
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
     }
+    let drop_frames: Vec<u64> = if frames.is_empty() {
+        Vec::new()
+    } else {
+        to_drop
+            .iter()
+            .map(|a| victims.binary_search(a).map_or(0, |i| frames[i]))
+            .collect()
+    };
     // 5. Have the agent move them out. Until it answers, any of them may move at any moment,
     //    so they stay `Dropping` and protected: a writer waits (the kernel's page under
     //    writeback), and so does a fault on one moved already. An answer that does not come in
     //    time leaves the batch outstanding.
     Stats::add(&shared.stats.drop_requests, 1);
-    let evicted = send_drop(&mut agent_guard, to_drop, drop_slots, drop_data);
+    let evicted = send_drop(
+        &mut agent_guard,
+        to_drop,
+        drop_slots,
+        drop_data,
+        drop_frames,
+    );
     lap(&stats.reclaim_drop_ns);
     evicted
 }
@@ -515,6 +557,44 @@ fn read_victims(
     }
     *victims = keep.iter().map(|&i| victims[i]).collect();
     Some(kept_data)
+}
+
+/// 2b. The frame of each victim, for the settlement of its DROP: a page the agent moved from
+///    an address that an event (mremap, munmap, madvise) changed meanwhile may be the one the
+///    event put there rather than the victim (the kernel lets moves through again once the
+///    handler has read the event, before it has applied it), and only the frame tells them
+///    apart (`put_back_moved`). Read under `Mm::event_gate`, so that no event is being read or
+///    applied meanwhile, and believed only if no event came since the protection: none was
+///    applied (`events_applied`) and none is waiting to be read (a write-protection, which
+///    the kernel refuses with `EAGAIN` while one waits). `None`: the batch is given up.
+///    Frames unknown (no `/proc/PID/pagemap`) are 0.
+fn victim_frames(mm: &Mm, pid: i32, victims: &[u64], events_before: u64) -> Option<Vec<u64>> {
+    let runs: Vec<(u64, usize)> = runs_of(victims)
+        .into_iter()
+        .map(|(s, n)| (s, n as usize))
+        .collect();
+    let _gate = mm.event_gate.read();
+    let frames = frames_of(mm, pid, &runs).unwrap_or_else(|| vec![0; victims.len()]);
+    if !matches!(
+        mm.uffd.writeprotect(victims[0], PAGE_SIZE_U64, true),
+        Ok(Fill::Filled) | Ok(Fill::Exists)
+    ) || mm.events_applied.load(std::sync::atomic::Ordering::Acquire) != events_before
+    {
+        return None;
+    }
+    Some(frames)
+}
+
+/// The frames of `runs` (address, pages) of `mm`'s process, through its cached
+/// `/proc/PID/pagemap`; `None` if it cannot be read.
+fn frames_of(mm: &Mm, pid: i32, runs: &[(u64, usize)]) -> Option<Vec<u64>> {
+    let mut pm = mm.pagemap.lock();
+    if pm.as_ref().is_none_or(|(p, _)| *p != pid) {
+        *pm = std::fs::File::open(format!("/proc/{pid}/pagemap"))
+            .ok()
+            .map(|f| (pid, f));
+    }
+    sys::read_frames(&pm.as_ref()?.1, runs).ok()
 }
 
 /// 3. Store: zero pages need no slot; aligned runs of 16 go as one folio. A unit no tier
@@ -655,6 +735,8 @@ fn drop_injected(
         slots: drop_slots,
         unshare,
         data: drop_data,
+        frames: Vec::new(),
+        scratch_first: None,
         sent: t_drop,
         said_late: false,
     };
@@ -679,6 +761,8 @@ fn drop_injected(
                 runs: vec![(rp, 1)],
                 unshare: Vec::new(),
                 data: Vec::new(),
+                frames: Vec::new(),
+                scratch_first: None,
                 sent: t_drop,
                 said_late: false,
             };
@@ -802,6 +886,7 @@ fn drop_by_agent(
     to_drop: Vec<u64>,
     drop_slots: Vec<u32>,
     drop_data: Vec<u8>,
+    drop_frames: Vec<u64>,
 ) -> usize {
     let Some(agent) = agent_guard.as_mut() else {
         return 0;
@@ -823,9 +908,14 @@ fn drop_by_agent(
         runs: drop_runs,
         unshare,
         data: drop_data,
+        frames: drop_frames,
+        scratch_first: None,
         sent: t_drop,
         said_late: false,
     };
+    // From here until the settlement a fault on one of these pages that an event has changed
+    // waits (`fault::serve`, `gate`): the agent may move what the event put there.
+    *mm.drop_runs.lock() = pending.runs.clone();
     match agent.send_drop(&pending.runs, &unshare_runs) {
         Ok(seq) => pending.seq = seq,
         Err(e) => {
@@ -897,8 +987,10 @@ fn finish_drop(
         }
         w => w,
     };
+    let mut pending = pending;
     match waited {
         Ok((status, first)) => {
+            pending.scratch_first = Some(first);
             // The pages it moved are in its scratch until FREE (page `i` of the DROP at scratch
             // page `first + i`): read them back first.
             let moved: Vec<(usize, usize)> = status[..pending.pages.len()]
@@ -920,7 +1012,6 @@ fn finish_drop(
             settle_drop(shared, mm, &pending, Some(&status), &changed)
         }
         Err(DropWait::NotYet) => {
-            let mut pending = pending;
             if pending.sent.elapsed() >= shared.policy.drop_timeout
                 && !std::mem::replace(&mut pending.said_late, true)
             {
@@ -1092,6 +1183,7 @@ fn settle_drop(
     // the zap, and the program would find these bytes where it expects zeros. The handler,
     // which applies events in the kernel's order, serves the page at its next access.
     let mut fresh: Vec<(usize, Option<u32>, bool)> = Vec::new();
+    let mut moved_after = Vec::new();
     if let Some(s) = status {
         for (i, held) in changed {
             if s.get(*i) == Some(&0) {
@@ -1108,7 +1200,12 @@ fn settle_drop(
         for (i, &a) in p.pages.iter().enumerate() {
             let slot = p.slots[i];
             if st.pages.get(a) != Some(Page::Dropping { slot }) {
-                continue; // refaulted or removed meanwhile: already accounted for
+                // Refaulted or removed meanwhile: already accounted for. If it was moved, it
+                // may have been moved from under the event that changed it (below).
+                if status.is_some_and(|s| s[i] == 0) {
+                    moved_after.push(i);
+                }
+                continue;
             }
             match status.map(|s| s[i]) {
                 Some(0) => {
@@ -1124,6 +1221,10 @@ fn settle_drop(
             }
         }
     }
+    if !moved_after.is_empty() {
+        put_back_moved(shared, mm, p, &moved_after);
+    }
+    mm.drop_runs.lock().clear();
     // (Pages stored anew that had been refaulted or removed meanwhile: their new copies go.)
     for &(_, slot, used) in &fresh {
         if let (Some(slot), false) = (slot, used) {
@@ -1163,6 +1264,79 @@ fn settle_drop(
         let _ = mm.uffd.wake(start, n as u64 * PAGE_SIZE_U64);
     }
     t.evicted
+}
+
+/// Pages of DROP `p` (indices) that the agent moved although an event had changed their
+/// address meanwhile (a REMOVE, UNMAP or REMAP applied before the settlement). The kernel
+/// refuses a move while an event waits to be read, but lets it through again once the handler
+/// has read it and before the handler has applied it, and a move then takes whatever is at
+/// the address: the victim (a REMOVE zaps only after its event is read), or a page the event
+/// put there (mremap of another mapping over it; another uffd's mapping). The frame tells:
+/// the victim's was recorded at the batch's read (`victim_frames`). A victim is let go, as
+/// the event meant; anything else goes back where it was taken from, with `UFFDIO_COPY` (the
+/// kernel takes a fill into any uffd's range), while faults there wait for this settlement
+/// (`Mm::drop_runs`). Counted: `drop_moved_put_back`, and `drop_moved_lost` for a page that
+/// could not go back (its address taken or gone since; said).
+fn put_back_moved(shared: &Shared, mm: &Mm, p: &PendingDrop, idx: &[usize]) {
+    let (Some(first), Some(pid)) = (p.scratch_first, mm.pid()) else {
+        return;
+    };
+    if p.frames.len() != p.pages.len() {
+        return;
+    }
+    let at = |i: usize| mm.scratch + (first + i) as u64 * PAGE_SIZE_U64;
+    let runs: Vec<(u64, usize)> = idx.iter().map(|&i| (at(i), 1)).collect();
+    let Some(now) = frames_of(mm, pid, &runs) else {
+        return;
+    };
+    for (k, &i) in idx.iter().enumerate() {
+        let (was, is) = (p.frames[i], now[k]);
+        if was == 0 || is == 0 || was == is {
+            continue; // the victim itself (or unknown): let go
+        }
+        let a = p.pages[i];
+        let mut page = vec![0u8; PAGE_SIZE];
+        let read = {
+            let mem = mm.mem.lock();
+            mem.as_ref()
+                .map(|(_, f)| sys::read_mem(f, &[(at(i), PAGE_SIZE)], &mut page))
+        };
+        if !matches!(read, Some(Ok(ref missing)) if missing.is_empty()) {
+            note_moved_lost(shared, mm, a, "its copy in the scratch could not be read");
+            continue;
+        }
+        let _gate = mm.event_gate.read();
+        let mut st = mm.state.lock();
+        let prior = st.pages.get(a);
+        if !matches!(prior, None | Some(Page::Resident { .. })) {
+            drop(st);
+            note_moved_lost(shared, mm, a, "its address holds another evicted page now");
+            continue;
+        }
+        match mm.uffd.copy(a, &page) {
+            Ok(Fill::Filled) => {
+                if prior.is_none() && st.in_ranges(a) {
+                    st.back_to_resident(a);
+                    st.resident += 1;
+                    shared.resident_add(1);
+                }
+                Stats::add(&shared.stats.drop_moved_put_back, 1);
+            }
+            other => {
+                drop(st);
+                note_moved_lost(shared, mm, a, &format!("putting it back gave {other:?}"));
+            }
+        }
+    }
+}
+
+fn note_moved_lost(shared: &Shared, mm: &Mm, a: u64, why: &str) {
+    Stats::add(&shared.stats.drop_moved_lost, 1);
+    tracing::error!(
+        "pid {:?}: the agent moved the page at {a:#x} from under an event (mremap, munmap, \
+         madvise) and it cannot go back: {why}",
+        mm.pid()
+    );
 }
 
 /// What a DROP's settlement did.

@@ -453,7 +453,7 @@ impl Uffd {
     }
 }
 
-/// A fresh private anonymous read-write mapping of `bytes` (the checker's and the benchmark
+/// A fresh private anonymous read-write mapping of `bytes` (the demo's and the benchmark
 /// clients' memory; they unmap it, or leave it to their exit).
 pub fn map_anonymous(bytes: usize) -> io::Result<*mut u8> {
     use rustix::mm::{MapFlags, ProtFlags};

@@ -31,7 +31,8 @@ fn checker_fork_mremap_munmap_madvise() {
     if !can_run() {
         return;
     }
-    let run = run_under("8M", "checker", &[CHECKER, "all"]);
+    let checker = checker();
+    let run = run_under("8M", "checker", &[&checker, "all"]);
     assert_eq!(run.status, 0, "the checker found bad pages");
     assert!(run.stdout.contains("checker: ALL OK"));
     assert!(!run.stdout.contains("MISMATCH"));
@@ -172,8 +173,9 @@ fn client_stops_when_the_daemon_dies() {
     if !can_run() {
         return;
     }
+    let checker = checker();
     let mut daemon = Command::new(DAEMON)
-        .args(["run", "--limit", "8M", "--", CHECKER, "hold"])
+        .args(["run", "--limit", "8M", "--", &checker, "hold"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -493,9 +495,10 @@ fn a_client_in_a_pid_namespace_stops_when_the_daemon_dies() {
     if !can_run() || !have("unshare") {
         return;
     }
+    let checker = checker();
     let mut daemon = Command::new(DAEMON)
         .args([
-            "run", "--limit", "8M", "--", "unshare", "-pf", CHECKER, "hold",
+            "run", "--limit", "8M", "--", "unshare", "-pf", &checker, "hold",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -458,6 +458,7 @@ fn daemon_pages_programs_to_the_cluster() {
     if !can_run() || !can_test() {
         return;
     }
+    let checker = checker();
     let c = TestCluster::start("daemon");
     let cfg = write_cluster_config("daemon");
     for zswap in ["off", "1M"] {
@@ -465,7 +466,7 @@ fn daemon_pages_programs_to_the_cluster() {
         let mut args = cluster_args(&c, zswap, &cfg);
         args[1] = "8M".into();
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        let run = run_with(&a, &name, &[CHECKER, "all"]);
+        let run = run_with(&a, &name, &[&checker, "all"]);
         assert_eq!(run.status, 0, "{name}: the checker found bad pages");
         assert!(run.stdout.contains("checker: ALL OK"), "{name}");
         assert_cluster_tier(&run, &name);

@@ -120,8 +120,9 @@ fn checker_in_every_setup() {
     if !can_run() {
         return;
     }
+    let checker = checker();
     for setup in setups() {
-        let run = run_with(&args_with(&setup, "8M"), setup.name, &[CHECKER, "all"]);
+        let run = run_with(&args_with(&setup, "8M"), setup.name, &[&checker, "all"]);
         assert_eq!(run.status, 0, "{}: the checker found bad pages", setup.name);
         assert!(run.stdout.contains("checker: ALL OK"), "{}", setup.name);
         assert_paged(&run, 32 << 20);

@@ -11,7 +11,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub const DAEMON: &str = env!("CARGO_BIN_EXE_uffd-daemon");
-pub const CHECKER: &str = env!("CARGO_BIN_EXE_uffd-checker");
 
 /// One daemon at a time: the machine has two cores and the tests measure nothing.
 pub static SERIAL: Mutex<()> = Mutex::new(());
@@ -380,6 +379,14 @@ pub fn assert_agents(run: &Run) {
         0,
         "an agent's connection failed while its process lived on"
     );
+}
+
+/// The checker, `tests/clients/checker.c` (built by [`c_client`]): kernel-mode faults, fork,
+/// mremap, munmap and MADV_DONTNEED over evicted pages, every page compared after every step;
+/// `checker all` exits 0 only when all matched, `checker hold` prints `READY <pid>` and verifies
+/// its memory in a loop.
+pub fn checker() -> String {
+    c_client("checker").to_string_lossy().into_owned()
 }
 
 /// Builds `tests/clients/NAME.c` with the system C compiler (once per test binary run) and

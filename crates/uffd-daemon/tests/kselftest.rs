@@ -177,11 +177,31 @@ const KNOWN: [Known; 3] = [
 
 /// Differences that are bugs, the daemon's or a selftest's, allowed so that everything else is
 /// checked until they are fixed.
-const OPEN_BUGS: [Known; 0] = [
-    // (Empty since 2026-11-27. The last: ksm_functional_tests' test_prot_none() writes to its
-    // own pages through /proc/self/mem, which got EIO on a page the daemon evicted or never
-    // saw touched; the agent now has the daemon hold the process while it has its own memory
-    // file open, hold.rs HOLD_SELF_MEM.)
+const OPEN_BUGS: [Known; 3] = [
+    // uffd-unit-tests' events tests: a forked child moves its uffd-registered area (the test's
+    // own uffd) with mremap(MREMAP_FIXED) over memory the daemon is evicting. A DROP chosen
+    // before the mremap can still reach that address after the handler has read the UNMAP
+    // (docs/experiments/2026-12-07-moved-from-under-an-event.md): the agent's move (put back
+    // since, reclaim::put_back_moved) or its unsharing write touches the test's page, and the
+    // test's own handler sees a fault it did not expect. Seen about once in 50-150 runs of
+    // `-f events` under CPU load here, and twice in a row in CI on 2026-11-28; not seen bare.
+    // The first two are what a stray fault looks like to the test; the third, the tests that
+    // run after it in the same binary.
+    Known {
+        selftest: "uffd-unit-tests",
+        check: "events* on anon",
+        shows: "failed: Fault counts wrong",
+    },
+    Known {
+        selftest: "uffd-unit-tests",
+        check: "events* on anon",
+        shows: "failed: it did not finish (the run ended: exit status 1: ERROR: UFFDIO_COPY error: -2 *",
+    },
+    Known {
+        selftest: "uffd-unit-tests",
+        check: "events* on *",
+        shows: "no result (the run ended: exit status 1: ERROR: UFFDIO_COPY error: -2 *",
+    },
 ];
 
 /// Whether `text` matches `pattern`, where `*` stands for any run of characters.
@@ -966,6 +986,45 @@ fn kernel_mm_selftests_pass_under_the_daemon_as_bare() {
 }
 
 // ---- The parsers, on the selftests' own words -----------------------------------------------
+
+#[test]
+fn the_open_events_bug_allows_only_what_ci_showed() {
+    let d = |check: &str, shows: &str| Difference {
+        selftest: "uffd-unit-tests",
+        check: check.into(),
+        shows: shows.into(),
+    };
+    let ended = "(the run ended: exit status 1: ERROR: UFFDIO_COPY error: -2 (errno=2, \
+                 @uffd-common.c:617))";
+    // The lines of the CI run of 2026-11-28, and the failure seen in the loops here.
+    for diff in [
+        d(
+            "events-wp on anon",
+            &format!("failed: it did not finish {ended}"),
+        ),
+        d("events-wp on shmem", &format!("no result {ended}")),
+        d("events-wp on shmem-private", &format!("no result {ended}")),
+        d("events on anon", "failed: Fault counts wrong"),
+    ] {
+        assert_eq!(allowed_by(&diff).map(|a| a.0), Some(true), "{}", diff.check);
+    }
+    // Not another test, another error, or a wrong count on shared memory.
+    for diff in [
+        d(
+            "move on anon",
+            &format!("failed: it did not finish {ended}"),
+        ),
+        d(
+            "events on anon",
+            "failed: it did not finish (the run ended: exit status 1: ERROR: nr 3 memory \
+             corruption 0 7 (errno=0, @uffd-unit-tests.c:733))",
+        ),
+        d("events on shmem", "failed: Fault counts wrong"),
+        d("sigbus on anon", &format!("no result {ended}")),
+    ] {
+        assert_eq!(allowed_by(&diff), None, "{} {}", diff.check, diff.shows);
+    }
+}
 
 #[test]
 fn only_the_selftests_fixed_address_collision_is_made_again() {

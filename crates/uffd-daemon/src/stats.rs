@@ -231,6 +231,7 @@ counters! {
     /// Faults on pages a DROP in flight had moved out, held until the DROP settled.
     dropping_faults_held,
     drop_moved_put_back,
+    drop_moved_not_ours,
     drop_moved_lost,
     /// Reclaim time storing victims, in nanoseconds.
     reclaim_store_ns,

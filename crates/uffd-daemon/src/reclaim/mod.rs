@@ -1273,10 +1273,12 @@ fn settle_drop(
 /// the address: the victim (a REMOVE zaps only after its event is read), or a page the event
 /// put there (mremap of another mapping over it; another uffd's mapping). The frame tells:
 /// the victim's was recorded at the batch's read (`victim_frames`). A victim is let go, as
-/// the event meant; anything else goes back where it was taken from, with `UFFDIO_COPY` (the
-/// kernel takes a fill into any uffd's range), while faults there wait for this settlement
-/// (`Mm::drop_runs`). Counted: `drop_moved_put_back`, and `drop_moved_lost` for a page that
-/// could not go back (its address taken or gone since; said).
+/// the event meant; anything else goes back where it was taken from, with `UFFDIO_COPY`, if
+/// the table holds a resident
+/// page of ours there (an mremap brought it), while faults there wait for this settlement
+/// (`Mm::drop_runs`). Counted: `drop_moved_put_back`; `drop_moved_not_ours` for a page taken
+/// from anywhere else (another uffd's range: its handler serves the next fault there);
+/// `drop_moved_lost` for one that could not go back (said).
 fn put_back_moved(shared: &Shared, mm: &Mm, p: &PendingDrop, idx: &[usize]) {
     let (Some(first), Some(pid)) = (p.scratch_first, mm.pid()) else {
         return;
@@ -1306,20 +1308,18 @@ fn put_back_moved(shared: &Shared, mm: &Mm, p: &PendingDrop, idx: &[usize]) {
             continue;
         }
         let _gate = mm.event_gate.read();
-        let mut st = mm.state.lock();
-        let prior = st.pages.get(a);
-        if !matches!(prior, None | Some(Page::Resident { .. })) {
-            drop(st);
-            note_moved_lost(shared, mm, a, "its address holds another evicted page now");
+        let st = mm.state.lock();
+        // Only where the table expects a resident page of ours: anywhere else the daemon does
+        // not see what happened to the address since (another uffd's range, whose REMOVE
+        // comes to that uffd; or ours, emptied by a REMOVE after the move), and a fill could
+        // bring back bytes where the program now expects zeros. Such a page is left to
+        // whoever serves that range's next fault (`drop_moved_not_ours`).
+        if !(matches!(st.pages.get(a), Some(Page::Resident { .. })) && st.in_ranges(a)) {
+            Stats::add(&shared.stats.drop_moved_not_ours, 1);
             continue;
         }
         match mm.uffd.copy(a, &page) {
             Ok(Fill::Filled) => {
-                if prior.is_none() && st.in_ranges(a) {
-                    st.back_to_resident(a);
-                    st.resident += 1;
-                    shared.resident_add(1);
-                }
                 Stats::add(&shared.stats.drop_moved_put_back, 1);
             }
             other => {

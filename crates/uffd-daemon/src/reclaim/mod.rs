@@ -368,15 +368,12 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
             drop_by_agent(shared, mm, guard, pages, slots, data, frames)
         }
     };
+    // A DROP of no page: it only unshares the pages waiting for it (they are not victims).
+    let unshare_only = |guard: &mut AgentSlot<'_>| {
+        send_drop(guard, Vec::new(), Vec::new(), Vec::new(), Vec::new())
+    };
     if victims.is_empty() {
-        // (Pages waiting to be unshared are not victims: a DROP of nothing else unshares them.)
-        return send_drop(
-            &mut agent_guard,
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-        );
+        return unshare_only(&mut agent_guard);
     }
     let events_before = mm.events_applied.load(std::sync::atomic::Ordering::Acquire);
     let runs = runs_of(&victims);
@@ -414,13 +411,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let (to_drop, drop_slots, drop_data) =
         still_ours(shared, mm, batch, &victims, &slots, &refused, data);
     if to_drop.is_empty() {
-        return send_drop(
-            &mut agent_guard,
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-        );
+        return unshare_only(&mut agent_guard);
     }
     let drop_frames: Vec<u64> = if frames.is_empty() {
         Vec::new()

@@ -11,6 +11,7 @@
 //! Latencies are measured inside the client, around the first access to each page, so they
 //! include the whole round trip (fault, handler wakeup, service, wake of the faulting thread).
 
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -207,7 +208,7 @@ fn bare(
             let mut msgs = [RawUffdMsg::default(); 16];
             let mut served = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                if !matches!(sys::poll_read(&[uffd.raw()], 50).as_deref(), Ok([true])) {
+                if !matches!(sys::poll_read(&[uffd.as_fd()], 50).as_deref(), Ok([true])) {
                     continue;
                 }
                 let n = uffd.read_msgs(&mut msgs).unwrap_or(0);

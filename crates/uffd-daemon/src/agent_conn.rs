@@ -9,7 +9,7 @@
 //! interrupting the wait is not an answer either: the wait goes on.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use crate::protocol::{self, Message, MAX_PACKET};
@@ -100,8 +100,8 @@ impl AgentConn {
         self.sock.is_none()
     }
 
-    fn sock(&self) -> io::Result<i32> {
-        self.sock.as_ref().map(|s| s.as_raw_fd()).ok_or_else(|| {
+    fn sock(&self) -> io::Result<BorrowedFd<'_>> {
+        self.sock.as_ref().map(|s| s.as_fd()).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::Unsupported,
                 "a process managed without an agent has no socket",
@@ -111,7 +111,7 @@ impl AgentConn {
 
     /// Sends one message, with descriptors (at most [`sys::MAX_SENT_FDS`]); returns its
     /// sequence number.
-    pub fn send(&mut self, msg: &Message, fds: &[i32]) -> io::Result<u32> {
+    pub fn send(&mut self, msg: &Message, fds: &[BorrowedFd<'_>]) -> io::Result<u32> {
         self.seq = self.seq.wrapping_add(1);
         sys::send_with_fds(self.sock()?, &protocol::encode(msg, self.seq), fds)?;
         Ok(self.seq)

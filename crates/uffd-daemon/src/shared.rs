@@ -3,7 +3,7 @@
 //! path, reclaim and the supervisor's threads read it. Page tables (`mm.rs`) see only its
 //! accounting side, through `mm::Ledger`.
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -288,9 +288,9 @@ impl Shared {
     /// The descriptors the answer to a completed greeting carries: the one it hands the
     /// process, if any (its uffd), then the daemon's lifeline, which the agent's threads poll
     /// (`agent.c`, watchdog_thread).
-    pub(crate) fn greeting_fds(&self, fd: Option<RawFd>) -> Vec<RawFd> {
+    pub(crate) fn greeting_fds<'a>(&'a self, fd: Option<BorrowedFd<'a>>) -> Vec<BorrowedFd<'a>> {
         fd.into_iter()
-            .chain(self.lifeline.as_ref().map(sys::Lifeline::raw))
+            .chain(self.lifeline.as_ref().map(AsFd::as_fd))
             .collect()
     }
 }

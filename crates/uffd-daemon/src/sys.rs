@@ -248,6 +248,13 @@ pub enum Fill {
     Gone,
 }
 
+/// For poll, and for passing it to an agent (`SCM_RIGHTS`).
+impl AsFd for Uffd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 impl Uffd {
     /// Takes ownership of `fd`.
     pub fn from_owned(fd: OwnedFd) -> Self {
@@ -270,8 +277,8 @@ impl Uffd {
         }
     }
 
-    /// The raw descriptor, for poll and for passing it to an agent.
-    pub fn raw(&self) -> RawFd {
+    /// The number, for the ioctls.
+    fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 
@@ -720,19 +727,14 @@ impl Drop for SharedFileMap {
     }
 }
 
-/// Waits until one of `fds` (descriptors the caller holds open) is readable, hung up or in
+/// Waits until one of `fds` is readable, hung up or in
 /// error, or until `timeout_ms` passes (negative: no limit); returns the ready mask. A signal
 /// during the wait restarts it.
-pub fn poll_read(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
+pub fn poll_read(fds: &[BorrowedFd<'_>], timeout_ms: i32) -> io::Result<Vec<bool>> {
     use rustix::event::{PollFd, PollFlags, Timespec};
     let mut pfds: Vec<PollFd<'_>> = fds
         .iter()
-        .map(|&fd| {
-            // SAFETY: the caller holds `fd` open for the call; poll(2) takes only its number
-            // (one closed meanwhile is reported as POLLNVAL, a ready descriptor).
-            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-            PollFd::from_borrowed_fd(fd, PollFlags::IN)
-        })
+        .map(|&fd| PollFd::from_borrowed_fd(fd, PollFlags::IN))
         .collect();
     let timeout = u64::try_from(timeout_ms).ok().map(|ms| Timespec {
         tv_sec: (ms / 1000) as i64,
@@ -753,16 +755,19 @@ pub struct EventFd {
     fd: OwnedFd,
 }
 
+/// For poll.
+impl AsFd for EventFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 impl EventFd {
     /// Creates a non-blocking eventfd (close-on-exec).
     pub fn new() -> io::Result<Self> {
         use rustix::event::EventfdFlags;
         let fd = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         Ok(EventFd { fd })
-    }
-    /// The raw descriptor.
-    pub fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
     }
     /// Makes it readable.
     pub fn signal(&self) {
@@ -796,10 +801,12 @@ impl Lifeline {
             _write: write,
         })
     }
+}
 
-    /// The read end (to hand a copy to an agent: `SCM_RIGHTS`).
-    pub fn raw(&self) -> RawFd {
-        self.read.as_raw_fd()
+/// The read end (to hand a copy to an agent: `SCM_RIGHTS`).
+impl AsFd for Lifeline {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.read.as_fd()
     }
 }
 
@@ -825,6 +832,13 @@ pub struct PidFd {
     fd: OwnedFd,
 }
 
+/// For poll, and to hand a copy to a client (`SCM_RIGHTS`).
+impl AsFd for PidFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 impl PidFd {
     /// Opens a pidfd for `pid`.
     pub fn open(pid: i32) -> io::Result<Self> {
@@ -834,19 +848,19 @@ impl PidFd {
     }
     /// Whether the process has exited (non-blocking check).
     pub fn exited(&self) -> bool {
-        matches!(poll_read(&[self.fd.as_raw_fd()], 0).as_deref(), Ok([true]))
+        matches!(poll_read(&[self.fd.as_fd()], 0).as_deref(), Ok([true]))
     }
 
     /// The pidfd of the process at the other end of a connected Unix socket (`SO_PEERPIDFD`,
     /// Linux 6.5): the process that connected, whatever became of its number since. By hand:
     /// rustix 1.1 has no `SO_PEERPIDFD`.
-    pub fn of_peer(sock: RawFd) -> io::Result<Self> {
+    pub fn of_peer(sock: impl AsFd) -> io::Result<Self> {
         let mut fd: libc::c_int = -1;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
         // SAFETY: `fd` and `len` are live and sized for SO_PEERPIDFD.
         cvt(unsafe {
             libc::getsockopt(
-                sock,
+                sock.as_fd().as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_PEERPIDFD,
                 (&mut fd as *mut libc::c_int).cast(),
@@ -857,11 +871,6 @@ impl PidFd {
             // SAFETY: the kernel installed `fd` for us; nothing else owns it.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
-    }
-
-    /// The descriptor (to hand a copy to a client: `SCM_RIGHTS`).
-    pub fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
     }
 
     /// Sends `sig` to the process (`pidfd_send_signal`): never to another process that got

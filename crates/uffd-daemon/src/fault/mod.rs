@@ -25,6 +25,7 @@
 //! short, adaptive window ([`Spin`], the guest haltpoll governor's rule) before it sleeps in
 //! `poll`: a fault that follows within the window is read without any wakeup.
 
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -274,14 +275,16 @@ impl Handler {
             gate = None;
             self.handling.set(mm, false);
             let timeout = if deferred.is_empty() { -1 } else { 1 };
-            let ready =
-                match sys::poll_read(&[mm.uffd.raw(), mm.stop.raw(), mm.retry.raw()], timeout) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::warn!("poll on the uffd of mm {} failed: {e}", mm.id);
-                        return None;
-                    }
-                };
+            let ready = match sys::poll_read(
+                &[mm.uffd.as_fd(), mm.stop.as_fd(), mm.retry.as_fd()],
+                timeout,
+            ) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!("poll on the uffd of mm {} failed: {e}", mm.id);
+                    return None;
+                }
+            };
             if ready[1] {
                 return None;
             }

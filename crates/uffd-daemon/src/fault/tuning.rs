@@ -6,6 +6,7 @@ use crate::mm::Mm;
 use crate::stats::Stats;
 use crate::sys::{self, RawUffdMsg};
 
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -65,7 +66,7 @@ impl Spin {
             let ready = match before_read.as_deref_mut() {
                 None => true,
                 Some(f) => {
-                    let ready = sys::poll_read(&[mm.uffd.raw()], 0)?[0];
+                    let ready = sys::poll_read(&[mm.uffd.as_fd()], 0)?[0];
                     if ready {
                         f();
                     }

@@ -184,8 +184,8 @@ pub(crate) fn lend_uffd(mm: &Mm, pid: i32, stop: &mut Stop) -> Result<i32, Injec
     let close =
         |stop: &mut Stop, fd: i32| stop.syscall(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
     let sent = PidFd::open(pid).and_then(|p| p.get_fd(b)).and_then(|ours| {
-        use std::os::fd::AsRawFd;
-        sys::send_with_fd(ours.as_raw_fd(), &[0], Some(mm.uffd.raw()))
+        use std::os::fd::AsFd;
+        sys::send_with_fd(&ours, &[0], Some(mm.uffd.as_fd()))
     });
     // In the argument page: the msghdr at 64, its iovec at 128, the byte at 160, the control
     // buffer at 192 (one descriptor: CMSG_SPACE(4) = 24 bytes).

@@ -12,7 +12,7 @@ use requests::{
 };
 use space::live_mm;
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +36,7 @@ pub(crate) fn refuse(sock: &OwnedFd, why: &str) {
         },
         0,
     );
-    let fd = sock.as_raw_fd();
+    let fd = sock.as_fd();
     let _ = sys::send_with_fd(fd, &msg, None);
     // Close gracefully: a Unix socket closed with unread input resets the connection, and the
     // peer would lose the error message. Stop writing, consume what it sent, then close.
@@ -62,7 +62,7 @@ pub(crate) const GREETING_TIMEOUT_MS: u64 = 2_000;
 /// Accepts agents' connections for the daemon's whole life: an accept error (the descriptor
 /// limit reached, memory short) is counted, said once, and retried after a growing pause, never
 /// the end of accepting.
-pub(crate) fn accept_loop(shared: &Arc<Shared>, lfd: RawFd) {
+pub(crate) fn accept_loop(shared: &Arc<Shared>, lfd: OwnedFd) {
     let in_flight = Arc::new((parking_lot::Mutex::new(0usize), parking_lot::Condvar::new()));
     let mut backoff = Duration::from_millis(1);
     loop {
@@ -73,7 +73,7 @@ pub(crate) fn accept_loop(shared: &Arc<Shared>, lfd: RawFd) {
                 cv.wait(&mut n);
             }
         }
-        let sock = match sys::accept(lfd) {
+        let sock = match sys::accept(&lfd) {
             Ok(sock) => sock,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
@@ -121,7 +121,7 @@ pub(crate) fn read_hello(
 ) -> Option<(protocol::Hello, Option<OwnedFd>)> {
     let stats = &shared.stats;
     let mut buf = vec![0u8; MAX_PACKET];
-    let (n, fd) = match sys::recv_with_fd(sock.as_raw_fd(), &mut buf) {
+    let (n, fd) = match sys::recv_with_fd(sock, &mut buf) {
         Ok(x) => x,
         Err(e) => {
             match e.kind() {
@@ -230,7 +230,7 @@ pub(crate) fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
     let Some(pid) = peer_of_tree(&shared, &sock) else {
         return;
     };
-    let _ = sys::set_recv_timeout(sock.as_raw_fd(), GREETING_TIMEOUT_MS);
+    let _ = sys::set_recv_timeout(&sock, GREETING_TIMEOUT_MS);
     let Some((hello, fd)) = greeting(&shared, &sock, pid) else {
         return;
     };
@@ -249,7 +249,7 @@ pub(crate) fn handle_connection(shared: Arc<Shared>, sock: OwnedFd) {
 /// the connection is refused with the reason.
 fn peer_of_tree(shared: &Shared, sock: &OwnedFd) -> Option<i32> {
     let stats = &shared.stats;
-    let cred = sys::peer_cred(sock.as_raw_fd()).ok()?;
+    let cred = sys::peer_cred(sock).ok()?;
     if maps::in_tree(cred.pid, maps::me()) {
         return Some(cred.pid);
     }
@@ -304,7 +304,7 @@ fn greeting(
         },
         0,
     );
-    sys::send_with_fd(sock.as_raw_fd(), &ack, Some(dev.as_raw_fd())).ok()?;
+    sys::send_with_fd(sock, &ack, Some(dev.as_fd())).ok()?;
     drop(dev);
     let again = read_hello(shared, sock, pid)?;
     if again.0.flags & (HELLO_NEED_UFFD | HELLO_FORK_CHILD | HELLO_AGENT_RESTART) != 0 {
@@ -344,7 +344,7 @@ fn attach_agent(
         max_drop_pages: max_drop as u32,
     };
     if conn
-        .send(&ack, &shared.greeting_fds(Some(mm.uffd.raw())))
+        .send(&ack, &shared.greeting_fds(Some(mm.uffd.as_fd())))
         .is_err()
     {
         return false;
@@ -480,7 +480,7 @@ fn new_address_space(
     let mm = Arc::new(mm);
     // The peer itself (whatever became of its number since it connected); then its number,
     // checked to be the peer's still.
-    if let Ok(p) = PidFd::of_peer(sock.as_raw_fd()).or_else(|_| PidFd::open(pid)) {
+    if let Ok(p) = PidFd::of_peer(&sock).or_else(|_| PidFd::open(pid)) {
         *mm.pidfd.lock() = Some(p);
     }
     bind::note_pid_namespace(&mm, pid);

@@ -5,7 +5,7 @@
 //! `tiers`) never calls into it.
 
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -179,7 +179,7 @@ pub fn run(config: &Config, program: &str, args: &[String]) -> anyhow::Result<i3
     }
     {
         let shared = Arc::clone(&shared);
-        let lfd = rd.listen_fd.as_raw_fd();
+        let lfd = rd.listen_fd.try_clone()?;
         std::thread::Builder::new()
             .name("uffd-accept".into())
             .spawn(move || accept_loop(&shared, lfd))?;

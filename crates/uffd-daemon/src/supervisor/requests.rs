@@ -3,7 +3,7 @@
 //! process alone, and locking memory.
 use space::{agent_without_drop, live_mm, restore_and_step_aside};
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -193,5 +193,5 @@ pub(crate) fn answer_request(sock: &OwnedFd, pid: i32, r: std::io::Result<()>, w
         },
         0,
     );
-    let _ = sys::send_with_fd(sock.as_raw_fd(), &ack, None);
+    let _ = sys::send_with_fd(sock, &ack, None);
 }

@@ -2,12 +2,12 @@
 //! with `SCM_RIGHTS`, and the options the daemon reads and sets. On rustix, except the peer's
 //! credentials (below).
 //!
-//! The functions that take a `RawFd` take a descriptor their caller holds open for the call:
-//! the kernel sees only its number, and one closed in the meantime fails with `EBADF`.
+//! Every descriptor is taken borrowed (`impl AsFd`, `BorrowedFd`): the borrow checker keeps it
+//! open for the call.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -16,15 +16,6 @@ use rustix::net::{
     SendAncillaryBuffer, SendAncillaryMessage, SendFlags, Shutdown, SocketAddrUnix, SocketFlags,
     SocketType,
 };
-
-/// A descriptor the caller of this module holds open for the call, borrowed for it.
-///
-/// # Safety
-/// `fd` must stay open for as long as the borrow is used.
-unsafe fn borrowed<'a>(fd: RawFd) -> BorrowedFd<'a> {
-    // SAFETY: the caller guarantees that `fd` is open for the borrow's lifetime.
-    unsafe { BorrowedFd::borrow_raw(fd) }
-}
 
 /// Longest path a Unix socket address holds (`sun_path`, without its terminating NUL).
 pub const UNIX_PATH_MAX: usize = 107;
@@ -53,22 +44,18 @@ pub fn listen(sock: impl AsFd, backlog: i32) -> io::Result<()> {
 
 /// Accepts one connection on the listening socket `sock` (close-on-exec). `Interrupted` when a
 /// signal came first.
-pub fn accept(sock: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: the caller holds `sock` open for the call (the module's contract).
-    let sock = unsafe { borrowed(sock) };
+pub fn accept(sock: impl AsFd) -> io::Result<OwnedFd> {
     Ok(rustix::net::accept_with(sock, SocketFlags::CLOEXEC)?)
 }
 
 /// Stops writing on a connected socket (`shutdown(SHUT_WR)`): the peer reads the end of the
 /// stream after what was sent.
-pub fn shutdown_write(sock: RawFd) -> io::Result<()> {
-    // SAFETY: the caller holds `sock` open for the call (the module's contract).
-    let sock = unsafe { borrowed(sock) };
+pub fn shutdown_write(sock: impl AsFd) -> io::Result<()> {
     Ok(rustix::net::shutdown(sock, Shutdown::Write)?)
 }
 
 /// Sends `data` with an optional descriptor over a `SOCK_SEQPACKET` socket.
-pub fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+pub fn send_with_fd(sock: impl AsFd, data: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
     send_with_fds(sock, data, fd.as_slice())
 }
 
@@ -78,19 +65,11 @@ pub const MAX_SENT_FDS: usize = 2;
 /// Sends `data` with up to [`MAX_SENT_FDS`] descriptors, in this order, over a
 /// `SOCK_SEQPACKET` socket (`MSG_NOSIGNAL`: a peer gone is `EPIPE`, not a signal). A signal
 /// during the send retries it.
-pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+pub fn send_with_fds(sock: impl AsFd, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     if fds.len() > MAX_SENT_FDS {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
-    // SAFETY: the caller holds `sock` open for the call (the module's contract).
-    let sock = unsafe { borrowed(sock) };
-    // (The slots past `fds.len()` hold `sock` and are sliced off.)
-    let mut slots = [sock; MAX_SENT_FDS];
-    for (slot, &fd) in slots.iter_mut().zip(fds) {
-        // SAFETY: the caller holds every descriptor of `fds` open for the call.
-        *slot = unsafe { borrowed(fd) };
-    }
-    let fds = &slots[..fds.len()];
+    let sock = sock.as_fd();
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_SENT_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() {
@@ -107,13 +86,13 @@ pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> 
 }
 
 /// Receives one packet and at most one descriptor. Returns the length (0 at end of stream).
-pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+pub fn recv_with_fd(sock: impl AsFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
     recv_with_fd_flags(sock, buf, RecvFlags::empty())
 }
 
 /// [`recv_with_fd`] that never blocks (`MSG_DONTWAIT`): `WouldBlock` when nothing is queued.
 pub fn recv_with_fd_nonblocking(
-    sock: RawFd,
+    sock: impl AsFd,
     buf: &mut [u8],
 ) -> io::Result<(usize, Option<OwnedFd>)> {
     recv_with_fd_flags(sock, buf, RecvFlags::DONTWAIT)
@@ -125,12 +104,10 @@ pub fn recv_with_fd_nonblocking(
 struct ControlSpace([MaybeUninit<u8>; 64]);
 
 fn recv_with_fd_flags(
-    sock: RawFd,
+    sock: impl AsFd,
     buf: &mut [u8],
     flags: RecvFlags,
 ) -> io::Result<(usize, Option<OwnedFd>)> {
-    // SAFETY: the caller holds `sock` open for the call (the module's contract).
-    let sock = unsafe { borrowed(sock) };
     let len = buf.len();
     let mut space = ControlSpace([MaybeUninit::uninit(); 64]);
     let mut control = RecvAncillaryBuffer::new(&mut space.0);
@@ -171,7 +148,7 @@ fn recv_with_fd_flags(
 /// Credentials of the peer of a Unix socket (`SO_PEERCRED`). Hand-written: rustix reads the pid
 /// into a non-zero `Pid`, and the kernel answers 0 for a peer whose pid namespace is not below
 /// the daemon's (any process may connect to the agents' socket).
-pub fn peer_cred(sock: RawFd) -> io::Result<libc::ucred> {
+pub fn peer_cred(sock: impl AsFd) -> io::Result<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -181,7 +158,7 @@ pub fn peer_cred(sock: RawFd) -> io::Result<libc::ucred> {
     // SAFETY: `cred` and `len` are live and sized for SO_PEERCRED.
     let r = unsafe {
         libc::getsockopt(
-            sock,
+            sock.as_fd().as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_PEERCRED,
             (&mut cred as *mut libc::ucred).cast(),
@@ -195,9 +172,7 @@ pub fn peer_cred(sock: RawFd) -> io::Result<libc::ucred> {
 }
 
 /// Sets a receive timeout on a socket (0: none, as the kernel takes a zero `timeval`).
-pub fn set_recv_timeout(sock: RawFd, ms: u64) -> io::Result<()> {
-    // SAFETY: the caller holds `sock` open for the call (the module's contract).
-    let sock = unsafe { borrowed(sock) };
+pub fn set_recv_timeout(sock: impl AsFd, ms: u64) -> io::Result<()> {
     let timeout = (ms != 0).then(|| Duration::from_millis(ms));
     Ok(rustix::net::sockopt::set_socket_timeout(
         sock,

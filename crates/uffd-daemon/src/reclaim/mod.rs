@@ -309,53 +309,17 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         return 0;
     }
     let mut agent_guard = mm.agent.lock();
-    let Some(agent) = agent_guard.as_mut() else {
-        return 0;
+    let (max, injected) = match may_start(shared, mm, pid, &mut agent_guard, max) {
+        Start::Go { max, injected } => (max, injected),
+        Start::Not => return 0,
+        Start::SettlePending => {
+            drop(agent_guard);
+            return poll_pending_drop(shared, mm).0;
+        }
     };
-    // Held for a core dump or a debugger (`supervisor/hold.rs`): nothing is evicted. (Checked under the
-    // agent slot, which a hold takes after marking the process.)
-    if crate::mm::is_held(mm) {
-        return 0;
-    }
-    if shared
-        .store_backoff
-        .lock()
-        .1
-        .is_some_and(|t| std::time::Instant::now() < t)
-    {
-        return 0;
-    }
-    // One DROP at a time: an outstanding one is settled first.
-    if agent.pending.is_some() {
-        drop(agent_guard);
-        return poll_pending_drop(shared, mm).0;
-    }
-    let max = max.min(agent.max_drop_pages).min(BATCH_PAGES);
     let batch = mm
         .next_batch
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    // Without an agent the program is stopped for the drop only (`injected.rs`, `BatchStop`),
-    // and the rseq pages of the threads it has been stopped in are never in a batch: the
-    // kernel writes a thread's rseq area on its way to a stop, and a thread whose rseq page
-    // was write-protected in the batch would wait for the very drop that waits for its stop.
-    // The first batch learns them in a stop of its own.
-    let injected = agent.is_injected();
-    if injected {
-        if mm.state.lock().policy.is_empty() {
-            return 0; // nothing to pick: no stop for nothing
-        }
-        if mm.rseq_pages.lock().is_empty() {
-            match injected::BatchStop::take(shared, pid) {
-                Ok(s) => {
-                    s.learn_rseq(mm);
-                }
-                Err(e) => {
-                    lose_injection(shared, &mut agent_guard, pid, &e);
-                    return 0;
-                }
-            }
-        }
-    }
     let mut victims = pick(shared, mm, batch, max, injected);
     let send_drop = |guard: &mut AgentSlot<'_>,
                      pages: Vec<u64>,
@@ -413,14 +377,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     if to_drop.is_empty() {
         return unshare_only(&mut agent_guard);
     }
-    let drop_frames: Vec<u64> = if frames.is_empty() {
-        Vec::new()
-    } else {
-        to_drop
-            .iter()
-            .map(|a| victims.binary_search(a).map_or(0, |i| frames[i]))
-            .collect()
-    };
+    let drop_frames = frames_to_drop(&to_drop, &victims, &frames);
     // 5. Have the agent move them out. Until it answers, any of them may move at any moment,
     //    so they stay `Dropping` and protected: a writer waits (the kernel's page under
     //    writeback), and so does a fault on one moved already. An answer that does not come in
@@ -435,6 +392,82 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     );
     lap(&stats.reclaim_drop_ns);
     evicted
+}
+
+/// What [`may_start`] found.
+enum Start {
+    /// A batch of at most `max` pages may start; `injected`: DROPs are injected system calls.
+    Go { max: usize, injected: bool },
+    /// Not now.
+    Not,
+    /// The outstanding DROP is settled first (one DROP at a time).
+    SettlePending,
+}
+
+/// Whether a batch may start in `mm` now: it has an agent (or is managed without one) and is
+/// not held, the store is not backing off, and no DROP is outstanding.
+fn may_start(
+    shared: &Shared,
+    mm: &Arc<Mm>,
+    pid: i32,
+    agent_guard: &mut AgentSlot<'_>,
+    max: usize,
+) -> Start {
+    let Some(agent) = agent_guard.as_mut() else {
+        return Start::Not;
+    };
+    // Held for a core dump or a debugger (`supervisor/hold.rs`): nothing is evicted. (Checked
+    // under the agent slot, which a hold takes after marking the process.)
+    if crate::mm::is_held(mm) {
+        return Start::Not;
+    }
+    if shared
+        .store_backoff
+        .lock()
+        .1
+        .is_some_and(|t| std::time::Instant::now() < t)
+    {
+        return Start::Not;
+    }
+    if agent.pending.is_some() {
+        return Start::SettlePending;
+    }
+    let max = max.min(agent.max_drop_pages).min(BATCH_PAGES);
+    // Without an agent the program is stopped for the drop only (`injected.rs`, `BatchStop`),
+    // and the rseq pages of the threads it has been stopped in are never in a batch: the
+    // kernel writes a thread's rseq area on its way to a stop, and a thread whose rseq page
+    // was write-protected in the batch would wait for the very drop that waits for its stop.
+    // The first batch learns them in a stop of its own.
+    let injected = agent.is_injected();
+    if injected {
+        if mm.state.lock().policy.is_empty() {
+            return Start::Not; // nothing to pick: no stop for nothing
+        }
+        if mm.rseq_pages.lock().is_empty() {
+            match injected::BatchStop::take(shared, pid) {
+                Ok(s) => {
+                    s.learn_rseq(mm);
+                }
+                Err(e) => {
+                    lose_injection(shared, agent_guard, pid, &e);
+                    return Start::Not;
+                }
+            }
+        }
+    }
+    Start::Go { max, injected }
+}
+
+/// The frames of `to_drop` (a subset of the sorted `victims`, whose frames are `frames`; none
+/// when `frames` is empty: a DROP injected without an agent).
+fn frames_to_drop(to_drop: &[u64], victims: &[u64], frames: &[u64]) -> Vec<u64> {
+    if frames.is_empty() {
+        return Vec::new();
+    }
+    to_drop
+        .iter()
+        .map(|a| victims.binary_search(a).map_or(0, |i| frames[i]))
+        .collect()
 }
 
 /// The agent slot of an address space, held through a batch.

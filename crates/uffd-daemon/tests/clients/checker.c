@@ -10,11 +10,11 @@
  * Run under the daemon with a limit well below its footprint so that pages are evicted between
  * steps: `uffd-daemon run --limit 8M -- checker all`. Steps: kernel-mode faults (read(2)/write(2)
  * on evicted pages), fork (the child sees its copy-on-write snapshot while the parent writes),
- * mremap (move and grow), munmap + a new mapping at the same address, MADV_DONTNEED, and
- * writes and drops of pages next to readahead runs. Every page is compared against a model after
- * every step: each step prints `checker: OK STEP (RssAnon N KiB)` or `checker: FAIL STEP: B bad
- * pages`, with `MISMATCH ...` lines naming the first three wrong pages of a comparison, and the
- * run ends with `checker: ALL OK` or `checker: N failures`.
+ * mremap (a move, a grow that must move, a grow in place), munmap + a new mapping at the same
+ * address, MADV_DONTNEED, and writes and drops of pages next to readahead runs. Every page is
+ * compared against a model after every step: each step prints `checker: OK STEP (RssAnon N
+ * KiB)` or `checker: FAIL STEP: B bad pages`, with `MISMATCH ...` lines naming the first three
+ * wrong pages of a comparison, and the run ends with `checker: ALL OK` or `checker: N failures`.
  *
  * Exit status: 0 only when every page matched; 1 on a bad page (hold: at its first bad pass);
  * 2 for an unknown mode; 101 when a system call fails or output cannot be written (the status
@@ -408,9 +408,39 @@ static void step_fork(struct checker *c)
 	report(c, "fork (parent kept its own writes)", bad);
 }
 
-/* Step 3: mremap: move 8 MiB of A elsewhere, then grow a region; the moved part and the grown
- * region are checked again at the end. */
-static void step_mremap(struct checker *c, struct region *moved, struct region *grown)
+/* A page with no access right after `end`, so that a mapping ending there cannot grow in place;
+ * 0 when something is mapped there already (it cannot grow in place either). */
+static void *guard_after(unsigned char *end)
+{
+	void *p = mmap(end, PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	if (p == MAP_FAILED) {
+		if (errno == EEXIST)
+			return 0;
+		fail_sys("mmap of a guard page");
+	}
+	if (p != (void *)end) /* a kernel before 4.17 takes the flag as a hint */
+		fail("the guard page went to %p, not %p", p, (void *)end);
+	return p;
+}
+
+/* `g` grown to `bytes`, the new pages zero in the model. */
+static void grow_region(struct region *g, unsigned char *base, size_t bytes)
+{
+	g->base = base;
+	size_t old_pages = g->pages;
+	g->pages = bytes / PAGE;
+	g->want = grow_wants(g->want, g->pages);
+	for (size_t i = old_pages; i < g->pages; i++)
+		g->want[i] = (struct want){ .kind = WANT_ZERO };
+}
+
+/* Step 3: mremap: move 8 MiB of A elsewhere; grow a region C that must move (a guard page right
+ * after it), and a region D in place (its reservation's upper half unmapped first). Whether an
+ * unforced MAYMOVE grow moves depends on what is mapped next to it: the kernel reports a
+ * UFFD_EVENT_REMAP only for a move, so each case is made certain. The moved part and both grown
+ * regions are checked again at the end. */
+static void step_mremap(struct checker *c, struct region *moved, struct region *grown,
+			struct region *grown_in_place)
 {
 	pressure(&c->scratch, 4);
 	struct region *a = &c->a;
@@ -434,25 +464,47 @@ static void step_mremap(struct checker *c, struct region *moved, struct region *
 	report(c, "mremap move", bad);
 
 	struct region g = region_new("C", 4 * MIB);
+	void *guard = guard_after(g.base + 4 * MIB);
 	for (size_t i = 0; i < g.pages; i++)
 		region_write(&g, i, 500000 + (uint64_t)i, 0);
 	pressure(&c->scratch, 6);
-	/* Growing C; MAYMOVE lets the kernel move it. */
 	void *bigger = mremap(g.base, 4 * MIB, 8 * MIB, MREMAP_MAYMOVE);
 	if (bigger == MAP_FAILED)
 		fail_sys("mremap grow failed");
-	g.base = bigger;
-	size_t old_pages = g.pages;
-	g.pages = 8 * MIB / PAGE;
-	g.want = grow_wants(g.want, g.pages);
-	for (size_t i = old_pages; i < g.pages; i++)
-		g.want[i] = (struct want){ .kind = WANT_ZERO };
+	if (bigger == (void *)g.base)
+		fail("mremap grew C in place at %p past its guard page", bigger);
+	if (guard && munmap(guard, PAGE) == -1)
+		fail_sys("munmap of the guard page");
+	grow_region(&g, bigger, 8 * MIB);
 	pressure(&c->scratch, 7);
 	bad = verify(&g, "mremap grow");
 	report(c, "mremap grow", bad);
+
+	/* D: 8 MiB reserved, the upper half given back, the lower half written and evicted, then
+	 * grown in place (no MAYMOVE): the grown pages are in the same registered mapping, but
+	 * were never in any range the daemon learned; they must read zero and page like the rest. */
+	struct region d = region_new("D", 8 * MIB);
+	if (munmap(d.base + 4 * MIB, 4 * MIB) == -1)
+		fail_sys("munmap of D's upper half");
+	d.pages = 4 * MIB / PAGE;
+	for (size_t i = 0; i < d.pages; i++)
+		region_write(&d, i, 600000 + (uint64_t)i, 0);
+	pressure(&c->scratch, 8);
+	void *same = mremap(d.base, 4 * MIB, 8 * MIB, 0);
+	if (same == MAP_FAILED)
+		fail_sys("mremap grow in place failed (something mapped into D's upper half?)");
+	grow_region(&d, same, 8 * MIB);
+	bad = verify(&d, "mremap grow in place");
+	for (size_t i = 0; i < d.pages; i++)
+		region_write(&d, i, 700000 + (uint64_t)i, 1);
+	pressure(&c->scratch, 9);
+	bad += verify(&d, "mremap grow in place");
+	report(c, "mremap grow in place", bad);
+
 	for (size_t i = 0; i < moved->pages; i++)
 		region_write(moved, i, 800000 + (uint64_t)i, 1);
 	*grown = g;
+	*grown_in_place = d;
 }
 
 /* Step 4: munmap part of A with evicted pages, map fresh memory there: it must read zeros. */
@@ -521,13 +573,15 @@ static void step_readahead(struct checker *c)
 }
 
 /* Step 7: everything, once more, after more pressure; the exit status. */
-static int step_finally(struct checker *c, const struct region *moved, const struct region *grown)
+static int step_finally(struct checker *c, const struct region *moved, const struct region *grown,
+			const struct region *grown_in_place)
 {
 	pressure(&c->scratch, 11);
 	/* One at a time: their MISMATCH lines come out in this order. */
 	size_t bad = verify(&c->a, "final A");
 	bad += verify(moved, "final moved");
 	bad += verify(grown, "final C");
+	bad += verify(grown_in_place, "final D");
 	bad += verify(&c->scratch, "final scratch");
 	report(c, "final", bad);
 	if (c->failures == 0) {
@@ -542,20 +596,21 @@ static int step_finally(struct checker *c, const struct region *moved, const str
 static int all(void)
 {
 	struct checker c;
-	struct region moved, grown;
+	struct region moved, grown, grown_in_place;
 	step_fill(&c);
 	step_kernel_mode_faults(&c);
 	step_fork(&c);
-	step_mremap(&c, &moved, &grown);
+	step_mremap(&c, &moved, &grown, &grown_in_place);
 	step_munmap(&c);
 	step_dontneed(&c);
 	step_readahead(&c);
-	int code = step_finally(&c, &moved, &grown);
+	int code = step_finally(&c, &moved, &grown, &grown_in_place);
 	/* The models; the mappings go with the process, as the Rust checker left them. */
 	free(c.a.want);
 	free(c.scratch.want);
 	free(moved.want);
 	free(grown.want);
+	free(grown_in_place.want);
 	return code;
 }
 

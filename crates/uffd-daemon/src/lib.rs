@@ -96,6 +96,8 @@
 //! assert_eq!(status, 0);
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+// Every `unsafe` block of the daemon is in `sys`, each with the reason it is sound.
+#![deny(unsafe_code)]
 
 mod agent_conn;
 mod bind;
@@ -117,6 +119,7 @@ mod shared;
 mod shmem;
 pub mod stats;
 mod supervisor;
+#[allow(unsafe_code)]
 pub mod sys;
 pub mod tiers;
 pub mod unmanaged;

@@ -1,4 +1,7 @@
-//! Thin, typed wrappers over the syscalls and ioctls the daemon uses.
+//! Thin, typed wrappers over the syscalls and ioctls the daemon uses, and the only module of
+//! the daemon allowed `unsafe` (`#![deny(unsafe_code)]` in lib.rs): besides the calls, the
+//! memory kept for secrets ([`Secret`]) and the ownership of a fork's uffd
+//! ([`RawUffdMsg::take_fork_uffd`]).
 //!
 //! The daemon makes its system calls here, on rustix where rustix covers the call (sockets and
 //! `SCM_RIGHTS` in `net`, pids, pidfds, signals, waits and limits in `process`, eventfd, poll,
@@ -126,8 +129,12 @@ pub const UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES: u64 = 1 << 1;
 const UFFDIO_COPY_MODE_DONTWAKE: u64 = 1 << 0;
 
 /// One message read from a userfaultfd (`struct uffd_msg`, 32 bytes).
+///
+/// Neither `Clone` nor constructible outside this module but empty (`Default`): a FORK message
+/// comes only from [`Uffd::read_msgs`] and carries a descriptor the kernel installed for its
+/// reader, which [`RawUffdMsg::take_fork_uffd`] hands out once.
 #[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default)]
 pub struct RawUffdMsg {
     event: u8,
     reserved1: u8,
@@ -148,9 +155,10 @@ pub enum UffdEvent {
         /// Thread id of the faulting thread (`UFFD_FEATURE_THREAD_ID`).
         ptid: u32,
     },
-    /// `fork()`: the child's uffd, already installed in the daemon's fd table.
+    /// `fork()`: the child's uffd, already installed in the daemon's fd table
+    /// ([`RawUffdMsg::take_fork_uffd`] takes it).
     Fork {
-        /// The new file descriptor (owned by the receiver from now on).
+        /// The new file descriptor's number.
         ufd: RawFd,
     },
     /// `mremap()`.
@@ -180,7 +188,24 @@ pub enum UffdEvent {
     Unknown(u8),
 }
 
+/// `event` of a FORK message whose descriptor was taken (no kernel message has it).
+const UFFD_EVENT_FORK_TAKEN: u8 = 0xff;
+
 impl RawUffdMsg {
+    /// The child's userfaultfd of a FORK message, owned by the caller from now on: `None` for
+    /// any other message, and for a FORK whose descriptor was taken already.
+    pub fn take_fork_uffd(&mut self) -> Option<Uffd> {
+        if self.event != UFFD_EVENT_FORK {
+            return None;
+        }
+        self.event = UFFD_EVENT_FORK_TAKEN;
+        // SAFETY: a FORK message is only ever written by the kernel (`read_msgs`; the fields
+        // are private and the type cannot be cloned), which installed this descriptor in our
+        // table for its reader; the message is marked taken above, so it is owned once.
+        let fd = unsafe { OwnedFd::from_raw_fd(self.arg[0] as u32 as RawFd) };
+        Some(Uffd { fd })
+    }
+
     /// Decodes the message.
     pub fn decode(&self) -> UffdEvent {
         match self.event {
@@ -264,17 +289,6 @@ impl Uffd {
     /// The descriptor, given up.
     pub fn into_owned(self) -> OwnedFd {
         self.fd
-    }
-
-    /// Takes ownership of a raw descriptor returned by the kernel in a fork event.
-    ///
-    /// # Safety
-    /// `fd` must be an open userfaultfd that nothing else owns.
-    pub unsafe fn from_raw(fd: RawFd) -> Self {
-        Uffd {
-            // SAFETY: the caller guarantees `fd` is open and exclusively ours.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        }
     }
 
     /// The number, for the ioctls.
@@ -513,8 +527,8 @@ impl Drop for AnonMap {
 }
 
 /// Memory for secrets (a key): a private anonymous mapping, locked (never written to swap),
-/// left out of core dumps and of children forked before they exec. Unlocked and unmapped on
-/// drop; the owner wipes it first.
+/// left out of core dumps and of children forked before they exec. Wiped, unlocked and unmapped
+/// on drop.
 #[derive(Debug)]
 pub struct SecretPages {
     // INVARIANT: `ptr` is the start of a private anonymous read-write mapping of `len` bytes,
@@ -579,6 +593,15 @@ impl SecretPages {
         self.len == 0
     }
 
+    /// Overwrites every byte of the mapping with zeros (volatile writes; nothing may hold a
+    /// reference into it, which `&mut self` ensures for what this value hands out).
+    pub fn wipe_all(&mut self) {
+        // SAFETY: the mapping is `len` bytes of plain memory, this value's alone (INVARIANT),
+        // and `&mut self` excludes every other use of it meanwhile.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) };
+        wipe(bytes);
+    }
+
     /// Whether the mapping's first page is resident (`mincore`).
     pub fn first_page_resident(&self) -> io::Result<bool> {
         let mut vec = [0u8; 1];
@@ -599,12 +622,114 @@ impl SecretPages {
 
 impl Drop for SecretPages {
     fn drop(&mut self) {
+        self.wipe_all();
         let p = self.ptr.as_ptr().cast();
         // SAFETY: by the type's invariant the mapping is this value's alone; the owner keeps
         // no reference into it past its own drop, which runs before this one.
         unsafe {
             let _ = rustix::mm::munlock(p, self.len);
             let _ = rustix::mm::munmap(p, self.len);
+        }
+    }
+}
+
+/// Overwrites `buf` with zeros in a way the compiler may not elide (volatile writes, then a
+/// fence): for secrets about to go out of scope.
+pub fn wipe(buf: &mut [u8]) {
+    for b in buf.iter_mut() {
+        // SAFETY: `b` is a valid, aligned, exclusive reference to a byte.
+        unsafe { std::ptr::write_volatile(b, 0) };
+    }
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+/// A value of type `T` in memory of its own ([`SecretPages`]: locked, out of core dumps and
+/// children), built from a seed of `SEED` bytes drawn into that same memory; the seed is wiped
+/// once the value is built, and every byte of the mapping when the value is dropped.
+/// For a key schedule that must never reach swap, a dump or a forked child.
+pub struct Secret<T, const SEED: usize> {
+    // INVARIANT: `pages` (at least `Self::BYTES` long, page aligned) holds at offset
+    // `Self::VALUE_AT` an initialised `T`, written once by `new` and only read after; its
+    // first `SEED` bytes are zeros. `T` is only reached through `&self` (`get`), so this value
+    // is `Send`/`Sync` when `T` is (`SecretPages` is both; the `PhantomData` carries `T`'s).
+    pages: SecretPages,
+    _value: std::marker::PhantomData<T>,
+}
+
+impl<T, const SEED: usize> Secret<T, SEED> {
+    /// Where the value lies: after the seed, aligned for `T`.
+    const VALUE_AT: usize = SEED.next_multiple_of(std::mem::align_of::<T>());
+    /// Bytes mapped: the seed and the value, whole pages.
+    const BYTES: usize = (Self::VALUE_AT + std::mem::size_of::<T>()).next_multiple_of(PAGE_SIZE);
+
+    /// Maps the memory, has `fill` write the seed, builds the value from it with `build`,
+    /// wipes the seed. On an error the memory is wiped and unmapped.
+    pub fn new(
+        fill: impl FnOnce(&mut [u8; SEED]) -> io::Result<()>,
+        build: impl FnOnce(&[u8; SEED]) -> io::Result<T>,
+    ) -> io::Result<Self> {
+        const { assert!(std::mem::align_of::<T>() <= PAGE_SIZE) };
+        let pages = SecretPages::new(Self::BYTES).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("memory for a secret ({} bytes): {e}", Self::BYTES),
+            )
+        })?;
+        let built = {
+            // SAFETY: the mapping is `BYTES >= SEED` bytes, zero filled (plain bytes are valid
+            // whatever they hold), page aligned (enough for a byte array), and only this
+            // reference reaches it until the block ends.
+            let seed = unsafe { &mut *pages.as_ptr().cast::<[u8; SEED]>() };
+            let built = fill(seed).and_then(|()| build(seed));
+            wipe(seed);
+            built
+        };
+        match built {
+            Ok(value) => {
+                // SAFETY: `VALUE_AT + size_of::<T>() <= BYTES`, aligned for `T` (the mapping
+                // is page aligned and `align_of::<T>() <= PAGE_SIZE`); nothing is there yet.
+                unsafe { pages.as_ptr().add(Self::VALUE_AT).cast::<T>().write(value) };
+                Ok(Secret {
+                    pages,
+                    _value: std::marker::PhantomData,
+                })
+            }
+            Err(e) => Err(e), // (`pages` wipes and unmaps the memory)
+        }
+    }
+
+    /// The value.
+    pub fn get(&self) -> &T {
+        // SAFETY: initialised by `new` and never written again while `self` lives (INVARIANT).
+        unsafe { &*self.pages.as_ptr().add(Self::VALUE_AT).cast::<T>() }
+    }
+
+    /// Whether every byte of the seed reads zero (for tests: the seed was wiped).
+    pub fn seed_is_wiped(&self) -> bool {
+        // SAFETY: the seed's bytes are initialised plain bytes that nothing writes while
+        // `self` is borrowed (INVARIANT).
+        let seed = unsafe { &*self.pages.as_ptr().cast::<[u8; SEED]>() };
+        seed.iter().all(|&b| b == 0)
+    }
+
+    /// Whether the memory is resident (`mincore`: locked memory is).
+    pub fn resident(&self) -> io::Result<bool> {
+        self.pages.first_page_resident()
+    }
+}
+
+impl<T, const SEED: usize> std::fmt::Debug for Secret<T, SEED> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)") // never its bytes
+    }
+}
+
+impl<T, const SEED: usize> Drop for Secret<T, SEED> {
+    fn drop(&mut self) {
+        // SAFETY: the value was initialised by `new` and is dropped here once; nothing reads
+        // it after (INVARIANT). `pages` then wipes the mapping and unmaps it.
+        unsafe {
+            std::ptr::drop_in_place(self.pages.as_ptr().add(Self::VALUE_AT).cast::<T>());
         }
     }
 }
@@ -1613,6 +1738,54 @@ mod procmap_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A secret is built from its seed, which is wiped; its value is dropped once, with it; a
+    /// seed or build error gives the error back and builds nothing.
+    #[test]
+    fn secret_builds_wipes_and_drops_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static DROPS: AtomicUsize = AtomicUsize::new(0);
+        struct Counted([u8; 4], u64);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                DROPS.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let s = Secret::<Counted, 4>::new(
+            |seed| {
+                seed.copy_from_slice(b"abcd");
+                Ok(())
+            },
+            |seed| Ok(Counted(*seed, 7)),
+        )
+        .unwrap();
+        assert_eq!((&s.get().0, s.get().1), (b"abcd", 7));
+        assert!(s.seed_is_wiped());
+        assert!(s.resident().unwrap());
+        assert_eq!(DROPS.load(Ordering::SeqCst), 0);
+        drop(s);
+        assert_eq!(DROPS.load(Ordering::SeqCst), 1);
+        let e = Secret::<Counted, 4>::new(|_| Err(io::Error::other("no seed")), |_| unreachable!());
+        assert_eq!(e.err().unwrap().to_string(), "no seed");
+        let e = Secret::<Counted, 4>::new(|_| Ok(()), |_| Err(io::Error::other("no value")));
+        assert_eq!(e.err().unwrap().to_string(), "no value");
+        assert_eq!(
+            DROPS.load(Ordering::SeqCst),
+            1,
+            "nothing built, nothing dropped"
+        );
+        // A value larger than a page, aligned more than its seed.
+        let big = Secret::<[u64; 1000], 3>::new(|_| Ok(()), |_| Ok([9u64; 1000])).unwrap();
+        assert!(big.get().iter().all(|&w| w == 9));
+    }
+
+    /// Only a FORK message hands out a descriptor (FORKs themselves: tests/daemon.rs, the
+    /// checker's fork step).
+    #[test]
+    fn only_a_fork_message_gives_a_uffd() {
+        let mut empty = RawUffdMsg::default();
+        assert!(empty.take_fork_uffd().is_none());
+    }
 
     /// Whether the calling thread runs `SCHED_FIFO`.
     fn is_sched_fifo() -> bool {

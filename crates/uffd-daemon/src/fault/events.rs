@@ -11,10 +11,12 @@ use crate::shared::Shared;
 use crate::stats::Stats;
 use crate::sys::{Uffd, UffdEvent, PAGE_SIZE_U64};
 
+/// Applies one event; `fork_uffd`: a FORK's child uffd, taken from its message.
 pub(super) fn handle_event(
     shared: &Arc<Shared>,
     mm: &Arc<Mm>,
     event: UffdEvent,
+    fork_uffd: Option<Uffd>,
     scan: &mut RemoveScan,
 ) {
     let stats = &shared.stats;
@@ -52,9 +54,10 @@ pub(super) fn handle_event(
         }
         UffdEvent::Fork { ufd } => {
             Stats::add(&stats.fork_events, 1);
-            // SAFETY: the kernel installed `ufd` in our table for this event; nothing else owns it.
-            let child_uffd = unsafe { Uffd::from_raw(ufd) };
-            adopt_forked_child(shared, mm, child_uffd);
+            match fork_uffd {
+                Some(child_uffd) => adopt_forked_child(shared, mm, child_uffd),
+                None => tracing::error!("mm {}: a fork's uffd {ufd} was taken twice", mm.id),
+            }
         }
         UffdEvent::PageFault { .. } => unreachable!("faults are served by serve_fault"),
         UffdEvent::Unknown(kind) => {

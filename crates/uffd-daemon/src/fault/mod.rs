@@ -217,7 +217,7 @@ struct Handler {
 impl Handler {
     fn new(shared: &Shared) -> Self {
         Handler {
-            msgs: [RawUffdMsg::default(); 64],
+            msgs: std::array::from_fn(|_| RawUffdMsg::default()),
             work: Work {
                 page: vec![0u8; FOLIO_PAGES * PAGE_SIZE],
                 zeros: vec![0u8; FOLIO_PAGES * PAGE_SIZE],
@@ -370,10 +370,11 @@ impl Handler {
                 stalled: false,
             });
         }
-        for event in msgs {
+        for (i, event) in msgs.into_iter().enumerate() {
             if matches!(event, UffdEvent::PageFault { .. }) {
                 continue;
             }
+            let fork_uffd = self.msgs[i].take_fork_uffd();
             // A fault waiting to be retried in a range that is gone or emptied is not filled
             // any more (as above).
             deferred.retain(|p| {
@@ -386,7 +387,7 @@ impl Handler {
                 }
                 !stale
             });
-            handle_event(shared, mm, event, &mut self.scan);
+            handle_event(shared, mm, event, fork_uffd, &mut self.scan);
             mm.events_applied.fetch_add(1, Ordering::Release);
         }
         // Fills from other threads may go on (see `Mm::event_gate`).

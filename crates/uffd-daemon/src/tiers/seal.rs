@@ -50,8 +50,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
-use std::mem::{size_of, MaybeUninit};
-use std::sync::atomic::{compiler_fence, AtomicU64, Ordering};
+use std::mem::size_of;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
@@ -282,109 +282,47 @@ impl SealTable {
     }
 }
 
-/// Overwrites `len` bytes at `p` with zeros in a way the compiler may not elide.
-///
-/// # Safety
-///
-/// `p..p + len` must be valid for writes.
-unsafe fn wipe(p: *mut u8, len: usize) {
-    for i in 0..len {
-        // SAFETY: `p + i` is in the range the caller vouches for.
-        unsafe { p.add(i).write_volatile(0) };
-    }
-    compiler_fence(Ordering::SeqCst);
-}
-
 /// Zeroes 16 KiB of the stack below the caller's frame, where the frames of the functions it
 /// called lay (best effort: what they left of the key schedule).
 #[inline(never)]
 fn scrub_stack() {
     let mut buf = [0u8; 16 << 10];
-    // SAFETY: `buf` is ours, `buf.len()` bytes long.
-    unsafe { wipe(buf.as_mut_ptr(), buf.len()) };
+    crate::sys::wipe(&mut buf);
     std::hint::black_box(&mut buf);
 }
 
-/// The page holding the key: the raw bytes (wiped once the key schedule is built from them)
-/// and the key schedule itself.
-#[repr(C)]
-struct KeyPage {
-    raw: [u8; KEY_LEN],
-    key: MaybeUninit<LessSafeKey>,
-}
-
-/// Bytes mapped for the key.
-const KEY_MAP_BYTES: usize = size_of::<KeyPage>().next_multiple_of(PAGE_SIZE);
-
 /// The daemon's sealing key, in memory of its own: locked, out of core dumps and children,
-/// wiped on drop.
-struct LockedKey {
-    // INVARIANT: `pages` holds a `KeyPage` at its start (`KEY_MAP_BYTES`, page aligned, zero
-    // filled when mapped); its `key` is initialised once `ready` is true, and never written
-    // after. The key is only read (through `&LessSafeKey`, which is `Sync`) once built, and
-    // `LessSafeKey` is `Send`, so `SecretPages`' own `Send` and `Sync` hold for this value.
-    pages: crate::sys::SecretPages,
-    ready: bool,
-}
+/// wiped on drop; the raw key it is built from lies there too, wiped once the key schedule is
+/// built.
+struct LockedKey(crate::sys::Secret<LessSafeKey, KEY_LEN>);
 
 impl LockedKey {
     /// A fresh random key.
     fn generate() -> io::Result<Self> {
-        let pages = crate::sys::SecretPages::new(KEY_MAP_BYTES)
-            .map_err(|e| io::Error::new(e.kind(), format!("the key's memory: {e}")))?;
-        let mut key = LockedKey {
-            pages,
-            ready: false,
-        };
-        // (On an error from here on, dropping `key` wipes and unmaps the page.)
-        Self::build(key.page())?;
-        key.ready = true;
+        let key = Self::build()?;
         scrub_stack();
         Ok(key)
     }
 
-    /// Draws the raw key into the page, builds the key schedule next to it, wipes the raw
-    /// bytes. Out of line so that `scrub_stack` can reach its frame.
+    /// Out of line so that `scrub_stack` can reach the frames below it.
     #[inline(never)]
-    fn build(page: *mut KeyPage) -> io::Result<()> {
-        // SAFETY: `page` is the zero-filled mapping of `generate`, large enough for a
-        // `KeyPage` and aligned to a page; `raw` is plain bytes, valid whatever they hold.
-        let raw = unsafe { &mut (*page).raw };
-        crate::sys::random_bytes(raw)
-            .map_err(|e| io::Error::new(e.kind(), format!("drawing the key: {e}")))?;
-        let built = UnboundKey::new(&AES_256_GCM, raw)
-            .map(LessSafeKey::new)
-            .map_err(|_| io::Error::other("AES-256-GCM refused a 32-byte key"));
-        // SAFETY: as above; `raw` is not used after this.
-        unsafe { wipe((*page).raw.as_mut_ptr(), KEY_LEN) };
-        // SAFETY: as above; `key` is written once, before anyone reads it.
-        unsafe { (*page).key.write(built?) };
-        Ok(())
-    }
-
-    fn page(&self) -> *mut KeyPage {
-        self.pages.as_ptr().cast()
+    fn build() -> io::Result<Self> {
+        crate::sys::Secret::new(
+            |raw| {
+                crate::sys::random_bytes(raw)
+                    .map_err(|e| io::Error::new(e.kind(), format!("drawing the key: {e}")))
+            },
+            |raw| {
+                UnboundKey::new(&AES_256_GCM, raw)
+                    .map(LessSafeKey::new)
+                    .map_err(|_| io::Error::other("AES-256-GCM refused a 32-byte key"))
+            },
+        )
+        .map(LockedKey)
     }
 
     fn get(&self) -> &LessSafeKey {
-        debug_assert!(self.ready);
-        // SAFETY: `ready` (only a built key is handed out of `generate`): the key is
-        // initialised and never written again while `self` lives.
-        unsafe { (*self.page()).key.assume_init_ref() }
-    }
-}
-
-impl Drop for LockedKey {
-    fn drop(&mut self) {
-        let p = self.page();
-        // SAFETY: the mapping is ours (INVARIANT); the key is dropped only if it was built,
-        // then every byte of the mapping is wiped, once (`pages` unlocks and unmaps it next).
-        unsafe {
-            if self.ready {
-                (*p).key.assume_init_drop();
-            }
-            wipe(p.cast(), KEY_MAP_BYTES);
-        }
+        self.0.get()
     }
 }
 
@@ -885,11 +823,8 @@ mod tests {
     #[test]
     fn the_key_page_is_locked_and_wiped() {
         let key = LockedKey::generate().unwrap();
-        let p = key.pages.as_ptr();
-        // SAFETY: the mapping lives as long as `key`; reading its bytes.
-        let raw = unsafe { std::slice::from_raw_parts(p, KEY_LEN) };
-        assert!(raw.iter().all(|&x| x == 0), "the raw key is wiped");
-        assert!(key.pages.first_page_resident().unwrap(), "resident");
+        assert!(key.0.seed_is_wiped(), "the raw key is wiped");
+        assert!(key.0.resident().unwrap(), "resident");
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let locked_kb: u64 = status
             .lines()

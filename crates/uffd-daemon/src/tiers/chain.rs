@@ -1094,7 +1094,12 @@ mod tests {
             v["tier_far_pages"].as_u64().unwrap(),
         );
         assert_eq!((n + f, n <= 4), (8, true), "{v}");
-        assert!(v["chain_spilled_full"].as_u64().unwrap() >= 4, "{v}");
+        // At least 4 of the 8 pages went far: written there while the near tier was full, or
+        // moved there by the migrator (which, when it runs between the writes, leaves room so
+        // that fewer writes spill: how many of each is up to the scheduler).
+        let went_far =
+            v["chain_spilled_full"].as_u64().unwrap() + v["tier_near_migrated"].as_u64().unwrap();
+        assert!(went_far >= 4, "{v}");
         for s in 0..8 {
             c.free(s);
         }

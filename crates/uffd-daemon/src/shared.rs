@@ -107,6 +107,18 @@ impl crate::mm::Ledger for Shared {
     }
 }
 
+impl crate::shmem::Host for Shared {
+    fn stats(&self) -> &Stats {
+        &self.stats
+    }
+    fn policy(&self) -> &PolicyConfig {
+        &self.policy
+    }
+    fn tiers(&self) -> &Tiers {
+        &self.tiers
+    }
+}
+
 impl Shared {
     /// Shared state for a limit of `limit_pages`, or one the controller `auto` sets.
     pub fn new(

@@ -47,10 +47,35 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::mm::{runs_of, Mm, MmState, Page, ZERO_SLOT};
-use crate::shared::Shared;
+use crate::config::PolicyConfig;
+use crate::mm::{runs_of, Ledger, Mm, MmState, Page, ZERO_SLOT};
 use crate::stats::Stats;
 use crate::sys::{self, Fill, PAGE_SIZE, PAGE_SIZE_U64};
+
+/// What the table of shared memory needs of the rest of the daemon: the page accounting of
+/// every page table ([`Ledger`]), the counters, the policy a new inode's page table is made
+/// with, and the tiers an evicted page is read back from. The daemon's `Shared` is the
+/// implementation.
+pub trait Host: Ledger {
+    /// The counters.
+    fn stats(&self) -> &Stats;
+    /// The replacement policy's settings.
+    fn policy(&self) -> &PolicyConfig;
+    /// The store.
+    fn tiers(&self) -> &crate::tiers::Tiers;
+}
+
+impl<H: Host + ?Sized> Host for Arc<H> {
+    fn stats(&self) -> &Stats {
+        (**self).stats()
+    }
+    fn policy(&self) -> &PolicyConfig {
+        (**self).policy()
+    }
+    fn tiers(&self) -> &crate::tiers::Tiers {
+        (**self).tiers()
+    }
+}
 
 /// An inode by `(st_dev, st_ino)`.
 pub type InodeKey = (u64, u64);
@@ -229,7 +254,7 @@ impl Table {
     /// if `release`, else by [`Table::release_unmapped`] later.
     fn cut(
         &mut self,
-        shared: &Shared,
+        shared: &impl Host,
         mm_id: u64,
         start: u64,
         end: u64,
@@ -265,7 +290,7 @@ impl Table {
 
     /// Drops the inodes that no mapping is left of: the memory is gone with its last mapping
     /// (nobody else can reach it, invariant 2), so its stored pages are freed and its fd closed.
-    fn release_unmapped(&mut self, shared: &Shared) {
+    fn release_unmapped(&mut self, shared: &impl Host) {
         let empty: Vec<InodeKey> = self
             .inodes
             .values()
@@ -276,7 +301,7 @@ impl Table {
             if let Some(inode) = self.inodes.remove(&key) {
                 let mut st = inode.st.lock();
                 st.pages.forget_range(shared, 0, u64::MAX);
-                Stats::add(&shared.stats.shmem_inodes_released, 1);
+                Stats::add(&shared.stats().shmem_inodes_released, 1);
                 tracing::debug!("shared inode {key:?} released");
             }
         }
@@ -325,7 +350,7 @@ impl ShmemTable {
     /// pages present are recorded resident.
     pub fn add_mapper(
         &self,
-        shared: &Shared,
+        shared: &impl Host,
         mm: &Arc<Mm>,
         pid: i32,
         (start, end): (u64, u64),
@@ -350,7 +375,7 @@ impl ShmemTable {
                         fd: Arc::new(fd),
                         mappers: Vec::new(),
                         gen: 0,
-                        pages: MmState::new(&shared.policy),
+                        pages: MmState::new(shared.policy()),
                         verified: false,
                         pinned: false,
                         next_batch: 1,
@@ -358,7 +383,7 @@ impl ShmemTable {
                     }),
                 });
                 t.inodes.insert(key, Arc::clone(&inode));
-                Stats::add(&shared.stats.shmem_inodes, 1);
+                Stats::add(&shared.stats().shmem_inodes, 1);
                 inode
             }
         };
@@ -375,19 +400,19 @@ impl ShmemTable {
         mm.has_shmem.store(true, Ordering::Release);
         t.rebuild(mm.id);
         drop(t);
-        Stats::add(&shared.stats.shmem_mappers, 1);
+        Stats::add(&shared.stats().shmem_mappers, 1);
         sync_present(shared, &inode);
         if created {
             // Verified now rather than at the scanner's next census, up to 100 ms away: a
             // program filling its new mapping meanwhile went past the limit by 22 MiB (the
             // faults go through while reclaim cannot evict).
-            census(shared, sys::getpid());
+            self.census(sys::getpid());
         }
         Ok(())
     }
 
     /// `[start, end)` of `mm` is unmapped.
-    pub fn unmap(&self, shared: &Shared, mm: &Mm, start: u64, end: u64) {
+    pub fn unmap(&self, shared: &impl Host, mm: &Mm, start: u64, end: u64) {
         if !mm.has_shmem.load(Ordering::Acquire) {
             return;
         }
@@ -413,7 +438,7 @@ impl ShmemTable {
     /// event is read), so their states and stored copies are dropped: the next fault reads
     /// zeros. A batch evicting one of them finds it gone and lets its slot go. Returns the
     /// pages dropped.
-    pub fn remove(&self, shared: &Shared, mm: &Mm, start: u64, end: u64) -> usize {
+    pub fn remove(&self, shared: &impl Host, mm: &Mm, start: u64, end: u64) -> usize {
         if !mm.has_shmem.load(Ordering::Acquire) {
             return 0;
         }
@@ -493,7 +518,7 @@ impl ShmemTable {
     /// Returns the pages written back.
     pub fn step_aside(
         &self,
-        shared: &Shared,
+        shared: &impl Host,
         mm: &Mm,
         start: u64,
         end: u64,
@@ -509,7 +534,7 @@ impl ShmemTable {
     /// is held.
     pub fn write_back(
         &self,
-        shared: &Shared,
+        shared: &impl Host,
         mm: &Mm,
         start: u64,
         end: u64,
@@ -554,7 +579,7 @@ impl ShmemTable {
                 .collect();
             for (k, p) in evicted {
                 if let Some(slot) = p.slot().filter(|&s| s != ZERO_SLOT) {
-                    shared.tiers.read_run(slot, 1, &mut buf)?;
+                    shared.tiers().read_run(slot, 1, &mut buf)?;
                 } else {
                     buf.fill(0);
                 }
@@ -577,13 +602,13 @@ impl ShmemTable {
     }
 
     /// `mm` is gone (exit, exec): it maps nothing any more.
-    pub fn retire(&self, shared: &Shared, mm: &Mm) {
+    pub fn retire(&self, shared: &impl Host, mm: &Mm) {
         self.unmap(shared, mm, 0, u64::MAX);
     }
 
     /// `mremap` moved `[from, from + len)` of `mm` to `to`: its mappers there move (their pages
     /// keep their offsets).
-    pub fn remap(&self, shared: &Shared, mm: &Mm, from: u64, to: u64, len: u64) {
+    pub fn remap(&self, shared: &impl Host, mm: &Mm, from: u64, to: u64, len: u64) {
         if !mm.has_shmem.load(Ordering::Acquire) {
             return;
         }
@@ -616,7 +641,7 @@ impl ShmemTable {
     /// A forked child: it maps what its parent mapped, at the same addresses (`EVENT_FORK`
     /// registered it there), but for `MADV_DONTFORK` mappings (`dont_fork`, from the parent's
     /// smaps).
-    pub fn fork(&self, shared: &Shared, parent: &Mm, child: &Arc<Mm>) {
+    pub fn fork(&self, shared: &impl Host, parent: &Mm, child: &Arc<Mm>) {
         if !parent.has_shmem.load(Ordering::Acquire) {
             return;
         }
@@ -650,7 +675,7 @@ impl ShmemTable {
         if n > 0 {
             child.has_shmem.store(true, Ordering::Release);
             t.rebuild(child.id);
-            Stats::add(&shared.stats.shmem_mappers, n);
+            Stats::add(&shared.stats().shmem_mappers, n);
         }
     }
 }
@@ -659,7 +684,7 @@ impl ShmemTable {
 /// resident (filled before a mapping was registered). A page the table holds as evicted but
 /// present was filled behind the daemon's back (by a mapping no uffd of the daemon covers):
 /// its stored copy is stale; counted and said.
-pub fn sync_present(shared: &Shared, inode: &ShmemInode) {
+pub fn sync_present(shared: &impl Host, inode: &ShmemInode) {
     let mut st = inode.st.lock();
     let size = st.fd.metadata().map(|m| m.len()).unwrap_or(0);
     let Ok(extents) = sys::data_extents(&st.fd, size) else {
@@ -688,9 +713,9 @@ pub fn sync_present(shared: &Shared, inode: &ShmemInode) {
 
 /// A page held as evicted was found present: something filled its hole without a fault the
 /// daemon saw. Never expected (invariant 2); counted, said once.
-pub fn note_filled_behind(shared: &Shared, key: InodeKey, offset: u64) {
+pub fn note_filled_behind(shared: &impl Host, key: InodeKey, offset: u64) {
     if shared
-        .stats
+        .stats()
         .shmem_filled_behind_pages
         .fetch_add(1, Ordering::Relaxed)
         == 0
@@ -714,7 +739,7 @@ pub fn wait_handler_settled(mm: &Mm) {
 /// Waits until the handler of `mm` is not between a read of its uffd and the end of applying
 /// what it read (`Mm::handling` even, or past the read in progress): every event it read by
 /// now is applied. False if that took more than 50 ms.
-fn handler_settled(mm: &Mm) -> bool {
+pub(crate) fn handler_settled(mm: &Mm) -> bool {
     let v = mm.handling.load(Ordering::Acquire);
     if v % 2 == 0 || mm.retired.load(Ordering::Acquire) {
         return true;
@@ -731,7 +756,7 @@ fn handler_settled(mm: &Mm) -> bool {
 
 /// Write-protects (or un-protects) the pages `runs` (`(offset, pages)`) of an inode in one
 /// mapper. False if an event is pending on its uffd (`EAGAIN` for a while) or the ioctl failed.
-fn protect_in(m: &Mapper, runs: &[(u64, u32)], wp: bool) -> bool {
+pub(crate) fn protect_in(m: &Mapper, runs: &[(u64, u32)], wp: bool) -> bool {
     for &(k, n) in runs {
         let Some((a, np)) = m.span(k >> 12, u64::from(n)) else {
             continue;
@@ -756,227 +781,6 @@ fn protect_in(m: &Mapper, runs: &[(u64, u32)], wp: bool) -> bool {
         }
     }
     true
-}
-
-/// Every mapper in `a` and those of `b` not in `a` (the same address space and range).
-fn union(a: &[Mapper], b: &[Mapper]) -> Vec<Mapper> {
-    let mut out = a.to_vec();
-    for m in b {
-        if !out
-            .iter()
-            .any(|x| x.mm.id == m.mm.id && x.start == m.start && x.end == m.end)
-        {
-            out.push(m.clone());
-        }
-    }
-    out
-}
-
-/// Gives a batch up: its pages still `Evicting` are resident again and their protection is
-/// lifted in every mapper (waking writers). Runs on the reclaim thread, the only one that
-/// evicts: no other batch can protect these pages between the two steps.
-fn abort(shared: &Shared, inode: &ShmemInode, batch: u32, victims: &[u64], snapshot: &[Mapper]) {
-    let mappers = {
-        let mut st = inode.st.lock();
-        for &k in victims {
-            if st.pages.pages.get(k) == Some(Page::Evicting { batch }) {
-                st.pages.back_to_resident(k);
-            }
-        }
-        union(&st.mappers, snapshot)
-    };
-    let runs = runs_of(victims);
-    for m in &mappers {
-        if !protect_in(m, &runs, false) {
-            // Writers held on the protection wake and retry: a write-protect fault then
-            // finds the page resident and lifts it.
-            for &(k, n) in &runs {
-                if let Some((a, np)) = m.span(k >> 12, u64::from(n)) {
-                    let _ = m.mm.uffd.wake(a, np * PAGE_SIZE_U64);
-                }
-            }
-        }
-    }
-    Stats::add(&shared.stats.shmem_evict_aborts, 1);
-}
-
-/// Evicts up to `max` pages of `inode` (the six steps of the module's docs). Returns the pages
-/// evicted. Reclaim thread only.
-pub fn evict_batch(shared: &Shared, inode: &ShmemInode, max: usize) -> usize {
-    let n = evict_batch_inner(shared, inode, max);
-    inode.st.lock().evicting = false;
-    n
-}
-
-fn evict_batch_inner(shared: &Shared, inode: &ShmemInode, max: usize) -> usize {
-    let Some(b) = pick_batch(shared, inode, max) else {
-        return 0;
-    };
-    if !protect_batch(inode, &b) {
-        abort(shared, inode, b.batch, &b.victims, &b.snapshot);
-        return 0;
-    }
-    // 4. Read through the inode (no fault anywhere; a hole reads as zeros).
-    let mut data = vec![0u8; b.victims.len() * PAGE_SIZE];
-    let mut at = 0;
-    for &(k, n) in &b.runs {
-        let len = n as usize * PAGE_SIZE;
-        if let Err(e) = sys::shmem_read(&b.fd, k, &mut data[at..at + len]) {
-            tracing::warn!("shared inode {:?}: read at {k:#x}: {e}", inode.key);
-            abort(shared, inode, b.batch, &b.victims, &b.snapshot);
-            return 0;
-        }
-        at += len;
-    }
-    // 5. Store (`reclaim::store_pages`); a page no tier takes stays.
-    let (slots, refused) = crate::reclaim::store_pages(shared, &b.victims, &data);
-    if !refused.is_empty() {
-        abort(shared, inode, b.batch, &refused, &b.snapshot);
-    }
-    let stored: Vec<(u64, u32)> = b
-        .victims
-        .iter()
-        .zip(&slots)
-        .filter(|(k, _)| refused.binary_search(k).is_err())
-        .map(|(&k, &s)| (k, s))
-        .collect();
-    if stored.is_empty() {
-        return 0;
-    }
-    punch(inode, &b, &stored);
-    settle_batch(shared, inode, &b, &stored)
-}
-
-/// A batch of an inode's pages on its way out, as its steps see it.
-struct SharedBatch {
-    batch: u32,
-    /// The pages' offsets in the inode, sorted.
-    victims: Vec<u64>,
-    runs: Vec<(u64, u32)>,
-    /// The mappers when the victims were picked.
-    snapshot: Vec<Mapper>,
-    /// The inode's mapper generation then.
-    gen: u64,
-    fd: Arc<std::fs::File>,
-}
-
-/// 1. Picks up to `max` victims under the lock, with the mappers as they are now; `None` when
-///    the inode cannot be evicted from now (unverified, pinned, held, unmapped) or has nothing
-///    to pick.
-fn pick_batch(shared: &Shared, inode: &ShmemInode, max: usize) -> Option<SharedBatch> {
-    let mut st = inode.st.lock();
-    if !st.verified
-        || st.pinned
-        || st.mappers.is_empty()
-        || st
-            .mappers
-            .iter()
-            .any(|m| crate::mm::is_held(&m.mm) || m.mm.retired.load(Ordering::Acquire))
-    {
-        return None;
-    }
-    let batch = st.next_batch;
-    st.next_batch = st.next_batch.wrapping_add(1);
-    let (victims, _) = st.pages.pick_victims(batch, max, &shared.stats);
-    if victims.is_empty() {
-        return None;
-    }
-    st.evicting = true;
-    Some(SharedBatch {
-        batch,
-        runs: runs_of(&victims),
-        victims,
-        snapshot: st.mappers.clone(),
-        gen: st.gen,
-        fd: Arc::clone(&st.fd),
-    })
-}
-
-/// 2-3. Protects the batch in every mapper (a write in any of them waits from here on), and
-///    checks that no mapper came or moved meanwhile and none may pin. False: the batch is
-///    given up.
-fn protect_batch(inode: &ShmemInode, b: &SharedBatch) -> bool {
-    // Every handler has applied what it read (a fork or mremap after the protection copied or
-    // moved the protected ptes), and the mappers are those protected.
-    let ok = b.snapshot.iter().all(|m| protect_in(m, &b.runs, true))
-        && b.snapshot.iter().all(|m| handler_settled(&m.mm))
-        && {
-            let st = inode.st.lock();
-            st.gen == b.gen && st.verified && !st.pinned
-        };
-    // No mapper's process can hold a pin now (invariant 6): a pin taken from here on waits in
-    // the write-protect fault (a FOLL_WRITE GUP, probe p3), and one taken before needed an
-    // io_uring, an O_DIRECT descriptor or an RDMA device, which it still has. Checked per
-    // batch, after the protection: the census alone, every 100 ms, let a fixed buffer
-    // registered between two of its rounds be punched (the p5 loss, in the test
-    // `shared_anon_io_uring_fixed_buffer`).
-    if ok && b.snapshot.iter().any(|m| m.mm.pid().is_none_or(may_pin)) {
-        inode.st.lock().pinned = true;
-        return false;
-    }
-    ok
-}
-
-/// 6. Punches the stored pages: they leave the page cache and every mapper's page table. A run
-///    punched in part leaves its pages still present resident (their slots let go when the
-///    batch settles); a hole is evicted (its stored copy serves the next fault).
-fn punch(inode: &ShmemInode, b: &SharedBatch, stored: &[(u64, u32)]) {
-    let keys: Vec<u64> = stored.iter().map(|&(k, _)| k).collect();
-    for (k, n) in runs_of(&keys) {
-        let len = u64::from(n) * PAGE_SIZE_U64;
-        if let Err(e) = sys::punch_hole(&b.fd, k, len) {
-            tracing::warn!("shared inode {:?}: punch at {k:#x}: {e}", inode.key);
-            let present = sys::data_extents(&b.fd, k + len).unwrap_or_else(|_| vec![(k, k + len)]);
-            let mut st = inode.st.lock();
-            for i in 0..u64::from(n) {
-                let a = k + i * PAGE_SIZE_U64;
-                if st.pages.pages.get(a) == Some(Page::Evicting { batch: b.batch })
-                    && present.iter().any(|&(s, e)| s <= a && a < e)
-                {
-                    st.pages.back_to_resident(a);
-                }
-            }
-        }
-    }
-}
-
-/// 7. The punched pages are `Evicted`, and every mapper is woken: a held writer refaults
-///    (missing) and is served from the slot with its write still to do. Returns the pages
-///    evicted.
-fn settle_batch(
-    shared: &Shared,
-    inode: &ShmemInode,
-    b: &SharedBatch,
-    stored: &[(u64, u32)],
-) -> usize {
-    let (mut evicted, mut zero) = (0, 0);
-    let mappers = {
-        let mut st = inode.st.lock();
-        for &(k, slot) in stored {
-            if st.pages.pages.get(k) == Some(Page::Evicting { batch: b.batch }) {
-                st.pages.pages.insert(k, Page::Evicted { slot });
-                st.pages.resident -= 1;
-                shared.resident_sub(1);
-                evicted += 1;
-                zero += usize::from(slot == ZERO_SLOT);
-            } else if slot != ZERO_SLOT {
-                shared.put_slot(slot);
-            }
-        }
-        union(&st.mappers, &b.snapshot)
-    };
-    for m in &mappers {
-        for &(k, n) in &b.runs {
-            if let Some((a, np)) = m.span(k >> 12, u64::from(n)) {
-                let _ = m.mm.uffd.wake(a, np * PAGE_SIZE_U64);
-            }
-        }
-    }
-    let stats = &shared.stats;
-    Stats::add(&stats.shmem_evicted_pages, evicted as u64);
-    Stats::add(&stats.evicted_pages, evicted as u64);
-    Stats::add(&stats.zero_pages_evicted, zero as u64);
-    evicted
 }
 
 /// Resident pages of the inode (for reclaim's choice of whom to evict from).
@@ -1020,61 +824,63 @@ pub fn may_pin(pid: i32) -> bool {
     false
 }
 
-/// The census of shared mappings (the scanner, every 100 ms): an inode is `verified` when
-/// every mapping of it in the tree under `root` is a mapper (invariant 2), `pinned` when a
-/// process mapping it may pin pages (invariant 6). Returns the resident bytes of inodes left
-/// out of eviction for a pin.
-pub fn census(shared: &Shared, root: i32) -> u64 {
-    let inodes = shared.shmem.inodes();
-    if inodes.is_empty() {
-        return 0;
+impl ShmemTable {
+    /// The census of shared mappings (the scanner, every 100 ms): an inode is `verified` when
+    /// every mapping of it in the tree under `root` is a mapper (invariant 2), `pinned` when a
+    /// process mapping it may pin pages (invariant 6). Returns the resident bytes of inodes left
+    /// out of eviction for a pin.
+    pub fn census(&self, root: i32) -> u64 {
+        let inodes = self.inodes();
+        if inodes.is_empty() {
+            return 0;
+        }
+        // Every shared anonymous mapping in the tree, by inode: (pid, start, end).
+        let mut seen: HashMap<InodeKey, Vec<(i32, u64, u64)>> = HashMap::new();
+        let mut pinned: HashSet<InodeKey> = HashSet::new();
+        for pid in crate::unmanaged::descendants(root) {
+            let Ok(vmas) = crate::maps::read_maps(pid) else {
+                continue;
+            };
+            let mut keys = Vec::new();
+            for v in vmas.iter().filter(|v| v.maps_shared_anon_inode()) {
+                let key = (makedev(v.dev.0, v.dev.1), v.inode);
+                seen.entry(key).or_default().push((pid, v.start, v.end));
+                keys.push(key);
+            }
+            if !keys.is_empty() && may_pin(pid) {
+                pinned.extend(keys);
+            }
+        }
+        let mut pinned_bytes = 0;
+        for inode in inodes {
+            let mut st = inode.st.lock();
+            let all = seen.get(&inode.key).map(Vec::as_slice).unwrap_or(&[]);
+            let covered = |&(pid, s, e): &(i32, u64, u64)| {
+                st.mappers
+                    .iter()
+                    .any(|m| m.start <= s && e <= m.end && m.mm.pid().is_none_or(|p| p == pid))
+            };
+            let verified = all.iter().all(covered);
+            if st.verified && !verified {
+                tracing::debug!("shared inode {:?}: a mapping is no mapper", inode.key);
+            }
+            st.verified = verified;
+            let pin = pinned.contains(&inode.key);
+            if pin && !st.pinned {
+                tracing::warn!(
+                    "shared inode {:?}: a process mapping it may pin pages for I/O (io_uring, \
+                     O_DIRECT, RDMA): not paged while it does (counted in \
+                     unmanaged_shared_pinned_bytes)",
+                    inode.key
+                );
+            }
+            st.pinned = pin;
+            if pin {
+                pinned_bytes += st.pages.resident as u64 * PAGE_SIZE_U64;
+            }
+        }
+        pinned_bytes
     }
-    // Every shared anonymous mapping in the tree, by inode: (pid, start, end).
-    let mut seen: HashMap<InodeKey, Vec<(i32, u64, u64)>> = HashMap::new();
-    let mut pinned: HashSet<InodeKey> = HashSet::new();
-    for pid in crate::unmanaged::descendants(root) {
-        let Ok(vmas) = crate::maps::read_maps(pid) else {
-            continue;
-        };
-        let mut keys = Vec::new();
-        for v in vmas.iter().filter(|v| v.maps_shared_anon_inode()) {
-            let key = (makedev(v.dev.0, v.dev.1), v.inode);
-            seen.entry(key).or_default().push((pid, v.start, v.end));
-            keys.push(key);
-        }
-        if !keys.is_empty() && may_pin(pid) {
-            pinned.extend(keys);
-        }
-    }
-    let mut pinned_bytes = 0;
-    for inode in inodes {
-        let mut st = inode.st.lock();
-        let all = seen.get(&inode.key).map(Vec::as_slice).unwrap_or(&[]);
-        let covered = |&(pid, s, e): &(i32, u64, u64)| {
-            st.mappers
-                .iter()
-                .any(|m| m.start <= s && e <= m.end && m.mm.pid().is_none_or(|p| p == pid))
-        };
-        let verified = all.iter().all(covered);
-        if st.verified && !verified {
-            tracing::debug!("shared inode {:?}: a mapping is no mapper", inode.key);
-        }
-        st.verified = verified;
-        let pin = pinned.contains(&inode.key);
-        if pin && !st.pinned {
-            tracing::warn!(
-                "shared inode {:?}: a process mapping it may pin pages for I/O (io_uring, \
-                 O_DIRECT, RDMA): not paged while it does (counted in \
-                 unmanaged_shared_pinned_bytes)",
-                inode.key
-            );
-        }
-        st.pinned = pin;
-        if pin {
-            pinned_bytes += st.pages.resident as u64 * PAGE_SIZE_U64;
-        }
-    }
-    pinned_bytes
 }
 
 #[cfg(test)]

@@ -155,7 +155,7 @@ pub struct Census {
     /// Why the daemon could not manage a process without an agent, by pid (said with it).
     pub reasons: HashMap<i32, String>,
     /// Resident bytes of shared anonymous inodes left out of eviction for a pin
-    /// (`shmem::census`), counted in `shared` once (not per mapper).
+    /// (`ShmemTable::census`), counted in `shared` once (not per mapper).
     pub shared_pinned: u64,
 }
 

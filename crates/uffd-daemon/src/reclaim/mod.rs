@@ -38,6 +38,8 @@ use crate::agent_conn::{AgentConn, DropWait, PendingDrop};
 use crate::shared::Shared;
 
 pub(crate) mod injected;
+mod shmem;
+
 use crate::mm::{runs_of, Mm, MmState, Page, ZERO_SLOT};
 use crate::stats::Stats;
 use crate::sys::{self, Fill, PAGE_SIZE, PAGE_SIZE_U64};
@@ -245,7 +247,7 @@ pub fn to_low_watermark(shared: &Shared) {
             }
             progress += match c {
                 Victim::Mm(m) => evict_batch(shared, m, want),
-                Victim::Shared(i) => crate::shmem::evict_batch(shared, i, want.min(BATCH_PAGES)),
+                Victim::Shared(i) => shmem::evict_batch(shared, i, want.min(BATCH_PAGES)),
             };
             // zswap near its limit: its shrinker writes the coldest entries back to
             // the backing device before stores start being refused.

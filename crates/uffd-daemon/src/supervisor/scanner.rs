@@ -130,7 +130,7 @@ pub(crate) fn scanner(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
         }
         if tick % 50 == 0 {
             // Shared anonymous inodes: every mapping registered (or none evicted), pins.
-            let pinned = crate::shmem::census(&shared, sys::getpid());
+            let pinned = shared.shmem.census(sys::getpid());
             shared
                 .stats
                 .unmanaged_shared_pinned_bytes

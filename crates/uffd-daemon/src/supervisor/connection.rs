@@ -318,16 +318,23 @@ fn greeting(
     Some(again)
 }
 
-/// Makes the connection `mm`'s agent, answering the greeting with the uffd the daemon keeps
-/// for it. One agent per address space: a second greeting would take the first one's place
-/// (and with it a DROP it may have outstanding), so it is refused; so is an agent coming back
-/// to an address space the daemon manages without one (`only_agent`).
+/// Makes the connection `mm`'s agent, answering the greeting (with the uffd the daemon keeps
+/// for it if `give_uffd`: a fork child's, or the agent's after a step out). One agent per
+/// address space: a second greeting would take the first one's place (and with it a DROP it
+/// may have outstanding), so it is refused; so is an agent coming back to an address space the
+/// daemon manages without one (`only_agent`).
+///
+/// The answer is sent with the slot held and the connection is in it before the slot is let
+/// go: the program runs on once its agent is answered, and a request of its own that finds
+/// no agent (a STEP_OUT before `unshare`) would miss the connection it must close, leaving the
+/// agent thread waiting on it while the program waited for that thread to end.
 fn attach_agent(
     shared: &Shared,
     mm: &Mm,
     sock: OwnedFd,
     max_drop: usize,
     only_agent: bool,
+    give_uffd: bool,
 ) -> bool {
     let mut slot = mm.agent.lock();
     if slot.is_some() || (only_agent && mm.agentless.load(Ordering::Acquire)) {
@@ -343,10 +350,8 @@ fn attach_agent(
         status: 0,
         max_drop_pages: max_drop as u32,
     };
-    if conn
-        .send(&ack, &shared.greeting_fds(Some(mm.uffd.as_fd())))
-        .is_err()
-    {
+    let uffd = give_uffd.then(|| mm.uffd.as_fd());
+    if conn.send(&ack, &shared.greeting_fds(uffd)).is_err() {
         return false;
     }
     *slot = Some(conn);
@@ -362,7 +367,7 @@ fn agent_back(shared: &Shared, sock: OwnedFd, pid: i32, max_drop: usize) {
         refuse(&sock, "no managed address space is known for this pid");
         return;
     };
-    if !attach_agent(shared, &mm, sock, max_drop, true) {
+    if !attach_agent(shared, &mm, sock, max_drop, true, true) {
         return;
     }
     mm.stepped_out.store(false, Ordering::Release);
@@ -397,7 +402,7 @@ fn fork_child_greets(shared: &Shared, sock: OwnedFd, pid: i32, max_drop: usize) 
         let mut g = shared.bind_lock.lock();
         shared.bind_cv.wait_for(&mut g, Duration::from_millis(20));
     };
-    if !attach_agent(shared, &mm, sock, max_drop, false) {
+    if !attach_agent(shared, &mm, sock, max_drop, false, true) {
         return;
     }
     // Traced from its birth (a tracer that follows forks): held (`hold.rs`).
@@ -491,21 +496,8 @@ fn new_address_space(
     // held, its memory the kernel's while traced (`hold.rs`).
     hold::at_greeting(shared, &mm, pid);
     let _ = hold::scan_and_register(shared, &mm);
-    let Ok(mut conn) = AgentConn::new(sock, max_drop) else {
-        return;
-    };
-    if conn
-        .send(
-            &Message::HelloAck {
-                status: 0,
-                max_drop_pages: max_drop as u32,
-            },
-            &shared.greeting_fds(None),
-        )
-        .is_err()
-    {
-        return;
+    // (The process brought its uffd: the answer gives none.)
+    if attach_agent(shared, &mm, sock, max_drop, false, false) {
+        tracing::debug!("managing pid {pid} (mm {})", mm.id);
     }
-    *mm.agent.lock() = Some(conn);
-    tracing::debug!("managing pid {pid} (mm {})", mm.id);
 }

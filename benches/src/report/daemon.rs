@@ -205,7 +205,7 @@ fn bare(
                 sys::pin_to_cpu(handler_cpu);
             }
             let page = vec![0x5au8; PAGE_SIZE];
-            let mut msgs = [RawUffdMsg::default(); 16];
+            let mut msgs: [RawUffdMsg; 16] = std::array::from_fn(|_| RawUffdMsg::default());
             let mut served = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 if !matches!(sys::poll_read(&[uffd.as_fd()], 50).as_deref(), Ok([true])) {

@@ -584,9 +584,10 @@ struct Ran {
     address_reruns: usize,
 }
 
-/// How many times a run is made again for `met_own_heap`: the chance is about 1% a run, bare
-/// or not, so three in a row would be a difference worth seeing.
-const ADDRESS_RERUNS: usize = 2;
+/// How many times a run is made again for `met_own_heap`: the chance is about 1% a run of
+/// uffd-unit-tests and 10-15% a run of mremap_test, bare or not, so four in a row would be a
+/// difference worth seeing.
+const ADDRESS_RERUNS: usize = 3;
 
 /// uffd-unit-tests maps its shmem and hugetlb areas at a fixed address, 0x40000000 and above,
 /// without MAP_FIXED (uffd-common.c, `shmem_allocate_area`: "TODO: clean this up. Use a static
@@ -596,13 +597,22 @@ const ADDRESS_RERUNS: usize = 2;
 /// bare as well as under the daemon, finds its own heap there (seen with the maps printed:
 /// [heap] at 0x403f1000 and 0x40297000). Such a run says nothing about the daemon: it is made
 /// again, and the table says how often.
+///
+/// mremap_test does the same: it looks for a free destination just above its source (mapped
+/// at the lowest free address above `mmap_min_addr`), checks the destination but not the 40
+/// MiB "preamble" it then maps below it with `MAP_FIXED_NOREPLACE`, and fails test 15 with
+/// "Failed to map dest preamble region: File exists" when the heap lies there (seen with
+/// strace, bare: the preamble at 0x2f00000-0x5700000, brk at 0x5585000; 2 bare runs in 15).
 fn met_own_heap(run: &Run) -> bool {
     run.status != 0
-        && run.stderr.lines().any(|l| {
+        && (run.stderr.lines().any(|l| {
             l.starts_with("ERROR: mmap of ")
                 && l.contains(" failed at 0x")
                 && l.contains("@uffd-common.c:")
-        })
+        }) || run
+            .stdout
+            .lines()
+            .any(|l| l == "# Failed to map dest preamble region: File exists"))
 }
 
 /// A copy of `cmd` (program, arguments, directory; `Command` is not `Clone`).
@@ -1047,6 +1057,19 @@ fn only_the_selftests_fixed_address_collision_is_made_again() {
         1,
         "uffd-daemon: warning: pid 1\nERROR: mmap of anonymous memory failed at 0x42200000 \
          (errno=16, @uffd-common.c:160)"
+    )));
+    let mremap = |status, stdout: &str| Run {
+        stdout: stdout.into(),
+        ..run(status, "")
+    };
+    assert!(met_own_heap(&mremap(
+        1,
+        "# Failed to map dest preamble region: File exists\nnot ok 15 5MB mremap - Source \
+         1MB-aligned, Dest 1MB-aligned with 40MB Preamble\n"
+    )));
+    assert!(!met_own_heap(&mremap(
+        1,
+        "# Failed to map dest preamble region: Cannot allocate memory\n"
     )));
     // Any other error is a result, and a run that passed is never made again.
     assert!(!met_own_heap(&run(

@@ -585,8 +585,8 @@ struct Ran {
 }
 
 /// How many times a run is made again for `met_own_heap`: the chance is about 1% a run of
-/// uffd-unit-tests and 10-15% a run of mremap_test, bare or not, so four in a row would be a
-/// difference worth seeing.
+/// uffd-unit-tests and a few per cent a run of mremap_test, bare or not, so four in a row
+/// would be a difference worth seeing.
 const ADDRESS_RERUNS: usize = 3;
 
 /// uffd-unit-tests maps its shmem and hugetlb areas at a fixed address, 0x40000000 and above,
@@ -602,7 +602,8 @@ const ADDRESS_RERUNS: usize = 3;
 /// at the lowest free address above `mmap_min_addr`), checks the destination but not the 40
 /// MiB "preamble" it then maps below it with `MAP_FIXED_NOREPLACE`, and fails test 15 with
 /// "Failed to map dest preamble region: File exists" when the heap lies there (seen with
-/// strace, bare: the preamble at 0x2f00000-0x5700000, brk at 0x5585000; 2 bare runs in 15).
+/// strace, bare: the preamble at 0x2f00000-0x5700000, brk at 0x5585000; 3 of about 80 bare
+/// runs here).
 fn met_own_heap(run: &Run) -> bool {
     run.status != 0
         && (run.stderr.lines().any(|l| {

@@ -538,6 +538,17 @@ static void free_scratch(struct agent *ag)
 	ag->scratch_used = 0;
 }
 
+/* Answers a DROP (or a FREE: no status) with its sequence number: `n` statuses, already in
+ * place after the header, and the scratch page the DROP's pages start at. */
+static void send_done(struct agent *ag, uint32_t seq, uint32_t n, uint32_t base)
+{
+	header_seq(ag->out, KIND_DROP_DONE, 8 + n, seq);
+	put32(ag->out + HEADER_LEN, n);
+	put32(ag->out + HEADER_LEN + 4, base);
+	if (send_packet(ag->sock, ag->out, HEADER_LEN + 8 + n, -1) < 0 && errno != EINTR)
+		return;
+}
+
 /* Moves the daemon's victims into scratch, then unshares the runs flagged DROP_RUN_UNSHARE;
  * reports per-page status in the message's order, and the scratch page the DROP's pages start
  * at. The moved pages stay in the scratch until the daemon's FREE: it reads them back first,
@@ -546,11 +557,11 @@ static void free_scratch(struct agent *ag)
  * a page the daemon protects, and the daemon lets such a fault of this thread through only
  * because nothing of this DROP moves any more.
  *
- * The scratch is used as a ring: each DROP's pages follow the last one's, and it is freed
- * only when the next DROP does not fit (the daemon has read back every DROP before it sends
- * the next). Freeing raises a REMOVE event, and until the daemon's handler has read it, the
- * kernel answers every UFFDIO_MOVE and UFFDIO_WRITEPROTECT of this address space with EAGAIN
- * (mmap_changing): the daemon's next batch would wait in its write-protection. */
+ * The scratch is used as a ring: each DROP's pages follow the last one's, and the daemon sends
+ * a FREE (answered) before a DROP that would not fit. Never freed during a DROP: freeing
+ * raises a REMOVE event, which waits until the daemon's handler reads it, and the daemon holds
+ * its handler from reading while a DROP moves pages (reclaim/mod.rs, drop_by_agent). A DROP
+ * that does not fit moves nothing: its pages are reported ENOSPC. */
 static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t seq)
 {
 	uint32_t nruns = get32(p);
@@ -575,9 +586,8 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 	if (need > SCRATCH_PAGES)
 		fatal("DROP larger than the scratch area", EPROTO);
 	/* A scratch page still in use would refuse a move with EEXIST. */
-	if (ag->scratch_used + need > SCRATCH_PAGES)
-		free_scratch(ag);
-	uint64_t base = ag->scratch_used; /* this DROP's first scratch page */
+	int nospace = ag->scratch_used + need > SCRATCH_PAGES;
+	uint64_t base = nospace ? 0 : ag->scratch_used; /* this DROP's first scratch page */
 	uint8_t *status = ag->out + HEADER_LEN + 8;
 	uint64_t si = 0; /* pages so far, in the message's order: the index of the next status */
 	uint64_t k = 0;  /* pages moved so far: the next scratch slot after base */
@@ -593,6 +603,11 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 		}
 		if (base + k + pages > SCRATCH_PAGES)
 			fatal("DROP larger than the scratch area", EPROTO);
+		if (nospace) {
+			memset(status + si, ENOSPC, pages);
+			si += pages;
+			continue;
+		}
 		uint64_t done = 0;
 		while (done < pages && !stale) {
 			struct uffdio_move_ mv = {
@@ -623,7 +638,8 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 		k += pages;
 		si += pages;
 	}
-	ag->scratch_used = base + k;
+	if (!nospace)
+		ag->scratch_used = base + k;
 	uint64_t at = 0;
 	for (uint32_t r = 0; r < nruns; r++) {
 		uint32_t pages = get32(p + 16 + 16 * r);
@@ -635,11 +651,7 @@ static void do_drop(struct agent *ag, const uint8_t *p, uint32_t len, uint32_t s
 		}
 		at += pages;
 	}
-	header_seq(ag->out, KIND_DROP_DONE, (uint32_t)(8 + si), seq);
-	put32(ag->out + HEADER_LEN, (uint32_t)si);
-	put32(ag->out + HEADER_LEN + 4, (uint32_t)base);
-	if (send_packet(ag->sock, ag->out, HEADER_LEN + 8 + si, -1) < 0 && errno != EINTR)
-		return;
+	send_done(ag, seq, (uint32_t)si, (uint32_t)base);
 }
 
 /* Blocks every signal but glibc's two internal ones (SIGCANCEL 32 and SIGSETXID 33: setuid()
@@ -980,6 +992,7 @@ static void *agent_loop(struct agent *ag)
 		const uint8_t *p = check_packet(ag->buf, n, kind == KIND_FREE ? KIND_FREE : KIND_DROP, &len);
 		if (p && kind == KIND_FREE && len == 0) {
 			free_scratch(ag);
+			send_done(ag, get32(ag->buf + 12), 0, 0);
 			continue;
 		}
 		if (!p || kind != KIND_DROP || len < 8)

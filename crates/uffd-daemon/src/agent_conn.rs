@@ -72,6 +72,10 @@ pub struct AgentConn {
     pub max_drop_pages: usize,
     /// The DROP in flight, if one timed out.
     pub pending: Option<PendingDrop>,
+    /// Scratch pages in use, as the agent counts them (its DROPs' pages follow each other
+    /// until a FREE); [`usize::MAX`] when unknown (a FREE not answered, a DROP refused for
+    /// want of room).
+    pub scratch_used: usize,
 }
 
 impl AgentConn {
@@ -82,6 +86,7 @@ impl AgentConn {
             seq: 0,
             max_drop_pages,
             pending: None,
+            scratch_used: 0,
         })
     }
 
@@ -92,6 +97,7 @@ impl AgentConn {
             seq: 0,
             max_drop_pages,
             pending: None,
+            scratch_used: 0,
         }
     }
 
@@ -128,10 +134,15 @@ impl AgentConn {
         )
     }
 
-    /// Tells the agent to free what the last DROP moved into its scratch (the daemon has read
-    /// it back). Not answered.
-    pub fn send_free(&mut self) -> io::Result<u32> {
-        self.send(&Message::Free, &[])
+    /// Has the agent free what DROPs moved into its scratch (the daemon has read it back), and
+    /// waits up to `timeout` for its answer: freeing raises a REMOVE event that waits for the
+    /// fault handler, which must be free to read it before a DROP holds it back
+    /// (`reclaim::drop_by_agent`). On `Ok` the scratch is empty.
+    pub fn free_scratch(&mut self, timeout: Duration) -> Result<(), DropWait> {
+        let seq = self.send(&Message::Free, &[]).map_err(DropWait::Gone)?;
+        self.wait_drop(seq, 0, timeout)?;
+        self.scratch_used = 0;
+        Ok(())
     }
 
     /// Waits up to `timeout` for the answer to DROP `seq` of `pages` pages: the per-page

@@ -205,9 +205,9 @@ pub struct Mm {
     /// `/proc/PID/pagemap` of the process (for `pid`), opened at its first eviction: the
     /// frames of a batch's victims, and of what its DROP moved (`reclaim::frames_of`).
     pub pagemap: Mutex<Option<(i32, std::fs::File)>>,
-    /// REMOVE, UNMAP, REMAP and FORK events applied so far, counted by the handler under
-    /// `event_gate`: reclaim checks that none came between the protection of a batch and the
-    /// record of its victims' frames.
+    /// REMOVE, UNMAP, REMAP and FORK events applied so far (but the scratch's own REMOVEs),
+    /// counted by the handler under `event_gate`: reclaim checks that none came between the
+    /// protection of a batch and the record of its victims' frames, nor before its DROP.
     pub events_applied: AtomicU64,
     /// The runs of the agent's DROP in flight (empty: none). A fault there on a page no
     /// longer `Dropping` (an event changed it since) waits for the DROP's settlement, which may

@@ -21,7 +21,8 @@
 //! DROP_DONE  agent  -> daemon  npages u32, scratch_first u32, npages x status u8 (0 = moved,
 //!                              else errno; the k-th page moved is at scratch page
 //!                              scratch_first + k)
-//! FREE       daemon -> agent   (no payload): free what the last DROP moved into the scratch
+//! FREE       daemon -> agent   (no payload): free what the last DROP moved into the scratch;
+//!                              answered by a DROP_DONE of no page with the FREE's number
 //! ERROR      daemon -> agent   code i32, message bytes (UTF-8)
 //! RELEASE    agent  -> daemon  start u64, len u64                    (program thread, own
 //!                                                                     connection; so are the
@@ -100,7 +101,8 @@ pub enum Message {
     },
     /// The daemon has read back what the last DROP moved into the agent's scratch (a page
     /// written through a pin after the daemon first read it holds more than was stored): the
-    /// agent frees the scratch now. Until then the moved pages stay there.
+    /// agent frees the scratch now, then answers with a [`Message::DropDone`] of no page that
+    /// carries the FREE's sequence number. Until then the moved pages stay there.
     Free,
     /// From a program thread of a managed process, on a connection of its own: the program
     /// registers `[start, start + len)` with a userfaultfd of its own; the daemon brings back

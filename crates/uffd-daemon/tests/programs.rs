@@ -269,7 +269,33 @@ fn a_region_moved_over_one_being_evicted_keeps_its_words() {
     assert!(run.get("evicted_pages") > 0 && run.get("swapins") > 0);
 }
 
-/// Pages a process shares with a forked child (or shared with one that has exited: the kernel
+/// The same, with the moved region registered with a userfaultfd of the program's own: a page
+/// a DROP took from under the move could not be put back (the range is not the daemon's), and
+/// the program's handler would see it missing. While the agent moves pages the daemon's handler
+/// reads no event (`reclaim::drop_by_agent`), so a move either meets the mremap's pending
+/// event (`EAGAIN`) or comes before it. Each round's target is a new region, evicted as it
+/// fills; every word is checked and the program's own faults after the moves must be none.
+#[test]
+fn a_region_of_its_own_uffd_moved_over_one_being_evicted_keeps_its_pages() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let exe = c_client("remap_race").to_string_lossy().into_owned();
+    let run = run_under("12M", "remap-race-own", &[&exe, "16", "40", "own"]);
+    assert!(
+        run.stdout
+            .contains("remap_race: 40 rounds, 0 bad words (0 zeros) on 0 pages, 0 faults"),
+        "{}{} (drop_moved_not_ours {})",
+        run.stdout,
+        run.stderr,
+        run.get("drop_moved_not_ours")
+    );
+    assert_eq!(run.status, 0);
+    assert!(run.get("evicted_pages") > 0 && run.get("drop_requests") > 0);
+}
+
+/// Pages a process shares with a forked child (or shared with one that has exited: the kernel/// Pages a process shares with a forked child (or shared with one that has exited: the kernel
 /// marks a page the process's own again only at its next write) cannot be moved out:
 /// `UFFDIO_MOVE` refuses them (EBUSY). Reclaim reads victims through `/proc/PID/mem`, which
 /// (unlike `process_vm_readv`, whose read pin unshared such pages as a side effect) leaves them

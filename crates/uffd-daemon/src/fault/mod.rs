@@ -387,8 +387,14 @@ impl Handler {
                 }
                 !stale
             });
+            // (The scratch freed by a FREE changes no address of the program: it does not make
+            // a batch's victims stale.)
+            let scratch =
+                matches!(event, UffdEvent::Remove { start, .. } if mm.in_agent_region(start));
             handle_event(shared, mm, event, fork_uffd, &mut self.scan);
-            mm.events_applied.fetch_add(1, Ordering::Release);
+            if !scratch {
+                mm.events_applied.fetch_add(1, Ordering::Release);
+            }
         }
         // Fills from other threads may go on (see `Mm::event_gate`).
         drop(gate);

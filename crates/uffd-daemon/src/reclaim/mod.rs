@@ -323,6 +323,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         .next_batch
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut victims = pick(shared, mm, batch, max, injected);
+    let events_before = mm.events_applied.load(std::sync::atomic::Ordering::Acquire);
     let send_drop = |guard: &mut AgentSlot<'_>,
                      pages: Vec<u64>,
                      slots: Vec<u32>,
@@ -331,7 +332,7 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
         if injected {
             drop_injected(shared, mm, guard, pid, pages, slots, data)
         } else {
-            drop_by_agent(shared, mm, guard, pages, slots, data, frames)
+            drop_by_agent(shared, mm, guard, pages, slots, data, frames, events_before)
         }
     };
     // A DROP of no page: it only unshares the pages waiting for it (they are not victims).
@@ -341,7 +342,6 @@ pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     if victims.is_empty() {
         return unshare_only(&mut agent_guard);
     }
-    let events_before = mm.events_applied.load(std::sync::atomic::Ordering::Acquire);
     let runs = runs_of(&victims);
     let stats = &shared.stats;
     let mut t = std::time::Instant::now();
@@ -892,8 +892,15 @@ pub fn free_idle_scratch(shared: &Shared) {
                 *mm.scratch_filled.lock() = Some(std::time::Instant::now());
                 lose_injection(shared, &mut g, pid, &e);
             }
-        } else if agent.send_free().is_ok() {
-            *mm.scratch_filled.lock() = None;
+        } else {
+            match agent.free_scratch(shared.policy.drop_timeout) {
+                Ok(()) => *mm.scratch_filled.lock() = None,
+                Err(DropWait::NotYet) => agent.scratch_used = usize::MAX,
+                Err(DropWait::Gone(e) | DropWait::Protocol(e)) => {
+                    agent.scratch_used = usize::MAX;
+                    lose_agent(shared, &mm, &mut g, &e);
+                }
+            }
         }
     }
 }
@@ -905,6 +912,20 @@ const UNSHARE_PAGES: usize = 256;
 /// together with the pages waiting to be unshared, waits for the answer up to the timeout and
 /// settles the batch, or leaves it outstanding. Returns the pages evicted, or, for a DROP that
 /// only unshares, the pages unshared (reclaim made progress: they can be evicted now).
+///
+/// While the agent moves pages the fault handler reads nothing from this address space's uffd
+/// (it takes the event gate to read, and the DROP holds it): the kernel makes `UFFDIO_MOVE`
+/// fail with `EAGAIN` only until an event is *read*, and a move after that takes whatever the
+/// event put at the old address: a page of another mapping that an `mremap` moved there,
+/// possibly one another userfaultfd manages, whose owner never learns it left. With the handler
+/// held, every event that comes after the check below stays unread until the moves end, so the
+/// agent's moves either meet it (`EAGAIN`) or come before it. A DROP that also unshares is not
+/// held: the unsharing may write-fault a page the daemon protects, and only the handler serves
+/// that fault (its moves keep the frame check at the settlement, `put_back_moved`). Unsharing
+/// in a DROP of its own after each batch unshared pages a DROP had just refused at once, and
+/// a forked program's resident pages peaked 40-60% above the limit.
+/// `events_before`: the events applied when the victims were picked.
+#[allow(clippy::too_many_arguments)]
 fn drop_by_agent(
     shared: &Shared,
     mm: &Mm,
@@ -913,6 +934,7 @@ fn drop_by_agent(
     drop_slots: Vec<u32>,
     drop_data: Vec<u8>,
     drop_frames: Vec<u64>,
+    events_before: u64,
 ) -> usize {
     let Some(agent) = agent_guard.as_mut() else {
         return 0;
@@ -942,30 +964,109 @@ fn drop_by_agent(
     // From here until the settlement a fault on one of these pages that an event has changed
     // waits (`fault::serve`, `gate`): the agent may move what the event put there.
     *mm.drop_runs.lock() = pending.runs.clone();
-    match agent.send_drop(&pending.runs, &unshare_runs) {
-        Ok(seq) => pending.seq = seq,
+    let only_unshare = pending.pages.is_empty();
+    // Room in the scratch first, freed while the handler is free to read the REMOVE.
+    if !only_unshare
+        && agent.scratch_used.saturating_add(pending.pages.len()) > agent.max_drop_pages
+    {
+        match agent.free_scratch(shared.policy.drop_timeout) {
+            Ok(()) => *mm.scratch_filled.lock() = None,
+            Err(e) => {
+                agent.scratch_used = usize::MAX;
+                settle_drop(shared, mm, &pending, None, &[]);
+                if let DropWait::Gone(e) | DropWait::Protocol(e) = e {
+                    lose_agent(shared, mm, agent_guard, &e);
+                }
+                return 0;
+            }
+        }
+    }
+    // Held from the check to the answer (or the timeout); never while settling, which takes it
+    // again (a reader waiting behind the handler's write would wait for itself).
+    let gate = (!only_unshare && pending.unshare.is_empty()).then(|| mm.event_gate.read());
+    if gate.is_some()
+        && mm.events_applied.load(std::sync::atomic::Ordering::Acquire) != events_before
+    {
+        // An event since the pick: an address may name another page now. Only the pages whose
+        // frame is still the one recorded at the read move; the others stay in place.
+        let (kept, moved_on) = split_in_place(mm, pending);
+        if !moved_on.pages.is_empty() {
+            Stats::add(&shared.stats.evict_aborts, moved_on.pages.len() as u64);
+            let again = vec![libc::EAGAIN as u8; moved_on.pages.len()];
+            settle_drop(shared, mm, &moved_on, Some(&again), &[]);
+        }
+        pending = kept;
+        if pending.pages.is_empty() {
+            return 0;
+        }
+        *mm.drop_runs.lock() = pending.runs.clone();
+    }
+    let waited = match agent.send_drop(&pending.runs, &unshare_runs) {
+        Ok(seq) => {
+            pending.seq = seq;
+            let statuses = pending.pages.len() + pending.unshare.len();
+            agent.wait_drop(pending.seq, statuses, shared.policy.drop_timeout)
+        }
         Err(e) => {
             // Nothing was sent: nothing moves. Give the pages back.
+            drop(gate);
             lose_agent(shared, mm, agent_guard, &e);
             settle_drop(shared, mm, &pending, None, &[]);
             return 0;
         }
-    }
-    let statuses = pending.pages.len() + pending.unshare.len();
-    let waited = agent.wait_drop(pending.seq, statuses, shared.policy.drop_timeout);
+    };
+    drop(gate);
     if waited.is_ok() {
         shared
             .drop_agent_times
             .record(t_drop.elapsed().as_nanos() as u64);
     }
-    let only_unshare = pending.pages.is_empty();
     let unshared = pending.unshare.len();
     let evicted = finish_drop(shared, mm, agent_guard, pending, waited);
     if only_unshare {
-        unshared
-    } else {
-        evicted
+        return unshared;
     }
+    evicted
+}
+
+/// Splits a DROP's pages into those still at their addresses (the frame there now is the one
+/// recorded when the batch was read) and the others, under the event gate: no event is read
+/// meanwhile, and one pending makes the moves fail (`EAGAIN`). Without frames (pagemap not
+/// readable) no page counts as in place.
+fn split_in_place(mm: &Mm, p: PendingDrop) -> (PendingDrop, PendingDrop) {
+    let runs: Vec<(u64, usize)> = p.runs.iter().map(|&(a, n)| (a, n as usize)).collect();
+    let now = mm
+        .pid()
+        .and_then(|pid| frames_of(mm, pid, &runs))
+        .filter(|f| f.len() == p.pages.len() && p.frames.len() == p.pages.len());
+    let keep: Vec<bool> = match &now {
+        Some(now) => now
+            .iter()
+            .zip(&p.frames)
+            .map(|(&n, &f)| n != 0 && n == f)
+            .collect(),
+        None => vec![false; p.pages.len()],
+    };
+    let part = |want: bool| {
+        let idx: Vec<usize> = (0..p.pages.len()).filter(|&i| keep[i] == want).collect();
+        let pages: Vec<u64> = idx.iter().map(|&i| p.pages[i]).collect();
+        PendingDrop {
+            seq: 0,
+            runs: runs_of(&pages),
+            slots: idx.iter().map(|&i| p.slots[i]).collect(),
+            data: idx
+                .iter()
+                .flat_map(|&i| p.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].iter().copied())
+                .collect(),
+            frames: idx.iter().map(|&i| p.frames[i]).collect(),
+            pages,
+            unshare: if want { p.unshare.clone() } else { Vec::new() },
+            scratch_first: None,
+            sent: p.sent,
+            said_late: false,
+        }
+    };
+    (part(true), part(false))
 }
 
 /// Looks for the answer to `mm`'s outstanding DROP without waiting, and settles the batch if
@@ -1017,6 +1118,15 @@ fn finish_drop(
     match waited {
         Ok((status, first)) => {
             pending.scratch_first = Some(first);
+            if let Some(a) = agent_guard.as_mut() {
+                // As the agent counts (agent.c, do_drop); a DROP refused for want of room
+                // leaves the count unknown: the next DROP frees first.
+                a.scratch_used = if status.contains(&(libc::ENOSPC as u8)) {
+                    usize::MAX
+                } else {
+                    first + pending.pages.len()
+                };
+            }
             // The pages it moved are in its scratch until FREE (page `i` of the DROP at scratch
             // page `first + i`): read them back first.
             let moved: Vec<(usize, usize)> = status[..pending.pages.len()]

@@ -17,12 +17,12 @@ use crate::sys;
 
 /// How long the daemon waits for an agent to carry out one DROP before it leaves the batch
 /// outstanding and turns to other work.
-pub const DROP_TIMEOUT_MS: u64 = 10_000;
+pub(crate) const DROP_TIMEOUT_MS: u64 = 10_000;
 
 /// A DROP sent and not answered yet: the pages it names (sorted), their slots, its runs, and
 /// the pages it unshares.
 #[derive(Debug)]
-pub struct PendingDrop {
+pub(crate) struct PendingDrop {
     /// The DROP's sequence number.
     pub seq: u32,
     /// The pages, in the order of the answer's statuses.
@@ -50,7 +50,7 @@ pub struct PendingDrop {
 
 /// Why a DROP has no answer.
 #[derive(Debug)]
-pub enum DropWait {
+pub(crate) enum DropWait {
     /// Not yet: the agent may still be moving pages.
     NotYet,
     /// The agent's end closed: no page moves any more (the process exited or exec'd, or the
@@ -62,7 +62,7 @@ pub enum DropWait {
 
 /// A greeted agent, or the daemon's own means of dropping pages in a process without one.
 #[derive(Debug)]
-pub struct AgentConn {
+pub(crate) struct AgentConn {
     /// The agent's socket; `None` for a process managed without an agent, whose DROPs the
     /// daemon carries out itself with injected system calls (`agentless.rs`): they are settled
     /// before the batch ends, never outstanding.
@@ -80,7 +80,7 @@ pub struct AgentConn {
 
 impl AgentConn {
     /// Wraps a connected socket.
-    pub fn new(sock: OwnedFd, max_drop_pages: usize) -> io::Result<Self> {
+    pub(crate) fn new(sock: OwnedFd, max_drop_pages: usize) -> io::Result<Self> {
         Ok(AgentConn {
             sock: Some(sock),
             seq: 0,
@@ -91,7 +91,7 @@ impl AgentConn {
     }
 
     /// The DROP channel of a process without an agent: injected system calls.
-    pub fn injected(max_drop_pages: usize) -> Self {
+    pub(crate) fn injected(max_drop_pages: usize) -> Self {
         AgentConn {
             sock: None,
             seq: 0,
@@ -102,7 +102,7 @@ impl AgentConn {
     }
 
     /// Whether DROPs are injected system calls rather than messages to an agent.
-    pub fn is_injected(&self) -> bool {
+    pub(crate) fn is_injected(&self) -> bool {
         self.sock.is_none()
     }
 
@@ -117,14 +117,18 @@ impl AgentConn {
 
     /// Sends one message, with descriptors (at most [`sys::MAX_SENT_FDS`]); returns its
     /// sequence number.
-    pub fn send(&mut self, msg: &Message, fds: &[BorrowedFd<'_>]) -> io::Result<u32> {
+    pub(crate) fn send(&mut self, msg: &Message, fds: &[BorrowedFd<'_>]) -> io::Result<u32> {
         self.seq = self.seq.wrapping_add(1);
         sys::send_with_fds(self.sock()?, &protocol::encode(msg, self.seq), fds)?;
         Ok(self.seq)
     }
 
     /// Sends a DROP of `runs` that also unshares `unshare`; returns its sequence number.
-    pub fn send_drop(&mut self, runs: &[(u64, u32)], unshare: &[(u64, u32)]) -> io::Result<u32> {
+    pub(crate) fn send_drop(
+        &mut self,
+        runs: &[(u64, u32)],
+        unshare: &[(u64, u32)],
+    ) -> io::Result<u32> {
         self.send(
             &Message::Drop {
                 runs: runs.to_vec(),
@@ -138,7 +142,7 @@ impl AgentConn {
     /// waits up to `timeout` for its answer: freeing raises a REMOVE event that waits for the
     /// fault handler, which must be free to read it before a DROP holds it back
     /// (`reclaim::drop_by_agent`). On `Ok` the scratch is empty.
-    pub fn free_scratch(&mut self, timeout: Duration) -> Result<(), DropWait> {
+    pub(crate) fn free_scratch(&mut self, timeout: Duration) -> Result<(), DropWait> {
         let seq = self.send(&Message::Free, &[]).map_err(DropWait::Gone)?;
         self.wait_drop(seq, 0, timeout)?;
         self.scratch_used = 0;
@@ -149,7 +153,7 @@ impl AgentConn {
     /// statuses (0 = moved) and the scratch page the moved pages start at. Signals do not end
     /// the wait; answers to older DROPs (which timed out and were settled otherwise) are
     /// skipped.
-    pub fn wait_drop(
+    pub(crate) fn wait_drop(
         &mut self,
         seq: u32,
         pages: usize,

@@ -53,14 +53,14 @@ use crate::sys::{self, Fill, PidFd, PAGE_SIZE, PAGE_SIZE_U64};
 
 /// How long a forked child's probe fault is held while the daemon looks for its process (the
 /// child waits in its fork meanwhile): then it is let go unbound.
-pub const HOLD_PROBE_FAULT: Duration = Duration::from_millis(500);
+pub(crate) const HOLD_PROBE_FAULT: Duration = Duration::from_millis(500);
 
 /// Least time between two searches of the tree for one child.
 const SEARCH_EVERY: Duration = Duration::from_millis(20);
 
 /// What became of a probe fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProbeFault {
+pub(crate) enum ProbeFault {
     /// Bound to its process (or let go unbound, said): the fault is served.
     Served,
     /// Not found yet: the fault waits and is tried again.
@@ -72,7 +72,7 @@ pub enum ProbeFault {
 
 /// The pid namespace of `mm`'s process (`pid`): whether the thread ids of its uffd messages
 /// are the daemon's numbers.
-pub fn note_pid_namespace(mm: &Mm, pid: i32) {
+pub(crate) fn note_pid_namespace(mm: &Mm, pid: i32) {
     mm.foreign_pidns
         .store(maps::ns_tgids(pid).len() > 1, Ordering::Release);
 }
@@ -81,7 +81,7 @@ pub fn note_pid_namespace(mm: &Mm, pid: i32) {
 /// the process has such a thread. For a process of the daemon's own pid namespace the number
 /// is the same; below it, its threads are looked up by their own namespace's number (the last
 /// field of `NSpid`), once per thread.
-pub fn thread_of_fault(mm: &Mm, ptid: u32) -> Option<i32> {
+pub(crate) fn thread_of_fault(mm: &Mm, ptid: u32) -> Option<i32> {
     let pid = mm.pid()?;
     if !mm.foreign_pidns.load(Ordering::Acquire) {
         return Some(ptid as i32);
@@ -109,7 +109,7 @@ pub fn thread_of_fault(mm: &Mm, ptid: u32) -> Option<i32> {
 /// namespace (the same `/proc/PID/ns/pid`) with a thread whose own number (the last field of
 /// its `NSpid`) is `tid`; none in a namespace nested further down, whose namespace at the
 /// sender's level `/proc` does not show. `None` when no process can be shown to be the one.
-pub fn pid_named_by(shared: &Shared, sender: i32, tid: i32) -> Option<i32> {
+pub(crate) fn pid_named_by(shared: &Shared, sender: i32, tid: i32) -> Option<i32> {
     if tid <= 0 {
         return None;
     }
@@ -291,7 +291,7 @@ fn apply_fork_flags(shared: &Shared, mm: &Mm, vmas: &[(u64, u64, maps::VmFlags)]
 /// bound, its table fixed up, and woken. Not found within [`HOLD_PROBE_FAULT`], it is woken
 /// unbound: its faults are served, nothing of it is evicted until its agent's greeting binds
 /// it ([`bind_at_greeting`]), and it is said.
-pub fn probe_fault(shared: &Shared, mm: &Mm, ptid: u32) -> ProbeFault {
+pub(crate) fn probe_fault(shared: &Shared, mm: &Mm, ptid: u32) -> ProbeFault {
     let wake = || {
         let _ = mm.uffd.wake(mm.probe, PAGE_SIZE_U64);
         ProbeFault::Served
@@ -375,7 +375,7 @@ pub fn probe_fault(shared: &Shared, mm: &Mm, ptid: u32) -> ProbeFault {
 /// its probe page holds is bound now. (Its agent empties the probe page only after the
 /// greeting; the child's program waits in its fork meanwhile, so its mappings are as the fork
 /// left them.)
-pub fn bind_at_greeting(shared: &Shared, pid: i32) -> bool {
+pub(crate) fn bind_at_greeting(shared: &Shared, pid: i32) -> bool {
     let unbound: Vec<_> = shared
         .mms
         .lock()
@@ -418,7 +418,7 @@ pub fn bind_at_greeting(shared: &Shared, pid: i32) -> bool {
 /// unbound child's token is looked for among the tree's processes no address space names
 /// (a child of an agentless process never faults on its probe page, which the daemon mapped).
 /// Returns the children bound.
-pub fn bind_agentless_children(
+pub(crate) fn bind_agentless_children(
     shared: &Shared,
     unbound: &[(std::sync::Arc<Mm>, [u8; 16])],
 ) -> Vec<(std::sync::Arc<Mm>, i32)> {
@@ -440,7 +440,7 @@ pub fn bind_agentless_children(
 
 /// Called by the handler of an agentless process's FORK event: the child is to be bound by a
 /// token in its probe page.
-pub fn forked(mm: &Mm) {
+pub(crate) fn forked(mm: &Mm) {
     let Ok(token) = BindToken::new() else {
         return; // then it stays unbound: faults served, nothing evicted
     };

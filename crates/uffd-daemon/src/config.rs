@@ -831,9 +831,9 @@ mod tests {
     }
 
     mod tempfile_path {
-        pub struct TempPath(pub std::path::PathBuf);
+        pub(super) struct TempPath(pub std::path::PathBuf);
         impl TempPath {
-            pub fn with(text: &str) -> Self {
+            pub(super) fn with(text: &str) -> Self {
                 use std::sync::atomic::{AtomicU32, Ordering};
                 static N: AtomicU32 = AtomicU32::new(0);
                 let p = std::env::temp_dir().join(format!(

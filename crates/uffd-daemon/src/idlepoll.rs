@@ -48,7 +48,7 @@ use crate::stats::Stats;
 use crate::sys;
 
 /// Default of `[fault] idle_poll_us` (the kernel's default `guest_halt_poll_ns`).
-pub const DEFAULT_IDLE_POLL_US: u64 = 200;
+pub(crate) const DEFAULT_IDLE_POLL_US: u64 = 200;
 
 /// How idle CPUs are kept from halting during a fault storm (`[fault] idle_poll`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +70,7 @@ impl Mode {
     }
 }
 /// Largest `[fault] idle_poll_us` accepted.
-pub const MAX_IDLE_POLL_US: u64 = 10_000;
+pub(crate) const MAX_IDLE_POLL_US: u64 = 10_000;
 
 #[derive(Debug)]
 struct Inner {
@@ -135,7 +135,7 @@ impl Inner {
 
 /// The keepers of one daemon. Stops and joins them on drop.
 #[derive(Debug)]
-pub struct IdlePoll {
+pub(crate) struct IdlePoll {
     inner: Arc<Inner>,
     threads: Vec<std::thread::JoinHandle<()>>,
     mode: Mode,
@@ -146,7 +146,7 @@ impl IdlePoll {
     /// mode falls back to the keepers, saying so, when `/dev/cpu_dma_latency` cannot be
     /// opened). None when `window` is zero or there is a single CPU (a wakeup there never
     /// crosses CPUs, and a keeper could only delay the handler).
-    pub fn start(window: Duration, mode: Mode) -> Option<IdlePoll> {
+    pub(crate) fn start(window: Duration, mode: Mode) -> Option<IdlePoll> {
         if window.is_zero() {
             return None;
         }
@@ -213,12 +213,12 @@ impl IdlePoll {
     }
 
     /// The way in force (after any fallback).
-    pub fn mode(&self) -> Mode {
+    pub(crate) fn mode(&self) -> Mode {
         self.mode
     }
 
     /// A fault was just served: keep the CPUs awake for another window.
-    pub fn fault(&self) {
+    pub(crate) fn fault(&self) {
         let inner = &*self.inner;
         inner.last_fault.store(inner.now_ns(), Ordering::Relaxed);
         if !inner.awake.load(Ordering::Relaxed) && !inner.awake.swap(true, Ordering::AcqRel) {
@@ -230,7 +230,7 @@ impl IdlePoll {
 
     /// Adds the counters to `stats` (`idle_poll_ns`, `idle_poll_held_ns`,
     /// `idle_poll_wakeups`), as totals.
-    pub fn report(&self, stats: &Stats) {
+    pub(crate) fn report(&self, stats: &Stats) {
         stats.idle_poll_held_ns.store(
             self.inner.held_ns.load(Ordering::Relaxed),
             Ordering::Relaxed,

@@ -96,6 +96,7 @@
 //! assert_eq!(status, 0);
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(unreachable_pub, missing_docs)]
 // Every `unsafe` block of the daemon is in `sys`, each with the reason it is sound.
 #![deny(unsafe_code)]
 

@@ -28,18 +28,18 @@ use crate::config::{PolicyConfig, PolicyKind};
 use crate::stats::Stats;
 use crate::sys::{EventFd, PidFd, Uffd, PAGE_SIZE_U64};
 
-pub use crate::pagetable::{Page, PageTable, ZERO_SLOT};
+pub(crate) use crate::pagetable::{Page, PageTable, ZERO_SLOT};
 
 /// The policy's id of the page at `addr`.
-pub fn page_id(addr: u64) -> PageId {
+pub(crate) fn page_id(addr: u64) -> PageId {
     addr >> 12
 }
 
 /// A replacement policy for one address space.
-pub type BoxedPolicy = Box<dyn Policy + Send>;
+pub(crate) type BoxedPolicy = Box<dyn Policy + Send>;
 
 /// A new policy as configured.
-pub fn new_policy(cfg: &PolicyConfig) -> BoxedPolicy {
+pub(crate) fn new_policy(cfg: &PolicyConfig) -> BoxedPolicy {
     match cfg.kind {
         PolicyKind::Mglru => Box::new(
             mglru::Mglru::new(mglru::Config {
@@ -56,7 +56,7 @@ pub fn new_policy(cfg: &PolicyConfig) -> BoxedPolicy {
 }
 
 /// The page table and ranges of one address space.
-pub struct MmState {
+pub(crate) struct MmState {
     /// Managed pages by address.
     pub pages: PageTable,
     /// The replacement policy: holds exactly the pages in state `Resident`.
@@ -95,13 +95,13 @@ pub struct MmState {
 }
 
 /// How long a page refused as pinned is left out of the victims first.
-pub const PINNED_WAIT_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const PINNED_WAIT_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 /// The longest it is left out (a long-term pin: a registered buffer).
-pub const PINNED_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(64);
+pub(crate) const PINNED_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(64);
 
 /// A page refused as pinned: left out of the victims until `until`.
 #[derive(Debug, Clone, Copy)]
-pub struct PinnedPage {
+pub(crate) struct PinnedPage {
     /// When it may be chosen again.
     pub until: std::time::Instant,
     /// How long it was left out this time.
@@ -121,7 +121,7 @@ impl std::fmt::Debug for MmState {
 
 /// One client address space (a process, until it execs or exits).
 #[derive(Debug)]
-pub struct Mm {
+pub(crate) struct Mm {
     /// Daemon-wide id.
     pub id: u64,
     /// Its userfaultfd.
@@ -239,7 +239,7 @@ pub struct Mm {
 /// probe page with `UFFDIO_COPY` through the child's uffd (only that address space can hold
 /// them), then reads back from candidate processes (`bind.rs`).
 #[derive(Debug, Clone, Copy)]
-pub struct BindToken {
+pub(crate) struct BindToken {
     /// The bytes.
     pub bytes: [u8; 16],
     /// Whether they are in the child's probe page yet.
@@ -256,7 +256,7 @@ pub struct BindToken {
 
 impl BindToken {
     /// A fresh token (`getrandom`), not written yet.
-    pub fn new() -> std::io::Result<Self> {
+    pub(crate) fn new() -> std::io::Result<Self> {
         let mut bytes = [0u8; 16];
         crate::sys::random_bytes(&mut bytes)?;
         Ok(BindToken {
@@ -271,7 +271,7 @@ impl BindToken {
 
 /// What a page table needs of the rest of the daemon: the resident count of the whole tree and
 /// the references of the store's slots. The daemon's `Shared` is the implementation.
-pub trait Ledger {
+pub(crate) trait Ledger {
     /// Adds `n` resident pages.
     fn resident_add(&self, n: usize);
     /// Removes `n` resident pages.
@@ -304,7 +304,7 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
 
 impl Mm {
     /// A new address space.
-    pub fn new(
+    pub(crate) fn new(
         id: u64,
         uffd: Uffd,
         pid: i32,
@@ -357,7 +357,7 @@ impl Mm {
     }
 
     /// The pid, if known.
-    pub fn pid(&self) -> Option<i32> {
+    pub(crate) fn pid(&self) -> Option<i32> {
         match self.pid.load(Ordering::Acquire) {
             0 => None,
             p => Some(p),
@@ -366,7 +366,7 @@ impl Mm {
 
     /// Sends SIGKILL to the process (through its pidfd: never to a process that got its
     /// number after it exited; without one, only to a process of the daemon's tree).
-    pub fn kill(&self) {
+    pub(crate) fn kill(&self) {
         if let Some(p) = self.pidfd.lock().as_ref() {
             let _ = p.send_signal(libc::SIGKILL);
             return;
@@ -378,19 +378,19 @@ impl Mm {
 
     /// The page the agent thread reads once when it starts, to name itself (the first page
     /// of its scratch area, right after the probe page; the greeting checks the layout).
-    pub fn agent_name_page(&self) -> u64 {
+    pub(crate) fn agent_name_page(&self) -> u64 {
         self.probe + PAGE_SIZE_U64
     }
 
     /// Whether `addr` lies in the agent's region.
-    pub fn in_agent_region(&self, addr: u64) -> bool {
+    pub(crate) fn in_agent_region(&self, addr: u64) -> bool {
         addr >= self.region.0 && addr < self.region.1
     }
 }
 
 impl MmState {
     /// An empty address space.
-    pub fn new(policy: &PolicyConfig) -> Self {
+    pub(crate) fn new(policy: &PolicyConfig) -> Self {
         MmState {
             pages: PageTable::new(),
             policy: new_policy(policy),
@@ -408,7 +408,7 @@ impl MmState {
 
     /// A DROP refused `addr` again after it was unshared: it is pinned. Left out of the
     /// victims for twice as long as last time (at least [`PINNED_WAIT_MIN`]).
-    pub fn note_pinned(&mut self, addr: u64) {
+    pub(crate) fn note_pinned(&mut self, addr: u64) {
         let now = std::time::Instant::now();
         let wait = match self.pinned.get(&addr) {
             Some(p) => (p.wait * 2).min(PINNED_WAIT_MAX),
@@ -440,7 +440,7 @@ impl MmState {
 
     /// Inserts a page as resident (fault fill, fault-around, a page discovered present, an
     /// eviction given up) and hands it to the policy. `referenced`: its accessed bit.
-    pub fn make_resident(
+    pub(crate) fn make_resident(
         &mut self,
         shared: &impl Ledger,
         addr: u64,
@@ -457,7 +457,7 @@ impl MmState {
     /// Inserts a page restored by readahead (not asked for by the fault): resident, cold, not
     /// referenced, and marked until a use of it is seen ([`MmState::readahead_used`]) or it
     /// leaves ([`MmState::release`], [`MmState::pick_victims`]).
-    pub fn add_readahead(&mut self, shared: &impl Ledger, addr: u64) {
+    pub(crate) fn add_readahead(&mut self, shared: &impl Ledger, addr: u64) {
         let page = Page::Resident {
             referenced: false,
             readahead: true,
@@ -486,7 +486,7 @@ impl MmState {
 
     /// A page that was `Resident` (and so in the policy) goes back to being resident after
     /// a state that took it out of the policy (`Evicting`, `Dropping`).
-    pub fn back_to_resident(&mut self, addr: u64) {
+    pub(crate) fn back_to_resident(&mut self, addr: u64) {
         self.pages.insert(
             addr,
             Page::Resident {
@@ -503,7 +503,7 @@ impl MmState {
     }
 
     /// Forgets pages in `[start, end)` (REMOVE, UNMAP): their memory is gone or zero now.
-    pub fn forget_range(&mut self, shared: &impl Ledger, start: u64, end: u64) -> usize {
+    pub(crate) fn forget_range(&mut self, shared: &impl Ledger, start: u64, end: u64) -> usize {
         self.forget_refusals(start, end);
         let keys: Vec<u64> = self.pages.range(start..end).map(|(k, _)| k).collect();
         for &k in &keys {
@@ -517,7 +517,7 @@ impl MmState {
     /// Accounting for a page state that is being dropped from the table (the caller removed
     /// it from `pages`; `addr` is where it was). A page read ahead and never seen used leaves
     /// unused (removed, unmapped, its process gone).
-    pub fn release(&mut self, shared: &impl Ledger, addr: u64, p: Page) {
+    pub(crate) fn release(&mut self, shared: &impl Ledger, addr: u64, p: Page) {
         if let Page::Resident { readahead, .. } = p {
             self.policy.remove(page_id(addr));
             if readahead {
@@ -534,7 +534,7 @@ impl MmState {
     }
 
     /// Adds `[start, end)` to the registered ranges.
-    pub fn add_range(&mut self, start: u64, end: u64) {
+    pub(crate) fn add_range(&mut self, start: u64, end: u64) {
         self.ranges.push((start, end));
         self.ranges.sort_unstable();
         let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.ranges.len());
@@ -548,19 +548,19 @@ impl MmState {
     }
 
     /// Removes `[start, end)` from the registered ranges.
-    pub fn remove_range(&mut self, start: u64, end: u64) {
+    pub(crate) fn remove_range(&mut self, start: u64, end: u64) {
         subtract(&mut self.ranges, start, end);
     }
 
     /// A mapping at `[start, end)` is gone (UNMAP): what the daemon refused or left there is
     /// forgotten too, so that a new mapping at those addresses is managed as new memory.
-    pub fn unmapped(&mut self, start: u64, end: u64) {
+    pub(crate) fn unmapped(&mut self, start: u64, end: u64) {
         subtract(&mut self.refused, start, end);
         subtract(&mut self.locked, start, end);
     }
 
     /// Adds `[start, end)` to the ranges the daemon leaves alone (once).
-    pub fn refuse(&mut self, start: u64, end: u64) {
+    pub(crate) fn refuse(&mut self, start: u64, end: u64) {
         if !self.refused.iter().any(|&(s, e)| s <= start && end <= e) {
             self.refused.push((start, end));
         }
@@ -568,18 +568,18 @@ impl MmState {
 
     /// Takes `[start, end)` out of the ranges the daemon leaves alone (a hold that let it go
     /// is over: `supervisor/hold.rs`).
-    pub fn unrefuse(&mut self, start: u64, end: u64) {
+    pub(crate) fn unrefuse(&mut self, start: u64, end: u64) {
         subtract(&mut self.refused, start, end);
     }
 
     /// Whether `addr` is in a registered range the table knows.
-    pub fn in_ranges(&self, addr: u64) -> bool {
+    pub(crate) fn in_ranges(&self, addr: u64) -> bool {
         let i = self.ranges.partition_point(|&(_, e)| e <= addr);
         self.ranges.get(i).is_some_and(|&(s, _)| s <= addr)
     }
 
     /// Parts of `[start, end)` not covered by `ranges` or `refused`.
-    pub fn uncovered(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+    pub(crate) fn uncovered(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
         let mut gaps = vec![(start, end)];
         for &(s, e) in self.ranges.iter().chain(self.refused.iter()) {
             let mut next = Vec::with_capacity(gaps.len() + 1);
@@ -605,7 +605,7 @@ impl MmState {
     /// returns the new addresses of the pages that were `Evicting`, whose write protection the
     /// caller lifts under the state lock. Pages that were `Dropping` keep theirs: the agent may
     /// still move whatever comes to their old address (see the WP fault path).
-    pub fn remap(&mut self, shared: &impl Ledger, from: u64, to: u64, len: u64) -> Vec<u64> {
+    pub(crate) fn remap(&mut self, shared: &impl Ledger, from: u64, to: u64, len: u64) -> Vec<u64> {
         let moved: Vec<(u64, Page)> = self.pages.range(from..from + len).collect();
         // (Pages waiting to be unshared, or known pinned, lose that at their new address: a
         // DROP refuses them once more and they wait again.)
@@ -646,7 +646,7 @@ impl MmState {
 
     /// The state a forked child starts with: one copy of everything, stored pages shared
     /// (their slot counts raised, the kernel's `swap_duplicate`).
-    pub fn fork_copy(&self, shared: &impl Ledger, policy: &PolicyConfig) -> MmState {
+    pub(crate) fn fork_copy(&self, shared: &impl Ledger, policy: &PolicyConfig) -> MmState {
         let mut child = MmState::new(policy);
         child.ranges = self.ranges.clone();
         child.refused = self.refused.clone();
@@ -685,7 +685,7 @@ impl MmState {
 
     /// Full consistency check (tests, debug builds).
     #[cfg_attr(not(debug_assertions), allow(dead_code))]
-    pub fn check_integrity(&self) {
+    pub(crate) fn check_integrity(&self) {
         let resident = self.pages.iter().filter(|(_, p)| p.is_resident()).count();
         assert_eq!(
             resident, self.resident,
@@ -716,7 +716,7 @@ impl MmState {
     /// returns them sorted, and the ranges the access source cleared bits in (to re-arm
     /// write protection when the access source uses it). A victim still marked as read ahead
     /// is counted in `stats.readahead_unused_pages`: the policy chose it with no use seen.
-    pub fn pick_victims(
+    pub(crate) fn pick_victims(
         &mut self,
         batch: u32,
         max: usize,
@@ -773,7 +773,7 @@ impl MmState {
     /// A use of the page at `addr` was seen (see `Stats::readahead_hit_pages`): clears its
     /// readahead mark; true if it had one (the caller counts the hit). The `referenced` bit is
     /// left alone: the policy's access source is not changed by this accounting.
-    pub fn readahead_used(&mut self, addr: u64) -> bool {
+    pub(crate) fn readahead_used(&mut self, addr: u64) -> bool {
         match self.pages.get(addr) {
             Some(Page::Resident {
                 referenced,
@@ -794,7 +794,7 @@ impl MmState {
 
     /// Up to `max` pages waiting to be unshared that are still resident and not in
     /// `exclude` (sorted), taken out of the set: what the next DROP unshares.
-    pub fn take_unshare(&mut self, max: usize, exclude: &[u64]) -> Vec<u64> {
+    pub(crate) fn take_unshare(&mut self, max: usize, exclude: &[u64]) -> Vec<u64> {
         let mut out = Vec::new();
         while out.len() < max {
             let Some(a) = self.unshare.pop_first() else {
@@ -810,7 +810,7 @@ impl MmState {
     }
 
     /// Parts of `[start, end)` inside registered ranges.
-    pub fn registered_parts(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+    pub(crate) fn registered_parts(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
         self.ranges
             .iter()
             .filter(|&&(s, e)| s < end && e > start)
@@ -885,7 +885,7 @@ fn subtract(list: &mut Vec<(u64, u64)>, start: u64, end: u64) {
 }
 
 /// Sorted page addresses grouped into runs of consecutive pages: `(start, pages)`.
-pub fn runs_of(addrs: &[u64]) -> Vec<(u64, u32)> {
+pub(crate) fn runs_of(addrs: &[u64]) -> Vec<(u64, u32)> {
     let mut runs: Vec<(u64, u32)> = Vec::new();
     for &a in addrs {
         match runs.last_mut() {
@@ -898,7 +898,7 @@ pub fn runs_of(addrs: &[u64]) -> Vec<(u64, u32)> {
 
 /// What a hold has done (`Mm::hold`).
 #[derive(Debug, Default)]
-pub struct HoldState {
+pub(crate) struct HoldState {
     /// Every registered range is let go (none kept for want of memory, none behind a DROP).
     pub done: bool,
     /// When a tracer's agent asked last.
@@ -912,7 +912,7 @@ pub struct HoldState {
 }
 
 /// Whether `mm` is held.
-pub fn is_held(mm: &Mm) -> bool {
+pub(crate) fn is_held(mm: &Mm) -> bool {
     mm.held.load(Ordering::Acquire) != 0
 }
 

@@ -58,7 +58,7 @@ pub fn default_base() -> PathBuf {
 
 /// Creates this daemon's run directory under [`base`], after removing those of dead daemons,
 /// and takes its lock: the lock is held as long as the returned file is open.
-pub fn create() -> anyhow::Result<(PathBuf, std::fs::File)> {
+pub(crate) fn create() -> anyhow::Result<(PathBuf, std::fs::File)> {
     create_in(&base())
 }
 
@@ -254,7 +254,7 @@ const BACKING_NOTE: &str = "backing-file";
 
 /// Notes in the run directory `dir` the backing file the daemon created at `path`, so that the
 /// next daemon removes it if this one dies without doing so.
-pub fn note_backing_file(dir: &Path, path: &Path) {
+pub(crate) fn note_backing_file(dir: &Path, path: &Path) {
     let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let _ = std::fs::write(dir.join(BACKING_NOTE), abs.as_os_str().as_encoded_bytes());
 }

@@ -18,7 +18,7 @@ use crate::sys;
 use crate::tiers::Tiers;
 /// State shared by the handler threads, the connection threads and the monitor.
 #[derive(Debug)]
-pub struct Shared {
+pub(crate) struct Shared {
     /// Counters.
     pub stats: Stats,
     /// Service time of faults restored from zswap.
@@ -121,7 +121,7 @@ impl crate::shmem::Host for Shared {
 
 impl Shared {
     /// Shared state for a limit of `limit_pages`, or one the controller `auto` sets.
-    pub fn new(
+    pub(crate) fn new(
         tiers: Tiers,
         policy: PolicyConfig,
         limit_pages: usize,
@@ -170,24 +170,24 @@ impl Shared {
     }
 
     /// Resident managed pages now.
-    pub fn resident(&self) -> usize {
+    pub(crate) fn resident(&self) -> usize {
         self.resident.load(Ordering::Relaxed)
     }
 
     /// Adds resident pages.
-    pub fn resident_add(&self, n: usize) {
+    pub(crate) fn resident_add(&self, n: usize) {
         let now = self.resident.fetch_add(n, Ordering::Relaxed) + n;
         self.stats.set_resident(now as u64);
     }
 
     /// Removes resident pages.
-    pub fn resident_sub(&self, n: usize) {
+    pub(crate) fn resident_sub(&self, n: usize) {
         let now = self.resident.fetch_sub(n, Ordering::Relaxed) - n;
         self.stats.set_resident(now as u64);
     }
 
     /// Drops a reference to a store slot.
-    pub fn put_slot(&self, slot: u32) {
+    pub(crate) fn put_slot(&self, slot: u32) {
         if let Err(e) = self.tiers.put(slot) {
             tracing::error!("BUG: {e}");
             debug_assert!(false, "{e}");
@@ -195,7 +195,7 @@ impl Shared {
     }
 
     /// Adds a reference to a store slot.
-    pub fn dup_slot(&self, slot: u32) {
+    pub(crate) fn dup_slot(&self, slot: u32) {
         if let Err(e) = self.tiers.dup(slot) {
             tracing::error!("BUG: {e}");
             debug_assert!(false, "{e}");
@@ -203,7 +203,7 @@ impl Shared {
     }
 
     /// Wakes the monitor when resident memory passed the high watermark.
-    pub fn maybe_kick_reclaim(&self) {
+    pub(crate) fn maybe_kick_reclaim(&self) {
         if self.resident() > self.limit.high() {
             let mut k = self.kick.lock();
             if !*k {
@@ -214,17 +214,17 @@ impl Shared {
     }
 
     /// Whether the last reclaim pass above the limit freed nothing.
-    pub fn reclaim_stalled(&self) -> bool {
+    pub(crate) fn reclaim_stalled(&self) -> bool {
         self.stalled.load(Ordering::Relaxed)
     }
 
     /// Records whether the last reclaim pass above the limit freed nothing.
-    pub fn set_reclaim_stalled(&self, stalled: bool) {
+    pub(crate) fn set_reclaim_stalled(&self, stalled: bool) {
         self.stalled.store(stalled, Ordering::Relaxed);
     }
 
     /// The monitor's sleep: until kicked, or `timeout`.
-    pub fn wait_for_kick(&self, timeout: std::time::Duration) {
+    pub(crate) fn wait_for_kick(&self, timeout: std::time::Duration) {
         let mut k = self.kick.lock();
         if !*k {
             self.kick_cv.wait_for(&mut k, timeout);
@@ -233,7 +233,7 @@ impl Shared {
     }
 
     /// Wakes the monitor to reclaim now.
-    pub fn kick_reclaim(&self) {
+    pub(crate) fn kick_reclaim(&self) {
         let mut k = self.kick.lock();
         if !*k {
             *k = true;
@@ -242,12 +242,12 @@ impl Shared {
     }
 
     /// Whether the access source arms write protection on resident pages.
-    pub fn wp_access(&self) -> bool {
+    pub(crate) fn wp_access(&self) -> bool {
         self.policy.access == AccessMode::FaultsWp
     }
 
     /// The counters as JSON: the daemon's, the tiers', and the metadata estimate.
-    pub fn stats_json(&self) -> serde_json::Value {
+    pub(crate) fn stats_json(&self) -> serde_json::Value {
         if let Some(p) = &self.idle_poll {
             p.report(&self.stats);
         }
@@ -285,7 +285,7 @@ impl Shared {
     }
 
     /// Records what an injection's failure says: an exit status it reaped, a count.
-    pub fn note_inject_error(&self, pid: i32, e: &crate::inject::InjectError) {
+    pub(crate) fn note_inject_error(&self, pid: i32, e: &crate::inject::InjectError) {
         Stats::add(&self.stats.inject_errors, 1);
         tracing::debug!("pid {pid}: injection failed: {e}");
         if let crate::inject::InjectError::Gone(Some(st)) = e {

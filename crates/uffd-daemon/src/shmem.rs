@@ -56,7 +56,7 @@ use crate::sys::{self, Fill, PAGE_SIZE, PAGE_SIZE_U64};
 /// every page table ([`Ledger`]), the counters, the policy a new inode's page table is made
 /// with, and the tiers an evicted page is read back from. The daemon's `Shared` is the
 /// implementation.
-pub trait Host: Ledger {
+pub(crate) trait Host: Ledger {
     /// The counters.
     fn stats(&self) -> &Stats;
     /// The replacement policy's settings.
@@ -78,10 +78,10 @@ impl<H: Host + ?Sized> Host for Arc<H> {
 }
 
 /// An inode by `(st_dev, st_ino)`.
-pub type InodeKey = (u64, u64);
+pub(crate) type InodeKey = (u64, u64);
 
 /// `st_dev` of a `major:minor` pair as `/proc/PID/maps` shows it (glibc's `makedev`).
-pub fn makedev(major: u32, minor: u32) -> u64 {
+pub(crate) fn makedev(major: u32, minor: u32) -> u64 {
     let (ma, mi) = (u64::from(major), u64::from(minor));
     ((ma & 0xffff_f000) << 32) | ((ma & 0xfff) << 8) | ((mi & 0xffff_ff00) << 12) | (mi & 0xff)
 }
@@ -90,7 +90,7 @@ pub fn makedev(major: u32, minor: u32) -> u64 {
 /// from `pgoff` on. (Generic over the address space only for the model test of the range
 /// arithmetic below.)
 #[derive(Debug, Clone)]
-pub struct Mapper<M = Arc<Mm>> {
+pub(crate) struct Mapper<M = Arc<Mm>> {
     /// The address space (its uffd serves the mapping's faults).
     pub mm: M,
     /// Start address.
@@ -107,12 +107,12 @@ impl<M> Mapper<M> {
     }
 
     /// The page offset of `addr` (in the mapping).
-    pub fn pgoff_of(&self, addr: u64) -> u64 {
+    pub(crate) fn pgoff_of(&self, addr: u64) -> u64 {
         self.pgoff + (addr - self.start) / PAGE_SIZE_U64
     }
 
     /// The part of the pages `[p, p + n)` that this mapping maps, as `(address, pages)`.
-    pub fn span(&self, p: u64, n: u64) -> Option<(u64, u64)> {
+    pub(crate) fn span(&self, p: u64, n: u64) -> Option<(u64, u64)> {
         let lo = p.max(self.pgoff);
         let hi = (p + n).min(self.pgoff + self.pages());
         (lo < hi).then(|| (self.start + (lo - self.pgoff) * PAGE_SIZE_U64, hi - lo))
@@ -175,7 +175,7 @@ fn moved<M>(m: Mapper<M>, from: u64, to: u64) -> Mapper<M> {
 
 /// What the daemon knows of one inode.
 #[derive(Debug)]
-pub struct InodeState {
+pub(crate) struct InodeState {
     /// The inode, opened through a mapper's `/proc/PID/map_files` entry.
     pub fd: Arc<std::fs::File>,
     /// Its mappings in managed address spaces.
@@ -198,7 +198,7 @@ pub struct InodeState {
 
 /// One shared anonymous inode.
 #[derive(Debug)]
-pub struct ShmemInode {
+pub(crate) struct ShmemInode {
     /// `(st_dev, st_ino)`.
     pub key: InodeKey,
     /// Its state; taken after [`ShmemTable`]'s lock, never before.
@@ -223,7 +223,7 @@ struct Table {
 
 /// Every shared anonymous inode the daemon manages.
 #[derive(Debug, Default)]
-pub struct ShmemTable {
+pub(crate) struct ShmemTable {
     table: Mutex<Table>,
 }
 
@@ -309,7 +309,7 @@ impl Table {
 }
 
 /// Where a fault lands: the inode and the page offset.
-pub struct Target {
+pub(crate) struct Target {
     /// The inode.
     pub inode: Arc<ShmemInode>,
     /// The page offset of the faulting address.
@@ -318,7 +318,7 @@ pub struct Target {
 
 impl ShmemTable {
     /// The inode and page offset that `addr` of `mm` maps, if it is a managed shared mapping.
-    pub fn lookup(&self, mm: &Mm, addr: u64) -> Option<Target> {
+    pub(crate) fn lookup(&self, mm: &Mm, addr: u64) -> Option<Target> {
         if !mm.has_shmem.load(Ordering::Acquire) {
             return None;
         }
@@ -333,7 +333,7 @@ impl ShmemTable {
     }
 
     /// Whether `[start, end)` of `mm` is a mapper already.
-    pub fn is_mapper(&self, mm: &Mm, start: u64, end: u64) -> bool {
+    pub(crate) fn is_mapper(&self, mm: &Mm, start: u64, end: u64) -> bool {
         let t = self.table.lock();
         t.by_mm
             .get(&mm.id)
@@ -341,14 +341,14 @@ impl ShmemTable {
     }
 
     /// Every inode (a copy of the list).
-    pub fn inodes(&self) -> Vec<Arc<ShmemInode>> {
+    pub(crate) fn inodes(&self) -> Vec<Arc<ShmemInode>> {
         self.table.lock().inodes.values().cloned().collect()
     }
 
     /// Adds `[start, end)` of `mm` (registered with its uffd) as a mapper of inode `key` from
     /// page `pgoff` on. A new inode is opened through `/proc/PID/map_files` of `pid` and its
     /// pages present are recorded resident.
-    pub fn add_mapper(
+    pub(crate) fn add_mapper(
         &self,
         shared: &impl Host,
         mm: &Arc<Mm>,
@@ -412,7 +412,7 @@ impl ShmemTable {
     }
 
     /// `[start, end)` of `mm` is unmapped.
-    pub fn unmap(&self, shared: &impl Host, mm: &Mm, start: u64, end: u64) {
+    pub(crate) fn unmap(&self, shared: &impl Host, mm: &Mm, start: u64, end: u64) {
         if !mm.has_shmem.load(Ordering::Acquire) {
             return;
         }
@@ -438,7 +438,7 @@ impl ShmemTable {
     /// event is read), so their states and stored copies are dropped: the next fault reads
     /// zeros. A batch evicting one of them finds it gone and lets its slot go. Returns the
     /// pages dropped.
-    pub fn remove(&self, shared: &impl Host, mm: &Mm, start: u64, end: u64) -> usize {
+    pub(crate) fn remove(&self, shared: &impl Host, mm: &Mm, start: u64, end: u64) -> usize {
         if !mm.has_shmem.load(Ordering::Acquire) {
             return 0;
         }
@@ -463,7 +463,7 @@ impl ShmemTable {
     /// callers before it reads (`fault/remove_scan.rs`). Asked by the handler after it marked
     /// itself reading (`Mm::handling`): a batch picked after the answer waits for the handler
     /// to apply what it reads (see [`ShmemTable::stored`]).
-    pub fn has_evicted(&self, mm: &Mm) -> bool {
+    pub(crate) fn has_evicted(&self, mm: &Mm) -> bool {
         if !mm.has_shmem.load(Ordering::Acquire) {
             return false;
         }
@@ -486,7 +486,7 @@ impl ShmemTable {
     /// up (its inode's generation moves, which the batch checks after it saw the handler
     /// settle): that batch was picked after the handler decided no scan was needed, and its
     /// read could otherwise store a page an `MADV_REMOVE` is about to punch.
-    pub fn stored(&self, mm: &Mm, start: u64, end: u64, give_up: bool) -> bool {
+    pub(crate) fn stored(&self, mm: &Mm, start: u64, end: u64, give_up: bool) -> bool {
         if !mm.has_shmem.load(Ordering::Acquire) {
             return false;
         }
@@ -516,7 +516,7 @@ impl ShmemTable {
     /// where a page has data); the caller unregisters the range, then [`ShmemTable::unmap`]s
     /// it. Its inodes are evicted from no more: the census finds their mapping there no mapper.
     /// Returns the pages written back.
-    pub fn step_aside(
+    pub(crate) fn step_aside(
         &self,
         shared: &impl Host,
         mm: &Mm,
@@ -532,7 +532,7 @@ impl ShmemTable {
     /// (`supervisor/hold.rs`: a core dump or a debugger reads memory without a userfault)
     /// writes back everything its process maps: no batch of an inode starts while a mapper
     /// is held.
-    pub fn write_back(
+    pub(crate) fn write_back(
         &self,
         shared: &impl Host,
         mm: &Mm,
@@ -602,13 +602,13 @@ impl ShmemTable {
     }
 
     /// `mm` is gone (exit, exec): it maps nothing any more.
-    pub fn retire(&self, shared: &impl Host, mm: &Mm) {
+    pub(crate) fn retire(&self, shared: &impl Host, mm: &Mm) {
         self.unmap(shared, mm, 0, u64::MAX);
     }
 
     /// `mremap` moved `[from, from + len)` of `mm` to `to`: its mappers there move (their pages
     /// keep their offsets).
-    pub fn remap(&self, shared: &impl Host, mm: &Mm, from: u64, to: u64, len: u64) {
+    pub(crate) fn remap(&self, shared: &impl Host, mm: &Mm, from: u64, to: u64, len: u64) {
         if !mm.has_shmem.load(Ordering::Acquire) {
             return;
         }
@@ -641,7 +641,7 @@ impl ShmemTable {
     /// A forked child: it maps what its parent mapped, at the same addresses (`EVENT_FORK`
     /// registered it there), but for `MADV_DONTFORK` mappings (`dont_fork`, from the parent's
     /// smaps).
-    pub fn fork(&self, shared: &impl Host, parent: &Mm, child: &Arc<Mm>) {
+    pub(crate) fn fork(&self, shared: &impl Host, parent: &Mm, child: &Arc<Mm>) {
         if !parent.has_shmem.load(Ordering::Acquire) {
             return;
         }
@@ -684,7 +684,7 @@ impl ShmemTable {
 /// resident (filled before a mapping was registered). A page the table holds as evicted but
 /// present was filled behind the daemon's back (by a mapping no uffd of the daemon covers):
 /// its stored copy is stale; counted and said.
-pub fn sync_present(shared: &impl Host, inode: &ShmemInode) {
+pub(crate) fn sync_present(shared: &impl Host, inode: &ShmemInode) {
     let mut st = inode.st.lock();
     let size = st.fd.metadata().map(|m| m.len()).unwrap_or(0);
     let Ok(extents) = sys::data_extents(&st.fd, size) else {
@@ -713,7 +713,7 @@ pub fn sync_present(shared: &impl Host, inode: &ShmemInode) {
 
 /// A page held as evicted was found present: something filled its hole without a fault the
 /// daemon saw. Never expected (invariant 2); counted, said once.
-pub fn note_filled_behind(shared: &impl Host, key: InodeKey, offset: u64) {
+pub(crate) fn note_filled_behind(shared: &impl Host, key: InodeKey, offset: u64) {
     if shared
         .stats()
         .shmem_filled_behind_pages
@@ -728,7 +728,7 @@ pub fn note_filled_behind(shared: &impl Host, key: InodeKey, offset: u64) {
 }
 
 /// [`handler_settled`], waiting as long as it takes (up to 5 s: a handler stopped for good).
-pub fn wait_handler_settled(mm: &Mm) {
+pub(crate) fn wait_handler_settled(mm: &Mm) {
     for _ in 0..100 {
         if handler_settled(mm) {
             return;
@@ -784,13 +784,13 @@ pub(crate) fn protect_in(m: &Mapper, runs: &[(u64, u32)], wp: bool) -> bool {
 }
 
 /// Resident pages of the inode (for reclaim's choice of whom to evict from).
-pub fn resident(inode: &ShmemInode) -> usize {
+pub(crate) fn resident(inode: &ShmemInode) -> usize {
     inode.st.lock().pages.resident
 }
 
 /// Whether a descriptor of `pid` may pin memory for I/O: an io_uring, a file opened with
 /// `O_DIRECT`, an RDMA or VFIO device.
-pub fn may_pin(pid: i32) -> bool {
+pub(crate) fn may_pin(pid: i32) -> bool {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return false;
     };
@@ -829,7 +829,7 @@ impl ShmemTable {
     /// every mapping of it in the tree under `root` is a mapper (invariant 2), `pinned` when a
     /// process mapping it may pin pages (invariant 6). Returns the resident bytes of inodes left
     /// out of eviction for a pin.
-    pub fn census(&self, root: i32) -> u64 {
+    pub(crate) fn census(&self, root: i32) -> u64 {
         let inodes = self.inodes();
         if inodes.is_empty() {
             return 0;

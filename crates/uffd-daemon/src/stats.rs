@@ -230,8 +230,14 @@ counters! {
     evict_changed_pages,
     /// Faults on pages a DROP in flight had moved out, held until the DROP settled.
     dropping_faults_held,
+    /// Pages a DROP moved that an event had put at a victim's address (another page than the
+    /// one picked), put back where they were taken from (`reclaim::put_back_moved`).
     drop_moved_put_back,
+    /// Such pages taken from an address that is not a resident page of this address space
+    /// now: left to whoever serves that address's next fault (the frame check also counts
+    /// pages changed for other reasons here, such as copy-on-write).
     drop_moved_not_ours,
+    /// Such pages that could not go back (said in the log).
     drop_moved_lost,
     /// Reclaim time storing victims, in nanoseconds.
     reclaim_store_ns,

@@ -105,7 +105,7 @@ fn remove_shared(shared: &Shared, mm: &Mm, start: u64, end: u64, scan: &mut Remo
 }
 
 /// Starts the handler thread of `mm` and adds it to the live list.
-pub fn start_mm(shared: &Arc<Shared>, mm: &Arc<Mm>) -> std::io::Result<()> {
+pub(crate) fn start_mm(shared: &Arc<Shared>, mm: &Arc<Mm>) -> std::io::Result<()> {
     let (s, m) = (Arc::clone(shared), Arc::clone(mm));
     let h = std::thread::Builder::new()
         .name(format!("uffd-fault-{}", mm.id))
@@ -118,7 +118,7 @@ pub fn start_mm(shared: &Arc<Shared>, mm: &Arc<Mm>) -> std::io::Result<()> {
 }
 
 /// Called by the handler of a fork event: the child shares every stored page.
-pub fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
+pub(super) fn adopt_forked_child(shared: &Arc<Shared>, parent: &Arc<Mm>, uffd: Uffd) {
     if let Err(e) = uffd.set_nonblocking() {
         tracing::info!("child uffd: {e}");
     }

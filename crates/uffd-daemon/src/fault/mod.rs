@@ -45,7 +45,7 @@ mod shmem;
 mod tuning;
 
 use events::handle_event;
-pub use events::start_mm;
+pub(crate) use events::start_mm;
 use remove_scan::RemoveScan;
 use serve::serve_fault;
 use tuning::Spin;
@@ -96,7 +96,7 @@ impl Pending {
 }
 
 /// Runs the handler of `mm` until it is told to stop.
-pub fn handler_thread(shared: Arc<Shared>, mm: Arc<Mm>) {
+pub(crate) fn handler_thread(shared: Arc<Shared>, mm: Arc<Mm>) {
     // `[fault] realtime` (opt-in): a handler above every normal thread. A client woken by a
     // fill then runs on another CPU rather than queued behind the handler on the handler's
     // own, and no normal thread delays the handler between a fault and its fill; but during a

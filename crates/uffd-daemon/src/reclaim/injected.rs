@@ -15,7 +15,7 @@ pub(crate) const ARGS_PAGES: u64 = 4;
 
 /// The daemon's region in a process without an agent, in pages: the probe page, the argument
 /// pages, the scratch that DROPs move victims into.
-pub const REGION_PAGES: u64 = 1 + ARGS_PAGES + BATCH_PAGES as u64;
+pub(crate) const REGION_PAGES: u64 = 1 + ARGS_PAGES + BATCH_PAGES as u64;
 
 /// The argument pages of the region that starts with probe page `probe`.
 pub(crate) fn args_of(probe: u64) -> u64 {
@@ -23,7 +23,7 @@ pub(crate) fn args_of(probe: u64) -> u64 {
 }
 
 /// The scratch of the region that starts with probe page `probe`.
-pub fn scratch_of(probe: u64) -> u64 {
+pub(crate) fn scratch_of(probe: u64) -> u64 {
     probe + (1 + ARGS_PAGES) * PAGE_SIZE_U64
 }
 
@@ -36,7 +36,7 @@ pub(crate) fn neg_errno(r: i64) -> Option<std::io::Error> {
 /// A page status of an injected DROP that is neither "moved" nor "kept": the call that moved
 /// it did not come back (the stop ended in it), so the page may be in the scratch or in
 /// place. Its stored copy is kept and served (`Inherited`).
-pub const DROP_UNKNOWN: u8 = 0xff;
+pub(crate) const DROP_UNKNOWN: u8 = 0xff;
 
 /// Status of a page whose move was not attempted (or refused as a whole).
 pub(crate) const DROP_KEPT: u8 = 1;
@@ -56,14 +56,14 @@ pub(crate) fn count_stop(shared: &Shared, stop: &Stop) {
 /// A program stopped for the drop of one reclaim batch (`reclaim/mod.rs`). The stopped thread's
 /// faults are not held at the limit meanwhile. Dropping it lets the program go.
 #[derive(Debug)]
-pub struct BatchStop<'a> {
+pub(crate) struct BatchStop<'a> {
     shared: &'a Shared,
     stop: Stop,
 }
 
 impl<'a> BatchStop<'a> {
     /// Stops `pid`.
-    pub fn take(shared: &'a Shared, pid: i32) -> Result<Self, InjectError> {
+    pub(crate) fn take(shared: &'a Shared, pid: i32) -> Result<Self, InjectError> {
         shared.injecting.store(true, Ordering::Release);
         shared.injecting_pid.store(pid, Ordering::Release);
         match Stop::seize_noting(pid, &shared.injecting_tid) {
@@ -78,7 +78,7 @@ impl<'a> BatchStop<'a> {
 
     /// Notes the stopped thread's rseq page in `mm` (the batches leave those pages out);
     /// returns it if it was not known.
-    pub fn learn_rseq(&self, mm: &Mm) -> Option<u64> {
+    pub(crate) fn learn_rseq(&self, mm: &Mm) -> Option<u64> {
         let tid = self.stop.tid();
         let mut known = mm.rseq_pages.lock();
         if known.iter().any(|&(t, _)| t == tid) {
@@ -104,7 +104,7 @@ impl Drop for BatchStop<'_> {
 /// moved pages are in the scratch (page `i` of the DROP at `scratch + i * 4096`), to be read
 /// back by the daemon; the next stop frees it.
 #[derive(Debug)]
-pub struct InjectedDrop {
+pub(crate) struct InjectedDrop {
     /// Per page of the DROP, then per page to unshare.
     pub status: Vec<u8>,
     /// What ended the stop early.
@@ -113,7 +113,7 @@ pub struct InjectedDrop {
 
 /// Carries out a DROP in an agentless process, in one stop: frees the scratch if the last DROP
 /// left pages there, moves `pages` (sorted) into it, then unshares `unshare` (sorted).
-pub fn drop_pages(
+pub(crate) fn drop_pages(
     shared: &Shared,
     mm: &Mm,
     pid: i32,
@@ -306,7 +306,7 @@ pub(crate) fn empty_scratch(mm: &Mm, stop: &mut Stop) -> Result<(), InjectError>
 }
 
 /// Frees the scratch of `mm` in a stop of its own (reclaim is idle: no DROP will do it soon).
-pub fn free_scratch(shared: &Shared, mm: &Mm, pid: i32) -> Result<(), InjectError> {
+pub(crate) fn free_scratch(shared: &Shared, mm: &Mm, pid: i32) -> Result<(), InjectError> {
     let mut stop = BatchStop::take(shared, pid)?;
     empty_scratch(mm, &mut stop.stop)
 }
@@ -470,7 +470,7 @@ pub(crate) fn unshare_in(
 /// Waits until the handler of `mm` has applied every message it had read (its counter is even
 /// or has moved on): a `REMOVE` completes the `madvise` that raised it when it is read, before
 /// the handler applies it.
-pub fn wait_handled(mm: &Mm) {
+pub(crate) fn wait_handled(mm: &Mm) {
     let c = mm.handling.load(Ordering::Acquire);
     if c % 2 == 0 {
         return;

@@ -46,7 +46,7 @@ use crate::sys::{self, Fill, PAGE_SIZE, PAGE_SIZE_U64};
 use crate::tiers::{FOLIO_ORDER, FOLIO_PAGES};
 
 /// Pages per eviction batch (bounded by the agent's scratch area too).
-pub const BATCH_PAGES: usize = 256;
+pub(crate) const BATCH_PAGES: usize = 256;
 
 /// Picks up to `max` victims of `mm` with its policy; marks them `Evicting { batch }`. With
 /// the write-protect access source, re-arms protection where the aging cleared bits.
@@ -191,7 +191,7 @@ fn refusal_counter_name(cause: crate::tiers::Refusal) -> &'static str {
 /// DROPs that were not answered in time: settles those answered since, so that writers
 /// waiting on their pages go on; writers held on pages moved while their DROP was in flight
 /// go on once none is (the caller is the reclaim thread: no batch of its runs now).
-pub fn settle_outstanding(shared: &Shared) {
+pub(crate) fn settle_outstanding(shared: &Shared) {
     for m in shared.mms.lock().clone() {
         let (_, outstanding) = poll_pending_drop(shared, &m);
         // Writers held on pages moved while their DROP was in flight go on once none is
@@ -215,7 +215,7 @@ enum Victim {
 
 /// Reclaims down to the low watermark, biggest address space first, for at most 50 ms;
 /// says whether reclaim is stalled (faults at the limit then go through).
-pub fn to_low_watermark(shared: &Shared) {
+pub(crate) fn to_low_watermark(shared: &Shared) {
     let deadline = Instant::now() + Duration::from_millis(50);
     while shared.resident() > shared.limit.low() && Instant::now() < deadline {
         // The biggest holders of resident pages: address spaces (their private memory) and
@@ -301,7 +301,7 @@ pub fn to_low_watermark(shared: &Shared) {
 ///
 /// The steps, each a function below: pick the victims, (1) write-protect them, (2) read them,
 /// (3) store them, (4) keep those still ours, (5) have them moved out and settle.
-pub fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
+pub(crate) fn evict_batch(shared: &Shared, mm: &Arc<Mm>, max: usize) -> usize {
     let Some(pid) = mm.pid() else { return 0 };
     // Only once the agent's thread runs (it named itself): a forked child greets the daemon
     // from its forking thread and starts the agent thread after, and that thread could meet a
@@ -859,13 +859,13 @@ fn drop_injected(
 /// one left; freeing at once whenever the resident pages dipped under the high watermark cost a
 /// process without an agent a stop of its own between most rounds of reclaim (856 stops for
 /// 783 DROPs paging 256 MiB through 64 MiB).
-pub const SCRATCH_IDLE: std::time::Duration = std::time::Duration::from_millis(200);
+pub(crate) const SCRATCH_IDLE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Once reclaim is idle (the monitor found the resident pages under the high watermark):
 /// frees the scratch of every address space whose last DROP left its moved pages there at
 /// least [`SCRATCH_IDLE`] ago (the next DROP would free it first, but none may come for a long
 /// time). With an agent: a FREE, not answered; without one: a stop of its own.
-pub fn free_idle_scratch(shared: &Shared) {
+pub(crate) fn free_idle_scratch(shared: &Shared) {
     use std::sync::atomic::Ordering;
     let mms: Vec<Arc<Mm>> = shared.mms.lock().clone();
     for mm in mms {
@@ -1072,7 +1072,7 @@ fn split_in_place(mm: &Mm, p: PendingDrop) -> (PendingDrop, PendingDrop) {
 /// Looks for the answer to `mm`'s outstanding DROP without waiting, and settles the batch if
 /// it came (or if the agent is gone). Returns the pages evicted, and whether a DROP is still
 /// outstanding (no other DROP may be sent to that agent meanwhile).
-pub fn poll_pending_drop(shared: &Shared, mm: &Mm) -> (usize, bool) {
+pub(crate) fn poll_pending_drop(shared: &Shared, mm: &Mm) -> (usize, bool) {
     let Some(mut agent_guard) = mm.agent.try_lock() else {
         return (0, true);
     };
@@ -1224,7 +1224,7 @@ fn lose_injection(
 /// The pages a DROP moved that held other bytes when they moved than reclaim had read from
 /// them (and stored): written through a pin in between. Each as (its index in the DROP, what it
 /// held), by index.
-pub type Changed = Vec<(usize, Vec<u8>)>;
+pub(crate) type Changed = Vec<(usize, Vec<u8>)>;
 
 thread_local! {
     /// The read-back buffer of the thread that settles DROPs (the monitor): a batch's worth,
@@ -1237,7 +1237,7 @@ thread_local! {
 /// at `i * 4096`). `moved`: (scratch page, index in the DROP) of each page moved, by scratch
 /// page. A page the move found missing (it allows holes) is not there to compare; nor is
 /// anything if the process is gone.
-pub fn read_back(mm: &Mm, pid: i32, moved: &[(usize, usize)], stored: &[u8]) -> Changed {
+pub(crate) fn read_back(mm: &Mm, pid: i32, moved: &[(usize, usize)], stored: &[u8]) -> Changed {
     let mut changed = Vec::new();
     if moved.is_empty() || stored.is_empty() {
         return changed;

@@ -61,7 +61,7 @@ const BIND_GIVE_UP: Duration = Duration::from_secs(30);
 /// nobody a privilege they lacked; the kernel's own ptrace access check decides at the seize.
 /// (A daemon that is not root never traces a set-ID program it starts: the kernel would run it
 /// without its privileges; see `daemon.rs`, `check_program`.)
-pub fn needs_agentless(pid: i32) -> bool {
+pub(crate) fn needs_agentless(pid: i32) -> bool {
     use std::io::Read;
     let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
         return false;
@@ -80,7 +80,7 @@ pub fn needs_agentless(pid: i32) -> bool {
 /// Whether any mapping of `pid` is registered with a userfaultfd (`um`, `uw`, `ui` in its
 /// smaps): then it is not a fresh image the daemon may give a uffd of its own (it is a forked
 /// child whose uffd the daemon holds and has yet to bind, or the program has one).
-pub fn has_uffd_ranges(pid: i32) -> bool {
+pub(crate) fn has_uffd_ranges(pid: i32) -> bool {
     crate::maps::read_vm_flags(pid).map_or(true, |v| v.iter().any(|m| m.2.uffd))
 }
 
@@ -88,7 +88,7 @@ pub fn has_uffd_ranges(pid: i32) -> bool {
 /// image the agent cannot load (a static program started by `posix_spawn` or `vfork` and
 /// `exec`, whose child never had an address space the daemon knew): handed to the monitor to
 /// be managed without an agent. Each process is judged once per executable (`judged`).
-pub fn find_new_images(
+pub(crate) fn find_new_images(
     shared: &Shared,
     judged: &mut std::collections::HashMap<i32, std::path::PathBuf>,
 ) {
@@ -191,7 +191,7 @@ fn make_uffd(stop: &mut Stop, pid: i32) -> Result<(OwnedFd, u64), InjectError> {
 /// Manages `pid` without an agent: makes its uffd in one stop, then registers its memory as
 /// for any process. `at_exec`: the process is this thread's tracee, stopped at its exec
 /// (`sys::trace_me_at_exec`); otherwise it is seized.
-pub fn adopt(shared: &Arc<Shared>, pid: i32, at_exec: bool) -> Result<(), InjectError> {
+pub(crate) fn adopt(shared: &Arc<Shared>, pid: i32, at_exec: bool) -> Result<(), InjectError> {
     let mut stop = if at_exec {
         Stop::stopped(pid)?
     } else {
@@ -256,7 +256,7 @@ fn make_agentless(shared: &Shared, mm: &Mm) {
 }
 
 /// The image a process was refused for, if it was.
-pub fn refused_image(shared: &Shared, pid: i32) -> Option<std::path::PathBuf> {
+pub(crate) fn refused_image(shared: &Shared, pid: i32) -> Option<std::path::PathBuf> {
     shared
         .agentless_refusals
         .lock()
@@ -265,7 +265,7 @@ pub fn refused_image(shared: &Shared, pid: i32) -> Option<std::path::PathBuf> {
 }
 
 /// Says once per process (and image) that it stays unmanaged, and why.
-pub fn refused(shared: &Shared, pid: i32, e: &InjectError) {
+pub(crate) fn refused(shared: &Shared, pid: i32, e: &InjectError) {
     Stats::add(&shared.stats.agentless_refused, 1);
     // (The census counts it, and does not say it again.)
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
@@ -283,7 +283,7 @@ pub fn refused(shared: &Shared, pid: i32, e: &InjectError) {
 /// unbound child's token is looked for in the probe page of the tree's processes that no
 /// address space names yet (`bind.rs`; only where the page is present, so that no read
 /// faults).
-pub fn bind_children(shared: &Arc<Shared>) {
+pub(crate) fn bind_children(shared: &Arc<Shared>) {
     let mms: Vec<Arc<Mm>> = shared.mms.lock().clone();
     let mut unbound = Vec::new();
     for m in &mms {

@@ -58,7 +58,7 @@ use crate::shared::Shared;
 use crate::stats::Stats;
 use crate::sys::PAGE_SIZE_U64;
 use crate::unmanaged::Kind;
-pub use crate::wire::{HOLD_DUMP, HOLD_SELF_MEM, HOLD_TRACE};
+pub(crate) use crate::wire::{HOLD_DUMP, HOLD_SELF_MEM, HOLD_TRACE};
 
 /// How long a request waits for an eviction of the process in flight (a batch holds the agent
 /// slot until its DROP is answered or times out).
@@ -73,7 +73,7 @@ const ASK_GRACE: Duration = Duration::from_secs(1);
 const RETRY: Duration = Duration::from_millis(100);
 
 /// The census's kind for the memory of a held process.
-pub fn census_kind(mm: &Mm) -> Option<Kind> {
+pub(crate) fn census_kind(mm: &Mm) -> Option<Kind> {
     let held = mm.held.load(Ordering::Relaxed);
     if held & HOLD_DUMP != 0 {
         Some(Kind::Dumping)
@@ -94,7 +94,7 @@ fn own_pid() -> i32 {
 /// attach to it: the kernel checks that it may). `pid` is a number of the sender's own pid
 /// namespace, looked up there (`bind::pid_named_by`): in a namespace below the daemon's it
 /// names another process in the daemon's.
-pub fn request(shared: &Shared, sender: i32, pid: u32, reason: u32) -> io::Result<()> {
+pub(crate) fn request(shared: &Shared, sender: i32, pid: u32, reason: u32) -> io::Result<()> {
     let target = match pid {
         0 => Some(sender),
         p => crate::bind::pid_named_by(shared, sender, i32::try_from(p).unwrap_or(-1)),
@@ -120,7 +120,7 @@ pub fn request(shared: &Shared, sender: i32, pid: u32, reason: u32) -> io::Resul
 /// Registers the new memory of `mm` (`space::scan_and_register`); false if the address space
 /// is gone. A held process's new registrations (new mappings, and those the agent's mmap
 /// wrapper registered) are the kernel's again at once.
-pub fn scan_and_register(shared: &Shared, mm: &Mm) -> bool {
+pub(crate) fn scan_and_register(shared: &Shared, mm: &Mm) -> bool {
     if !space::scan_and_register(shared, mm) {
         return false;
     }
@@ -132,7 +132,7 @@ pub fn scan_and_register(shared: &Shared, mm: &Mm) -> bool {
 
 /// Holds `mm` for `reason`: marks it (no batch starts from then on), then lets its memory go,
 /// waiting up to `wait` for a batch in flight.
-pub fn hold(shared: &Shared, mm: &Mm, reason: u32, wait: Duration) -> io::Result<()> {
+pub(crate) fn hold(shared: &Shared, mm: &Mm, reason: u32, wait: Duration) -> io::Result<()> {
     mark(shared, mm, reason);
     // The scan registers what it finds unregistered (new mappings, and those the agent's mmap
     // wrapper registered, which the daemon may not have in its table yet: registering them
@@ -179,7 +179,7 @@ fn mark(shared: &Shared, mm: &Mm, reason: u32) {
 /// Lets go of every registered range of a held `mm` that it can: brings back its evicted
 /// pages, unregisters it, forgets its pages, refuses it until the hold ends. Waits up to
 /// `wait` for an eviction in flight (`EAGAIN` after). Returns the pages brought back.
-pub fn bring_back(shared: &Shared, mm: &Mm, wait: Duration) -> io::Result<u64> {
+pub(crate) fn bring_back(shared: &Shared, mm: &Mm, wait: Duration) -> io::Result<u64> {
     let mut h = mm.hold.lock();
     if !is_held(mm) {
         return Ok(0);
@@ -244,7 +244,7 @@ pub fn bring_back(shared: &Shared, mm: &Mm, wait: Duration) -> io::Result<u64> {
 
 /// A process greets traced (a tracer that started it, or followed its parent's fork): held
 /// from the start, before the caller's scan registers anything.
-pub fn at_greeting(shared: &Shared, mm: &Mm, pid: i32) {
+pub(crate) fn at_greeting(shared: &Shared, mm: &Mm, pid: i32) {
     if let Some((_, tracer)) = maps::rss_and_tracer(pid) {
         if tracer != 0 && tracer != own_pid() {
             mark(shared, mm, HOLD_TRACE);
@@ -255,7 +255,7 @@ pub fn at_greeting(shared: &Shared, mm: &Mm, pid: i32) {
 /// The scanner read `tracer` in the `TracerPid` of `pid` (its main thread): a tracer that came
 /// holds the process (on a thread of its own: bringing pages back takes a while), one that
 /// left ends the hold once no thread is traced.
-pub fn note_tracer(shared: &Arc<Shared>, mm: &Arc<Mm>, pid: i32, tracer: i32) {
+pub(crate) fn note_tracer(shared: &Arc<Shared>, mm: &Arc<Mm>, pid: i32, tracer: i32) {
     let traced = tracer != 0 && tracer != own_pid();
     let held = mm.held.load(Ordering::Acquire);
     if !traced && held & HOLD_TRACE == 0 {
@@ -328,7 +328,7 @@ fn end_hold(mm: &Mm, h: &mut HoldState, reason: u32) -> bool {
 
 /// The scanner's check of a process held for its own memory file (`HOLD_SELF_MEM`): the hold
 /// ends when no descriptor of the process names a memory file, checked every [`RETRY`].
-pub fn note_self_mem(shared: &Shared, mm: &Mm, pid: i32) {
+pub(crate) fn note_self_mem(shared: &Shared, mm: &Mm, pid: i32) {
     if mm.held.load(Ordering::Acquire) & HOLD_SELF_MEM == 0 || mm.holding.load(Ordering::Acquire) {
         return;
     }

@@ -35,7 +35,7 @@ use scanner::{adopt_exec, learn_rseq_of, start_agentless};
 use space::retire;
 
 /// The agent shared object, built from `agent/agent.c` by build.rs.
-pub static AGENT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libuffd_agent.so"));
+pub(crate) static AGENT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libuffd_agent.so"));
 
 pub use crate::wire::EXIT_DAEMON_LOST;
 

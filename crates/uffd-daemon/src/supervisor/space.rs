@@ -27,7 +27,7 @@ pub(crate) fn retire_pid(shared: &Shared, pid: i32) {
 }
 
 /// Releases everything an address space held: its handler, its stored pages, its counts.
-pub fn retire(shared: &Shared, mm: &Arc<Mm>) {
+pub(crate) fn retire(shared: &Shared, mm: &Arc<Mm>) {
     if mm.retired.swap(true, Ordering::AcqRel) {
         return;
     }
@@ -98,7 +98,7 @@ pub(crate) fn leave_locked_memory(shared: &Shared, mm: &Mm, pid: i32) {
 
 /// Registers the managed memory of `mm` that is not registered yet, and records the pages
 /// already present in it.
-pub fn scan_and_register(shared: &Shared, mm: &Mm) -> bool {
+pub(crate) fn scan_and_register(shared: &Shared, mm: &Mm) -> bool {
     let Some(pid) = mm.pid() else { return true };
     let Ok(vmas) = maps::read_maps(pid) else {
         return true;

@@ -170,7 +170,7 @@ impl TierCounters {
 
 /// When and how the migrator moves pages down (`[tiers]` in the configuration).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MigrateConfig {
+pub(super) struct MigrateConfig {
     /// Pages of the near tier.
     pub near_pages: u32,
     /// Migration starts when the near tier holds this share of its pages…

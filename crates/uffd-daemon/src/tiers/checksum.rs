@@ -24,7 +24,7 @@ use super::Backend;
 use crate::sys::PAGE_SIZE;
 
 /// The checksum's name, as the stats say it.
-pub const CHECKSUM: &str = "crc32c";
+pub(super) const CHECKSUM: &str = "crc32c";
 
 /// A slot's entry: the CRC with bit 32 set, so that it is never the table's empty value.
 fn entry(page: &[u8]) -> Seal {
@@ -34,7 +34,7 @@ fn entry(page: &[u8]) -> Seal {
 }
 
 /// A backend whose pages are checked against the checksum they were written with.
-pub struct ChecksummedBackend<B> {
+pub(super) struct ChecksummedBackend<B> {
     inner: B,
     sums: SealTable,
     failures: AtomicU64,
@@ -50,7 +50,7 @@ impl<B: fmt::Debug> fmt::Debug for ChecksummedBackend<B> {
 }
 
 impl<B: Backend> ChecksummedBackend<B> {
-    pub fn new(inner: B) -> Self {
+    pub(super) fn new(inner: B) -> Self {
         ChecksummedBackend {
             inner,
             sums: SealTable::new(),
@@ -59,17 +59,17 @@ impl<B: Backend> ChecksummedBackend<B> {
     }
 
     /// The slot is free: its checksum goes.
-    pub fn forget(&self, slot: u64) {
+    pub(super) fn forget(&self, slot: u64) {
         self.sums.forget(slot);
     }
 
     /// Pages read back whose checksum did not match.
-    pub fn failures(&self) -> u64 {
+    pub(super) fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
     }
 
     /// Heap bytes of the side table.
-    pub fn metadata_bytes(&self) -> usize {
+    pub(super) fn metadata_bytes(&self) -> usize {
         self.sums.heap_bytes()
     }
 }

@@ -14,7 +14,7 @@ use super::Backend;
 use crate::sys::{PAGE_SIZE, PAGE_SIZE_U64};
 
 /// Reads in flight at most (the pool's threads).
-pub const READERS: usize = 8;
+pub(super) const READERS: usize = 8;
 
 /// The outcome of one read: the slot and its page.
 type Read = (u32, io::Result<Vec<u8>>);
@@ -35,7 +35,7 @@ struct Queue {
 }
 
 /// The pool.
-pub struct Readers {
+pub(super) struct Readers {
     queue: Arc<Queue>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
@@ -50,7 +50,7 @@ impl std::fmt::Debug for Readers {
 
 impl Readers {
     /// Starts `n` threads reading `backend`.
-    pub fn new(backend: Arc<dyn Backend>, n: usize) -> io::Result<Self> {
+    pub(super) fn new(backend: Arc<dyn Backend>, n: usize) -> io::Result<Self> {
         let queue = Arc::new(Queue {
             jobs: Mutex::new((VecDeque::new(), false)),
             work: Condvar::new(),
@@ -70,7 +70,7 @@ impl Readers {
 
     /// Reads the page of each slot from the device, all at once; the outcome of each, in no
     /// particular order.
-    pub fn read(&self, slots: &[u32]) -> Vec<Read> {
+    pub(super) fn read(&self, slots: &[u32]) -> Vec<Read> {
         let batch = Arc::new(Batch {
             state: Mutex::new((Vec::with_capacity(slots.len()), slots.len())),
             done: Condvar::new(),

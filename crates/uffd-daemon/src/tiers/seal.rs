@@ -61,7 +61,7 @@ use super::Backend;
 use crate::sys::{PAGE_SIZE, PAGE_SIZE_U64};
 
 /// The cipher's name, as the stats say it.
-pub const CIPHER: &str = "aes-256-gcm";
+pub(super) const CIPHER: &str = "aes-256-gcm";
 
 /// Bytes of a tag.
 const TAG_LEN: usize = 16;
@@ -71,7 +71,7 @@ const GROUP_SLOTS: u64 = (PAGE_SIZE / TAG_LEN) as u64 - 1;
 const GROUP_PAGES: u64 = GROUP_SLOTS + 1;
 
 /// Bytes of device that `nslots` sealed slots need.
-pub fn device_bytes(nslots: u64) -> u64 {
+pub(super) fn device_bytes(nslots: u64) -> u64 {
     nslots.div_ceil(GROUP_SLOTS) * GROUP_PAGES * PAGE_SIZE_U64
 }
 

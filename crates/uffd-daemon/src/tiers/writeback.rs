@@ -38,11 +38,11 @@ use parking_lot::{Condvar, Mutex};
 /// Bytes in flight by default: deep enough that the disk always has writes queued, small
 /// enough that the copies cost little (32 MiB, twice that in RAM until confirmed: the copy and
 /// the page cache).
-pub const DEFAULT_CAP: u64 = 32 << 20;
+pub(super) const DEFAULT_CAP: u64 = 32 << 20;
 
 /// Bytes of confirmed writes whose copies are kept by default, held if a later wait reports an
 /// error.
-pub const DEFAULT_SETTLE: u64 = 8 << 20;
+pub(super) const DEFAULT_SETTLE: u64 = 8 << 20;
 
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(64);
@@ -50,7 +50,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(64);
 /// What the writeback needs from the file: wait for a range to reach the disk, and drop it
 /// from the page cache. The swap file implements it with `sync_file_range` and `fadvise`; the
 /// tests with failures of their choosing.
-pub trait Device: Send + Sync + 'static {
+pub(super) trait Device: Send + Sync + 'static {
     /// Waits until `[offset, offset + len)` is on the device; an error the device reported.
     fn wait(&self, offset: u64, len: u64) -> io::Result<()>;
     /// The range is on the device: its pages may leave RAM.
@@ -192,7 +192,7 @@ impl State {
 
 /// Counters of the writeback, for the stats.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(super) struct Counters {
     /// Writes confirmed on the device.
     pub completed: AtomicU64,
     /// Writeback errors the device reported.
@@ -205,7 +205,7 @@ pub struct Counters {
 }
 
 /// The in-flight table and its completer thread.
-pub struct Writeback {
+pub(super) struct Writeback {
     inner: Arc<Inner>,
     completer: Option<std::thread::JoinHandle<()>>,
 }
@@ -236,7 +236,7 @@ impl std::fmt::Debug for Writeback {
 /// A write admitted into the table: its copy is in place; [`Writeback::started`] or
 /// [`Writeback::abandon`] ends it.
 #[derive(Debug, Clone, Copy)]
-pub struct Admitted {
+pub(super) struct Admitted {
     offset: u64,
     len: u64,
     seq: u64,
@@ -245,7 +245,7 @@ pub struct Admitted {
 impl Writeback {
     /// Starts the completer thread: at most `cap` bytes in flight, and the copies of the
     /// last `settle` bytes confirmed kept.
-    pub fn new(device: Box<dyn Device>, cap: u64, settle: u64) -> io::Result<Self> {
+    pub(super) fn new(device: Box<dyn Device>, cap: u64, settle: u64) -> io::Result<Self> {
         let inner = Arc::new(Inner {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
@@ -268,7 +268,7 @@ impl Writeback {
     /// Admits the writes `(offset, data)`: waits for room under the cap (a batch larger than
     /// the cap goes in alone), then puts a copy of each in the table. Refused, with the
     /// device's error, while the device is in its back-off after a failure.
-    pub fn admit(&self, writes: &[(u64, &[u8])]) -> io::Result<Vec<Admitted>> {
+    pub(super) fn admit(&self, writes: &[(u64, &[u8])]) -> io::Result<Vec<Admitted>> {
         let total: u64 = writes.iter().map(|(_, d)| d.len() as u64).sum();
         let mut st = self.inner.state.lock();
         if let Some(r) = &st.refusal {
@@ -316,7 +316,7 @@ impl Writeback {
     }
 
     /// The write is in the page cache and its writeback started: the completer waits for it.
-    pub fn started(&self, w: Admitted) {
+    pub(super) fn started(&self, w: Admitted) {
         let mut st = self.inner.state.lock();
         st.queue.push_back((w.offset, w.len, w.seq));
         drop(st);
@@ -324,7 +324,7 @@ impl Writeback {
     }
 
     /// The write never reached the page cache (the caller reports its error): its copy goes.
-    pub fn abandon(&self, w: Admitted) {
+    pub(super) fn abandon(&self, w: Admitted) {
         let mut st = self.inner.state.lock();
         st.remove(w.offset, w.offset + w.len, w.seq, Stage::InFlight);
         drop(st);
@@ -333,7 +333,7 @@ impl Writeback {
 
     /// Lays the copies over `out`, the file's bytes at `offset`: the newest bytes of every
     /// range still in flight or held.
-    pub fn overlay(&self, offset: u64, out: &mut [u8]) {
+    pub(super) fn overlay(&self, offset: u64, out: &mut [u8]) {
         let end = offset + out.len() as u64;
         let st = self.inner.state.lock();
         if st.copies.is_empty() {
@@ -353,7 +353,7 @@ impl Writeback {
     }
 
     /// `[offset, offset + len)` is free: its copies go.
-    pub fn discard(&self, offset: u64, len: u64) {
+    pub(super) fn discard(&self, offset: u64, len: u64) {
         let mut st = self.inner.state.lock();
         st.cut(offset, offset + len);
         drop(st);
@@ -361,7 +361,7 @@ impl Writeback {
     }
 
     /// Waits until nothing is in flight (confirmed or held).
-    pub fn drain(&self) {
+    pub(super) fn drain(&self) {
         let mut st = self.inner.state.lock();
         while st.in_flight_bytes > 0 || !st.queue.is_empty() {
             self.inner.room.wait(&mut st);
@@ -370,7 +370,7 @@ impl Writeback {
 
     /// Forgets the copies of confirmed writes: reads see what the device holds (tests that
     /// alter the device behind the daemon's back).
-    pub fn forget_settled(&self) {
+    pub(super) fn forget_settled(&self) {
         let mut st = self.inner.state.lock();
         while let Some((o, len, s)) = st.settling.pop_front() {
             st.remove(o, o + len, s, Stage::Settling);
@@ -378,17 +378,17 @@ impl Writeback {
     }
 
     /// Bytes in flight and held.
-    pub fn bytes(&self) -> (u64, u64) {
+    pub(super) fn bytes(&self) -> (u64, u64) {
         let st = self.inner.state.lock();
         (st.in_flight_bytes, st.held_bytes)
     }
 
     /// Bytes of confirmed writes still kept.
-    pub fn settling_bytes(&self) -> u64 {
+    pub(super) fn settling_bytes(&self) -> u64 {
         self.inner.state.lock().settling_bytes
     }
 
-    pub fn counters(&self) -> &Counters {
+    pub(super) fn counters(&self) -> &Counters {
         &self.inner.counters
     }
 }

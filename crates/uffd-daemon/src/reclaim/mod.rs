@@ -864,7 +864,8 @@ pub(crate) const SCRATCH_IDLE: std::time::Duration = std::time::Duration::from_m
 /// Once reclaim is idle (the monitor found the resident pages under the high watermark):
 /// frees the scratch of every address space whose last DROP left its moved pages there at
 /// least [`SCRATCH_IDLE`] ago (the next DROP would free it first, but none may come for a long
-/// time). With an agent: a FREE, not answered; without one: a stop of its own.
+/// time). With an agent: a FREE, answered (with the handler free to read the scratch's
+/// REMOVE meanwhile); without one: a stop of its own.
 pub(crate) fn free_idle_scratch(shared: &Shared) {
     use std::sync::atomic::Ordering;
     let mms: Vec<Arc<Mm>> = shared.mms.lock().clone();

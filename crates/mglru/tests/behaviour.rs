@@ -176,6 +176,10 @@ fn aging_keeps_at_most_max_nr_gens_and_promotes_young_pages() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "adds 640 pages, ages and evicts 567, twice: 170 s of CPU under miri, and mglru has no unsafe code of its own for miri to check (its threads run under miri in tests/shared.rs)"
+)]
 fn bloom_filter_skips_sparse_regions() {
     for bloom in [true, false] {
         let mut l = lru_with(Config {
@@ -321,6 +325,10 @@ fn look_twice_spares_the_faults_own_bit_but_not_a_refaults() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "adds 2,200 pages and evicts and refaults 150: over 15 minutes under miri, and mglru has no unsafe code of its own for miri to check (its threads run under miri in tests/shared.rs)"
+)]
 fn controller_protects_a_tier_that_refaults() {
     // All 150 victims come back at once, which is loop mode's signal (the refaults would be
     // the next victims and not feed the controller): this test is about the controller.
@@ -406,6 +414,10 @@ fn remove_leaves_no_shadow() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "adds 1,000 pages and evicts 900: over 5 minutes under miri, and mglru has no unsafe code of its own for miri to check (its threads run under miri in tests/shared.rs)"
+)]
 fn shadows_are_bounded() {
     let mut l = lru_with(Config {
         max_shadows: 100,
@@ -694,6 +706,10 @@ fn a_shrunk_resident_set_gives_back_its_nodes() {
 /// (checked against a twin that never saw them); the largest id works like any other and does
 /// not alias a small one.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "202 pages on an LRU and its twin, aged and 150 evicted from each: 40 s of CPU under miri, and mglru has no unsafe code of its own for miri to check (its threads run under miri in tests/shared.rs)"
+)]
 fn page_ids_above_the_limit_are_refused() {
     use mglru::MAX_PAGE_ID;
     assert_eq!(MAX_PAGE_ID, (1 << 52) - 1);
@@ -837,6 +853,10 @@ fn metadata_per_resident_page() {
 /// oldest generation, so `min_seq` does not move). On a loop over 1.1x memory it costs no
 /// misses (here it saves some: 647 against 1,044).
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "replays 14,000 requests twice and a 2,200-request loop twice: over 15 minutes under miri, and mglru has no unsafe code of its own for miri to check (its threads run under miri in tests/shared.rs)"
+)]
 fn eviction_clock_forgets_a_hot_set_that_moved() {
     let set = 2_000;
     let trace = workload::moving_hot_set(set, 1.0, 5 * set, 2, 5);
@@ -930,6 +950,10 @@ fn demotion_feedback_keeps_refaulting_pages_under_fault_only_access() {
 /// about the pages beyond memory (LIRS: 19% over 10 rounds); without it the protected set
 /// churns (about 43%). A Zipf hot set that fits does not enter loop mode: same misses.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "replays 22,000 and 25,000 requests twice each: over 5 minutes under miri, and mglru has no unsafe code of its own for miri to check (its threads run under miri in tests/shared.rs)"
+)]
 fn loop_mode_keeps_the_resident_pages_of_a_loop() {
     let misses = |loop_eviction, trace: &[u64], cap| {
         let mut l = lru_with(Config {
@@ -957,6 +981,10 @@ fn loop_mode_keeps_the_resident_pages_of_a_loop() {
 /// this seed). A loop over 1.1 times memory comes back in order and keeps loop mode: the
 /// same misses with and without the test.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "replays 105,000 requests twice and a 22,000-request loop twice: over 5 minutes under miri, and mglru has no unsafe code of its own for miri to check (its threads run under miri in tests/shared.rs)"
+)]
 fn loop_order_keeps_loop_mode_to_loops() {
     let misses = |loop_order, trace: &[u64], cap| {
         let mut l = lru_with(Config {
@@ -993,6 +1021,10 @@ fn loop_order_keeps_loop_mode_to_loops() {
 /// `loop_order_keeps_loop_mode_to_loops` brings many victims back within 3 memories too, but
 /// out of order: the same misses with and without the window.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "replays a 12,000-request loop and 105,000 requests, each twice: over 5 minutes under miri, and mglru has no unsafe code of its own for miri to check (its threads run under miri in tests/shared.rs)"
+)]
 fn loop_window_reaches_loops_longer_than_a_memory() {
     let misses = |loop_window, trace: &[u64], cap| {
         let mut l = lru_with(Config {
@@ -1019,6 +1051,10 @@ fn loop_window_reaches_loops_longer_than_a_memory() {
 /// generation at once; one young page in 100 (more than 1/256) keeps the generation where it
 /// is, and so does the rule turned off (the pages sink one generation per aging).
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "adds 1,000 pages three times, ages each time and evicts 900: over 15 minutes under miri, and mglru has no unsafe code of its own for miri to check (its threads run under miri in tests/shared.rs)"
+)]
 fn idle_youngest_demotion_moves_an_unused_youngest_generation_to_the_oldest() {
     let setup = |on: bool, young: u64| {
         let mut l = lru_with(Config {
@@ -1071,6 +1107,10 @@ fn l_evict(mut l: Mglru, n: usize, bits: &mut AccessBits) -> Vec<u64> {
 /// rule; on a loop over 3 times memory, which loop mode's long window now reaches, 79.3%
 /// against 81.9%); and it leaves a Zipf hot set that fits memory alone.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "replays a 20,000-request loop and 25,000 requests, each twice: over 15 minutes under miri, and mglru has no unsafe code of its own for miri to check (its threads run under miri in tests/shared.rs)"
+)]
 fn idle_youngest_demotion_helps_a_loop_longer_than_loop_mode_sees() {
     let misses = |on, trace: &[u64], cap| {
         let mut l = lru_with(Config {
@@ -1090,6 +1130,10 @@ fn idle_youngest_demotion_helps_a_loop_longer_than_loop_mode_sees() {
 /// memory's worth of evictions, is activated and pushes the stale set out; a loop (loop
 /// mode's refaults are never activated) and a stable set that fits miss the same.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "replays 25,000 requests twice, then more traces: over 5 minutes under miri, and mglru has no unsafe code of its own for miri to check (its threads run under miri in tests/shared.rs)"
+)]
 fn refault_activation_brings_back_a_returning_hot_set() {
     let run = |on, trace: &[u64], cap| {
         let mut l = lru_with(Config {

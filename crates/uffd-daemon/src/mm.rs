@@ -196,6 +196,11 @@ pub(crate) struct Mm {
     /// read: a fill from another thread between that read and the adoption of the child would
     /// make the child inherit as resident a page its page table never got.
     pub event_gate: parking_lot::RwLock<()>,
+    /// Threads waiting to take [`Mm::event_gate`] for reading ([`Mm::gate_read`]): a handler
+    /// polling its uffd with the gate held stops polling for them, and hands the gate over
+    /// fairly, rather than take it back before a woken reader can run (which starved reclaim
+    /// for milliseconds while faults streamed in).
+    pub gate_wanted: AtomicU32,
     /// Agentless: the threads stopped so far and their rseq pages (`u64::MAX`: none), which
     /// batches leave out (`reclaim/`).
     pub rseq_pages: Mutex<Vec<(i32, u64)>>,
@@ -341,6 +346,7 @@ impl Mm {
             bind_token: Mutex::new(None),
             handling: AtomicU64::new(0),
             event_gate: parking_lot::RwLock::new(()),
+            gate_wanted: AtomicU32::new(0),
             rseq_pages: Mutex::new(Vec::new()),
             mem: Mutex::new(None),
             pagemap: Mutex::new(None),
@@ -354,6 +360,15 @@ impl Mm {
             has_shmem: AtomicBool::new(false),
             shmem_removes: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Takes [`Mm::event_gate`] for reading, first telling a handler that polls with it held
+    /// to let it go ([`Mm::gate_wanted`]).
+    pub(crate) fn gate_read(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        self.gate_wanted.fetch_add(1, Ordering::AcqRel);
+        let g = self.event_gate.read();
+        self.gate_wanted.fetch_sub(1, Ordering::AcqRel);
+        g
     }
 
     /// The pid, if known.

@@ -1490,6 +1490,16 @@ pub fn tgkill(pid: i32, tid: i32, sig: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether `tid` (a number in the daemon's pid namespace) names a live thread of the daemon
+/// itself: `tgkill(getpid(), tid, 0)`, which checks that the thread exists in this thread group
+/// without a path lookup (a `stat` of `/proc/self/task/TID` cost a fault about 2 us).
+pub fn is_own_thread(tid: u32) -> bool {
+    let Ok(tid) = i32::try_from(tid) else {
+        return false;
+    };
+    tid > 0 && tgkill(std::process::id() as i32, tid, 0).is_ok()
+}
+
 /// Whether processes `a` and `b` share one address space (`kcmp(KCMP_VM)`: a `vfork` or
 /// `clone(CLONE_VM)` child and its parent; needs `PTRACE_MODE_READ` on both).
 pub fn same_address_space(a: i32, b: i32) -> io::Result<bool> {
@@ -1738,6 +1748,47 @@ mod procmap_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The daemon's own threads are its own, while they live; another process's, or a
+    /// number no thread has, is not.
+    #[test]
+    fn own_threads_are_told_from_others() {
+        let me = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+        assert!(is_own_thread(me));
+        assert!(is_own_thread(std::process::id()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(rustix::thread::gettid().as_raw_nonzero().get() as u32)
+                .unwrap();
+            let _ = stop_rx.recv();
+        });
+        let other = rx.recv().unwrap();
+        assert!(is_own_thread(other));
+        drop(stop_tx);
+        t.join().unwrap();
+        // (`join` returns at the thread's clear-tid wake, a moment before it is released.)
+        let ended = std::time::Instant::now();
+        while is_own_thread(other) && ended.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(
+            !is_own_thread(other),
+            "a thread that ended is no longer ours"
+        );
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        assert!(
+            !is_own_thread(child.id()),
+            "a child process is not a thread of ours"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!is_own_thread(0));
+        assert!(!is_own_thread(u32::MAX));
+    }
 
     /// A secret is built from its seed, which is wiped; its value is dropped once, with it; a
     /// seed or build error gives the error back and builds nothing.

@@ -237,6 +237,19 @@ fn children_forked_while_threads_fault_read_their_parents_memory() {
     assert!(run.get("swapins") > 0 && run.get("evicted_pages") > 0);
 }
 
+/// The longest mremap or munmap `remap_race` saw, in ms. The kernel holds either until the
+/// daemon's handler has read its events; a DROP that kept the handler from reading while it
+/// waited for those very events to be read (its pages given back under the event gate, each
+/// run retried for 5 s) held them 12 s.
+fn slowest_move_ms(stdout: &str) -> u64 {
+    stdout
+        .split("slowest mremap or munmap ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no slowest mremap or munmap in {stdout}"))
+}
+
 /// A region moved with `mremap(MREMAP_FIXED)` over one being evicted must read as it was
 /// moved. The kernel refuses the agent's `UFFDIO_MOVE` while the mremap's events wait to be
 /// read, and lets it through again once the handler has read them, before the handler has
@@ -266,6 +279,11 @@ fn a_region_moved_over_one_being_evicted_keeps_its_words() {
         run.get("drop_moved_lost")
     );
     assert!(run.get("remap_events") >= 60, "the mremaps were not seen");
+    assert!(
+        slowest_move_ms(&run.stdout) < 2000,
+        "an mremap waited for the daemon: {}",
+        run.stdout
+    );
     assert!(run.get("evicted_pages") > 0 && run.get("swapins") > 0);
 }
 
@@ -292,6 +310,11 @@ fn a_region_of_its_own_uffd_moved_over_one_being_evicted_keeps_its_pages() {
         run.get("drop_moved_not_ours")
     );
     assert_eq!(run.status, 0);
+    assert!(
+        slowest_move_ms(&run.stdout) < 2000,
+        "an mremap or munmap waited for the daemon: {}",
+        run.stdout
+    );
     assert!(run.get("evicted_pages") > 0 && run.get("drop_requests") > 0);
 }
 

@@ -62,7 +62,7 @@ pub(super) const FILL_RETRY_MAX: std::time::Duration = std::time::Duration::from
 /// daemon's is named by that namespace's number, which a daemon thread may have too: such a
 /// number is the process's if the process has a thread so numbered.
 pub(super) fn is_daemon_thread(mm: &Mm, tid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
+    crate::sys::is_own_thread(tid)
         && !(mm.foreign_pidns.load(Ordering::Acquire)
             && crate::bind::thread_of_fault(mm, tid).is_some())
 }
@@ -174,6 +174,14 @@ fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
 /// [`Mm::event_gate`] held by the handler.
 type Gate<'m> = parking_lot::RwLockWriteGuard<'m, ()>;
 
+/// Lets the handler's gate go, to a waiting reader first: the handler would take it back
+/// before a woken reader runs (reclaim waited milliseconds for it while faults streamed in).
+fn release(gate: Option<Gate<'_>>) {
+    if let Some(g) = gate {
+        Gate::unlock_fair(g);
+    }
+}
+
 /// Whether `event` takes or moves the page at `page`: a REMOVE or UNMAP of a range holding it,
 /// a REMAP from or to one.
 fn event_covers(event: &UffdEvent, page: u64) -> bool {
@@ -272,7 +280,7 @@ impl Handler {
         }
         if n == 0 {
             // Never held while sleeping in poll: other threads' fills wait on it.
-            gate = None;
+            release(gate.take());
             self.handling.set(mm, false);
             let timeout = if deferred.is_empty() { -1 } else { 1 };
             let ready = match sys::poll_read(
@@ -317,7 +325,10 @@ impl Handler {
         let events = self.msgs[..n]
             .iter()
             .any(|m| !matches!(m.decode(), UffdEvent::PageFault { .. }));
-        Some((n, gate.filter(|_| events)))
+        if !events {
+            release(gate.take());
+        }
+        Some((n, gate))
     }
 
     /// Applies the `n` messages read: the events first, in order, then the faults, in order.
@@ -397,7 +408,7 @@ impl Handler {
             }
         }
         // Fills from other threads may go on (see `Mm::event_gate`).
-        drop(gate);
+        release(gate);
         prefetch::forget();
         let faulted = !faults.is_empty();
         // The faults whose pages wait on the disk: read together at once.

@@ -177,7 +177,7 @@ fn gate(shared: &Shared, mm: &Mm, p: &Pending, prior: Option<Page>, agent: bool)
     // there, or the program refilled it after a REMOVE): the agent may have moved that page
     // out, and the settlement puts it back (`reclaim::put_back_moved`). Until then the fault
     // waits rather than fill the address.
-    if !agent && !is_daemon_thread(mm, p.ptid) && in_drop_runs(mm, p.address) {
+    if !agent && in_drop_runs(mm, p.address) && !is_daemon_thread(mm, p.ptid) {
         Stats::add(&shared.stats.dropping_faults_held, 1);
         return Gate::Wait;
     }

@@ -81,7 +81,8 @@ impl Spin {
                     Err(e) => return Err(e),
                 }
             }
-            if since.elapsed() >= self.limit {
+            // Reclaim waits for the gate the handler holds while it polls: let it go.
+            if since.elapsed() >= self.limit || mm.gate_wanted.load(Ordering::Acquire) > 0 {
                 break 0;
             }
             // A few pause instructions between reads (a read of an empty uffd is about half a

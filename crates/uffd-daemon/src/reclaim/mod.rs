@@ -599,7 +599,7 @@ fn victim_frames(mm: &Mm, pid: i32, victims: &[u64], events_before: u64) -> Opti
         .into_iter()
         .map(|(s, n)| (s, n as usize))
         .collect();
-    let _gate = mm.event_gate.read();
+    let _gate = mm.gate_read();
     let frames = frames_of(mm, pid, &runs).unwrap_or_else(|| vec![0; victims.len()]);
     if !matches!(
         mm.uffd.writeprotect(victims[0], PAGE_SIZE_U64, true),
@@ -984,23 +984,36 @@ fn drop_by_agent(
     }
     // Held from the check to the answer (or the timeout); never while settling, which takes it
     // again (a reader waiting behind the handler's write would wait for itself).
-    let gate = (!only_unshare && pending.unshare.is_empty()).then(|| mm.event_gate.read());
-    if gate.is_some()
-        && mm.events_applied.load(std::sync::atomic::Ordering::Acquire) != events_before
-    {
+    let hold = !only_unshare && pending.unshare.is_empty();
+    let mut gate = hold.then(|| mm.gate_read());
+    let mut events_seen = events_before;
+    loop {
+        let now = mm.events_applied.load(std::sync::atomic::Ordering::Acquire);
+        if gate.is_none() || now == events_seen {
+            break;
+        }
+        events_seen = now;
         // An event since the pick: an address may name another page now. Only the pages whose
         // frame is still the one recorded at the read move; the others stay in place.
         let (kept, moved_on) = split_in_place(mm, pending);
-        if !moved_on.pages.is_empty() {
-            Stats::add(&shared.stats.evict_aborts, moved_on.pages.len() as u64);
-            let again = vec![libc::EAGAIN as u8; moved_on.pages.len()];
-            settle_drop(shared, mm, &moved_on, Some(&again), &[]);
-        }
         pending = kept;
+        if moved_on.pages.is_empty() {
+            break;
+        }
+        // Those are given back with the gate let go: unprotecting them waits for the handler
+        // to read any event still queued (the kernel refuses write-protection changes until
+        // then, and the handler reads nothing while the gate is held). Then the split is made
+        // again if another event came meanwhile.
+        drop(gate.take());
+        Stats::add(&shared.stats.evict_aborts, moved_on.pages.len() as u64);
+        let again = vec![libc::EAGAIN as u8; moved_on.pages.len()];
+        settle_drop(shared, mm, &moved_on, Some(&again), &[]);
         if pending.pages.is_empty() {
+            mm.drop_runs.lock().clear();
             return 0;
         }
         *mm.drop_runs.lock() = pending.runs.clone();
+        gate = Some(mm.gate_read());
     }
     let waited = match agent.send_drop(&pending.runs, &unshare_runs) {
         Ok(seq) => {
@@ -1332,7 +1345,7 @@ fn settle_drop(
         // A page changed through a pin that no tier takes goes back in place with a fill
         // (`settle_page`): under the event gate, taken before the state lock as the handler
         // takes them (`Mm::event_gate`).
-        let _gate = (!changed.is_empty()).then(|| mm.event_gate.read());
+        let _gate = (!changed.is_empty()).then(|| mm.gate_read());
         let mut st = mm.state.lock();
         for (i, &a) in p.pages.iter().enumerate() {
             let slot = p.slots[i];
@@ -1444,25 +1457,41 @@ fn put_back_moved(shared: &Shared, mm: &Mm, p: &PendingDrop, idx: &[usize]) {
             note_moved_lost(shared, mm, a, "its copy in the scratch could not be read");
             continue;
         }
-        let _gate = mm.event_gate.read();
-        let st = mm.state.lock();
-        // Only where the table expects a resident page of ours: anywhere else the daemon does
-        // not see what happened to the address since (another uffd's range, whose REMOVE
-        // comes to that uffd; or ours, emptied by a REMOVE after the move), and a fill could
-        // bring back bytes where the program now expects zeros. Such a page is left to
-        // whoever serves that range's next fault (`drop_moved_not_ours`).
-        if !(matches!(st.pages.get(a), Some(Page::Resident { .. })) && st.in_ranges(a)) {
-            Stats::add(&shared.stats.drop_moved_not_ours, 1);
-            continue;
+        // An event queued meanwhile makes the copy fail (`EAGAIN`) until the handler reads
+        // it, which it does not while the gate is held: the gate is let go and the page's
+        // state looked at again once the handler had its turn (5 s at most).
+        let mut last = None;
+        for _ in 0..100_000 {
+            let _gate = mm.gate_read();
+            let st = mm.state.lock();
+            // Only where the table expects a resident page of ours: anywhere else the daemon
+            // does not see what happened to the address since (another uffd's range, whose
+            // REMOVE comes to that uffd; or ours, emptied by a REMOVE after the move), and a
+            // fill could bring back bytes where the program now expects zeros. Such a page is
+            // left to whoever serves that range's next fault (`drop_moved_not_ours`).
+            if !(matches!(st.pages.get(a), Some(Page::Resident { .. })) && st.in_ranges(a)) {
+                Stats::add(&shared.stats.drop_moved_not_ours, 1);
+                last = None;
+                break;
+            }
+            match mm.uffd.copy(a, &page) {
+                Ok(Fill::Filled) => {
+                    Stats::add(&shared.stats.drop_moved_put_back, 1);
+                    last = None;
+                    break;
+                }
+                Ok(Fill::Again) => last = Some(Ok(Fill::Again)),
+                other => {
+                    last = Some(other);
+                    break;
+                }
+            }
+            drop(st);
+            drop(_gate);
+            std::thread::sleep(std::time::Duration::from_micros(50));
         }
-        match mm.uffd.copy(a, &page) {
-            Ok(Fill::Filled) => {
-                Stats::add(&shared.stats.drop_moved_put_back, 1);
-            }
-            other => {
-                drop(st);
-                note_moved_lost(shared, mm, a, &format!("putting it back gave {other:?}"));
-            }
+        if let Some(other) = last {
+            note_moved_lost(shared, mm, a, &format!("putting it back gave {other:?}"));
         }
     }
 }

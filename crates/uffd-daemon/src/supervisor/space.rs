@@ -246,7 +246,7 @@ pub(crate) fn restore_and_step_aside(
     let mut restored = 0u64;
     loop {
         // (Before the state lock, as the handler takes them: see `Mm::event_gate`.)
-        let gate = mm.event_gate.read();
+        let gate = mm.gate_read();
         let mut st = mm.state.lock();
         let stored: Vec<(u64, u32)> = st
             .pages

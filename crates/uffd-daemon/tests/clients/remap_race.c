@@ -3,8 +3,9 @@
  * then move it with mremap(MREMAP_FIXED) over a region B of the same size that holds other
  * words and is being evicted (a thread keeps reading B's pages, so reclaim keeps picking them),
  * then check every word at B's address; then B is A, and a new A is made. Prints
- * "remap_race: ROUNDS rounds, W bad words (Z zeros) on P pages" and exits non-zero if a word
- * was wrong.
+ * "remap_race: ROUNDS rounds, W bad words (Z zeros) on P pages; slowest mremap or munmap M ms"
+ * and exits non-zero if a word was wrong. (The kernel holds an mremap or munmap until the
+ * daemon's handler has read its events: M shows a handler kept from reading them.)
  *
  * Under the daemon, a DROP chosen before the mremap names B's addresses. The mremap raises
  * UNMAP (of B) and REMAP (A to B) on the daemon's uffd, and until the handler has read them the
@@ -33,6 +34,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 static _Atomic(uint64_t *) target;
@@ -110,6 +112,13 @@ static uint64_t *fill(uint64_t round, size_t bytes)
 	return fill_region(round, bytes, 0);
 }
 
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
@@ -140,6 +149,7 @@ int main(int argc, char **argv)
 		}
 	uint64_t bad = 0, zeros = 0, pages = 0;
 	unsigned long faults = 0;
+	double slowest = 0; /* the longest mremap or munmap, in ms */
 	for (int r = 1; r <= rounds; r++) {
 		if (own && r > 1) {
 			/* A new B, under eviction as it fills; the old one (an A of the program's
@@ -151,12 +161,18 @@ int main(int argc, char **argv)
 			unsigned long seen[2] = { atomic_load(&passes[0]), atomic_load(&passes[1]) };
 			while (atomic_load(&passes[0]) < seen[0] + 2 || atomic_load(&passes[1]) < seen[1] + 2)
 				sched_yield();
+			double t0 = now_ms();
 			munmap(old, bytes);
+			if (now_ms() - t0 > slowest)
+				slowest = now_ms() - t0;
 		}
 		uint64_t *a = fill_region((uint64_t)r, bytes, own);
 		atomic_store(&own_faults, 0); /* only those after the move count */
 		/* The readers go on reading B until the move replaces it: same address, A's words. */
+		double t0 = now_ms();
 		uint64_t *moved = mremap(a, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, b);
+		if (now_ms() - t0 > slowest)
+			slowest = now_ms() - t0;
 		if (moved != b) {
 			perror("remap_race: mremap");
 			return 2;
@@ -184,6 +200,6 @@ int main(int argc, char **argv)
 	       (unsigned long long)bad, (unsigned long long)zeros, (unsigned long long)pages);
 	if (own)
 		printf(", %lu faults of its own after the moves", faults);
-	printf("\n");
+	printf("; slowest mremap or munmap %.0f ms\n", slowest);
 	return bad != 0 || faults != 0;
 }

@@ -200,6 +200,10 @@ counters! {
     idle_poll_wakeups,
     /// Sum of fault service times in nanoseconds (from reading the message to the wake).
     fault_service_ns,
+    /// Wall time fault handlers waited to read their uffd because reclaim held the event gate
+    /// (a DROP in flight, or a batch's read of its victims' frames), in nanoseconds: no fault
+    /// of that address space is read meanwhile.
+    handler_gate_wait_ns,
     /// Times a fault waited for reclaim because the limit was reached.
     throttled_faults,
     /// Reclaim time choosing victims (the policy, under the address space's state lock:

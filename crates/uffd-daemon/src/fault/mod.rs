@@ -174,6 +174,17 @@ fn serve_loop(shared: &Arc<Shared>, mm: &Arc<Mm>, deferred: &mut Vec<Pending>) {
 /// [`Mm::event_gate`] held by the handler.
 type Gate<'m> = parking_lot::RwLockWriteGuard<'m, ()>;
 
+/// Takes the event gate for the handler, counting the time reclaim kept it.
+fn take_gate<'m>(mm: &'m Mm, stats: &crate::stats::Stats) -> Gate<'m> {
+    if let Some(g) = mm.event_gate.try_write() {
+        return g;
+    }
+    let t = Instant::now();
+    let g = mm.event_gate.write();
+    Stats::add(&stats.handler_gate_wait_ns, t.elapsed().as_nanos() as u64);
+    g
+}
+
 /// Lets the handler's gate go, to a waiting reader first: the handler would take it back
 /// before a woken reader runs (reclaim waited milliseconds for it while faults streamed in).
 fn release(gate: Option<Gate<'_>>) {
@@ -260,7 +271,7 @@ impl Handler {
             .filter(|_| deferred.is_empty() && shared.resident() < shared.limit.pages())
         {
             self.handling.set(mm, true);
-            gate = Some(mm.event_gate.write());
+            gate = Some(take_gate(mm, &shared.stats));
             // Asked after `handling` is set: a batch picked later waits for this one.
             let scan = &mut self.scan;
             scan.active = false;
@@ -301,7 +312,7 @@ impl Handler {
             }
             if ready[0] {
                 self.handling.set(mm, true);
-                gate.get_or_insert_with(|| mm.event_gate.write());
+                gate.get_or_insert_with(|| take_gate(mm, &shared.stats));
                 // A REMOVE's caller is seen only until the REMOVE is read (`remove_scan.rs`).
                 self.scan.active = false;
                 if shared.shmem.has_evicted(mm) {

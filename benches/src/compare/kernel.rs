@@ -370,6 +370,11 @@ impl KernelSwap {
         self.setup
     }
 
+    /// The swap file, when the swap area is one (not zram).
+    pub fn swap_file_path(&self) -> Option<PathBuf> {
+        self.state.swap_file.as_ref().map(PathBuf::from)
+    }
+
     /// The path of zram's `mm_stat` (orig_data_size, compr_data_size, mem_used_total, ...),
     /// when zram.
     pub fn zram_mm_stat_path(&self) -> Option<PathBuf> {
@@ -575,6 +580,93 @@ impl ZramSampler {
     }
 }
 
+/// Sectors written to the block device that holds `path` (its whole disk's line of
+/// /proc/diskstats, by the device number of the file system), or `None` if not found (a file
+/// system on no block device, such as tmpfs).
+pub fn disk_sectors_written(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = fs::metadata(path).ok()?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    diskstats_written(&fs::read_to_string("/proc/diskstats").ok()?, major, minor)
+}
+
+/// The sectors-written field of the /proc/diskstats line of device `major:minor`.
+fn diskstats_written(diskstats: &str, major: u32, minor: u32) -> Option<u64> {
+    diskstats.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 9 && f[0].parse() == Ok(major) && f[1].parse() == Ok(minor))
+            .then(|| f[9].parse().ok())
+            .flatten()
+    })
+}
+
+/// Bytes of `path` in the page cache now (`mincore` over a read-only mapping of it), or `None`
+/// if it cannot be opened or mapped (not there yet, or empty).
+pub fn page_cache_bytes(path: &Path) -> Option<u64> {
+    let f = fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len() as usize;
+    if len == 0 {
+        return None;
+    }
+    // SAFETY: a fresh shared read-only mapping of an open file, unmapped below; never read.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return None;
+    }
+    let pages = len.div_ceil(4096);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `vec` has one byte per page of the mapping made above.
+    let r = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
+    // SAFETY: the mapping made above, of `len` bytes.
+    unsafe { libc::munmap(addr, len) };
+    (r == 0).then(|| vec.iter().filter(|&&b| b & 1 != 0).count() as u64 * 4096)
+}
+
+/// The largest page cache a swap file held while a workload ran, sampled every 100 ms (a
+/// file tier that keeps what it evicted in the page cache keeps it in RAM, outside the limit).
+#[derive(Debug)]
+pub struct FileCacheSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Option<u64>>,
+}
+
+impl FileCacheSampler {
+    /// Starts sampling `path` (which may appear later).
+    pub fn start(path: PathBuf) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak = None;
+            loop {
+                if let Some(b) = page_cache_bytes(&path) {
+                    peak = Some(peak.unwrap_or(0).max(b));
+                }
+                if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    return peak;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        FileCacheSampler { stop, thread }
+    }
+
+    /// Stops and returns the peak, in bytes; `None` if the file was never there (a setup
+    /// whose file has no name).
+    pub fn finish(self) -> Option<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
 /// CPU seconds the whole machine has spent busy since boot (all CPUs: user, nice, system,
 /// irq, softirq and steal of /proc/stat's `cpu` line), or `None` if unreadable.
 pub fn machine_busy_s() -> Option<f64> {
@@ -618,6 +710,40 @@ pub fn vmstat() -> std::collections::BTreeMap<String, u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn diskstats_line_of_a_device() {
+        let d = " 254       0 vda 47958756 1568760 1072694650 12163870 40489263 235209 \
+                 1192651976 4264989 0 3185484 16526569\n 254       1 vda1 1 2 3 4 5 6 77 8 9 10 11\n";
+        assert_eq!(diskstats_written(d, 254, 0), Some(1192651976));
+        assert_eq!(diskstats_written(d, 254, 1), Some(77));
+        assert_eq!(diskstats_written(d, 8, 0), None);
+    }
+
+    #[test]
+    fn page_cache_of_a_file_written_and_dropped() {
+        // (On a disk-backed file system: tmpfs keeps its pages whatever is advised.)
+        let dir = Path::new("/var/tmp").join(format!("pc-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("f");
+        assert_eq!(page_cache_bytes(&p), None, "no file yet");
+        fs::write(&p, vec![7u8; 64 << 10]).unwrap();
+        assert_eq!(
+            page_cache_bytes(&p),
+            Some(64 << 10),
+            "just written: all cached"
+        );
+        let f = fs::File::open(&p).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: plain syscall on an open descriptor.
+        let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(r, 0);
+        assert!(
+            page_cache_bytes(&p).unwrap() < 64 << 10,
+            "dropped from the cache"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn zswap_defaults_from_the_kernel_config() {

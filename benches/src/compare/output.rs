@@ -393,6 +393,42 @@ pub fn readahead_table(rows: &[Row]) -> String {
     out
 }
 
+/// The swap file's I/O, for setups with one: what was evicted to it, what the disk wrote
+/// (its whole /proc/diskstats line: other writers count too), and the file's page cache at its
+/// peak, also as a share of what was evicted to it. Empty when no row has a swap file.
+pub fn file_tier_table(rows: &[Row]) -> String {
+    const COLS: [&str; 7] = [
+        "workload",
+        "setup",
+        "runs",
+        "evicted to the swap device MiB",
+        "disk writes MiB",
+        "swap file page cache peak MiB",
+        "peak % of evicted",
+    ];
+    let with: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.status != "unavailable" && r.metrics.contains_key("swapfile_cache_peak_mib"))
+        .collect();
+    if with.is_empty() {
+        return String::new();
+    }
+    let mut out = format!("| {} |\n|{}\n", COLS.join(" | "), "---|".repeat(COLS.len()));
+    for r in with {
+        let cells = [
+            r.workload.name().to_string(),
+            r.setup.name().to_string(),
+            r.runs.to_string(),
+            spread(r, "dev_write_mib"),
+            spread(r, "disk_write_mib"),
+            spread(r, "swapfile_cache_peak_mib"),
+            spread(r, "swapfile_cache_peak_pct"),
+        ];
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    out
+}
+
 /// A second table: where the pages went and what memory the tiers took.
 pub fn extra_table(rows: &[Row]) -> String {
     const COLS: [&str; 11] = [
@@ -674,6 +710,19 @@ pub fn write_doc(
     );
     g.push_str(&extra_table(rows));
     g.push('\n');
+    let files = file_tier_table(rows);
+    if !files.is_empty() {
+        let _ = writeln!(
+            g,
+            "The swap file's I/O (medians [min, max]): MiB evicted to the swap device (daemon: \
+             `pswpout` x 4 KiB, else `bytes_written`; kernel: `pswpout` x 4 KiB), MiB the disk \
+             holding it wrote (/proc/diskstats, the whole disk), and the file's page cache at \
+             its peak (`mincore`, every 100 ms; the kernel's swap I/O bypasses the page cache), \
+             also as a share of what was evicted:\n"
+        );
+        g.push_str(&files);
+        g.push('\n');
+    }
     if rows.iter().any(|r| r.setup.is_daemon()) {
         let _ = writeln!(
             g,

@@ -349,6 +349,18 @@ pub fn run_one(
     let zram = kswap
         .and_then(KernelSwap::zram_mm_stat_path)
         .map(kernel::ZramSampler::start);
+    // The swap file, if this setup has one: its page cache (the evicted pages it keeps in
+    // RAM) and the disk's writes.
+    let swap_file = if setup.is_daemon() {
+        Some(ctx.swap_file())
+    } else {
+        kswap.and_then(KernelSwap::swap_file_path)
+    };
+    let disk_dir = swap_file
+        .as_ref()
+        .and_then(|f| f.parent().map(Path::to_path_buf));
+    let cache = swap_file.clone().map(kernel::FileCacheSampler::start);
+    let disk0 = disk_dir.as_deref().and_then(kernel::disk_sectors_written);
     let vm0 = kernel::vmstat();
     let busy0 = kernel::machine_busy_s();
     let t0 = Instant::now();
@@ -380,6 +392,8 @@ pub fn run_one(
     let busy1 = kernel::machine_busy_s();
     let vm1 = kernel::vmstat();
     let zram_peak = zram.map(kernel::ZramSampler::finish);
+    let cache_peak = cache.and_then(kernel::FileCacheSampler::finish);
+    let disk1 = disk_dir.as_deref().and_then(kernel::disk_sectors_written);
     let delta = |k: &str| {
         vm1.get(k)
             .unwrap_or(&0)
@@ -443,6 +457,19 @@ pub fn run_one(
     }
     for k in ["pswpin", "pswpout", "zswpin", "zswpout", "zswpwb"] {
         m.insert(format!("k_{k}"), delta(k));
+    }
+    if let (Some(d0), Some(d1)) = (disk0, disk1) {
+        // The whole disk's: other writers on it count too (the machine's noise).
+        m.insert(
+            "disk_write_mib".into(),
+            d1.saturating_sub(d0) as f64 * 512.0 / (1 << 20) as f64,
+        );
+    }
+    if let Some(peak) = cache_peak {
+        m.insert(
+            "swapfile_cache_peak_mib".into(),
+            peak as f64 / (1 << 20) as f64,
+        );
     }
     if setup == Setup::Bare {
         m.insert("swapins".into(), delta("pswpin") + delta("zswpin"));
@@ -704,6 +731,13 @@ pub fn run_one(
         }
         if let Some(reason) = &mut r.reason {
             reason.push_str(&format!(" (outputs kept in {})", keep.display()));
+        }
+    }
+    // The swap file's page cache at its peak against what was evicted to it (#19: at most 5%).
+    let m = &mut r.metrics;
+    if let (Some(&peak), Some(&dev)) = (m.get("swapfile_cache_peak_mib"), m.get("dev_write_mib")) {
+        if dev > 0.0 {
+            m.insert("swapfile_cache_peak_pct".into(), peak / dev * 100.0);
         }
     }
     remove_daemon_files(ctx);

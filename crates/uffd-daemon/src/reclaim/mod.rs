@@ -1341,9 +1341,10 @@ fn settle_drop(
             }
         }
     }
+    let mut deferred = Vec::new();
     {
         // A page changed through a pin that no tier takes goes back in place with a fill
-        // (`settle_page`): under the event gate, taken before the state lock as the handler
+        // (`settle_moved`): under the event gate, taken before the state lock as the handler
         // takes them (`Mm::event_gate`).
         let _gate = (!changed.is_empty()).then(|| mm.gate_read());
         let mut st = mm.state.lock();
@@ -1359,7 +1360,10 @@ fn settle_drop(
             }
             match status.map(|s| s[i]) {
                 Some(0) => {
-                    settle_moved(shared, mm, &mut st, &mut t, i, a, slot, &mut fresh, changed)
+                    let args = (i, a, slot, true);
+                    if settle_moved(shared, mm, &mut st, &mut t, args, &mut fresh, changed) {
+                        deferred.push(i);
+                    }
                 }
                 // An injected DROP whose call failed part way (`injected.rs`): moved or not,
                 // unknown; its copy is kept.
@@ -1370,6 +1374,10 @@ fn settle_drop(
                 Some(e) => settle_refused(shared, &mut st, &mut t, a, slot, e),
             }
         }
+    }
+    if !deferred.is_empty() {
+        let changed_since = settle_deferred(shared, mm, p, &mut t, deferred, &mut fresh, changed);
+        moved_after.extend(changed_since);
     }
     if !moved_after.is_empty() {
         put_back_moved(shared, mm, p, &moved_after);
@@ -1519,23 +1527,50 @@ struct Tally {
 }
 
 /// Page `i` of a DROP (at `a`, stored in `slot`) moved out: evicted, with the bytes it held
-/// when it moved (`fresh`, stored anew) if they were not those stored.
-#[allow(clippy::too_many_arguments)]
+/// when it moved (`fresh`, stored anew) if they were not those stored. Returns true, having
+/// changed nothing, if such a page that no tier took could not go back in place because an
+/// event waits to be read (`EAGAIN`) and `may_defer`: [`settle_deferred`] tries it again with
+/// the event gate let go.
 fn settle_moved(
     shared: &Shared,
     mm: &Mm,
     st: &mut MmState,
     t: &mut Tally,
-    i: usize,
-    a: u64,
-    slot: u32,
+    (i, a, slot, may_defer): (usize, u64, u32, bool),
     fresh: &mut [(usize, Option<u32>, bool)],
     changed: &[(usize, Vec<u8>)],
-) {
+) -> bool {
     st.unshared.remove(&a);
     st.pinned.remove(&a);
     let mut slot = slot;
     if let Ok(k) = fresh.binary_search_by_key(&i, |f| f.0) {
+        if fresh[k].1.is_none() {
+            // No tier takes it (the device full, an I/O error): back in place now, with the
+            // narrow window above, rather than lose the bytes.
+            let held = changed
+                .binary_search_by_key(&i, |c| c.0)
+                .ok()
+                .map(|k| changed[k].1.as_slice());
+            match held.map(|h| mm.uffd.copy(a, h)) {
+                Some(Ok(Fill::Filled)) => {
+                    t.changed += 1;
+                    fresh[k].2 = true;
+                    st.back_to_resident(a);
+                    if slot != ZERO_SLOT {
+                        shared.put_slot(slot);
+                    }
+                    t.kept.push(a);
+                    return false;
+                }
+                Some(Ok(Fill::Again)) if may_defer => return true,
+                other => tracing::warn!(
+                    "page {a:#x} of pid {:?} changed through a pin while it was \
+                     evicted, and neither a tier nor the page table takes its new contents \
+                     ({other:?}): it keeps the older ones",
+                    mm.pid()
+                ),
+            }
+        }
         t.changed += 1;
         fresh[k].2 = true;
         if let Some(new) = fresh[k].1 {
@@ -1543,27 +1578,6 @@ fn settle_moved(
                 shared.put_slot(slot);
             }
             slot = new;
-        } else {
-            // No tier takes it (the device full, an I/O error): back in place now, with the
-            // narrow window above, rather than lose the bytes.
-            let held = changed
-                .binary_search_by_key(&i, |c| c.0)
-                .ok()
-                .map(|k| changed[k].1.as_slice());
-            if held.is_some_and(|h| matches!(mm.uffd.copy(a, h), Ok(Fill::Filled))) {
-                st.back_to_resident(a);
-                if slot != ZERO_SLOT {
-                    shared.put_slot(slot);
-                }
-                t.kept.push(a);
-                return;
-            }
-            tracing::info!(
-                "page {a:#x} of pid {:?} changed through a pin while it was \
-                 evicted, and neither a tier nor the page table takes its new contents: it \
-                 keeps the older ones",
-                mm.pid()
-            );
         }
     }
     st.pages.insert(a, Page::Evicted { slot });
@@ -1573,6 +1587,42 @@ fn settle_moved(
     if slot == ZERO_SLOT {
         t.zero += 1;
     }
+    false
+}
+
+/// The moved pages of DROP `p` that [`settle_moved`] could not put back in place while an
+/// event waited to be read: tried again every 50 us with the event gate let go in between, so
+/// that the handler reads the event, for 5 s at most; then they keep their older contents
+/// (said). Returns those an event changed meanwhile (for [`put_back_moved`]).
+fn settle_deferred(
+    shared: &Shared,
+    mm: &Mm,
+    p: &PendingDrop,
+    t: &mut Tally,
+    mut left: Vec<usize>,
+    fresh: &mut [(usize, Option<u32>, bool)],
+    changed: &[(usize, Vec<u8>)],
+) -> Vec<usize> {
+    const TRIES: usize = 100_000;
+    let mut changed_since = Vec::new();
+    for n in 1..=TRIES {
+        std::thread::sleep(std::time::Duration::from_micros(50));
+        let _gate = mm.gate_read();
+        let mut st = mm.state.lock();
+        left.retain(|&i| {
+            let (a, slot) = (p.pages[i], p.slots[i]);
+            if st.pages.get(a) != Some(Page::Dropping { slot }) {
+                changed_since.push(i);
+                return false;
+            }
+            let args = (i, a, slot, n < TRIES);
+            settle_moved(shared, mm, &mut st, t, args, fresh, changed)
+        });
+        if left.is_empty() {
+            break;
+        }
+    }
+    changed_since
 }
 
 /// A page the DROP could not move (`e`): back in place. Shared (with a forked child, or since

@@ -920,11 +920,13 @@ const UNSHARE_PAGES: usize = 256;
 /// event put at the old address: a page of another mapping that an `mremap` moved there,
 /// possibly one another userfaultfd manages, whose owner never learns it left. With the handler
 /// held, every event that comes after the check below stays unread until the moves end, so the
-/// agent's moves either meet it (`EAGAIN`) or come before it. A DROP that also unshares is not
+/// agent's moves either meet it (`EAGAIN`) or come before it. A DROP that unshares is not
 /// held: the unsharing may write-fault a page the daemon protects, and only the handler serves
-/// that fault (its moves keep the frame check at the settlement, `put_back_moved`). Unsharing
-/// in a DROP of its own after each batch unshared pages a DROP had just refused at once, and
-/// a forked program's resident pages peaked 40-60% above the limit.
+/// that fault. So the pages waiting to be unshared (refused by an earlier DROP) go in a DROP of
+/// their own that moves nothing, sent just before the batch's moves (`unshare_first`): a move
+/// is never made without the gate. (Unsharing in a DROP of its own right *after* the batch
+/// that refused the pages unshared them at once, and a forked program's resident pages peaked
+/// 40-60% above the limit; before the next batch is when the combined DROP did it.)
 /// `events_before`: the events applied when the victims were picked.
 #[allow(clippy::too_many_arguments)]
 fn drop_by_agent(
@@ -937,12 +939,30 @@ fn drop_by_agent(
     drop_frames: Vec<u64>,
     events_before: u64,
 ) -> usize {
+    if !to_drop.is_empty() && !unshare_first(shared, mm, agent_guard, events_before) {
+        // The agent is gone, or its answer to the unsharing is outstanding: nothing moves now.
+        let pending = PendingDrop {
+            seq: 0,
+            runs: runs_of(&to_drop),
+            pages: to_drop,
+            slots: drop_slots,
+            unshare: Vec::new(),
+            data: drop_data,
+            frames: drop_frames,
+            scratch_first: None,
+            sent: std::time::Instant::now(),
+            said_late: false,
+        };
+        settle_drop(shared, mm, &pending, None, &[]);
+        return 0;
+    }
     let Some(agent) = agent_guard.as_mut() else {
         return 0;
     };
-    let unshare = {
-        let room = (crate::protocol::MAX_RUNS - runs_of(&to_drop).len()).min(UNSHARE_PAGES);
-        mm.state.lock().take_unshare(room, &to_drop)
+    let unshare = if to_drop.is_empty() {
+        mm.state.lock().take_unshare(UNSHARE_PAGES, &[])
+    } else {
+        Vec::new()
     };
     if to_drop.is_empty() && unshare.is_empty() {
         return 0;
@@ -985,36 +1005,14 @@ fn drop_by_agent(
     // Held from the check to the answer (or the timeout); never while settling, which takes it
     // again (a reader waiting behind the handler's write would wait for itself).
     let hold = !only_unshare && pending.unshare.is_empty();
-    let mut gate = hold.then(|| mm.gate_read());
-    let mut events_seen = events_before;
-    loop {
-        let now = mm.events_applied.load(std::sync::atomic::Ordering::Acquire);
-        if gate.is_none() || now == events_seen {
-            break;
-        }
-        events_seen = now;
-        // An event since the pick: an address may name another page now. Only the pages whose
-        // frame is still the one recorded at the read move; the others stay in place.
-        let (kept, moved_on) = split_in_place(mm, pending);
+    let gate = if hold {
+        let (gate, kept) = gate_in_place(shared, mm, pending, events_before);
+        let Some(gate) = gate else { return 0 };
         pending = kept;
-        if moved_on.pages.is_empty() {
-            break;
-        }
-        // Those are given back with the gate let go: unprotecting them waits for the handler
-        // to read any event still queued (the kernel refuses write-protection changes until
-        // then, and the handler reads nothing while the gate is held). Then the split is made
-        // again if another event came meanwhile.
-        drop(gate.take());
-        Stats::add(&shared.stats.evict_aborts, moved_on.pages.len() as u64);
-        let again = vec![libc::EAGAIN as u8; moved_on.pages.len()];
-        settle_drop(shared, mm, &moved_on, Some(&again), &[]);
-        if pending.pages.is_empty() {
-            mm.drop_runs.lock().clear();
-            return 0;
-        }
-        *mm.drop_runs.lock() = pending.runs.clone();
-        gate = Some(mm.gate_read());
-    }
+        Some(gate)
+    } else {
+        None
+    };
     let waited = match agent.send_drop(&pending.runs, &unshare_runs) {
         Ok(seq) => {
             pending.seq = seq;
@@ -1041,6 +1039,63 @@ fn drop_by_agent(
         return unshared;
     }
     evicted
+}
+
+/// Takes the event gate for a DROP that moves `pending`'s pages. If events were applied since
+/// the pick (`events_before`), only the pages whose frame is still the one recorded at the
+/// read stay in the DROP; the others are given back with the gate let go (unprotecting them
+/// waits for the handler to read any event still queued: the kernel refuses write-protection
+/// changes until then, and the handler reads nothing while the gate is held), and the split is
+/// made again if another event came meanwhile. Returns the gate (`None` if no page is left)
+/// and the pages that stay.
+fn gate_in_place<'m>(
+    shared: &Shared,
+    mm: &'m Mm,
+    mut pending: PendingDrop,
+    events_before: u64,
+) -> (Option<parking_lot::RwLockReadGuard<'m, ()>>, PendingDrop) {
+    let mut gate = mm.gate_read();
+    let mut events_seen = events_before;
+    loop {
+        let now = mm.events_applied.load(std::sync::atomic::Ordering::Acquire);
+        if now == events_seen {
+            return (Some(gate), pending);
+        }
+        events_seen = now;
+        let (kept, moved_on) = split_in_place(mm, pending);
+        pending = kept;
+        if moved_on.pages.is_empty() {
+            return (Some(gate), pending);
+        }
+        drop(gate);
+        Stats::add(&shared.stats.evict_aborts, moved_on.pages.len() as u64);
+        let again = vec![libc::EAGAIN as u8; moved_on.pages.len()];
+        settle_drop(shared, mm, &moved_on, Some(&again), &[]);
+        if pending.pages.is_empty() {
+            mm.drop_runs.lock().clear();
+            return (None, pending);
+        }
+        *mm.drop_runs.lock() = pending.runs.clone();
+        gate = mm.gate_read();
+    }
+}
+
+/// Before a DROP that moves pages: the pages waiting to be unshared, if any, in a DROP of their
+/// own (not held: see [`drop_by_agent`]). False if the agent is gone or that DROP's answer is
+/// still outstanding (no other DROP may be sent then).
+fn unshare_first(
+    shared: &Shared,
+    mm: &Mm,
+    agent_guard: &mut Option<AgentConn>,
+    events_before: u64,
+) -> bool {
+    if mm.state.lock().unshare.is_empty() {
+        return agent_guard.is_some();
+    }
+    let no_pages = || (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (p, s, d, f) = no_pages();
+    drop_by_agent(shared, mm, agent_guard, p, s, d, f, events_before);
+    agent_guard.as_ref().is_some_and(|a| a.pending.is_none())
 }
 
 /// Splits a DROP's pages into those still at their addresses (the frame there now is the one

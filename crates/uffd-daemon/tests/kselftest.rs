@@ -186,7 +186,10 @@ const OPEN_BUGS: [Known; 3] = [
     // test's own handler sees a fault it did not expect. Seen about once in 50-150 runs of
     // `-f events` under CPU load here, and twice in a row in CI on 2026-11-28; not seen bare.
     // A stale move is not the whole story: with the handler held while the agent moves
-    // (reclaim::drop_by_agent, since 2026-12-07) the ENOENT still came once in 400 idle runs.
+    // (reclaim::drop_by_agent, since 2026-12-07) the ENOENT still came once in 400 idle runs,
+    // and with every moving DROP held (the unsharing in a DROP of its own, ef37834) once in
+    // 150 runs under `stress-ng --cpu 2`
+    // (docs/experiments/2026-12-07-gate-stall-and-profile.md).
     // The first two are what a stray fault looks like to the test; the third, the tests that
     // run after it in the same binary.
     Known {

